@@ -1,0 +1,64 @@
+"""Checks a 4-byte Kafka length prefix before anything is allocated for the frame.
+
+Mirrors Kafka's ``NetworkReceive``: a size above ``socket.request.max.bytes``
+(or below zero) is refused before its body is read. It also names the bytes a
+Kafka port should never see as a length: a TLS record (KIP-498: the alert
+``15 03 03 00`` reads as 352,518,912) and the start of an HTTP request.
+"""
+
+from __future__ import annotations
+
+import enum
+from dataclasses import dataclass
+
+
+class FrameKind(enum.Enum):
+    KAFKA = "kafka"
+    TOO_LARGE = "too_large"
+    INVALID_SIZE = "invalid_size"
+    TLS_RECORD = "tls_record"
+    HTTP = "http"
+
+
+@dataclass(frozen=True, slots=True)
+class FrameVerdict:
+    kind: FrameKind
+    size: int
+
+    @property
+    def admitted(self) -> bool:
+        return self.kind is FrameKind.KAFKA
+
+
+# TLS record content types (change_cipher_spec, alert, handshake, application_data)
+# followed by major version 3: what a TLS peer sends first or answers with.
+_TLS_CONTENT_TYPES = frozenset({0x14, 0x15, 0x16, 0x17})
+_HTTP_METHODS = (b"GET ", b"POST", b"PUT ", b"HEAD", b"DELE", b"OPTI", b"PATC", b"CONN", b"PRI ")
+
+
+def looks_like_tls(prefix: bytes) -> bool:
+    return len(prefix) >= 3 and prefix[0] in _TLS_CONTENT_TYPES and prefix[1] == 3 and prefix[2] <= 4
+
+
+def looks_like_http(prefix: bytes) -> bool:
+    return prefix[:4] in _HTTP_METHODS
+
+
+def check_length_prefix(prefix: bytes, max_bytes: int, *, plaintext: bool = True) -> FrameVerdict:
+    """Decide on a frame from its first four bytes alone.
+
+    ``plaintext`` says whether the bytes came off a plaintext socket; inside TLS
+    a TLS-looking prefix is just a large length.
+    """
+    if len(prefix) != 4:
+        raise ValueError("a Kafka length prefix is exactly 4 bytes")
+    size = int.from_bytes(prefix, "big", signed=True)
+    if plaintext and looks_like_tls(prefix):
+        return FrameVerdict(FrameKind.TLS_RECORD, size)
+    if plaintext and looks_like_http(prefix):
+        return FrameVerdict(FrameKind.HTTP, size)
+    if size <= 0:
+        return FrameVerdict(FrameKind.INVALID_SIZE, size)
+    if size > max_bytes:
+        return FrameVerdict(FrameKind.TOO_LARGE, size)
+    return FrameVerdict(FrameKind.KAFKA, size)

@@ -1,0 +1,47 @@
+"""Which broker each node id is, as learned from the responses that name brokers
+(Metadata, FindCoordinator, DescribeCluster, NodeEndpoints). Learning a node
+opens its port on every listener before any client hears of it."""
+
+from __future__ import annotations
+
+import logging
+from collections.abc import Awaitable, Callable, Iterable
+
+from .metrics import Metrics
+from .rewrite import BrokerAddress
+
+log = logging.getLogger("kafka_admission_proxy.brokers")
+
+OpenNodePort = Callable[[int], Awaitable[None]]
+
+
+class BrokerDirectory:
+    def __init__(self, metrics: Metrics) -> None:
+        self._metrics = metrics
+        self._nodes: dict[int, tuple[str, int]] = {}
+        self._openers: list[OpenNodePort] = []
+
+    def on_new_node(self, open_node_port: OpenNodePort) -> None:
+        self._openers.append(open_node_port)
+
+    def address_of(self, node_id: int) -> tuple[str, int] | None:
+        return self._nodes.get(node_id)
+
+    @property
+    def node_ids(self) -> list[int]:
+        return sorted(self._nodes)
+
+    async def learn(self, brokers: Iterable[BrokerAddress]) -> None:
+        for broker in brokers:
+            address = (broker.host, broker.port)
+            known = self._nodes.get(broker.node_id)
+            if known == address:
+                continue
+            self._nodes[broker.node_id] = address
+            self._metrics.brokers_known.set(len(self._nodes))
+            if known is None:
+                log.info("learned broker", extra={"node_id": broker.node_id, "upstream": f"{broker.host}:{broker.port}"})
+                for open_node_port in self._openers:
+                    await open_node_port(broker.node_id)
+            else:
+                log.info("broker moved", extra={"node_id": broker.node_id, "upstream": f"{broker.host}:{broker.port}"})

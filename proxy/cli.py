@@ -1,0 +1,105 @@
+"""The ``kafka-admission-proxy`` command: ``run``, ``check-config``, ``demo``."""
+
+from __future__ import annotations
+
+import argparse
+import logging
+import signal
+import sys
+
+import trio
+import yaml
+
+from .config import Config, ConfigError, load_config
+from .logs import setup_logging
+from .server import ProxyServer
+
+log = logging.getLogger("kafka_admission_proxy")
+
+EXIT_CONFIG_ERROR = 2
+
+
+async def serve_until_signalled(config: Config, drain_timeout: float) -> None:
+    server = ProxyServer(config)
+    with trio.open_signal_receiver(signal.SIGTERM, signal.SIGINT) as signals:
+        async with trio.open_nursery() as nursery:
+            await nursery.start(server.run)
+            log.info(
+                "proxy ready",
+                extra={
+                    "listeners": ",".join(f"{lst.name}={lst.bind}" for lst in config.listeners),
+                    "admin": f"{config.admin.bind_address[0]}:{server.admin_port}",
+                },
+            )
+            async for signum in signals:
+                log.info("received %s", signal.Signals(signum).name)
+                await server.shutdown(drain_timeout)
+                break
+
+
+def _load_or_exit(path: str) -> Config:
+    try:
+        return load_config(path)
+    except ConfigError as exc:
+        print(f"config error in {path}:\n{exc}", file=sys.stderr)
+        raise SystemExit(EXIT_CONFIG_ERROR) from None
+
+
+def _cmd_run(args: argparse.Namespace) -> int:
+    config = _load_or_exit(args.config)
+    trio.run(serve_until_signalled, config, args.drain_timeout)
+    return 0
+
+
+def _cmd_check_config(args: argparse.Namespace) -> int:
+    config = _load_or_exit(args.config)
+    sys.stdout.write(yaml.safe_dump(config.effective(), sort_keys=False))
+    return 0
+
+
+def _cmd_demo(args: argparse.Namespace) -> int:
+    from .demo import run_demo
+
+    return run_demo(records=args.records, exit_after_workload=args.exit_after_workload)
+
+
+def build_parser() -> argparse.ArgumentParser:
+    parser = argparse.ArgumentParser(
+        prog="kafka-admission-proxy",
+        description="Kafka admission proxy: broker resource limits applied before traffic reaches the broker.",
+    )
+    parser.add_argument("--log-format", choices=("text", "json"), default="text")
+    parser.add_argument("--log-level", default="INFO")
+    commands = parser.add_subparsers(dest="command", required=True)
+
+    run = commands.add_parser("run", help="run the proxy")
+    run.add_argument("--config", required=True, help="YAML config file")
+    run.add_argument(
+        "--drain-timeout", type=float, default=30.0,
+        help="seconds to let in-flight requests finish on SIGTERM/SIGINT (default 30)",
+    )
+    run.set_defaults(func=_cmd_run)
+
+    check = commands.add_parser("check-config", help="validate a config and print it with defaults")
+    check.add_argument("--config", required=True)
+    check.set_defaults(func=_cmd_check_config)
+
+    demo = commands.add_parser(
+        "demo", help="embedded Tansu broker + this proxy + a sample workload, until Ctrl-C"
+    )
+    demo.add_argument("--records", type=int, default=1000, help="records the workload produces")
+    demo.add_argument(
+        "--exit-after-workload", action="store_true", help="stop after the workload (for scripts)"
+    )
+    demo.set_defaults(func=_cmd_demo)
+    return parser
+
+
+def main(argv: list[str] | None = None) -> int:
+    args = build_parser().parse_args(argv)
+    setup_logging(args.log_format, args.log_level)
+    return int(args.func(args))
+
+
+if __name__ == "__main__":
+    sys.exit(main())

@@ -1,0 +1,236 @@
+"""The proxy's one YAML config file, parsed once into frozen, typed objects.
+
+Shape: ``mode``, ``upstream``, ``listeners``, ``admin``, ``policies``, ``audit``.
+Policy keys are Kafka's own property names (``socket.request.max.bytes``, ...)
+with Kafka's defaults and validation rules. Errors name the key and the rule.
+"""
+
+from __future__ import annotations
+
+import difflib
+from pathlib import Path
+from typing import Any, Literal
+
+import yaml
+from pydantic import BaseModel, ConfigDict, Field, ValidationError, field_validator, model_validator
+
+__all__ = ["Config", "ConfigError", "load_config", "parse_config"]
+
+
+class ConfigError(Exception):
+    """A config that cannot be used; the message names the key and the rule."""
+
+
+class _Frozen(BaseModel):
+    model_config = ConfigDict(extra="forbid", frozen=True, populate_by_name=True)
+
+
+def _host_port(value: str, key: str) -> tuple[str, int]:
+    host, sep, port = value.rpartition(":")
+    if not sep or not host or not port.isdigit() or not 0 <= int(port) <= 65535:
+        raise ValueError(f"{key} must be 'host:port' with a port 0-65535, got {value!r}")
+    return host.strip("[]"), int(port)
+
+
+def _existing_file(value: str | None) -> str | None:
+    if value is not None and not Path(value).is_file():
+        raise ValueError(f"file not found: {value!r}")
+    return value
+
+
+class UpstreamTls(_Frozen):
+    enabled: bool = False
+    ca_file: str | None = None
+    cert_file: str | None = None
+    key_file: str | None = None
+    server_hostname: str | None = None
+
+    _files = field_validator("ca_file", "cert_file", "key_file")(_existing_file)
+
+    @model_validator(mode="after")
+    def _cert_and_key_together(self) -> UpstreamTls:
+        if (self.cert_file is None) != (self.key_file is None):
+            raise ValueError("cert_file and key_file must be set together (client certificate)")
+        return self
+
+
+class Upstream(_Frozen):
+    bootstrap_servers: tuple[str, ...] = Field(min_length=1)
+    tls: UpstreamTls = UpstreamTls()
+
+    @field_validator("bootstrap_servers")
+    @classmethod
+    def _addresses(cls, value: tuple[str, ...]) -> tuple[str, ...]:
+        for item in value:
+            _host_port(item, "each bootstrap server")
+        return value
+
+    def addresses(self) -> list[tuple[str, int]]:
+        return [_host_port(s, "bootstrap_servers") for s in self.bootstrap_servers]
+
+
+class ListenerTls(_Frozen):
+    cert_file: str
+    key_file: str
+    ca_file: str | None = None
+    client_auth: Literal["none", "optional", "required"] = "none"
+
+    _files = field_validator("cert_file", "key_file", "ca_file")(_existing_file)
+
+    @model_validator(mode="after")
+    def _ca_for_client_auth(self) -> ListenerTls:
+        if self.client_auth != "none" and self.ca_file is None:
+            raise ValueError(f"client_auth: {self.client_auth} needs ca_file to verify clients")
+        return self
+
+
+class Listener(_Frozen):
+    name: str = Field(pattern=r"^[A-Za-z0-9_.-]+$")
+    bind: str
+    advertised_host: str = "127.0.0.1"
+    node_port_base: int = Field(default=29100, ge=1, le=65535)
+    tls: ListenerTls | None = None
+    protected: bool = False
+
+    @field_validator("bind")
+    @classmethod
+    def _bind(cls, value: str) -> str:
+        _host_port(value, "bind")
+        return value
+
+    @property
+    def bind_address(self) -> tuple[str, int]:
+        return _host_port(self.bind, "bind")
+
+
+class Admin(_Frozen):
+    bind: str = "127.0.0.1:9464"
+
+    @field_validator("bind")
+    @classmethod
+    def _bind(cls, value: str) -> str:
+        _host_port(value, "bind")
+        return value
+
+    @property
+    def bind_address(self) -> tuple[str, int]:
+        return _host_port(self.bind, "bind")
+
+
+class Policies(_Frozen):
+    """Kafka broker properties, by their Kafka names."""
+
+    socket_request_max_bytes: int = Field(
+        default=104857600, ge=1, le=2147483647, alias="socket.request.max.bytes"
+    )
+
+
+class Audit(_Frozen):
+    path: str | None = None
+
+    @field_validator("path")
+    @classmethod
+    def _parent_exists(cls, value: str | None) -> str | None:
+        if value is not None and not Path(value).parent.is_dir():
+            raise ValueError(f"directory of the audit file does not exist: {value!r}")
+        return value
+
+
+class Config(_Frozen):
+    mode: Literal["cluster", "sidecar"] = "cluster"
+    upstream: Upstream
+    listeners: tuple[Listener, ...] = Field(min_length=1)
+    admin: Admin = Admin()
+    policies: Policies = Policies()
+    audit: Audit = Audit()
+
+    @model_validator(mode="after")
+    def _distinct_listeners(self) -> Config:
+        names = [lst.name for lst in self.listeners]
+        if len(set(names)) != len(names):
+            raise ValueError("listener names must be unique")
+        binds = [lst.bind_address for lst in self.listeners]
+        if len(set(binds)) != len(binds):
+            raise ValueError("listener bind addresses must be unique")
+        return self
+
+    def effective(self) -> dict[str, Any]:
+        """The config with every default filled in, under the file's own key names."""
+        return self.model_dump(mode="json", by_alias=True)
+
+
+def _known_keys(model: type[BaseModel]) -> list[str]:
+    return [f.alias or name for name, f in model.model_fields.items()]
+
+
+def _model_at(loc: tuple[int | str, ...]) -> type[BaseModel] | None:
+    """The model that owns the key at ``loc``, to suggest its valid keys."""
+    model: type[BaseModel] = Config
+    for part in loc[:-1]:
+        if isinstance(part, int):
+            continue
+        field = model.model_fields.get(str(part))
+        if field is None:
+            field = next((f for f in model.model_fields.values() if f.alias == part), None)
+        if field is None:
+            return None
+        inner = _model_of(field.annotation)
+        if inner is None:
+            return None
+        model = inner
+    return model
+
+
+def _model_of(annotation: Any) -> type[BaseModel] | None:
+    if isinstance(annotation, type) and issubclass(annotation, BaseModel):
+        return annotation
+    for arg in getattr(annotation, "__args__", ()):
+        found = _model_of(arg)
+        if found is not None:
+            return found
+    return None
+
+
+def _describe(error: Any) -> str:
+    loc = tuple(error["loc"])
+    key = ".".join(str(p) if not isinstance(p, int) else f"[{p}]" for p in loc).replace(".[", "[")
+    if error["type"] == "extra_forbidden":
+        model = _model_at(loc)
+        hint = ""
+        if model is not None:
+            close = difflib.get_close_matches(str(loc[-1]), _known_keys(model), n=1)
+            if close:
+                hint = f" (did you mean {close[0]!r}?)"
+        return f"{key}: unknown key{hint}"
+    message = str(error["msg"]).removeprefix("Value error, ")
+    return f"{key or '<top level>'}: {message}"
+
+
+def parse_config(raw: Any) -> Config:
+    if not isinstance(raw, dict):
+        raise ConfigError("<top level>: the config must be a YAML mapping")
+    try:
+        return Config.model_validate(raw)
+    except ValidationError as exc:
+        errors = exc.errors()
+        # A list whose items failed also reports itself as too short: say the cause only.
+        shown = [
+            e for e in errors
+            if not (e["type"] == "too_short" and any(
+                len(o["loc"]) > len(e["loc"]) and o["loc"][: len(e["loc"])] == e["loc"]
+                for o in errors
+            ))
+        ]
+        raise ConfigError("\n".join(_describe(e) for e in shown)) from None
+
+
+def load_config(path: str | Path) -> Config:
+    try:
+        text = Path(path).read_text()
+    except OSError as exc:
+        raise ConfigError(f"cannot read config file {str(path)!r}: {exc.strerror}") from None
+    try:
+        raw = yaml.safe_load(text)
+    except yaml.YAMLError as exc:
+        raise ConfigError(f"{path}: not valid YAML: {exc}") from None
+    return parse_config(raw)

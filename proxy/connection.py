@@ -1,0 +1,294 @@
+"""One client connection: a TLS handshake if the listener has TLS, one upstream
+connection, and two pumps in one nursery.
+
+client -> broker: length prefix checked before the body is read, header peeked,
+Produce/Fetch bodies forwarded as bytes. broker -> client: responses arrive in
+request order (a broker answers one request per connection at a time); the few
+that carry broker addresses or API versions are decoded and rewritten.
+"""
+
+from __future__ import annotations
+
+import collections
+import logging
+import ssl
+from dataclasses import dataclass
+from typing import TYPE_CHECKING
+
+import trio
+
+from policies.frame_check import FrameKind, FrameVerdict
+
+from . import rewrite, wire
+from .framing import FrameReader, TruncatedFrame
+from .upstream import UpstreamUnavailable
+
+if TYPE_CHECKING:
+    from .listener import ListenerRuntime, Route
+
+log = logging.getLogger("kafka_admission_proxy.connection")
+
+HANDSHAKE_TIMEOUT_S = 10.0
+# No size limit of its own on responses yet (KIP-498's max.response.size comes later);
+# a negative or TLS-looking prefix is still refused.
+_NO_RESPONSE_LIMIT = 2**31 - 1
+_HTTP_400 = (
+    b"HTTP/1.1 400 Bad Request\r\nContent-Type: text/plain\r\nConnection: close\r\n"
+    b"Content-Length: 59\r\n\r\nThis is a Kafka port (kafka-admission-proxy), not HTTP.   \n"
+)
+
+
+class ConnectionClosed(Exception):
+    """Ends a connection; ``cause`` is its metric label, the message its log line."""
+
+    def __init__(self, cause: str, message: str) -> None:
+        super().__init__(message)
+        self.cause = cause
+
+
+@dataclass(slots=True)
+class InFlight:
+    correlation_id: int
+    api_key: int
+    api_version: int
+    proxy_seconds: float  # time the request spent inside the proxy
+
+
+class ClientConnection:
+    def __init__(self, listener: ListenerRuntime, route: Route, stream: trio.SocketStream) -> None:
+        self.listener = listener
+        self.route = route
+        self._tcp = stream
+        try:
+            host, port = stream.socket.getpeername()[:2]
+            self.peer = f"{host}:{port}"
+        except OSError:
+            self.peer = "unknown"
+        self._inflight: collections.deque[InFlight] = collections.deque()
+        self._stopping = False
+        self._idle_scope: trio.CancelScope | None = None
+        self._requests_done = False
+        self._nursery: trio.Nursery | None = None
+
+    @property
+    def busy(self) -> bool:
+        return bool(self._inflight)
+
+    def stop_reading(self) -> None:
+        """Graceful shutdown: finish the frame being read, answer what is in flight, close."""
+        self._stopping = True
+        if self._idle_scope is not None:
+            self._idle_scope.cancel()
+
+    async def run(self) -> None:
+        cfg = self.listener.config
+        try:
+            client = await self._client_stream()
+            upstream = await self.route.connect()
+        except ConnectionClosed as exc:
+            self._closed_by(exc)
+            await trio.aclose_forcefully(self._tcp)
+            return
+        except UpstreamUnavailable as exc:
+            self._closed_by(ConnectionClosed("upstream_unavailable", str(exc)))
+            await trio.aclose_forcefully(self._tcp)
+            return
+        try:
+            async with trio.open_nursery() as nursery:
+                self._nursery = nursery
+                nursery.start_soon(self._guard, self._pump_requests, client, upstream)
+                nursery.start_soon(self._guard, self._pump_responses, upstream, client)
+        finally:
+            await trio.aclose_forcefully(upstream)
+            await trio.aclose_forcefully(client)
+            log.debug("connection closed", extra={"peer": self.peer, "listener": cfg.name})
+
+    async def _client_stream(self) -> trio.abc.Stream:
+        context = self.listener.ssl_context
+        if context is None:
+            return self._tcp
+        stream = trio.SSLStream(self._tcp, context, server_side=True)
+        try:
+            with trio.fail_after(HANDSHAKE_TIMEOUT_S):
+                await stream.do_handshake()
+        except TruncatedFrame as exc:
+            self._closed_by(ConnectionClosed("truncated_frame", str(exc)))
+        except wire.MalformedFrame as exc:
+            self._closed_by(ConnectionClosed("malformed_frame", str(exc)))
+        except (trio.BrokenResourceError, trio.TooSlowError, ssl.SSLError, OSError) as exc:
+            self.listener.metrics.handshake_failures.labels(self.listener.config.name).inc()
+            cause = exc.__cause__ or exc
+            raise ConnectionClosed("tls_handshake", f"TLS handshake failed: {cause!r}") from None
+        return stream
+
+    async def _guard(self, pump, source: trio.abc.Stream, sink: trio.abc.Stream) -> None:  # type: ignore[no-untyped-def]
+        """Runs a pump; whatever ends it ends this connection only."""
+        assert self._nursery is not None
+        try:
+            await pump(source, sink)
+        except _Done:
+            pass
+        except ConnectionClosed as exc:
+            self._closed_by(exc)
+        except TruncatedFrame as exc:
+            self._closed_by(ConnectionClosed("truncated_frame", str(exc)))
+        except wire.MalformedFrame as exc:
+            self._closed_by(ConnectionClosed("malformed_frame", str(exc)))
+        except (trio.BrokenResourceError, trio.ClosedResourceError, ssl.SSLError, OSError) as exc:
+            cause = exc.__cause__ or exc
+            self._closed_by(ConnectionClosed("broken", f"connection broken: {cause!r}"))
+        except Exception as exc:  # a bug must cost one connection, not the proxy
+            log.exception(
+                "internal error on connection", extra={"peer": self.peer, "listener": self.listener.config.name}
+            )
+            self._closed_by(ConnectionClosed("internal_error", repr(exc)))
+        self._nursery.cancel_scope.cancel()
+
+    def _closed_by(self, exc: ConnectionClosed) -> None:
+        name = self.listener.config.name
+        self.listener.metrics.connection_failures.labels(name, exc.cause).inc()
+        log.warning(
+            "connection closed: %s", exc,
+            extra={"peer": self.peer, "listener": name, "cause": exc.cause},
+        )
+
+    def _refuse(self, verdict: FrameVerdict, direction: str, head: bytes) -> ConnectionClosed:
+        name = self.listener.config.name
+        kind = verdict.kind.value
+        self.listener.metrics.frames_rejected.labels(name, direction, kind).inc()
+        self.listener.audit.emit(
+            "frame_rejected", listener=name, peer=self.peer, direction=direction, kind=kind,
+            size=verdict.size, head=head.hex(),
+        )
+        if verdict.kind is FrameKind.TLS_RECORD:
+            who = "client" if direction == "request" else f"upstream {self.route.upstream_name}"
+            hint = (
+                "use TLS only on a TLS listener" if direction == "request"
+                else "set upstream.tls.enabled"
+            )
+            return ConnectionClosed(f"{direction}_{kind}", f"{who} speaks TLS on a plaintext link; {hint}")
+        if verdict.kind is FrameKind.HTTP:
+            return ConnectionClosed(f"{direction}_{kind}", "HTTP request on a Kafka port")
+        limit = self.listener.policies.socket_request_max_bytes
+        return ConnectionClosed(
+            f"{direction}_{kind}",
+            f"{direction} length prefix {verdict.size} refused "
+            f"(socket.request.max.bytes={limit})" if direction == "request"
+            else f"response length prefix {verdict.size} refused",
+        )
+
+    async def _wait_for_next_request(self, reader: FrameReader) -> bool:
+        """Wait for a next frame to begin; False when the client is gone or we are stopping."""
+        if not reader.idle:
+            return True
+        if self._stopping:
+            return False
+        with trio.CancelScope() as scope:
+            self._idle_scope = scope
+            arrived = await reader.fill(1)
+        self._idle_scope = None
+        return arrived and not scope.cancelled_caught
+
+    async def _pump_requests(self, client: trio.abc.Stream, upstream: trio.abc.Stream) -> None:
+        listener = self.listener
+        name = listener.config.name
+        metrics = listener.metrics
+        max_bytes = listener.policies.socket_request_max_bytes
+        reader = FrameReader(client, plaintext=listener.ssl_context is None)
+        while await self._wait_for_next_request(reader):
+            verdict = await reader.next_prefix(max_bytes)
+            if verdict is None:
+                break
+            if not verdict.admitted:
+                refusal = self._refuse(verdict, "request", reader.head)
+                if verdict.kind is FrameKind.HTTP:
+                    await client.send_all(_HTTP_400)
+                raise refusal
+            frame = await reader.read_frame(verdict.size)
+            started = trio.current_time()
+            header = wire.peek_request_header(frame)
+            if listener.rewrites and not rewrite.codec_can_rewrite(header.api_key, header.api_version):
+                raise ConnectionClosed(
+                    "unrewritable_version",
+                    f"{wire.api_name(header.api_key)} v{header.api_version} is newer than the proxy "
+                    "can rewrite; the client ignored the versions it was offered",
+                )
+            expects_response = not (
+                header.api_key == wire.PRODUCE and wire.produce_acks(frame, header.api_version) == 0
+            )
+            if expects_response:
+                self._inflight.append(
+                    InFlight(header.correlation_id, header.api_key, header.api_version, 0.0)
+                )
+            await upstream.send_all(frame)
+            if expects_response:
+                self._inflight[-1].proxy_seconds = trio.current_time() - started
+            metrics.requests.labels(name, wire.api_name(header.api_key)).inc()
+            metrics.request_bytes.labels(name).inc(len(frame))
+        if reader.eof:
+            raise _Done()  # the client left; what it still awaited is not ours to deliver
+        self._requests_done = True
+        if not self._inflight:
+            raise _Done()
+        await trio.sleep_forever()  # the response pump ends the connection
+
+    async def _pump_responses(self, upstream: trio.abc.Stream, client: trio.abc.Stream) -> None:
+        listener = self.listener
+        name = listener.config.name
+        metrics = listener.metrics
+        reader = FrameReader(upstream, plaintext=not listener.connector.tls_enabled)
+        while True:
+            verdict = await reader.next_prefix(_NO_RESPONSE_LIMIT)
+            if verdict is None:
+                raise ConnectionClosed("upstream_closed", f"broker {self.route.upstream_name} closed the connection")
+            if not verdict.admitted:
+                raise self._refuse(verdict, "response", reader.head)
+            frame = await reader.read_frame(verdict.size)
+            started = trio.current_time()
+            correlation_id = wire.response_correlation_id(frame)
+            if not self._inflight or self._inflight[0].correlation_id != correlation_id:
+                expected = self._inflight[0].correlation_id if self._inflight else None
+                raise ConnectionClosed(
+                    "unexpected_response",
+                    f"broker answered correlation id {correlation_id}, expected {expected}",
+                )
+            request = self._inflight[0]
+            if listener.rewrites and rewrite.needs_decoding(request.api_key, request.api_version):
+                frame = await self._rewritten(frame, request)
+            await client.send_all(frame)
+            self._inflight.popleft()
+            metrics.response_bytes.labels(name).inc(len(frame))
+            metrics.proxy_latency.labels(name).observe(
+                request.proxy_seconds + trio.current_time() - started
+            )
+            if self._requests_done and not self._inflight:
+                raise _Done()
+
+    async def _rewritten(self, frame: bytes, request: InFlight) -> bytes:
+        api_key, version = request.api_key, request.api_version
+        try:
+            response = wire.decode_response(frame, api_key, version)
+        except wire.MalformedFrame:
+            if api_key == wire.API_VERSIONS:
+                # An UNSUPPORTED_VERSION answer is encoded as v0; the client retries lower.
+                return frame
+            raise
+        body = response.body
+        if api_key == wire.API_VERSIONS:
+            if body.error_code != 0:
+                return frame
+            body = rewrite.cap_api_versions(body)
+        else:
+            await self.listener.directory.learn(rewrite.brokers_in(body, api_key, version))
+            body = rewrite.rewrite_addresses(body, api_key, version, self.listener.address_of)
+        self.listener.metrics.responses_rewritten.labels(
+            self.listener.config.name, wire.api_name(api_key)
+        ).inc()
+        return wire.encode_frame(response.header, body)
+
+
+class _Done(ConnectionClosed):
+    """The connection ended normally (client left, or drained at shutdown)."""
+
+    def __init__(self) -> None:
+        super().__init__("done", "done")

@@ -1,0 +1,138 @@
+"""A configured listener: its bootstrap port and, in cluster mode, one port per
+broker node (``node_port_base + node_id``), each forwarding to its broker."""
+
+from __future__ import annotations
+
+import logging
+from collections.abc import Awaitable, Callable
+from dataclasses import dataclass
+
+import trio
+
+from .audit import AuditSink
+from .brokers import BrokerDirectory
+from .config import Listener, Policies
+from .connection import ClientConnection
+from .metrics import Metrics
+from .tls import server_context
+from .upstream import UpstreamConnector, UpstreamUnavailable
+
+log = logging.getLogger("kafka_admission_proxy.listener")
+
+
+@dataclass(frozen=True, slots=True)
+class Route:
+    """Where connections accepted on one port go."""
+
+    upstream_name: str
+    connect: Callable[[], Awaitable[trio.abc.Stream]]
+
+
+class ListenerRuntime:
+    def __init__(
+        self,
+        config: Listener,
+        *,
+        policies: Policies,
+        metrics: Metrics,
+        audit: AuditSink,
+        connector: UpstreamConnector,
+        directory: BrokerDirectory,
+        bootstrap: list[tuple[str, int]],
+        rewrites: bool,
+    ) -> None:
+        self.config = config
+        self.policies = policies
+        self.metrics = metrics
+        self.audit = audit
+        self.connector = connector
+        self.directory = directory
+        self.rewrites = rewrites
+        self.ssl_context = server_context(config.tls) if config.tls is not None else None
+        self.connections: set[ClientConnection] = set()
+        self._bootstrap = bootstrap
+        self._accept_scopes: list[trio.CancelScope] = []
+        self._node_ports: set[int] = set()
+        self._accept_nursery: trio.Nursery | None = None
+        self._connection_nursery: trio.Nursery | None = None
+        self.bound = False
+        self._tls_label = "true" if self.ssl_context is not None else "false"
+
+    def address_of(self, node_id: int) -> tuple[str, int]:
+        return self.config.advertised_host, self.config.node_port_base + node_id
+
+    async def start(self, accept_nursery: trio.Nursery, connection_nursery: trio.Nursery) -> None:
+        """Bind the bootstrap port; node ports follow as brokers are learned."""
+        self._accept_nursery = accept_nursery
+        self._connection_nursery = connection_nursery
+        host, port = self.config.bind_address
+        names = ",".join(f"{h}:{p}" for h, p in self._bootstrap)
+        route = Route(names, lambda: self.connector.connect_any(self._bootstrap))
+        await accept_nursery.start(self._serve_port, host, port, route)
+        self.bound = True
+        if self.rewrites:
+            self.directory.on_new_node(self.open_node_port)
+            for node_id in self.directory.node_ids:
+                await self.open_node_port(node_id)
+
+    async def open_node_port(self, node_id: int) -> None:
+        if node_id in self._node_ports or self._accept_nursery is None:
+            return
+        self._node_ports.add(node_id)
+        host, _ = self.config.bind_address
+        port = self.config.node_port_base + node_id
+        route = Route(f"node {node_id}", lambda: self._connect_node(node_id))
+        try:
+            await self._accept_nursery.start(self._serve_port, host, port, route)
+        except OSError as exc:
+            log.error(
+                "cannot open the port for broker node %d: %s", node_id, exc,
+                extra={"listener": self.config.name, "port": port},
+            )
+
+    async def _connect_node(self, node_id: int) -> trio.abc.Stream:
+        address = self.directory.address_of(node_id)
+        if address is None:
+            raise UpstreamUnavailable(f"broker node {node_id} is unknown")
+        return await self.connector.connect(*address)
+
+    async def _serve_port(
+        self, host: str, port: int, route: Route, *, task_status: trio.TaskStatus[None] = trio.TASK_STATUS_IGNORED
+    ) -> None:
+        if not 0 < port <= 65535:
+            raise OSError(f"port {port} is out of range (node_port_base + node id)")
+        listeners = await trio.open_tcp_listeners(port, host=host)
+        with trio.CancelScope() as scope:
+            self._accept_scopes.append(scope)
+            log.info("listening", extra={"listener": self.config.name, "bind": f"{host}:{port}", "upstream": route.upstream_name})
+            task_status.started()
+            assert self._connection_nursery is not None
+            await trio.serve_listeners(
+                lambda stream: self._handle(stream, route), listeners,
+                handler_nursery=self._connection_nursery,
+            )
+        for listener in listeners:
+            await listener.aclose()
+
+    async def _handle(self, stream: trio.SocketStream, route: Route) -> None:
+        name = self.config.name
+        connection = ClientConnection(self, route, stream)
+        self.connections.add(connection)
+        self.metrics.connections_accepted.labels(name, self._tls_label).inc()
+        self.metrics.connections_active.labels(name, self._tls_label).inc()
+        try:
+            await connection.run()
+        finally:
+            self.connections.discard(connection)
+            self.metrics.connections_active.labels(name, self._tls_label).dec()
+            self.metrics.connections_closed.labels(name, self._tls_label).inc()
+
+    def stop_accepting(self) -> None:
+        self._accept_nursery = None  # and no node ports open from now on
+        for scope in self._accept_scopes:
+            scope.cancel()
+        self.bound = False
+
+    def stop_reading(self) -> None:
+        for connection in list(self.connections):
+            connection.stop_reading()

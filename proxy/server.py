@@ -1,0 +1,88 @@
+"""The proxy as a whole: admin HTTP, every listener, every connection, and a
+graceful shutdown (stop accepting, answer what is in flight, then close)."""
+
+from __future__ import annotations
+
+import logging
+
+import trio
+
+from .admin import AdminServer
+from .audit import AuditSink
+from .brokers import BrokerDirectory
+from .config import Config
+from .listener import ListenerRuntime
+from .metrics import Metrics
+from .tls import upstream_context
+from .upstream import UpstreamConnector, UpstreamUnavailable
+
+log = logging.getLogger("kafka_admission_proxy.server")
+
+READY_PROBE_TIMEOUT_S = 3.0
+
+
+class ProxyServer:
+    def __init__(self, config: Config) -> None:
+        self.config = config
+        self.metrics = Metrics()
+        self.audit = AuditSink(config.audit.path, self.metrics)
+        self.directory = BrokerDirectory(self.metrics)
+        self.connector = UpstreamConnector(
+            config.upstream.tls, upstream_context(config.upstream.tls), self.metrics
+        )
+        bootstrap = config.upstream.addresses()
+        self.listeners = [
+            ListenerRuntime(
+                listener,
+                policies=config.policies,
+                metrics=self.metrics,
+                audit=self.audit,
+                connector=self.connector,
+                directory=self.directory,
+                bootstrap=bootstrap,
+                rewrites=config.mode == "cluster",
+            )
+            for listener in config.listeners
+        ]
+        self.admin_port: int | None = None
+        self._cancel = trio.CancelScope()
+
+    async def readiness_problems(self) -> list[str]:
+        problems = [f"listener {lst.config.name} is not bound" for lst in self.listeners if not lst.bound]
+        try:
+            with trio.fail_after(READY_PROBE_TIMEOUT_S):
+                stream = await self.connector.connect_any(self.config.upstream.addresses())
+            await trio.aclose_forcefully(stream)
+        except (UpstreamUnavailable, trio.TooSlowError) as exc:
+            problems.append(f"no upstream broker reachable: {exc}")
+        return problems
+
+    async def run(self, *, task_status: trio.TaskStatus[ProxyServer] = trio.TASK_STATUS_IGNORED) -> None:
+        """Serve until cancelled, or until ``shutdown`` has drained the connections."""
+        with self._cancel:
+            try:
+                async with trio.open_nursery() as connections, trio.open_nursery() as accepting:
+                    self._accepting = accepting
+                    self._connections = connections
+                    admin = AdminServer(self.metrics, self.readiness_problems)
+                    host, port = self.config.admin.bind_address
+                    self.admin_port = await accepting.start(admin.serve, host, port)
+                    for listener in self.listeners:
+                        await listener.start(accepting, connections)
+                    task_status.started(self)
+            finally:
+                self.audit.close()
+
+    async def shutdown(self, drain_timeout: float) -> None:
+        """Stop accepting, let requests in flight finish (bounded), then stop."""
+        log.info("shutting down: no new connections, draining in-flight requests")
+        for listener in self.listeners:
+            listener.stop_accepting()
+            listener.stop_reading()
+        with trio.move_on_after(drain_timeout) as waited:
+            while any(lst.connections for lst in self.listeners):
+                await trio.sleep(0.05)
+        if waited.cancelled_caught:
+            left = sum(len(lst.connections) for lst in self.listeners)
+            log.warning("drain time over; closing %d connections", left)
+        self._cancel.cancel()
