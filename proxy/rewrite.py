@@ -63,6 +63,11 @@ def _nodes(body: Any, attribute: str) -> Iterable[Any]:
     return (body,) if attribute == "" else getattr(body, attribute)
 
 
+def _node_id(node: Any) -> int:
+    # DescribeCluster names it broker_id; every other response node_id.
+    return int(node.broker_id if hasattr(node, "broker_id") else node.node_id)
+
+
 def brokers_in(body: Any, api_key: int, api_version: int) -> list[BrokerAddress]:
     """Broker addresses a response tells the client about (errors excluded)."""
     if not carries_addresses(api_key, api_version):
@@ -70,8 +75,8 @@ def brokers_in(body: Any, api_key: int, api_version: int) -> list[BrokerAddress]
     found = []
     for attribute in _ADDRESS_FIELDS[api_key][1](api_version):
         for node in _nodes(body, attribute):
-            if node.node_id >= 0 and node.port >= 0 and node.host:
-                found.append(BrokerAddress(int(node.node_id), node.host, int(node.port)))
+            if _node_id(node) >= 0 and node.port >= 0 and node.host:
+                found.append(BrokerAddress(_node_id(node), node.host, int(node.port)))
     return found
 
 
@@ -79,9 +84,9 @@ def rewrite_addresses(body: Any, api_key: int, api_version: int, address_of: Add
     """The same response with every node's host and port replaced by ``address_of``."""
 
     def moved(node: Any) -> Any:
-        if node.node_id < 0 or not node.host:
+        if _node_id(node) < 0 or not node.host:
             return node  # an error answer (e.g. no coordinator yet): nothing to point at
-        host, port = address_of(int(node.node_id))
+        host, port = address_of(_node_id(node))
         return dataclasses.replace(node, host=host, port=type(node.port)(port))
 
     for attribute in _ADDRESS_FIELDS[api_key][1](api_version):

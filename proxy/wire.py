@@ -17,7 +17,9 @@ from kio._kio_native import (
     read_int32,
     read_nullable_legacy_string,
 )
-from kio.index import UnknownAPIKey, UnknownEntity, load_request_schema, load_response_schema
+from kio.index import load_request_schema, load_response_schema
+from kio.schema.request_header.v1.header import RequestHeader as RequestHeaderV1
+from kio.schema.request_header.v2.header import RequestHeader as RequestHeaderV2
 from kio.schema.index import api_key_map, schema_name_map
 from kio.serial import entity_reader, entity_writer
 from kio.static.constants import EntityType
@@ -74,27 +76,24 @@ def response_correlation_id(frame: bytes) -> int:
     return int(value)
 
 
-def _request_body_offset(frame: bytes, api_key: int, api_version: int) -> int:
-    schema = load_request_schema(api_key, api_version)
-    _, size = entity_reader(schema.__header_schema__)(frame, 4)
-    return 4 + int(size)
+# Produce became flexible (request header v2, compact strings) at v9.
+_PRODUCE_FIRST_FLEXIBLE = 9
 
 
 def produce_acks(frame: bytes, api_version: int) -> int:
     """The acks of a Produce request: after the (v3+) transactional id, nothing else read."""
+    flexible = api_version >= _PRODUCE_FIRST_FLEXIBLE
+    header_schema = RequestHeaderV2 if flexible else RequestHeaderV1
     try:
-        offset = _request_body_offset(frame, PRODUCE, api_version)
-        if api_version >= 9:
+        _, size = entity_reader(header_schema)(frame, 4)
+        offset = 4 + size
+        if flexible:
             _, size = read_compact_string_nullable(frame, offset)
             offset += size
         elif api_version >= 3:
             _, size = read_nullable_legacy_string(frame, offset)
             offset += size
         acks, _ = read_int16(frame, offset)
-    except (UnknownAPIKey, UnknownEntity):
-        # A Produce version newer than the codec: assume a response comes, which is
-        # what every Produce with acks != 0 does.
-        return -1
     except Exception as exc:
         raise MalformedFrame(f"produce request does not parse: {exc}") from None
     return int(acks)

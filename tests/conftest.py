@@ -1,0 +1,216 @@
+"""Shared fixtures: a real Tansu broker, the proxy as a real subprocess (the
+console script), trustme certificates. Under ``REQUIRE_ALL=1`` (CI) a skipped
+test fails: a missing tool must be installed, not hidden."""
+
+from __future__ import annotations
+
+import os
+import random
+import signal
+import socket
+import subprocess
+import sys
+import time
+import urllib.request
+from collections.abc import Iterator
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
+
+import pytest
+import trustme
+import yaml
+from prometheus_client.parser import text_string_to_metric_families
+
+from proxy.tansu import TansuBroker, free_port, wait_for_port
+
+ROOT = Path(__file__).resolve().parent.parent
+
+
+@pytest.hookimpl(hookwrapper=True)
+def pytest_runtest_makereport(item: pytest.Item, call: pytest.CallInfo[None]) -> Iterator[None]:
+    outcome = yield
+    report = outcome.get_result()  # type: ignore[attr-defined]
+    if os.environ.get("REQUIRE_ALL") == "1" and report.skipped and not hasattr(report, "wasxfail"):
+        report.outcome = "failed"
+        reason = report.longrepr[2] if isinstance(report.longrepr, tuple) else report.longrepr
+        report.longrepr = f"skipped under REQUIRE_ALL=1 (install what it needs): {reason}"
+
+
+@pytest.fixture(scope="session")
+def tansu() -> Iterator[TansuBroker]:
+    with TansuBroker() as broker:
+        yield broker
+
+
+def free_node_port_base(node_ids: list[int]) -> int:
+    """A base such that base + every node id is a free port."""
+    for _ in range(200):
+        base = random.randint(20000, 50000)
+        ports = [base + n for n in node_ids]
+        try:
+            socks = []
+            for port in ports:
+                s = socket.socket()
+                socks.append(s)
+                s.bind(("127.0.0.1", port))
+            return base
+        except OSError:
+            continue
+        finally:
+            for s in socks:
+                s.close()
+    raise RuntimeError("no free node port range")
+
+
+@dataclass
+class ProxyProcess:
+    config: dict[str, Any]
+    config_path: Path
+    log_path: Path
+    process: subprocess.Popen[bytes] | None = None
+    returncode: int | None = None
+    extra_args: list[str] = field(default_factory=list)
+
+    @property
+    def bootstrap(self) -> str:
+        return self.config["listeners"][0]["bind"]
+
+    def listener_bind(self, name: str) -> str:
+        return next(lst["bind"] for lst in self.config["listeners"] if lst["name"] == name)
+
+    @property
+    def admin_url(self) -> str:
+        return f"http://{self.config['admin']['bind']}"
+
+    def start(self) -> ProxyProcess:
+        self.config_path.write_text(yaml.safe_dump(self.config))
+        self._log = self.log_path.open("ab")
+        self.process = subprocess.Popen(
+            [sys.executable, "-m", "proxy.cli", "run", "--config", str(self.config_path), *self.extra_args],
+            stdout=self._log, stderr=subprocess.STDOUT, cwd=ROOT,
+        )
+        host, port = self.config["admin"]["bind"].rsplit(":", 1)
+        try:
+            wait_for_port(host, int(port), timeout=20)
+            for lst in self.config["listeners"]:
+                h, p = lst["bind"].rsplit(":", 1)
+                wait_for_port(h, int(p), timeout=20)
+        except TimeoutError:
+            self.stop()
+            raise AssertionError(f"proxy did not start:\n{self.log()}") from None
+        return self
+
+    def log(self) -> str:
+        return self.log_path.read_text(errors="replace")
+
+    def get(self, path: str) -> tuple[int, str]:
+        try:
+            with urllib.request.urlopen(self.admin_url + path, timeout=10) as resp:
+                return resp.status, resp.read().decode()
+        except urllib.error.HTTPError as err:
+            return err.code, err.read().decode()
+
+    def metric(self, name: str, **labels: str) -> float:
+        """Sum of the samples of ``name`` whose labels include ``labels``."""
+        _, text = self.get("/metrics")
+        total = 0.0
+        for family in text_string_to_metric_families(text):
+            for sample in family.samples:
+                if sample.name == name and all(sample.labels.get(k) == v for k, v in labels.items()):
+                    total += sample.value
+        return total
+
+    def signal(self, signum: int = signal.SIGTERM) -> None:
+        assert self.process is not None
+        self.process.send_signal(signum)
+
+    def wait(self, timeout: float = 30) -> int:
+        assert self.process is not None
+        self.returncode = self.process.wait(timeout=timeout)
+        return self.returncode
+
+    def stop(self) -> None:
+        if self.process is not None and self.process.poll() is None:
+            self.process.send_signal(signal.SIGTERM)
+            try:
+                self.process.wait(timeout=15)
+            except subprocess.TimeoutExpired:
+                self.process.kill()
+                self.process.wait()
+        if self.process is not None:
+            self.returncode = self.process.returncode
+            self._log.close()
+
+
+@pytest.fixture
+def start_proxy(tmp_path: Path) -> Iterator[Any]:
+    """``start_proxy(bootstrap, **overrides)`` runs the proxy CLI on free ports."""
+    started: list[ProxyProcess] = []
+
+    def start(
+        bootstrap: str | list[str], *, node_ids: tuple[int, ...] = (TansuBroker.NODE_ID,),
+        listeners: list[dict[str, Any]] | None = None, extra_args: list[str] | None = None,
+        **sections: Any,
+    ) -> ProxyProcess:
+        servers = [bootstrap] if isinstance(bootstrap, str) else bootstrap
+        if listeners is None:
+            listeners = [{"name": "external"}]
+        for lst in listeners:
+            lst.setdefault("bind", f"127.0.0.1:{free_port()}")
+            lst.setdefault("node_port_base", free_node_port_base(list(node_ids)))
+        config: dict[str, Any] = {
+            "upstream": {"bootstrap_servers": servers},
+            "listeners": listeners,
+            "admin": {"bind": f"127.0.0.1:{free_port()}"},
+            **sections,
+        }
+        n = len(started)
+        proxy = ProxyProcess(
+            config, tmp_path / f"proxy{n}.yaml", tmp_path / f"proxy{n}.log",
+            extra_args=extra_args or [],
+        )
+        started.append(proxy.start())
+        return proxy
+
+    yield start
+    for proxy in started:
+        proxy.stop()
+
+
+@dataclass(frozen=True)
+class Certs:
+    ca_file: str
+    server_cert: str
+    server_key: str
+    client_cert: str
+    client_key: str
+
+
+@pytest.fixture(scope="session")
+def certs(tmp_path_factory: pytest.TempPathFactory) -> Certs:
+    """A test CA (trustme) with a server cert for 127.0.0.1/localhost and a client cert."""
+    d = tmp_path_factory.mktemp("certs")
+    ca = trustme.CA()
+    server = ca.issue_cert("127.0.0.1", "localhost")
+    client = ca.issue_cert("client@example.com")
+    ca.cert_pem.write_to_path(str(d / "ca.pem"))
+    server.cert_chain_pems[0].write_to_path(str(d / "server.pem"))
+    server.private_key_pem.write_to_path(str(d / "server.key"))
+    client.cert_chain_pems[0].write_to_path(str(d / "client.pem"))
+    client.private_key_pem.write_to_path(str(d / "client.key"))
+    return Certs(
+        str(d / "ca.pem"), str(d / "server.pem"), str(d / "server.key"),
+        str(d / "client.pem"), str(d / "client.key"),
+    )
+
+
+def wait_until(predicate: Any, timeout: float = 10.0, interval: float = 0.05) -> Any:
+    deadline = time.monotonic() + timeout
+    while True:
+        value = predicate()
+        if value:
+            return value
+        if time.monotonic() > deadline:
+            raise AssertionError(f"condition not met within {timeout}s")
+        time.sleep(interval)

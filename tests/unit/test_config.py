@@ -1,0 +1,128 @@
+"""Config loading: defaults, and errors that name the key and the rule."""
+
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+import yaml
+
+from proxy.config import ConfigError, load_config, parse_config
+
+MINIMAL = {
+    "upstream": {"bootstrap_servers": ["127.0.0.1:9092"]},
+    "listeners": [{"name": "external", "bind": "127.0.0.1:29092"}],
+}
+
+
+def with_(**changes):  # type: ignore[no-untyped-def]
+    raw = yaml.safe_load(yaml.safe_dump(MINIMAL))
+    raw.update(changes)
+    return raw
+
+
+def error_of(raw) -> str:  # type: ignore[no-untyped-def]
+    with pytest.raises(ConfigError) as info:
+        parse_config(raw)
+    return str(info.value)
+
+
+def test_only_bootstrap_servers_and_listeners_are_required() -> None:
+    config = parse_config(MINIMAL)
+    effective = config.effective()
+    assert effective["mode"] == "cluster"
+    assert effective["admin"] == {"bind": "127.0.0.1:9464"}
+    assert effective["policies"] == {"socket.request.max.bytes": 104857600}
+    assert effective["audit"] == {"path": None}
+    assert effective["upstream"]["tls"]["enabled"] is False
+    listener = effective["listeners"][0]
+    assert listener["advertised_host"] == "127.0.0.1"
+    assert listener["node_port_base"] == 29100
+    assert listener["tls"] is None and listener["protected"] is False
+
+
+def test_missing_upstream_is_named() -> None:
+    assert "upstream: Field required" in error_of({"listeners": MINIMAL["listeners"]})
+
+
+def test_unknown_key_suggests_the_known_one() -> None:
+    raw = with_(listeners=[{"name": "x", "bind": "127.0.0.1:1", "advertized_host": "h"}])
+    assert error_of(raw) == "listeners[0].advertized_host: unknown key (did you mean 'advertised_host'?)"
+
+
+def test_unknown_policy_key_suggests_the_kafka_name() -> None:
+    message = error_of(with_(policies={"socket.request.max.byte": 5}))
+    assert "policies.socket.request.max.byte: unknown key (did you mean 'socket.request.max.bytes'?)" in message
+
+
+def test_socket_request_max_bytes_must_be_positive() -> None:
+    message = error_of(with_(policies={"socket.request.max.bytes": 0}))
+    assert message.startswith("policies.socket.request.max.bytes:")
+    assert "greater than or equal to 1" in message
+
+
+def test_bootstrap_server_without_port_is_refused() -> None:
+    message = error_of(with_(upstream={"bootstrap_servers": ["broker"]}))
+    assert "upstream.bootstrap_servers" in message and "host:port" in message
+
+
+def test_missing_tls_files_are_found_at_load_time(tmp_path: Path) -> None:
+    key = tmp_path / "k.pem"
+    key.write_text("x")
+    raw = with_(listeners=[{"name": "x", "bind": "127.0.0.1:1",
+                            "tls": {"cert_file": str(tmp_path / "nope.pem"), "key_file": str(key)}}])
+    assert "listeners[0].tls.cert_file: file not found" in error_of(raw)
+
+
+def test_client_auth_required_needs_a_ca(tmp_path: Path) -> None:
+    pem = tmp_path / "c.pem"
+    pem.write_text("x")
+    raw = with_(listeners=[{"name": "x", "bind": "127.0.0.1:1",
+                            "tls": {"cert_file": str(pem), "key_file": str(pem), "client_auth": "required"}}])
+    assert "needs ca_file" in error_of(raw)
+
+
+def test_mode_must_be_cluster_or_sidecar() -> None:
+    assert "mode:" in error_of(with_(mode="mesh"))
+
+
+def test_listener_names_must_be_unique() -> None:
+    raw = with_(listeners=[{"name": "a", "bind": "127.0.0.1:1"}, {"name": "a", "bind": "127.0.0.1:2"}])
+    assert "unique" in error_of(raw)
+
+
+def test_audit_directory_must_exist(tmp_path: Path) -> None:
+    assert "audit.path" in error_of(with_(audit={"path": str(tmp_path / "no" / "audit.jsonl")}))
+
+
+def test_invalid_yaml_is_reported_with_the_file(tmp_path: Path) -> None:
+    path = tmp_path / "bad.yaml"
+    path.write_text("upstream: [\n")
+    with pytest.raises(ConfigError, match="not valid YAML"):
+        load_config(path)
+
+
+def _check_config(path: Path) -> subprocess.CompletedProcess[str]:
+    return subprocess.run(
+        [sys.executable, "-m", "proxy.cli", "check-config", "--config", str(path)],
+        capture_output=True, text=True,
+    )
+
+
+def test_check_config_prints_the_effective_config_and_exits_0(tmp_path: Path) -> None:
+    path = tmp_path / "ok.yaml"
+    path.write_text(yaml.safe_dump(MINIMAL))
+    result = _check_config(path)
+    assert result.returncode == 0, result.stderr
+    printed = yaml.safe_load(result.stdout)
+    assert printed["policies"]["socket.request.max.bytes"] == 104857600
+    assert printed["listeners"][0]["node_port_base"] == 29100
+
+
+def test_check_config_exits_2_naming_the_key_and_rule(tmp_path: Path) -> None:
+    path = tmp_path / "bad.yaml"
+    path.write_text(yaml.safe_dump(with_(policies={"socket.request.max.bytes": -5})))
+    result = _check_config(path)
+    assert result.returncode == 2
+    assert "policies.socket.request.max.bytes" in result.stderr
+    assert "greater than or equal to 1" in result.stderr

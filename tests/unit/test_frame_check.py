@@ -1,0 +1,64 @@
+"""Length-prefix verdicts (sans-I/O): the size limit and the bytes that are not Kafka."""
+
+import pytest
+from hypothesis import given
+from hypothesis import strategies as st
+
+from policies.frame_check import FrameKind, check_length_prefix
+
+LIMIT = 104857600
+
+
+def prefix(n: int) -> bytes:
+    return n.to_bytes(4, "big", signed=True)
+
+
+def test_a_frame_within_socket_request_max_bytes_is_admitted() -> None:
+    verdict = check_length_prefix(prefix(LIMIT), LIMIT)
+    assert verdict.admitted and verdict.size == LIMIT
+
+
+def test_a_frame_one_byte_over_the_limit_is_refused_as_too_large() -> None:
+    assert check_length_prefix(prefix(LIMIT + 1), LIMIT).kind is FrameKind.TOO_LARGE
+
+
+def test_max_int_length_is_refused_before_allocation() -> None:
+    verdict = check_length_prefix(prefix(2**31 - 1), LIMIT)
+    assert verdict.kind is FrameKind.TOO_LARGE and verdict.size == 2**31 - 1
+
+
+@pytest.mark.parametrize("size", [0, -1, -(2**31)])
+def test_zero_or_negative_lengths_are_invalid(size: int) -> None:
+    assert check_length_prefix(prefix(size), LIMIT).kind is FrameKind.INVALID_SIZE
+
+
+def test_the_java_brokers_tls_alert_is_named_a_tls_record_not_a_352_mb_frame() -> None:
+    verdict = check_length_prefix(bytes.fromhex("15030300"), 2**31 - 1)
+    assert verdict.kind is FrameKind.TLS_RECORD
+    assert verdict.size == 352_518_912
+
+
+def test_a_tls_client_hello_on_a_plaintext_port_is_named() -> None:
+    assert check_length_prefix(bytes.fromhex("16030100"), LIMIT).kind is FrameKind.TLS_RECORD
+
+
+def test_inside_tls_the_same_bytes_are_just_a_length() -> None:
+    verdict = check_length_prefix(bytes.fromhex("15030300"), 2**31 - 1, plaintext=False)
+    assert verdict.admitted
+
+
+@pytest.mark.parametrize("start", [b"GET ", b"POST", b"HEAD", b"PUT "])
+def test_an_http_request_on_a_kafka_port_is_named(start: bytes) -> None:
+    assert check_length_prefix(start, 2**31 - 1).kind is FrameKind.HTTP
+
+
+def test_a_prefix_must_be_four_bytes() -> None:
+    with pytest.raises(ValueError, match="4 bytes"):
+        check_length_prefix(b"\0\0\0", LIMIT)
+
+
+@given(st.binary(min_size=4, max_size=4), st.integers(min_value=1, max_value=2**31 - 1))
+def test_an_admitted_frame_is_never_larger_than_the_limit(data: bytes, limit: int) -> None:
+    verdict = check_length_prefix(data, limit)
+    if verdict.admitted:
+        assert 0 < verdict.size <= limit
