@@ -39,9 +39,10 @@ class BrokerDirectory:
                 continue
             self._nodes[broker.node_id] = address
             self._metrics.brokers_known.set(len(self._nodes))
+            where = {"node_id": broker.node_id, "upstream": f"{broker.host}:{broker.port}"}
             if known is None:
-                log.info("learned broker", extra={"node_id": broker.node_id, "upstream": f"{broker.host}:{broker.port}"})
+                log.info("learned broker", extra=where)
                 for open_node_port in self._openers:
                     await open_node_port(broker.node_id)
             else:
-                log.info("broker moved", extra={"node_id": broker.node_id, "upstream": f"{broker.host}:{broker.port}"})
+                log.info("broker moved", extra=where)

@@ -68,11 +68,12 @@ def build_parser() -> argparse.ArgumentParser:
         prog="kafka-admission-proxy",
         description="Kafka admission proxy: broker resource limits applied before traffic reaches the broker.",
     )
-    parser.add_argument("--log-format", choices=("text", "json"), default="text")
-    parser.add_argument("--log-level", default="INFO")
+    logging_options = argparse.ArgumentParser(add_help=False)
+    logging_options.add_argument("--log-format", choices=("text", "json"), default="text")
+    logging_options.add_argument("--log-level", default="INFO")
     commands = parser.add_subparsers(dest="command", required=True)
 
-    run = commands.add_parser("run", help="run the proxy")
+    run = commands.add_parser("run", help="run the proxy", parents=[logging_options])
     run.add_argument("--config", required=True, help="YAML config file")
     run.add_argument(
         "--drain-timeout", type=float, default=30.0,
@@ -80,12 +81,15 @@ def build_parser() -> argparse.ArgumentParser:
     )
     run.set_defaults(func=_cmd_run)
 
-    check = commands.add_parser("check-config", help="validate a config and print it with defaults")
+    check = commands.add_parser(
+        "check-config", help="validate a config and print it with defaults", parents=[logging_options]
+    )
     check.add_argument("--config", required=True)
     check.set_defaults(func=_cmd_check_config)
 
     demo = commands.add_parser(
-        "demo", help="embedded Tansu broker + this proxy + a sample workload, until Ctrl-C"
+        "demo", help="embedded Tansu broker + this proxy + a sample workload, until Ctrl-C",
+        parents=[logging_options],
     )
     demo.add_argument("--records", type=int, default=1000, help="records the workload produces")
     demo.add_argument(

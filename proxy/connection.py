@@ -183,6 +183,7 @@ class ClientConnection:
             return True
         if self._stopping:
             return False
+        arrived = False
         with trio.CancelScope() as scope:
             self._idle_scope = scope
             arrived = await reader.fill(1)

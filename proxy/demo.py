@@ -84,7 +84,7 @@ def _summary(server: ProxyServer, result: WorkloadResult) -> str:
         for s in m.samples if s.name.endswith("_total")
     )
     listener = server.config.listeners[0]
-    host, port = server.config.admin.bind_address
+    host = server.config.admin.bind_address[0]
     return "\n".join([
         "kafka-admission-proxy demo",
         f"  broker (Tansu, embedded):  {server.config.upstream.bootstrap_servers[0]}",

@@ -56,6 +56,7 @@ class ListenerRuntime:
         self._accept_nursery: trio.Nursery | None = None
         self._connection_nursery: trio.Nursery | None = None
         self.bound = False
+        self._all_closed: trio.Event | None = None
         self._tls_label = "true" if self.ssl_context is not None else "false"
 
     def address_of(self, node_id: int) -> tuple[str, int]:
@@ -104,7 +105,10 @@ class ListenerRuntime:
         listeners = await trio.open_tcp_listeners(port, host=host)
         with trio.CancelScope() as scope:
             self._accept_scopes.append(scope)
-            log.info("listening", extra={"listener": self.config.name, "bind": f"{host}:{port}", "upstream": route.upstream_name})
+            log.info(
+                "listening",
+                extra={"listener": self.config.name, "bind": f"{host}:{port}", "upstream": route.upstream_name},
+            )
             task_status.started()
             assert self._connection_nursery is not None
             await trio.serve_listeners(
@@ -124,6 +128,8 @@ class ListenerRuntime:
             await connection.run()
         finally:
             self.connections.discard(connection)
+            if not self.connections and self._all_closed is not None:
+                self._all_closed.set()
             self.metrics.connections_active.labels(name, self._tls_label).dec()
             self.metrics.connections_closed.labels(name, self._tls_label).inc()
 
@@ -132,6 +138,12 @@ class ListenerRuntime:
         for scope in self._accept_scopes:
             scope.cancel()
         self.bound = False
+
+    async def wait_closed(self) -> None:
+        """Return once this listener has no open connection."""
+        if self.connections:
+            self._all_closed = trio.Event()
+            await self._all_closed.wait()
 
     def stop_reading(self) -> None:
         for connection in list(self.connections):

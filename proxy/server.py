@@ -64,11 +64,12 @@ class ProxyServer:
                 async with trio.open_nursery() as connections, trio.open_nursery() as accepting:
                     self._accepting = accepting
                     self._connections = connections
+                    for listener in self.listeners:
+                        await listener.start(accepting, connections)
+                    # Admin last: once it answers, every listener is bound.
                     admin = AdminServer(self.metrics, self.readiness_problems)
                     host, port = self.config.admin.bind_address
                     self.admin_port = await accepting.start(admin.serve, host, port)
-                    for listener in self.listeners:
-                        await listener.start(accepting, connections)
                     task_status.started(self)
             finally:
                 self.audit.close()
@@ -80,8 +81,8 @@ class ProxyServer:
             listener.stop_accepting()
             listener.stop_reading()
         with trio.move_on_after(drain_timeout) as waited:
-            while any(lst.connections for lst in self.listeners):
-                await trio.sleep(0.05)
+            for listener in self.listeners:
+                await listener.wait_closed()
         if waited.cancelled_caught:
             left = sum(len(lst.connections) for lst in self.listeners)
             log.warning("drain time over; closing %d connections", left)

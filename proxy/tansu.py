@@ -72,7 +72,7 @@ class TansuBroker:
         if self._process is not None:
             self._process.terminate()
             try:
-                self._process.wait(timeout=10)
+                self._process.wait(timeout=2)
             except subprocess.TimeoutExpired:
                 self._process.kill()
                 self._process.wait()

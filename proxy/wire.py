@@ -18,9 +18,9 @@ from kio._kio_native import (
     read_nullable_legacy_string,
 )
 from kio.index import load_request_schema, load_response_schema
+from kio.schema.index import api_key_map, schema_name_map
 from kio.schema.request_header.v1.header import RequestHeader as RequestHeaderV1
 from kio.schema.request_header.v2.header import RequestHeader as RequestHeaderV2
-from kio.schema.index import api_key_map, schema_name_map
 from kio.serial import entity_reader, entity_writer
 from kio.static.constants import EntityType
 

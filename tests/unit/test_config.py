@@ -126,3 +126,15 @@ def test_check_config_exits_2_naming_the_key_and_rule(tmp_path: Path) -> None:
     assert result.returncode == 2
     assert "policies.socket.request.max.bytes" in result.stderr
     assert "greater than or equal to 1" in result.stderr
+
+
+def test_the_shipped_example_config_is_valid() -> None:
+    root = Path(__file__).resolve().parents[2]
+    config = load_config(root / "deploy" / "config.example.yaml")
+    assert config.listeners[0].node_port_base == 29100
+
+
+def test_the_demo_sample_config_is_valid() -> None:
+    from proxy.demo import sample_config
+
+    assert sample_config("127.0.0.1:1").upstream.bootstrap_servers == ("127.0.0.1:1",)

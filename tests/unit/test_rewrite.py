@@ -1,7 +1,6 @@
 """Address rewriting and ApiVersions capping on real kio-encoded responses."""
 
 import datetime
-import uuid
 
 import pytest
 from kio.index import load_response_schema

@@ -1,0 +1,86 @@
+"""A raw Kafka connection for tests that need exact bytes on the wire (kio encodes)."""
+
+from __future__ import annotations
+
+import datetime
+import socket
+from typing import Any
+
+from kio.index import load_request_schema
+
+from proxy import wire
+
+
+def frame(api_key: int, version: int, correlation_id: int, body: Any, client_id: str = "raw-test") -> bytes:
+    return wire.encode_frame(wire.request_header_for(api_key, version, correlation_id, client_id), body)
+
+
+def api_versions_frame(correlation_id: int, version: int = 3) -> bytes:
+    schema = load_request_schema(wire.API_VERSIONS, version)
+    return frame(wire.API_VERSIONS, version, correlation_id,
+                 schema(client_software_name="raw", client_software_version="1"))
+
+
+def metadata_frame(correlation_id: int, version: int = 12) -> bytes:
+    schema = load_request_schema(wire.METADATA, version)
+    return frame(wire.METADATA, version, correlation_id,
+                 schema(topics=None, allow_auto_topic_creation=False,
+                        include_topic_authorized_operations=False))
+
+
+def fetch_frame(correlation_id: int, topic_id: Any, max_wait_ms: int, version: int = 13) -> bytes:
+    m = __import__(f"kio.schema.fetch.v{version}.request", fromlist=["x"])
+    partition = m.FetchPartition(
+        partition=0, current_leader_epoch=-1, fetch_offset=0, last_fetched_epoch=-1,
+        log_start_offset=-1, partition_max_bytes=1048576,
+    )
+    body = m.FetchRequest(
+        replica_id=-1, max_wait=datetime.timedelta(milliseconds=max_wait_ms), min_bytes=1,
+        max_bytes=1048576, isolation_level=0, session_id=0, session_epoch=-1,
+        topics=(m.FetchTopic(topic_id=topic_id, partitions=(partition,)),),
+        forgotten_topics_data=(), rack_id="",
+    )
+    return frame(wire.FETCH, version, correlation_id, body)
+
+
+class RawConnection:
+    def __init__(self, address: str, timeout: float = 10.0) -> None:
+        host, port = address.rsplit(":", 1)
+        self.sock = socket.create_connection((host, int(port)), timeout=timeout)
+
+    def send(self, data: bytes) -> None:
+        self.sock.sendall(data)
+
+    def _exactly(self, n: int) -> bytes:
+        data = b""
+        while len(data) < n:
+            chunk = self.sock.recv(n - len(data))
+            if not chunk:
+                raise ConnectionError(f"closed after {len(data)} of {n} bytes")
+            data += chunk
+        return data
+
+    def read_frame(self) -> bytes:
+        size = int.from_bytes(self._exactly(4), "big")
+        return size.to_bytes(4, "big") + self._exactly(size)
+
+    def read_response(self, api_key: int, version: int) -> Any:
+        return wire.decode_response(self.read_frame(), api_key, version)
+
+    def closed_by_peer(self) -> bool:
+        """True when the other side closed (EOF or reset) within the socket timeout."""
+        try:
+            return self.sock.recv(1) == b""
+        except ConnectionResetError:
+            return True
+        except TimeoutError:
+            return False
+
+    def close(self) -> None:
+        self.sock.close()
+
+    def __enter__(self) -> RawConnection:
+        return self
+
+    def __exit__(self, *exc: object) -> None:
+        self.close()
