@@ -24,7 +24,7 @@ test-tools:
 
 test: $(BIN)/.installed test-tools
 	$(BIN)/ruff check .
-	$(BIN)/mypy policies
+	$(BIN)/mypy policies proxy
 	$(BIN)/pytest
 
 bench: $(BIN)/.installed

@@ -13,7 +13,7 @@ from importlib import resources
 import trio
 import yaml
 from confluent_kafka import Consumer, KafkaException, Producer
-from confluent_kafka.admin import AdminClient, NewTopic
+from confluent_kafka.admin import AdminClient, NewTopic  # type: ignore[attr-defined]
 
 from .config import Config, parse_config
 from .server import ProxyServer

@@ -111,10 +111,11 @@ class ListenerRuntime:
             )
             task_status.started()
             assert self._connection_nursery is not None
-            await trio.serve_listeners(
-                lambda stream: self._handle(stream, route), listeners,
-                handler_nursery=self._connection_nursery,
-            )
+
+            async def handle(stream: trio.SocketStream) -> None:
+                await self._handle(stream, route)
+
+            await trio.serve_listeners(handle, listeners, handler_nursery=self._connection_nursery)
         for listener in listeners:
             await listener.aclose()
 

@@ -23,6 +23,7 @@ from kio.schema.request_header.v1.header import RequestHeader as RequestHeaderV1
 from kio.schema.request_header.v2.header import RequestHeader as RequestHeaderV2
 from kio.serial import entity_reader, entity_writer
 from kio.static.constants import EntityType
+from kio.static.primitive import i16, i32
 
 PRODUCE = 0
 FETCH = 1
@@ -45,12 +46,12 @@ class RequestHeader:
 
 
 def api_name(api_key: int) -> str:
-    return api_key_map.get(api_key, "unknown")  # type: ignore[call-overload,no-any-return]
+    return api_key_map.get(api_key, "unknown")
 
 
 def max_known_version(api_key: int) -> int | None:
     """The newest version of an API that kio (and so this proxy) can decode."""
-    name = api_key_map.get(api_key)  # type: ignore[call-overload]
+    name = api_key_map.get(api_key)
     if name is None:
         return None
     return max(schema_name_map[name])
@@ -131,9 +132,9 @@ def encode_frame(*entities: Any) -> bytes:
 def request_header_for(api_key: int, api_version: int, correlation_id: int, client_id: str | None) -> Any:
     header_cls = load_request_schema(api_key, api_version).__header_schema__
     return header_cls(
-        request_api_key=api_key,
-        request_api_version=api_version,
-        correlation_id=correlation_id,
+        request_api_key=i16(api_key),
+        request_api_version=i16(api_version),
+        correlation_id=i32(correlation_id),
         client_id=client_id,
     )
 
