@@ -84,6 +84,11 @@ class ListenerTls(_Frozen):
         return self
 
 
+def _check_bind(value: str) -> str:
+    _host_port(value, "bind")
+    return value
+
+
 class Listener(_Frozen):
     name: str = Field(pattern=r"^[A-Za-z0-9_.-]+$")
     bind: str
@@ -92,11 +97,7 @@ class Listener(_Frozen):
     tls: ListenerTls | None = None
     protected: bool = False
 
-    @field_validator("bind")
-    @classmethod
-    def _bind(cls, value: str) -> str:
-        _host_port(value, "bind")
-        return value
+    _bind = field_validator("bind")(_check_bind)
 
     @property
     def bind_address(self) -> tuple[str, int]:
@@ -106,23 +107,68 @@ class Listener(_Frozen):
 class Admin(_Frozen):
     bind: str = "127.0.0.1:9464"
 
-    @field_validator("bind")
-    @classmethod
-    def _bind(cls, value: str) -> str:
-        _host_port(value, "bind")
-        return value
+    _bind = field_validator("bind")(_check_bind)
 
     @property
     def bind_address(self) -> tuple[str, int]:
         return _host_port(self.bind, "bind")
 
 
-class Policies(_Frozen):
-    """Kafka broker properties, by their Kafka names."""
+PolicyMode = Literal["enforce", "observe"]
+_INT_MAX = 2147483647
+_LISTENER_PREFIX = "listener.name."
 
-    socket_request_max_bytes: int = Field(
-        default=104857600, ge=1, le=2147483647, alias="socket.request.max.bytes"
-    )
+
+class ListenerPolicies(_Frozen):
+    """Per-listener overrides, written ``listener.name.<listener>.<property>`` as in Kafka."""
+
+    max_response_size: int | None = Field(default=None, ge=1, le=_INT_MAX, alias="max.response.size")
+
+
+class Policies(_Frozen):
+    """Kafka broker properties, by their Kafka names, and each policy's mode."""
+
+    mode: PolicyMode = "enforce"
+    socket_request_max_bytes: int = Field(default=104857600, ge=1, le=_INT_MAX, alias="socket.request.max.bytes")
+    # KIP-498: the largest response frame accepted from a broker and forwarded.
+    max_response_size: int = Field(default=104857600, ge=1, le=_INT_MAX, alias="max.response.size")
+    response_size_mode: PolicyMode | None = Field(default=None, alias="response.size.mode")
+    listener_overrides: dict[str, ListenerPolicies] = Field(default_factory=dict, alias="listener.name")
+
+    @model_validator(mode="before")
+    @classmethod
+    def _gather_listener_keys(cls, raw: Any) -> Any:
+        """``listener.name.<l>.<prop>: v`` -> ``listener.name: {<l>: {<prop>: v}}``."""
+        if not isinstance(raw, dict):
+            return raw
+        flat = {k: v for k, v in raw.items() if not (isinstance(k, str) and k.startswith(_LISTENER_PREFIX))}
+        overrides: dict[str, dict[str, Any]] = {}
+        for key, value in raw.items():
+            if isinstance(key, str) and key.startswith(_LISTENER_PREFIX):
+                listener, _, prop = key.removeprefix(_LISTENER_PREFIX).partition(".")
+                if not listener or not prop:
+                    raise ValueError(f"{key}: write per-listener keys as listener.name.<listener>.<property>")
+                overrides.setdefault(listener, {})[prop] = value
+        if overrides:
+            flat["listener.name"] = overrides
+        return flat
+
+    def mode_of(self, policy_mode: PolicyMode | None) -> PolicyMode:
+        return policy_mode or self.mode
+
+    def max_response_size_for(self, listener: str) -> int:
+        override = self.listener_overrides.get(listener)
+        if override is not None and override.max_response_size is not None:
+            return override.max_response_size
+        return self.max_response_size
+
+    def flat(self) -> dict[str, Any]:
+        """The policies as written in the file: Kafka property names, listener keys flattened."""
+        out = self.model_dump(mode="json", by_alias=True, exclude={"listener_overrides"})
+        for listener, props in self.listener_overrides.items():
+            for prop, value in props.model_dump(by_alias=True, exclude_none=True).items():
+                out[f"{_LISTENER_PREFIX}{listener}.{prop}"] = value
+        return out
 
 
 class Audit(_Frozen):
@@ -149,6 +195,9 @@ class Config(_Frozen):
         names = [lst.name for lst in self.listeners]
         if len(set(names)) != len(names):
             raise ValueError("listener names must be unique")
+        for name in self.policies.listener_overrides:
+            if name not in names:
+                raise ValueError(f"policies: listener.name.{name}.* names no configured listener (have: {names})")
         binds = [lst.bind_address for lst in self.listeners]
         if len(set(binds)) != len(binds):
             raise ValueError("listener bind addresses must be unique")
@@ -156,7 +205,9 @@ class Config(_Frozen):
 
     def effective(self) -> dict[str, Any]:
         """The config with every default filled in, under the file's own key names."""
-        return self.model_dump(mode="json", by_alias=True)
+        out = self.model_dump(mode="json", by_alias=True, exclude={"policies"})
+        out["policies"] = self.policies.flat()
+        return {key: out[key] for key in ("mode", "upstream", "listeners", "admin", "policies", "audit")}
 
 
 def _known_keys(model: type[BaseModel]) -> list[str]:
@@ -166,8 +217,10 @@ def _known_keys(model: type[BaseModel]) -> list[str]:
 def _model_at(loc: tuple[int | str, ...]) -> type[BaseModel] | None:
     """The model that owns the key at ``loc``, to suggest its valid keys."""
     model: type[BaseModel] = Config
+    skip_key = False
     for part in loc[:-1]:
-        if isinstance(part, int):
+        if isinstance(part, int) or skip_key:
+            skip_key = False
             continue
         field = model.model_fields.get(str(part))
         if field is None:
@@ -177,6 +230,7 @@ def _model_at(loc: tuple[int | str, ...]) -> type[BaseModel] | None:
         inner = _model_of(field.annotation)
         if inner is None:
             return None
+        skip_key = getattr(field.annotation, "__origin__", None) is dict  # next part is a dict key
         model = inner
     return model
 
@@ -203,12 +257,12 @@ def _describe(error: Any) -> str:
                 hint = f" (did you mean {close[0]!r}?)"
         return f"{key}: unknown key{hint}"
     message = str(error["msg"]).removeprefix("Value error, ")
-    return f"{key or '<top level>'}: {message}"
+    return f"{key}: {message}" if key else message
 
 
 def parse_config(raw: Any) -> Config:
     if not isinstance(raw, dict):
-        raise ConfigError("<top level>: the config must be a YAML mapping")
+        raise ConfigError("the config must be a YAML mapping")
     try:
         return Config.model_validate(raw)
     except ValidationError as exc:

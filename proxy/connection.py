@@ -11,13 +11,14 @@ from __future__ import annotations
 
 import collections
 import logging
+import socket
 import ssl
 from dataclasses import dataclass
 from typing import TYPE_CHECKING
 
 import trio
 
-from policies.frame_check import FrameKind, FrameVerdict
+from policies.frame_check import FrameKind, FrameVerdict, looks_like_http, looks_like_tls
 
 from . import rewrite, wire
 from .framing import FrameReader, TruncatedFrame
@@ -29,12 +30,10 @@ if TYPE_CHECKING:
 log = logging.getLogger("kafka_admission_proxy.connection")
 
 HANDSHAKE_TIMEOUT_S = 10.0
-# No size limit of its own on responses yet (KIP-498's max.response.size comes later);
-# a negative or TLS-looking prefix is still refused.
-_NO_RESPONSE_LIMIT = 2**31 - 1
+_HTTP_400_BODY = b"This is a Kafka port (kafka-admission-proxy), not HTTP.\n"
 _HTTP_400 = (
     b"HTTP/1.1 400 Bad Request\r\nContent-Type: text/plain\r\nConnection: close\r\n"
-    b"Content-Length: 59\r\n\r\nThis is a Kafka port (kafka-admission-proxy), not HTTP.   \n"
+    b"Content-Length: %d\r\n\r\n%s" % (len(_HTTP_400_BODY), _HTTP_400_BODY)
 )
 
 
@@ -69,6 +68,7 @@ class ClientConnection:
         self._idle_scope: trio.CancelScope | None = None
         self._requests_done = False
         self._nursery: trio.Nursery | None = None
+        self.upstream_address = "unconnected"
 
     @property
     def busy(self) -> bool:
@@ -84,7 +84,7 @@ class ClientConnection:
         cfg = self.listener.config
         try:
             client = await self._client_stream()
-            upstream = await self.route.connect()
+            link = await self.route.connect()
         except ConnectionClosed as exc:
             self._closed_by(exc)
             await trio.aclose_forcefully(self._tcp)
@@ -93,6 +93,8 @@ class ClientConnection:
             self._closed_by(ConnectionClosed("upstream_unavailable", str(exc)))
             await trio.aclose_forcefully(self._tcp)
             return
+        upstream = link.stream
+        self.upstream_address = link.address
         try:
             async with trio.open_nursery() as nursery:
                 self._nursery = nursery
@@ -107,6 +109,7 @@ class ClientConnection:
         context = self.listener.ssl_context
         if context is None:
             return self._tcp
+        await self._expect_client_hello()
         stream = trio.SSLStream(self._tcp, context, server_side=True)
         try:
             with trio.fail_after(HANDSHAKE_TIMEOUT_S):
@@ -120,6 +123,27 @@ class ClientConnection:
             cause = exc.__cause__ or exc
             raise ConnectionClosed("tls_handshake", f"TLS handshake failed: {cause!r}") from None
         return stream
+
+    async def _expect_client_hello(self) -> None:
+        """On a TLS listener, name a client that speaks plaintext before the TLS
+        library answers it with an alert the client would read as a 352 MB length."""
+        head = b""
+        with trio.move_on_after(HANDSHAKE_TIMEOUT_S):
+            try:
+                head = await self._tcp.socket.recv(5, socket.MSG_PEEK)  # leaves the bytes for TLS
+            except OSError:
+                return  # already gone: the handshake reports it
+        if not head or looks_like_tls(head) or head[0] == 0x16:  # 0x16: a ClientHello begins
+            return
+        what = "an HTTP request" if looks_like_http(head) else f"plaintext (first bytes {head.hex()})"
+        self._mismatch("client", "plaintext_on_tls")
+        raise ConnectionClosed("client_plaintext_on_tls", f"client sent {what} to a TLS listener; it needs TLS")
+
+    def _mismatch(self, direction: str, kind: str) -> None:
+        self.listener.metrics.protocol_mismatches.labels(direction, kind).inc()
+        self.listener.audit.emit(
+            "protocol_mismatch", direction=direction, kind=kind, listener=self.listener.config.name, peer=self.peer
+        )
 
     async def _guard(self, pump, source: trio.abc.Stream, sink: trio.abc.Stream) -> None:  # type: ignore[no-untyped-def]
         """Runs a pump; whatever ends it ends this connection only."""
@@ -152,30 +176,56 @@ class ClientConnection:
             extra={"peer": self.peer, "listener": name, "cause": exc.cause},
         )
 
-    def _refuse(self, verdict: FrameVerdict, direction: str, head: bytes) -> ConnectionClosed:
+    def _refuse_request(self, verdict: FrameVerdict, head: bytes) -> ConnectionClosed:
+        """One decision, one count: a frame no Kafka request starts with."""
+        if verdict.kind is FrameKind.TLS_RECORD:
+            self._mismatch("client", "tls_on_plaintext")
+            return ConnectionClosed(
+                "client_tls_on_plaintext", "client speaks TLS on a plaintext link; use TLS only on a TLS listener"
+            )
+        if verdict.kind is FrameKind.HTTP:
+            self._mismatch("client", "http_on_kafka_port")
+            return ConnectionClosed("client_http_on_kafka_port", "HTTP request on a Kafka port")
         name = self.listener.config.name
         kind = verdict.kind.value
-        self.listener.metrics.frames_rejected.labels(name, direction, kind).inc()
+        self.listener.metrics.frames_rejected.labels(name, "request", kind).inc()
         self.listener.audit.emit(
-            "frame_rejected", listener=name, peer=self.peer, direction=direction, kind=kind,
+            "frame_rejected", listener=name, peer=self.peer, direction="request", kind=kind,
             size=verdict.size, head=head.hex(),
         )
-        if verdict.kind is FrameKind.TLS_RECORD:
-            who = "client" if direction == "request" else f"upstream {self.route.upstream_name}"
-            hint = (
-                "use TLS only on a TLS listener" if direction == "request"
-                else "set upstream.tls.enabled"
-            )
-            return ConnectionClosed(f"{direction}_{kind}", f"{who} speaks TLS on a plaintext link; {hint}")
-        if verdict.kind is FrameKind.HTTP:
-            return ConnectionClosed(f"{direction}_{kind}", "HTTP request on a Kafka port")
         limit = self.listener.policies.socket_request_max_bytes
         return ConnectionClosed(
-            f"{direction}_{kind}",
-            f"{direction} length prefix {verdict.size} refused "
-            f"(socket.request.max.bytes={limit})" if direction == "request"
-            else f"response length prefix {verdict.size} refused",
+            f"request_{kind}", f"request length prefix {verdict.size} refused (socket.request.max.bytes={limit})"
         )
+
+    def _refuse_response(self, verdict: FrameVerdict, head: bytes, request: InFlight | None) -> ConnectionClosed | None:
+        """A response length the proxy must not read; None when observe mode lets it through."""
+        if verdict.kind is FrameKind.TLS_RECORD:
+            message = self.listener.connector.mismatch(
+                self.upstream_address, "tls_on_plaintext", "speaks TLS; set upstream.tls.enabled"
+            )
+            return ConnectionClosed("upstream_tls_on_plaintext", message)
+        about = (
+            f"response to {wire.api_name(request.api_key)} v{request.api_version} "
+            f"correlation id {request.correlation_id}" if request is not None else "unsolicited response"
+        )
+        if verdict.kind is FrameKind.INVALID_SIZE:
+            return ConnectionClosed("response_invalid_size", f"{about}: invalid length prefix {verdict.size}")
+        policies = self.listener.policies
+        limit = policies.max_response_size_for(self.listener.config.name)
+        mode = policies.mode_of(policies.response_size_mode)
+        name = self.listener.config.name
+        self.listener.metrics.responses_oversized.labels(name, mode).inc()
+        self.listener.audit.emit(
+            "response_oversized", listener=name, peer=self.peer, upstream=self.upstream_address, mode=mode,
+            api=wire.api_name(request.api_key) if request else None,
+            correlation_id=request.correlation_id if request else None, size=verdict.size, limit=limit,
+        )
+        message = f"{about} is {verdict.size} bytes, over max.response.size={limit}"
+        if mode == "observe":
+            log.warning("would close: %s (observe mode)", message, extra={"peer": self.peer, "listener": name})
+            return None
+        return ConnectionClosed("response_too_large", message)
 
     async def _wait_for_next_request(self, reader: FrameReader) -> bool:
         """Wait for a next frame to begin; False when the client is gone or we are stopping."""
@@ -201,7 +251,7 @@ class ClientConnection:
             if verdict is None:
                 break
             if not verdict.admitted:
-                refusal = self._refuse(verdict, "request", reader.head)
+                refusal = self._refuse_request(verdict, reader.head)
                 if verdict.kind is FrameKind.HTTP:
                     await client.send_all(_HTTP_400)
                 raise refusal
@@ -238,12 +288,19 @@ class ClientConnection:
         name = listener.config.name
         metrics = listener.metrics
         reader = FrameReader(upstream, plaintext=not listener.connector.tls_enabled)
+        limit = listener.policies.max_response_size_for(name)
+        healthy = False
         while True:
-            verdict = await reader.next_prefix(_NO_RESPONSE_LIMIT)
+            verdict = await reader.next_prefix(limit)
             if verdict is None:
-                raise ConnectionClosed("upstream_closed", f"broker {self.route.upstream_name} closed the connection")
+                raise ConnectionClosed("upstream_closed", f"broker {self.upstream_address} closed the connection")
             if not verdict.admitted:
-                raise self._refuse(verdict, "response", reader.head)
+                refusal = self._refuse_response(verdict, reader.head, self._inflight[0] if self._inflight else None)
+                if refusal is not None:
+                    raise refusal
+            if not healthy:
+                listener.connector.healthy(self.upstream_address)
+                healthy = True
             frame = await reader.read_frame(verdict.size)
             started = trio.current_time()
             correlation_id = wire.response_correlation_id(frame)

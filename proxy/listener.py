@@ -15,7 +15,7 @@ from .config import Listener, Policies
 from .connection import ClientConnection
 from .metrics import Metrics
 from .tls import server_context
-from .upstream import UpstreamConnector, UpstreamUnavailable
+from .upstream import UpstreamConnector, UpstreamLink, UpstreamUnavailable
 
 log = logging.getLogger("kafka_admission_proxy.listener")
 
@@ -25,7 +25,7 @@ class Route:
     """Where connections accepted on one port go."""
 
     upstream_name: str
-    connect: Callable[[], Awaitable[trio.abc.Stream]]
+    connect: Callable[[], Awaitable[UpstreamLink]]
 
 
 class ListenerRuntime:
@@ -91,7 +91,7 @@ class ListenerRuntime:
                 extra={"listener": self.config.name, "port": port},
             )
 
-    async def _connect_node(self, node_id: int) -> trio.abc.Stream:
+    async def _connect_node(self, node_id: int) -> UpstreamLink:
         address = self.directory.address_of(node_id)
         if address is None:
             raise UpstreamUnavailable(f"broker node {node_id} is unknown")

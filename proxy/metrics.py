@@ -41,8 +41,20 @@ class Metrics:
         )
         self.frames_rejected = Counter(
             "kafka_admission_frames_rejected",
-            "Frames refused at their length prefix, by direction and kind",
+            "Request frames refused at their length prefix (too_large, invalid_size)",
             ("listener", "direction", "kind"),
+            registry=r,
+        )
+        self.protocol_mismatches = Counter(
+            "kafka_admission_protocol_mismatches",
+            "A peer speaking the other protocol (TLS vs plaintext, HTTP), by direction (client, upstream) and kind",
+            ("direction", "kind"),
+            registry=r,
+        )
+        self.responses_oversized = Counter(
+            "kafka_admission_responses_oversized",
+            "Broker responses over max.response.size (enforce: connection closed; observe: forwarded)",
+            ("listener", "mode"),
             registry=r,
         )
         self.requests = Counter(

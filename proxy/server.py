@@ -18,7 +18,8 @@ from .upstream import UpstreamConnector, UpstreamUnavailable
 
 log = logging.getLogger("kafka_admission_proxy.server")
 
-READY_PROBE_TIMEOUT_S = 3.0
+# Longer than the upstream TLS handshake timeout, so a silent peer is named, not just slow.
+READY_PROBE_TIMEOUT_S = 8.0
 
 
 class ProxyServer:
@@ -28,7 +29,7 @@ class ProxyServer:
         self.audit = AuditSink(config.audit.path, self.metrics)
         self.directory = BrokerDirectory(self.metrics)
         self.connector = UpstreamConnector(
-            config.upstream.tls, upstream_context(config.upstream.tls), self.metrics
+            config.upstream.tls, upstream_context(config.upstream.tls), self.metrics, self.audit
         )
         bootstrap = config.upstream.addresses()
         self.listeners = [
@@ -51,10 +52,16 @@ class ProxyServer:
         problems = [f"listener {lst.config.name} is not bound" for lst in self.listeners if not lst.bound]
         try:
             with trio.fail_after(READY_PROBE_TIMEOUT_S):
-                stream = await self.connector.connect_any(self.config.upstream.addresses())
-            await trio.aclose_forcefully(stream)
-        except (UpstreamUnavailable, trio.TooSlowError) as exc:
+                await self.connector.probe(self.config.upstream.addresses())
+        except UpstreamUnavailable as exc:
             problems.append(f"no upstream broker reachable: {exc}")
+        except trio.TooSlowError:
+            problems.append(f"no upstream broker answered ApiVersions within {READY_PROBE_TIMEOUT_S:g}s")
+        # Mismatches seen by client traffic (brokers other than the bootstrap one included).
+        for mismatch in self.connector.backoff.known_mismatches():
+            line = f"upstream {mismatch.upstream} {mismatch.description}"
+            if not any(line in p for p in problems):
+                problems.append(line)
         return problems
 
     async def run(self, *, task_status: trio.TaskStatus[ProxyServer] = trio.TASK_STATUS_IGNORED) -> None:

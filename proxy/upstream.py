@@ -1,52 +1,107 @@
-"""Connections to brokers: TCP, or TLS with CA verification."""
+"""Connections to brokers: TCP, or TLS with CA verification; and the naming of
+a broker that speaks the other protocol (KIP-498), with backoff instead of
+hammering it."""
 
 from __future__ import annotations
 
+import logging
 import ssl
+from dataclasses import dataclass
 
 import trio
 
+from policies.frame_check import FrameKind, check_length_prefix
+from policies.upstream_backoff import UpstreamBackoff
+
+from .audit import AuditSink
 from .config import UpstreamTls
 from .metrics import Metrics
 
+log = logging.getLogger("kafka_admission_proxy.upstream")
+
 CONNECT_TIMEOUT_S = 10.0
+HANDSHAKE_TIMEOUT_S = 5.0
+# ApiVersions v0, correlation id 0, no client id: the cheapest request every broker answers.
+_PROBE_REQUEST = b"\x00\x00\x00\x0a\x00\x12\x00\x00\x00\x00\x00\x00\xff\xff"
 
 
 class UpstreamUnavailable(Exception):
     pass
 
 
+def _not_tls(cause: BaseException | None) -> bool:
+    """A handshake that failed the way a plaintext peer makes it fail: garbage back,
+    a close (a Kafka broker drops a ClientHello read as a 369 MB request), or silence
+    (a peer waiting for the rest of that 'request')."""
+    if isinstance(cause, trio.TooSlowError | ssl.SSLEOFError | ConnectionResetError):
+        return True
+    reason = getattr(cause, "reason", None)
+    return reason in ("WRONG_VERSION_NUMBER", "RECORD_LAYER_FAILURE", "UNEXPECTED_EOF_WHILE_READING")
+
+
+@dataclass(frozen=True, slots=True)
+class UpstreamLink:
+    stream: trio.abc.Stream
+    address: str  # host:port actually connected to
+
+
 class UpstreamConnector:
-    def __init__(self, tls: UpstreamTls, context: ssl.SSLContext | None, metrics: Metrics) -> None:
+    def __init__(
+        self, tls: UpstreamTls, context: ssl.SSLContext | None, metrics: Metrics, audit: AuditSink
+    ) -> None:
         self._tls = tls
         self._context = context
         self._metrics = metrics
+        self._audit = audit
+        self.backoff = UpstreamBackoff()
 
     @property
     def tls_enabled(self) -> bool:
         return self._context is not None
 
-    async def connect(self, host: str, port: int) -> trio.abc.Stream:
+    def mismatch(self, address: str, kind: str, description: str) -> str:
+        """Record that ``address`` speaks the other protocol; returns the log line."""
+        self.backoff.on_mismatch(address, description, trio.current_time())
+        self._metrics.protocol_mismatches.labels("upstream", kind).inc()
+        self._audit.emit("protocol_mismatch", direction="upstream", upstream=address, kind=kind)
+        message = f"upstream {address} {description}"
+        log.error(message, extra={"upstream": address, "cause": kind})
+        return message
+
+    def healthy(self, address: str) -> None:
+        self.backoff.on_healthy(address)
+
+    async def connect(self, host: str, port: int) -> UpstreamLink:
+        address = f"{host}:{port}"
+        blocked = self.backoff.blocked(address, trio.current_time())
+        if blocked is not None:
+            raise UpstreamUnavailable(f"upstream {address} {blocked.description} (backing off)")
         try:
             with trio.fail_after(CONNECT_TIMEOUT_S):
                 tcp = await trio.open_tcp_stream(host, port)
-                if self._context is None:
-                    return tcp
-                stream = trio.SSLStream(
-                    tcp, self._context, server_hostname=self._tls.server_hostname or host
-                )
-                try:
-                    await stream.do_handshake()
-                except BaseException:
-                    await trio.aclose_forcefully(tcp)
-                    raise
-                return stream
-        except (OSError, trio.TooSlowError, trio.BrokenResourceError, ssl.SSLError) as exc:
-            self._metrics.upstream_connect_failures.labels(f"{host}:{port}").inc()
+        except (OSError, trio.TooSlowError) as exc:
+            self._metrics.upstream_connect_failures.labels(address).inc()
+            raise UpstreamUnavailable(f"cannot connect to broker {address}: {exc!r}") from exc
+        if self._context is None:
+            return UpstreamLink(tcp, address)
+        stream = trio.SSLStream(tcp, self._context, server_hostname=self._tls.server_hostname or host)
+        try:
+            with trio.fail_after(HANDSHAKE_TIMEOUT_S):
+                await stream.do_handshake()
+        except (trio.TooSlowError, trio.BrokenResourceError) as exc:
+            await trio.aclose_forcefully(tcp)
+            self._metrics.upstream_connect_failures.labels(address).inc()
             cause = exc.__cause__ if isinstance(exc, trio.BrokenResourceError) else exc
-            raise UpstreamUnavailable(f"cannot connect to broker {host}:{port}: {cause or exc!r}") from exc
+            if _not_tls(cause):
+                what = "timed out" if isinstance(cause, trio.TooSlowError) else f"failed: {cause}"
+                raise UpstreamUnavailable(self.mismatch(
+                    address, "plaintext_on_tls",
+                    f"does not speak TLS (handshake {what}); check upstream.tls.enabled",
+                )) from exc
+            raise UpstreamUnavailable(f"TLS handshake with broker {address} failed: {cause!r}") from exc
+        return UpstreamLink(stream, address)
 
-    async def connect_any(self, addresses: list[tuple[str, int]]) -> trio.abc.Stream:
+    async def connect_any(self, addresses: list[tuple[str, int]]) -> UpstreamLink:
         """The first of the bootstrap servers that answers."""
         errors = []
         for host, port in addresses:
@@ -55,3 +110,25 @@ class UpstreamConnector:
             except UpstreamUnavailable as exc:
                 errors.append(str(exc))
         raise UpstreamUnavailable("; ".join(errors))
+
+    async def probe(self, addresses: list[tuple[str, int]]) -> None:
+        """Connect and exchange an ApiVersions request: reachable and speaking Kafka."""
+        link = await self.connect_any(addresses)
+        try:
+            await link.stream.send_all(_PROBE_REQUEST)
+            prefix = b""
+            while len(prefix) < 4:
+                chunk = await link.stream.receive_some(4 - len(prefix))
+                if not chunk:
+                    raise UpstreamUnavailable(f"upstream {link.address} closed the connection on ApiVersions")
+                prefix += chunk
+            verdict = check_length_prefix(prefix, 2**31 - 1, plaintext=self._context is None)
+            if verdict.kind is FrameKind.TLS_RECORD:
+                raise UpstreamUnavailable(
+                    self.mismatch(link.address, "tls_on_plaintext", "speaks TLS; set upstream.tls.enabled")
+                )
+            self.healthy(link.address)
+        except (trio.BrokenResourceError, OSError) as exc:
+            raise UpstreamUnavailable(f"upstream {link.address} broke the connection: {exc!r}") from exc
+        finally:
+            await trio.aclose_forcefully(link.stream)

@@ -15,10 +15,10 @@ def frame(api_key: int, version: int, correlation_id: int, body: Any, client_id:
     return wire.encode_frame(wire.request_header_for(api_key, version, correlation_id, client_id), body)
 
 
-def api_versions_frame(correlation_id: int, version: int = 3) -> bytes:
+def api_versions_frame(correlation_id: int, version: int = 3, client_id: str = "raw-test") -> bytes:
     schema = load_request_schema(wire.API_VERSIONS, version)
     return frame(wire.API_VERSIONS, version, correlation_id,
-                 schema(client_software_name="raw", client_software_version="1"))
+                 schema(client_software_name="raw", client_software_version="1"), client_id)
 
 
 def metadata_frame(correlation_id: int, version: int = 12) -> bytes:
@@ -28,15 +28,17 @@ def metadata_frame(correlation_id: int, version: int = 12) -> bytes:
                         include_topic_authorized_operations=False))
 
 
-def fetch_frame(correlation_id: int, topic_id: Any, max_wait_ms: int, version: int = 13) -> bytes:
+def fetch_frame(
+    correlation_id: int, topic_id: Any, max_wait_ms: int, version: int = 13, max_bytes: int = 1048576
+) -> bytes:
     m = __import__(f"kio.schema.fetch.v{version}.request", fromlist=["x"])
     partition = m.FetchPartition(
         partition=0, current_leader_epoch=-1, fetch_offset=0, last_fetched_epoch=-1,
-        log_start_offset=-1, partition_max_bytes=1048576,
+        log_start_offset=-1, partition_max_bytes=max_bytes,
     )
     body = m.FetchRequest(
         replica_id=-1, max_wait=datetime.timedelta(milliseconds=max_wait_ms), min_bytes=1,
-        max_bytes=1048576, isolation_level=0, session_id=0, session_epoch=-1,
+        max_bytes=max_bytes, isolation_level=0, session_id=0, session_epoch=-1,
         topics=(m.FetchTopic(topic_id=topic_id, partitions=(partition,)),),
         forgotten_topics_data=(), rack_id="",
     )
@@ -75,6 +77,16 @@ class RawConnection:
             return True
         except TimeoutError:
             return False
+
+    def bytes_until_closed(self) -> bytes:
+        """Everything the peer writes until it closes (EOF or reset)."""
+        data = b""
+        try:
+            while chunk := self.sock.recv(65536):
+                data += chunk
+        except ConnectionResetError:
+            pass
+        return data
 
     def close(self) -> None:
         self.sock.close()

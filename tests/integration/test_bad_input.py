@@ -2,7 +2,6 @@
 
 from __future__ import annotations
 
-import socket
 from pathlib import Path
 
 import pytest
@@ -70,25 +69,3 @@ def test_a_frame_too_short_for_a_request_header_is_malformed(proxy) -> None:  # 
         assert conn.closed_by_peer()
     assert proxy.metric("kafka_admission_connection_failures_total", cause="malformed_frame") == 1
     assert_still_serving(proxy.bootstrap)
-
-
-def test_http_on_the_kafka_port_gets_a_400_saying_so(proxy) -> None:  # type: ignore[no-untyped-def]
-    host, port = proxy.bootstrap.rsplit(":", 1)
-    with socket.create_connection((host, int(port)), timeout=5) as sock:
-        sock.sendall(b"GET / HTTP/1.1\r\nHost: x\r\n\r\n")
-        answer = sock.recv(4096)
-    assert answer.startswith(b"HTTP/1.1 400 Bad Request")
-    assert b"This is a Kafka port" in answer
-    assert proxy.metric("kafka_admission_frames_rejected_total", kind="http") == 1
-    assert "HTTP request on a Kafka port" in proxy.log()
-
-
-def test_a_tls_client_hello_on_the_plaintext_listener_is_named(proxy) -> None:  # type: ignore[no-untyped-def]
-    import ssl
-
-    host, port = proxy.bootstrap.rsplit(":", 1)
-    context = ssl.create_default_context()
-    with socket.create_connection((host, int(port)), timeout=5) as sock, pytest.raises((ssl.SSLError, OSError)):
-        context.wrap_socket(sock, server_hostname="localhost")
-    assert proxy.metric("kafka_admission_frames_rejected_total", kind="tls_record") == 1
-    assert "client speaks TLS on a plaintext link" in proxy.log()

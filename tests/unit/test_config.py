@@ -32,7 +32,12 @@ def test_only_bootstrap_servers_and_listeners_are_required() -> None:
     effective = config.effective()
     assert effective["mode"] == "cluster"
     assert effective["admin"] == {"bind": "127.0.0.1:9464"}
-    assert effective["policies"] == {"socket.request.max.bytes": 104857600}
+    assert effective["policies"] == {
+        "mode": "enforce",
+        "socket.request.max.bytes": 104857600,
+        "max.response.size": 104857600,
+        "response.size.mode": None,
+    }
     assert effective["audit"] == {"path": None}
     assert effective["upstream"]["tls"]["enabled"] is False
     listener = effective["listeners"][0]
@@ -138,3 +143,28 @@ def test_the_demo_sample_config_is_valid() -> None:
     from proxy.demo import sample_config
 
     assert sample_config("127.0.0.1:1").upstream.bootstrap_servers == ("127.0.0.1:1",)
+
+
+def test_per_listener_max_response_size_is_written_as_kafka_does() -> None:
+    config = parse_config(with_(policies={"listener.name.external.max.response.size": 1000}))
+    assert config.policies.max_response_size_for("external") == 1000
+    assert config.effective()["policies"]["listener.name.external.max.response.size"] == 1000
+
+
+def test_a_per_listener_key_for_an_unknown_listener_is_refused() -> None:
+    message = error_of(with_(policies={"listener.name.internal.max.response.size": 1000}))
+    assert "listener.name.internal.* names no configured listener" in message
+
+
+def test_a_misspelt_per_listener_property_suggests_the_right_one() -> None:
+    message = error_of(with_(policies={"listener.name.external.max.respons.size": 1}))
+    assert message == (
+        "policies.listener.name.external.max.respons.size: unknown key (did you mean 'max.response.size'?)"
+    )
+
+
+def test_policy_modes_are_enforce_or_observe() -> None:
+    message = error_of(with_(policies={"response.size.mode": "dry-run"}))
+    assert message == "policies.response.size.mode: Input should be 'enforce' or 'observe'"
+    config = parse_config(with_(policies={"mode": "observe"}))
+    assert config.policies.mode_of(config.policies.response_size_mode) == "observe"

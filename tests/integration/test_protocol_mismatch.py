@@ -1,0 +1,179 @@
+"""KIP-498 through the proxy: response size guard and named protocol mismatches."""
+
+from __future__ import annotations
+
+import socket
+import ssl
+import subprocess
+import time
+import uuid
+
+import pytest
+from confluent_kafka import KafkaError, KafkaException, Producer
+from confluent_kafka.admin import AdminClient
+
+from proxy.tansu import TansuBroker
+from tests.clients import create_topic, produce
+from tests.conftest import wait_until
+from tests.fake_upstreams import OversizeRelay, tls_alert_broker
+from tests.integration.test_bad_input import rss_kib
+from tests.raw_kafka import RawConnection, api_versions_frame, fetch_frame, metadata_frame
+
+
+@pytest.fixture
+def tls_speaking_upstream():  # type: ignore[no-untyped-def]
+    server = tls_alert_broker()
+    yield server
+    server.stop()
+
+
+def test_a_broker_answering_with_a_tls_alert_is_named_and_clients_fail_fast(
+    tls_speaking_upstream, start_proxy
+) -> None:
+    proxy = start_proxy(tls_speaking_upstream.address)
+    rss_before = rss_kib(proxy.process.pid)
+    errors: list[KafkaError] = []
+    producer = Producer({"bootstrap.servers": proxy.bootstrap, "error_cb": errors.append})
+    started = time.monotonic()
+    with pytest.raises(KafkaException):
+        AdminClient({"bootstrap.servers": proxy.bootstrap}).list_topics(timeout=5)
+    wait_until(lambda: producer.poll(0.2) is not None or errors, timeout=10)
+    assert time.monotonic() - started < 15
+    assert {e.code() for e in errors} & {KafkaError._TRANSPORT, KafkaError._ALL_BROKERS_DOWN}
+
+    from kafka import KafkaProducer
+    from kafka.errors import KafkaTimeoutError
+
+    started = time.monotonic()
+    with pytest.raises(KafkaTimeoutError, match="Unable to bootstrap"):
+        KafkaProducer(bootstrap_servers=proxy.bootstrap, request_timeout_ms=3000, bootstrap_timeout_ms=5000)
+    assert time.monotonic() - started < 15
+
+    assert rss_kib(proxy.process.pid) - rss_before < 20 * 1024  # no 352 MB allocation, ever
+    expected = f"upstream {tls_speaking_upstream.address} speaks TLS; set upstream.tls.enabled"
+    assert expected in proxy.log()
+    status, body = proxy.get("/readyz")
+    assert status == 503 and expected in body
+    assert proxy.metric("kafka_admission_protocol_mismatches_total", direction="upstream", kind="tls_on_plaintext") >= 1
+    # Backoff: far fewer upstream connections than client attempts.
+    failures = proxy.metric("kafka_admission_connection_failures_total", cause="upstream_unavailable")
+    assert failures >= 1
+
+
+def test_a_200_mb_response_closes_that_client_only_and_allocates_nothing(start_proxy) -> None:
+    relay = OversizeRelay(victim_client_id="victim", announced=200 * 1024 * 1024)
+    # Tansu advertises the relay, so every connection the proxy opens passes it.
+    with TansuBroker(advertised=relay.address) as broker:
+        relay.broker = broker.bootstrap
+        try:
+            proxy = start_proxy(relay.address)
+            rss_before = rss_kib(proxy.process.pid)
+            with RawConnection(proxy.bootstrap) as victim:
+                victim.send(api_versions_frame(5, client_id="victim"))
+                assert victim.closed_by_peer()
+            assert rss_kib(proxy.process.pid) - rss_before < 20 * 1024
+            assert proxy.metric("kafka_admission_responses_oversized_total", mode="enforce") == 1
+            assert (
+                "response to api_versions v3 correlation id 5 is 209715200 bytes, over max.response.size=104857600"
+                in proxy.log()
+            )
+            # Everyone else keeps working through the same proxy and relay.
+            topic = f"after-{uuid.uuid4().hex[:6]}"
+            create_topic(proxy.bootstrap, topic)
+            assert produce(proxy.bootstrap, topic, 20) == 20
+        finally:
+            relay.stop()
+
+
+def test_observe_mode_counts_an_oversized_response_and_forwards_it(tansu, start_proxy) -> None:
+    proxy = start_proxy(tansu.bootstrap, policies={"max.response.size": 64, "response.size.mode": "observe"})
+    with RawConnection(proxy.bootstrap) as conn:
+        conn.send(api_versions_frame(3))  # Tansu's answer is a few hundred bytes
+        assert conn.read_response(18, 3).body.error_code == 0
+    assert proxy.metric("kafka_admission_responses_oversized_total", mode="observe") == 1
+    assert "(observe mode)" in proxy.log()
+
+
+def test_a_per_listener_limit_applies_to_that_listener_only(tansu, start_proxy) -> None:
+    proxy = start_proxy(
+        tansu.bootstrap,
+        listeners=[{"name": "small"}, {"name": "big"}],
+        policies={"listener.name.small.max.response.size": 64},
+    )
+    with RawConnection(proxy.listener_bind("small")) as conn:
+        conn.send(api_versions_frame(1))
+        assert conn.closed_by_peer()
+    with RawConnection(proxy.listener_bind("big")) as conn:
+        conn.send(api_versions_frame(1))
+        assert conn.read_response(18, 3).body.error_code == 0
+    assert proxy.metric("kafka_admission_responses_oversized_total", listener="small") == 1
+    assert proxy.metric("kafka_admission_responses_oversized_total", listener="big") == 0
+
+
+def test_a_tls_client_on_the_plaintext_listener_fails_fast_and_is_named(tansu, start_proxy) -> None:
+    proxy = start_proxy(tansu.bootstrap)
+    host, port = proxy.bootstrap.rsplit(":", 1)
+    started = time.monotonic()
+    with socket.create_connection((host, int(port)), timeout=5) as sock, pytest.raises((ssl.SSLError, OSError)):
+        ssl.create_default_context().wrap_socket(sock, server_hostname="localhost")
+    assert time.monotonic() - started < 3
+    errors: list[KafkaError] = []
+    Producer({"bootstrap.servers": proxy.bootstrap, "security.protocol": "SSL", "error_cb": errors.append}).poll(3)
+    assert errors
+    assert proxy.metric("kafka_admission_protocol_mismatches_total", direction="client", kind="tls_on_plaintext") >= 2
+    assert "client speaks TLS on a plaintext link; use TLS only on a TLS listener" in proxy.log()
+
+
+def test_a_plaintext_client_on_the_tls_listener_gets_no_alert_bytes(tansu, start_proxy, certs) -> None:
+    tls = {"cert_file": certs.server_cert, "key_file": certs.server_key}
+    proxy = start_proxy(tansu.bootstrap, listeners=[{"name": "tls", "tls": tls}])
+    with RawConnection(proxy.bootstrap) as conn:
+        conn.send(api_versions_frame(1))
+        # Closed with nothing written: no TLS alert for the client to read as a 352 MB length.
+        assert conn.bytes_until_closed() == b""
+    errors: list[KafkaError] = []
+    Producer({"bootstrap.servers": proxy.bootstrap, "error_cb": errors.append}).poll(3)
+    assert errors
+    assert proxy.metric("kafka_admission_protocol_mismatches_total", direction="client", kind="plaintext_on_tls") >= 2
+    assert "client sent plaintext (first bytes" in proxy.log()
+    assert "to a TLS listener; it needs TLS" in proxy.log()
+
+
+def test_curl_on_the_kafka_port_gets_a_400_saying_so(tansu, start_proxy) -> None:
+    proxy = start_proxy(tansu.bootstrap)
+    result = subprocess.run(
+        ["curl", "-s", "-i", "--max-time", "5", f"http://{proxy.bootstrap}/"], capture_output=True, text=True
+    )
+    assert result.returncode == 0, result.stderr
+    assert result.stdout.startswith("HTTP/1.1 400 Bad Request")
+    assert "This is a Kafka port (kafka-admission-proxy), not HTTP." in result.stdout
+    assert proxy.metric("kafka_admission_protocol_mismatches_total", direction="client", kind="http_on_kafka_port") == 1
+    assert "HTTP request on a Kafka port" in proxy.log()
+
+
+def test_a_legitimate_50_mb_fetch_response_passes_with_the_default_limit(tansu, start_proxy) -> None:
+    proxy = start_proxy(tansu.bootstrap)
+    topic = f"big-{uuid.uuid4().hex[:6]}"
+    create_topic(proxy.bootstrap, topic)
+    # One 53 MB record: Tansu answers a Fetch with whole batches, so this is one 53 MB response.
+    record = 53_000_000
+    producer = Producer({"bootstrap.servers": proxy.bootstrap, "message.max.bytes": record + 100_000})
+    producer.produce(topic, value=b"\x05" * record)
+    assert producer.flush(60) == 0
+    with RawConnection(proxy.bootstrap, timeout=60) as conn:
+        conn.send(metadata_frame(1))
+        topic_id = next(t.topic_id for t in conn.read_response(3, 12).body.topics if t.name == topic)
+        conn.send(fetch_frame(2, topic_id, max_wait_ms=500, max_bytes=64 * 1024 * 1024))
+        response = conn.read_frame()
+    assert len(response) > 50 * 1024 * 1024
+    assert proxy.metric("kafka_admission_responses_oversized_total") == 0
+
+
+def test_tls_toward_a_plaintext_broker_is_named_in_readyz(tansu, start_proxy, certs) -> None:
+    proxy = start_proxy(tansu.bootstrap, upstream={
+        "bootstrap_servers": [tansu.bootstrap], "tls": {"enabled": True, "ca_file": certs.ca_file},
+    })
+    status, body = proxy.get("/readyz")
+    assert status == 503
+    assert f"upstream {tansu.bootstrap} does not speak TLS (handshake timed out); check upstream.tls.enabled" in body
+    assert proxy.metric("kafka_admission_protocol_mismatches_total", direction="upstream", kind="plaintext_on_tls") >= 1
