@@ -1,0 +1,505 @@
+"""KIP-1233: maximum lengths for resource names and identifiers in requests.
+
+Sans-I/O and codec-agnostic: a request body is walked with ``getattr`` along
+the field paths in :data:`IDENTIFIER_FIELDS` (names as the kio schemas spell
+them), so any object with those attributes works. The policy only reports
+:class:`Breach` es; the shell decides per mode (enforce: answer with an error
+response, observe: count and let through).
+
+Lengths are Java's ``String.length()``, i.e. UTF-16 code units: a character
+outside the Basic Multilingual Plane (an emoji) counts 2. Kafka counts the
+offset commit metadata the same way, in spite of the ``.bytes`` in its
+property name (``metadata.length() > offsetMetadataMaxSize``).
+
+Limits (:class:`IdentifierLimits`, keys in :data:`CONFIG_KEYS`):
+
+* ``resource.identifier.limit.enable`` (default ``false``, as in Kafka 4.x):
+  with it off, nothing is checked.
+* ``resource.identifier.max.length`` (249): group id, group instance id,
+  client id, transactional id, rack id, config and ACL resource names, ACL
+  principal and host.
+* ``member.id.max.length`` (36): member ids the client generates (a UUID;
+  KIP-848 ConsumerGroupHeartbeat, KIP-932 ShareGroupHeartbeat).
+* ``classic.member.id.max.length`` (286): member ids of the classic group
+  protocol (JoinGroup, SyncGroup, Heartbeat, LeaveGroup, and the offset APIs,
+  which carry either kind). The broker generates those as
+  ``<client.id or group.instance.id>-<UUID>``, up to 249 + 1 + 36 characters,
+  so a 36 limit would refuse nearly every classic consumer. Set it to 36 for
+  the KIP's literal reading.
+* ``topic.name.max.length`` (249, Kafka's fixed ``Topic.MAX_NAME_LENGTH``):
+  topic names where topics are created (CreateTopics), which must also be
+  ``[a-zA-Z0-9._-]+`` and not ``.`` or ``..``; breaches answer
+  INVALID_TOPIC_EXCEPTION (17), as Kafka does today.
+* ``offset.metadata.max.bytes`` (4096, Kafka's property): committed offset
+  metadata, per partition; breaches answer OFFSET_METADATA_TOO_LARGE (12).
+* ``resource.identifier.limit.error.code`` (42, INVALID_REQUEST): the code for
+  every other identifier until RESOURCE_IDENTIFIER_TOO_LARGE is assigned.
+  Member ids always answer INVALID_REQUEST, as the KIP specifies.
+"""
+
+from __future__ import annotations
+
+import enum
+import re
+from collections.abc import Iterator, Mapping
+from dataclasses import dataclass, field
+from typing import Final
+
+INVALID_REQUEST: Final = 42
+INVALID_TOPIC_EXCEPTION: Final = 17
+OFFSET_METADATA_TOO_LARGE: Final = 12
+
+
+class IdentifierKind(enum.Enum):
+    TOPIC_NAME = "topic name"
+    GROUP_ID = "group id"
+    MEMBER_ID = "member id"
+    CLASSIC_MEMBER_ID = "classic member id"
+    GROUP_INSTANCE_ID = "group instance id"
+    CLIENT_ID = "client id"
+    TRANSACTIONAL_ID = "transactional id"
+    RACK_ID = "rack id"
+    RESOURCE_NAME = "resource name"
+    PRINCIPAL = "ACL principal"
+    HOST = "ACL host"
+    OFFSET_METADATA = "offset commit metadata"
+
+
+class BreachReason(enum.Enum):
+    TOO_LONG = "too_long"
+    INVALID_CHARACTERS = "invalid_characters"  # topic names only
+    ILLEGAL_NAME = "illegal_name"  # topic names "", "." and ".."
+
+
+# The property that sets each kind's limit (for messages and docs).
+LIMIT_KEYS: Final[Mapping[IdentifierKind, str]] = {
+    IdentifierKind.TOPIC_NAME: "topic.name.max.length",
+    IdentifierKind.MEMBER_ID: "member.id.max.length",
+    IdentifierKind.CLASSIC_MEMBER_ID: "classic.member.id.max.length",
+    IdentifierKind.OFFSET_METADATA: "offset.metadata.max.bytes",
+    **{
+        kind: "resource.identifier.max.length"
+        for kind in (
+            IdentifierKind.GROUP_ID,
+            IdentifierKind.GROUP_INSTANCE_ID,
+            IdentifierKind.CLIENT_ID,
+            IdentifierKind.TRANSACTIONAL_ID,
+            IdentifierKind.RACK_ID,
+            IdentifierKind.RESOURCE_NAME,
+            IdentifierKind.PRINCIPAL,
+            IdentifierKind.HOST,
+        )
+    },
+}
+
+# Property name -> IdentifierLimits attribute.
+CONFIG_KEYS: Final[Mapping[str, str]] = {
+    "resource.identifier.limit.enable": "enabled",
+    "resource.identifier.max.length": "max_length",
+    "member.id.max.length": "member_id_max_length",
+    "classic.member.id.max.length": "classic_member_id_max_length",
+    "topic.name.max.length": "topic_name_max_length",
+    "offset.metadata.max.bytes": "offset_metadata_max_bytes",
+    "resource.identifier.limit.error.code": "error_code",
+}
+
+_INT_MAX: Final = 2**31 - 1
+
+
+@dataclass(frozen=True, slots=True)
+class IdentifierLimits:
+    enabled: bool = False
+    max_length: int = 249
+    member_id_max_length: int = 36
+    classic_member_id_max_length: int = 249 + 1 + 36
+    topic_name_max_length: int = 249
+    offset_metadata_max_bytes: int = 4096
+    error_code: int = INVALID_REQUEST
+
+    def __post_init__(self) -> None:
+        for name in (
+            "max_length",
+            "member_id_max_length",
+            "classic_member_id_max_length",
+            "topic_name_max_length",
+            "offset_metadata_max_bytes",
+        ):
+            value = getattr(self, name)
+            if isinstance(value, bool) or not isinstance(value, int) or not 0 <= value <= _INT_MAX:
+                raise ValueError(f"{_key_of(name)} must be an integer 0-{_INT_MAX}, got {value!r}")
+        code = self.error_code
+        if isinstance(code, bool) or not isinstance(code, int) or not 1 <= code <= 32767:
+            raise ValueError(f"resource.identifier.limit.error.code must be a Kafka error code 1-32767, got {code!r}")
+        if not isinstance(self.enabled, bool):
+            raise ValueError(f"resource.identifier.limit.enable must be a boolean, got {self.enabled!r}")
+
+    @classmethod
+    def from_properties(cls, properties: Mapping[str, object]) -> IdentifierLimits:
+        """Limits from Kafka-style properties; unknown keys are an error, missing keys take defaults."""
+        values: dict[str, object] = {}
+        for key, raw in properties.items():
+            attr = CONFIG_KEYS.get(key)
+            if attr is None:
+                raise ValueError(f"unknown identifier limit property {key!r}; known: {', '.join(CONFIG_KEYS)}")
+            values[attr] = _parse_bool(key, raw) if attr == "enabled" else _parse_int(key, raw)
+        return cls(**values)  # type: ignore[arg-type]
+
+    def limit_for(self, kind: IdentifierKind) -> int:
+        if kind is IdentifierKind.MEMBER_ID:
+            return self.member_id_max_length
+        if kind is IdentifierKind.CLASSIC_MEMBER_ID:
+            return self.classic_member_id_max_length
+        if kind is IdentifierKind.TOPIC_NAME:
+            return self.topic_name_max_length
+        if kind is IdentifierKind.OFFSET_METADATA:
+            return self.offset_metadata_max_bytes
+        return self.max_length
+
+    def error_code_for(self, kind: IdentifierKind) -> int:
+        if kind is IdentifierKind.TOPIC_NAME:
+            return INVALID_TOPIC_EXCEPTION
+        if kind is IdentifierKind.OFFSET_METADATA:
+            return OFFSET_METADATA_TOO_LARGE
+        if kind in (IdentifierKind.MEMBER_ID, IdentifierKind.CLASSIC_MEMBER_ID):
+            return INVALID_REQUEST
+        return self.error_code
+
+
+def _key_of(attr: str) -> str:
+    return next(key for key, name in CONFIG_KEYS.items() if name == attr)
+
+
+def _parse_bool(key: str, raw: object) -> bool:
+    if isinstance(raw, bool):
+        return raw
+    if isinstance(raw, str) and raw.strip().lower() in ("true", "false"):
+        return raw.strip().lower() == "true"
+    raise ValueError(f"{key} must be true or false, got {raw!r}")
+
+
+def _parse_int(key: str, raw: object) -> int:
+    if isinstance(raw, bool):
+        raise ValueError(f"{key} must be an integer, got {raw!r}")
+    if isinstance(raw, int):
+        return raw
+    if isinstance(raw, str) and re.fullmatch(r"\s*-?\d+\s*", raw):
+        return int(raw)
+    raise ValueError(f"{key} must be an integer, got {raw!r}")
+
+
+@dataclass(frozen=True, slots=True)
+class FieldRule:
+    """One identifier-carrying request field.
+
+    ``path`` is dotted attribute names as in the kio schemas; ``name[]`` walks
+    every element of a collection (``groups[]`` alone: the elements are the
+    identifiers). ``selector`` names a top-level field whose integer value
+    picks the kind (FindCoordinator's ``key_type``); a value missing from the
+    mapping means "not checked". Versions are inclusive; ``None`` is open.
+    """
+
+    path: str
+    kind: IdentifierKind
+    min_version: int = 0
+    max_version: int | None = None
+    selector: tuple[str, Mapping[int, IdentifierKind]] | None = None
+
+    def applies_to(self, api_version: int) -> bool:
+        return self.min_version <= api_version and (self.max_version is None or api_version <= self.max_version)
+
+
+_K = IdentifierKind
+# FindCoordinator key_type: 0 group, 1 transaction; 2 (share, "group:topicId:partition") is not checked.
+_COORDINATOR_KEY = ("key_type", {0: _K.GROUP_ID, 1: _K.TRANSACTIONAL_ID})
+
+
+def _rule(
+    path: str,
+    kind: IdentifierKind,
+    min_version: int = 0,
+    max_version: int | None = None,
+    selector: tuple[str, Mapping[int, IdentifierKind]] | None = None,
+) -> FieldRule:
+    return FieldRule(path, kind, min_version, max_version, selector)
+
+
+PRODUCE: Final = 0
+OFFSET_COMMIT: Final = 8
+OFFSET_FETCH: Final = 9
+FIND_COORDINATOR: Final = 10
+JOIN_GROUP: Final = 11
+HEARTBEAT: Final = 12
+LEAVE_GROUP: Final = 13
+SYNC_GROUP: Final = 14
+DESCRIBE_GROUPS: Final = 15
+CREATE_TOPICS: Final = 19
+INIT_PRODUCER_ID: Final = 22
+ADD_PARTITIONS_TO_TXN: Final = 24
+ADD_OFFSETS_TO_TXN: Final = 25
+END_TXN: Final = 26
+TXN_OFFSET_COMMIT: Final = 28
+DESCRIBE_ACLS: Final = 29
+CREATE_ACLS: Final = 30
+DELETE_ACLS: Final = 31
+DESCRIBE_CONFIGS: Final = 32
+ALTER_CONFIGS: Final = 33
+DELETE_GROUPS: Final = 42
+INCREMENTAL_ALTER_CONFIGS: Final = 44
+OFFSET_DELETE: Final = 47
+DESCRIBE_TRANSACTIONS: Final = 65
+CONSUMER_GROUP_HEARTBEAT: Final = 68
+CONSUMER_GROUP_DESCRIBE: Final = 69
+SHARE_GROUP_HEARTBEAT: Final = 76
+SHARE_GROUP_DESCRIBE: Final = 77
+
+# Per API key, the request fields that carry identifiers (field names and
+# version ranges as in Kafka's message JSON / kio; checked against kio in tests).
+IDENTIFIER_FIELDS: Final[Mapping[int, tuple[FieldRule, ...]]] = {
+    PRODUCE: (_rule("transactional_id", _K.TRANSACTIONAL_ID, 3),),
+    OFFSET_COMMIT: (
+        _rule("group_id", _K.GROUP_ID),
+        _rule("member_id", _K.CLASSIC_MEMBER_ID, 1),
+        _rule("group_instance_id", _K.GROUP_INSTANCE_ID, 7),
+        _rule("topics[].partitions[].committed_metadata", _K.OFFSET_METADATA),
+    ),
+    OFFSET_FETCH: (
+        _rule("group_id", _K.GROUP_ID, 0, 7),
+        _rule("groups[].group_id", _K.GROUP_ID, 8),
+        _rule("groups[].member_id", _K.CLASSIC_MEMBER_ID, 9),
+    ),
+    FIND_COORDINATOR: (
+        _rule("key", _K.GROUP_ID, 0, 3, selector=_COORDINATOR_KEY),
+        _rule("coordinator_keys[]", _K.GROUP_ID, 4, selector=_COORDINATOR_KEY),
+    ),
+    JOIN_GROUP: (
+        _rule("group_id", _K.GROUP_ID),
+        _rule("member_id", _K.CLASSIC_MEMBER_ID),
+        _rule("group_instance_id", _K.GROUP_INSTANCE_ID, 5),
+    ),
+    HEARTBEAT: (
+        _rule("group_id", _K.GROUP_ID),
+        _rule("member_id", _K.CLASSIC_MEMBER_ID),
+        _rule("group_instance_id", _K.GROUP_INSTANCE_ID, 3),
+    ),
+    LEAVE_GROUP: (
+        _rule("group_id", _K.GROUP_ID),
+        _rule("member_id", _K.CLASSIC_MEMBER_ID, 0, 2),
+        _rule("members[].member_id", _K.CLASSIC_MEMBER_ID, 3),
+        _rule("members[].group_instance_id", _K.GROUP_INSTANCE_ID, 3),
+    ),
+    SYNC_GROUP: (
+        _rule("group_id", _K.GROUP_ID),
+        _rule("member_id", _K.CLASSIC_MEMBER_ID),
+        _rule("group_instance_id", _K.GROUP_INSTANCE_ID, 3),
+        _rule("assignments[].member_id", _K.CLASSIC_MEMBER_ID),
+    ),
+    DESCRIBE_GROUPS: (_rule("groups[]", _K.GROUP_ID),),
+    CREATE_TOPICS: (_rule("topics[].name", _K.TOPIC_NAME),),
+    INIT_PRODUCER_ID: (_rule("transactional_id", _K.TRANSACTIONAL_ID),),
+    ADD_PARTITIONS_TO_TXN: (
+        _rule("v3_and_below_transactional_id", _K.TRANSACTIONAL_ID, 0, 3),
+        _rule("transactions[].transactional_id", _K.TRANSACTIONAL_ID, 4),
+    ),
+    ADD_OFFSETS_TO_TXN: (
+        _rule("transactional_id", _K.TRANSACTIONAL_ID),
+        _rule("group_id", _K.GROUP_ID),
+    ),
+    END_TXN: (_rule("transactional_id", _K.TRANSACTIONAL_ID),),
+    TXN_OFFSET_COMMIT: (
+        _rule("transactional_id", _K.TRANSACTIONAL_ID),
+        _rule("group_id", _K.GROUP_ID),
+        _rule("member_id", _K.CLASSIC_MEMBER_ID, 3),
+        _rule("group_instance_id", _K.GROUP_INSTANCE_ID, 3),
+        _rule("topics[].partitions[].committed_metadata", _K.OFFSET_METADATA),
+    ),
+    DESCRIBE_ACLS: (
+        _rule("resource_name_filter", _K.RESOURCE_NAME),
+        _rule("principal_filter", _K.PRINCIPAL),
+        _rule("host_filter", _K.HOST),
+    ),
+    CREATE_ACLS: (
+        _rule("creations[].resource_name", _K.RESOURCE_NAME),
+        _rule("creations[].principal", _K.PRINCIPAL),
+        _rule("creations[].host", _K.HOST),
+    ),
+    DELETE_ACLS: (
+        _rule("filters[].resource_name_filter", _K.RESOURCE_NAME),
+        _rule("filters[].principal_filter", _K.PRINCIPAL),
+        _rule("filters[].host_filter", _K.HOST),
+    ),
+    DESCRIBE_CONFIGS: (_rule("resources[].resource_name", _K.RESOURCE_NAME),),
+    ALTER_CONFIGS: (_rule("resources[].resource_name", _K.RESOURCE_NAME),),
+    DELETE_GROUPS: (_rule("groups_names[]", _K.GROUP_ID),),
+    INCREMENTAL_ALTER_CONFIGS: (_rule("resources[].resource_name", _K.RESOURCE_NAME),),
+    OFFSET_DELETE: (_rule("group_id", _K.GROUP_ID),),
+    DESCRIBE_TRANSACTIONS: (_rule("transactional_ids[]", _K.TRANSACTIONAL_ID),),
+    CONSUMER_GROUP_HEARTBEAT: (
+        _rule("group_id", _K.GROUP_ID),
+        _rule("member_id", _K.MEMBER_ID),
+        _rule("instance_id", _K.GROUP_INSTANCE_ID),
+        _rule("rack_id", _K.RACK_ID),
+    ),
+    CONSUMER_GROUP_DESCRIBE: (_rule("group_ids[]", _K.GROUP_ID),),
+    SHARE_GROUP_HEARTBEAT: (
+        _rule("group_id", _K.GROUP_ID),
+        _rule("member_id", _K.MEMBER_ID),
+        _rule("rack_id", _K.RACK_ID),
+    ),
+    SHARE_GROUP_DESCRIBE: (_rule("group_ids[]", _K.GROUP_ID),),
+}
+
+
+@dataclass(frozen=True, slots=True)
+class Breach:
+    """One identifier over its limit (or, for topic names, not a legal name).
+
+    ``path`` locates it in the request: ``group_id``, ``groups[1]``,
+    ``topics[0].partitions[2].committed_metadata``, ``header.client_id``.
+    ``length`` is in UTF-16 code units (Java ``String.length()``).
+    """
+
+    kind: IdentifierKind
+    path: str
+    length: int
+    limit: int
+    error_code: int
+    reason: BreachReason = BreachReason.TOO_LONG
+    message: str = field(default="", compare=False)
+
+    @property
+    def element_path(self) -> str:
+        """The innermost collection element holding the identifier ("" for the request itself)."""
+        if self.path.startswith("header."):
+            return ""
+        end = self.path.rfind("]")
+        return self.path[: end + 1] if end >= 0 else ""
+
+
+def java_length(value: str) -> int:
+    """``String.length()`` in Java: UTF-16 code units, 2 for a supplementary character."""
+    if value.isascii():
+        return len(value)
+    return len(value) + sum(1 for ch in value if ord(ch) > 0xFFFF)
+
+
+_LEGAL_TOPIC = re.compile(r"[a-zA-Z0-9._-]+")
+
+
+def _message(kind: IdentifierKind, path: str, length: int, limit: int) -> str:
+    # Topic names and offset metadata are limits Kafka has always had; the rest are KIP-1233's.
+    source = "" if kind in (IdentifierKind.TOPIC_NAME, IdentifierKind.OFFSET_METADATA) else ", KIP-1233"
+    return f"{kind.value} ({path}) is {length} characters long, over the limit of {limit} ({LIMIT_KEYS[kind]}{source})"
+
+
+def _check_value(kind: IdentifierKind, path: str, value: str, limits: IdentifierLimits) -> Breach | None:
+    limit = limits.limit_for(kind)
+    code = limits.error_code_for(kind)
+    length = java_length(value)
+    if kind is IdentifierKind.TOPIC_NAME:
+        # Kafka's Topic.validate order: empty, "." / "..", length, characters.
+        if value in ("", ".", ".."):
+            message = f"topic name ({path}) {value!r} is illegal: it cannot be empty, '.' or '..'"
+            return Breach(kind, path, length, limit, code, BreachReason.ILLEGAL_NAME, message)
+        if length > limit:
+            return Breach(kind, path, length, limit, code, BreachReason.TOO_LONG, _message(kind, path, length, limit))
+        if not _LEGAL_TOPIC.fullmatch(value):
+            message = (
+                f"topic name ({path}) is illegal: it contains a character other than "
+                "ASCII alphanumerics, '.', '_' and '-'"
+            )
+            return Breach(kind, path, length, limit, code, BreachReason.INVALID_CHARACTERS, message)
+        return None
+    if length > limit:
+        return Breach(kind, path, length, limit, code, BreachReason.TOO_LONG, _message(kind, path, length, limit))
+    return None
+
+
+_MISSING: Final = object()
+
+
+def _walk(obj: object, segments: tuple[str, ...], prefix: str) -> Iterator[tuple[str, object]]:
+    """(path, value) for every value the segments reach; absent attributes reach nothing."""
+    if not segments:
+        yield prefix, obj
+        return
+    head, rest = segments[0], segments[1:]
+    is_array = head.endswith("[]")
+    name = head[:-2] if is_array else head
+    value = getattr(obj, name, _MISSING)
+    if value is _MISSING or value is None:
+        return
+    path = f"{prefix}.{name}" if prefix else name
+    if not is_array:
+        yield from _walk(value, rest, path)
+        return
+    if not isinstance(value, tuple | list):
+        return
+    for index, item in enumerate(value):
+        yield from _walk(item, rest, f"{path}[{index}]")
+
+
+def _kind_for(rule: FieldRule, body: object) -> IdentifierKind | None:
+    if rule.selector is None:
+        return rule.kind
+    attr, kinds = rule.selector
+    selected = getattr(body, attr, 0)
+    return kinds.get(selected) if isinstance(selected, int) else None
+
+
+def check_client_id(client_id: str | None, limits: IdentifierLimits) -> Breach | None:
+    """The request header's client id (every request has one)."""
+    if not limits.enabled or client_id is None:
+        return None
+    return _check_value(IdentifierKind.CLIENT_ID, "header.client_id", client_id, limits)
+
+
+def check_request(
+    api_key: int,
+    api_version: int,
+    body: object,
+    client_id: str | None,
+    limits: IdentifierLimits,
+) -> list[Breach]:
+    """Every identifier over its limit in one request: header client id first, then body fields in table order."""
+    if not limits.enabled:
+        return []
+    breaches: list[Breach] = []
+    header = check_client_id(client_id, limits)
+    if header is not None:
+        breaches.append(header)
+    for rule in IDENTIFIER_FIELDS.get(api_key, ()):
+        if not rule.applies_to(api_version):
+            continue
+        kind = _kind_for(rule, body)
+        if kind is None:
+            continue
+        for path, value in _walk(body, tuple(rule.path.split(".")), ""):
+            if isinstance(value, str):
+                breach = _check_value(kind, path, value, limits)
+                if breach is not None:
+                    breaches.append(breach)
+    return breaches
+
+
+def checked_api_keys() -> frozenset[int]:
+    """The APIs whose bodies carry identifiers (the shell decodes only these)."""
+    return frozenset(IDENTIFIER_FIELDS)
+
+
+__all__ = [
+    "CONFIG_KEYS",
+    "IDENTIFIER_FIELDS",
+    "INVALID_REQUEST",
+    "INVALID_TOPIC_EXCEPTION",
+    "LIMIT_KEYS",
+    "OFFSET_METADATA_TOO_LARGE",
+    "Breach",
+    "BreachReason",
+    "FieldRule",
+    "IdentifierKind",
+    "IdentifierLimits",
+    "check_client_id",
+    "check_request",
+    "checked_api_keys",
+    "java_length",
+]
