@@ -14,6 +14,8 @@ from typing import Any, Literal
 import yaml
 from pydantic import BaseModel, ConfigDict, Field, ValidationError, field_validator, model_validator
 
+from policies.identifier_limits import IdentifierLimits
+
 __all__ = ["Config", "ConfigError", "load_config", "parse_config"]
 
 
@@ -133,6 +135,19 @@ class Policies(_Frozen):
     # KIP-498: the largest response frame accepted from a broker and forwarded.
     max_response_size: int = Field(default=104857600, ge=1, le=_INT_MAX, alias="max.response.size")
     response_size_mode: PolicyMode | None = Field(default=None, alias="response.size.mode")
+    # KIP-1233 identifier lengths (limits are UTF-16 code units, as Java counts).
+    resource_identifier_limit_enable: bool = Field(default=False, alias="resource.identifier.limit.enable")
+    resource_identifier_max_length: int = Field(default=249, ge=0, le=_INT_MAX, alias="resource.identifier.max.length")
+    member_id_max_length: int = Field(default=36, ge=0, le=_INT_MAX, alias="member.id.max.length")
+    classic_member_id_max_length: int = Field(
+        default=286, ge=0, le=_INT_MAX, alias="classic.member.id.max.length"
+    )
+    topic_name_max_length: int = Field(default=249, ge=0, le=_INT_MAX, alias="topic.name.max.length")
+    offset_metadata_max_bytes: int = Field(default=4096, ge=0, le=_INT_MAX, alias="offset.metadata.max.bytes")
+    resource_identifier_limit_error_code: int = Field(
+        default=42, ge=1, le=32767, alias="resource.identifier.limit.error.code"
+    )
+    resource_identifier_limit_mode: PolicyMode | None = Field(default=None, alias="resource.identifier.limit.mode")
     listener_overrides: dict[str, ListenerPolicies] = Field(default_factory=dict, alias="listener.name")
 
     @model_validator(mode="before")
@@ -152,6 +167,17 @@ class Policies(_Frozen):
         if overrides:
             flat["listener.name"] = overrides
         return flat
+
+    def identifier_limits(self) -> IdentifierLimits:
+        return IdentifierLimits(
+            enabled=self.resource_identifier_limit_enable,
+            max_length=self.resource_identifier_max_length,
+            member_id_max_length=self.member_id_max_length,
+            classic_member_id_max_length=self.classic_member_id_max_length,
+            topic_name_max_length=self.topic_name_max_length,
+            offset_metadata_max_bytes=self.offset_metadata_max_bytes,
+            error_code=self.resource_identifier_limit_error_code,
+        )
 
     def mode_of(self, policy_mode: PolicyMode | None) -> PolicyMode:
         return policy_mode or self.mode

@@ -22,6 +22,7 @@ from policies.frame_check import FrameKind, FrameVerdict, looks_like_http, looks
 
 from . import rewrite, wire
 from .framing import FrameReader, TruncatedFrame
+from .request_admission import Answer
 from .upstream import UpstreamUnavailable
 
 if TYPE_CHECKING:
@@ -30,6 +31,8 @@ if TYPE_CHECKING:
 log = logging.getLogger("kafka_admission_proxy.connection")
 
 HANDSHAKE_TIMEOUT_S = 10.0
+# Requests read ahead of their answers per connection (Kafka clients pipeline about 5).
+_MAX_PIPELINED = 256
 _HTTP_400_BODY = b"This is a Kafka port (kafka-admission-proxy), not HTTP.\n"
 _HTTP_400 = (
     b"HTTP/1.1 400 Bad Request\r\nContent-Type: text/plain\r\nConnection: close\r\n"
@@ -47,10 +50,13 @@ class ConnectionClosed(Exception):
 
 @dataclass(slots=True)
 class InFlight:
+    """A request awaiting its answer, in the order the client sent it."""
+
     correlation_id: int
     api_key: int
     api_version: int
-    proxy_seconds: float  # time the request spent inside the proxy
+    proxy_seconds: float = 0.0  # time the request spent inside the proxy
+    answer: Answer | None = None  # the proxy's own answer: the broker never saw the request
 
 
 class ClientConnection:
@@ -63,16 +69,18 @@ class ClientConnection:
             self.peer = f"{host}:{port}"
         except OSError:
             self.peer = "unknown"
-        self._inflight: collections.deque[InFlight] = collections.deque()
+        # Requests flow to the response pump in order; a full channel stops reading the client.
+        self._to_responses, self._from_requests = trio.open_memory_channel[InFlight](_MAX_PIPELINED)
+        self.in_flight = 0
+        self._unanswered: collections.deque[int] = collections.deque(maxlen=64)  # acks=0 Produce ids
         self._stopping = False
         self._idle_scope: trio.CancelScope | None = None
-        self._requests_done = False
         self._nursery: trio.Nursery | None = None
         self.upstream_address = "unconnected"
 
     @property
     def busy(self) -> bool:
-        return bool(self._inflight)
+        return self.in_flight > 0
 
     def stop_reading(self) -> None:
         """Graceful shutdown: finish the frame being read, answer what is in flight, close."""
@@ -172,7 +180,8 @@ class ClientConnection:
         name = self.listener.config.name
         self.listener.metrics.connection_failures.labels(name, exc.cause).inc()
         log.warning(
-            "connection closed: %s", exc,
+            "connection closed: %s",
+            exc,
             extra={"peer": self.peer, "listener": name, "cause": exc.cause},
         )
 
@@ -190,8 +199,13 @@ class ClientConnection:
         kind = verdict.kind.value
         self.listener.metrics.frames_rejected.labels(name, "request", kind).inc()
         self.listener.audit.emit(
-            "frame_rejected", listener=name, peer=self.peer, direction="request", kind=kind,
-            size=verdict.size, head=head.hex(),
+            "frame_rejected",
+            listener=name,
+            peer=self.peer,
+            direction="request",
+            kind=kind,
+            size=verdict.size,
+            head=head.hex(),
         )
         limit = self.listener.policies.socket_request_max_bytes
         return ConnectionClosed(
@@ -207,7 +221,9 @@ class ClientConnection:
             return ConnectionClosed("upstream_tls_on_plaintext", message)
         about = (
             f"response to {wire.api_name(request.api_key)} v{request.api_version} "
-            f"correlation id {request.correlation_id}" if request is not None else "unsolicited response"
+            f"correlation id {request.correlation_id}"
+            if request is not None
+            else "unsolicited response"
         )
         if verdict.kind is FrameKind.INVALID_SIZE:
             return ConnectionClosed("response_invalid_size", f"{about}: invalid length prefix {verdict.size}")
@@ -217,9 +233,15 @@ class ClientConnection:
         name = self.listener.config.name
         self.listener.metrics.responses_oversized.labels(name, mode).inc()
         self.listener.audit.emit(
-            "response_oversized", listener=name, peer=self.peer, upstream=self.upstream_address, mode=mode,
+            "response_oversized",
+            listener=name,
+            peer=self.peer,
+            upstream=self.upstream_address,
+            mode=mode,
             api=wire.api_name(request.api_key) if request else None,
-            correlation_id=request.correlation_id if request else None, size=verdict.size, limit=limit,
+            correlation_id=request.correlation_id if request else None,
+            size=verdict.size,
+            limit=limit,
         )
         message = f"{about} is {verdict.size} bytes, over max.response.size={limit}"
         if mode == "observe":
@@ -244,83 +266,122 @@ class ClientConnection:
         listener = self.listener
         name = listener.config.name
         metrics = listener.metrics
+        admission = listener.admission
         max_bytes = listener.policies.socket_request_max_bytes
         reader = FrameReader(client, plaintext=listener.ssl_context is None)
-        while await self._wait_for_next_request(reader):
-            verdict = await reader.next_prefix(max_bytes)
-            if verdict is None:
-                break
-            if not verdict.admitted:
-                refusal = self._refuse_request(verdict, reader.head)
-                if verdict.kind is FrameKind.HTTP:
-                    await client.send_all(_HTTP_400)
-                raise refusal
-            frame = await reader.read_frame(verdict.size)
-            started = trio.current_time()
-            header = wire.peek_request_header(frame)
-            if listener.rewrites and not rewrite.codec_can_rewrite(header.api_key, header.api_version):
-                raise ConnectionClosed(
-                    "unrewritable_version",
-                    f"{wire.api_name(header.api_key)} v{header.api_version} is newer than the proxy "
-                    "can rewrite; the client ignored the versions it was offered",
-                )
-            expects_response = not (
-                header.api_key == wire.PRODUCE and wire.produce_acks(frame, header.api_version) == 0
-            )
-            if expects_response:
-                self._inflight.append(
-                    InFlight(header.correlation_id, header.api_key, header.api_version, 0.0)
-                )
-            await upstream.send_all(frame)
-            if expects_response:
-                self._inflight[-1].proxy_seconds = trio.current_time() - started
-            metrics.requests.labels(name, wire.api_name(header.api_key)).inc()
-            metrics.request_bytes.labels(name).inc(len(frame))
+        # Closed synchronously: an awaited close is a checkpoint where the response pump
+        # could end the connection and mask why the requests stopped.
+        try:
+            while await self._wait_for_next_request(reader):
+                verdict = await reader.next_prefix(max_bytes)
+                if verdict is None:
+                    break
+                if not verdict.admitted:
+                    refusal = self._refuse_request(verdict, reader.head)
+                    if verdict.kind is FrameKind.HTTP:
+                        await client.send_all(_HTTP_400)
+                    raise refusal
+                frame = await reader.read_frame(verdict.size)
+                started = trio.current_time()
+                header = wire.peek_request_header(frame)
+                api = wire.api_name(header.api_key)
+                metrics.requests.labels(name, api).inc()
+                if not self._codec_reads(header):
+                    raise ConnectionClosed(
+                        "unreadable_version",
+                        f"{api} v{header.api_version} is newer than the proxy can read; "
+                        "the client ignored the versions it was offered",
+                    )
+                answer = admission.check(header, frame, name, self.peer)
+                if answer is not None:
+                    if answer.frame is None:
+                        raise ConnectionClosed(answer.cause, answer.message)
+                    await self._queue(
+                        InFlight(header.correlation_id, header.api_key, header.api_version, answer=answer)
+                    )
+                    if answer.close_after:
+                        break
+                    continue
+                request = None
+                if header.api_key == wire.PRODUCE and wire.produce_acks(frame, header.api_version) == 0:
+                    self._unanswered.append(header.correlation_id)
+                else:
+                    request = InFlight(header.correlation_id, header.api_key, header.api_version)
+                    await self._queue(request)
+                await upstream.send_all(frame)
+                if request is not None:
+                    request.proxy_seconds = trio.current_time() - started
+                metrics.request_bytes.labels(name).inc(len(frame))
+        finally:
+            self._to_responses.close()
         if reader.eof:
             raise _Done()  # the client left; what it still awaited is not ours to deliver
-        self._requests_done = True
-        if not self._inflight:
-            raise _Done()
-        await trio.sleep_forever()  # the response pump ends the connection
+        await trio.sleep_forever()  # the response pump answers what is queued, then ends the connection
+
+    def _codec_reads(self, header: wire.RequestHeader) -> bool:
+        """False for a version of an API the proxy must decode that the codec does not know."""
+        decodes = (
+            self.listener.rewrites and rewrite.carries_addresses(header.api_key, header.api_version)
+        ) or header.api_key in self.listener.admission.decoded_api_keys
+        return not decodes or rewrite.codec_knows(header.api_key, header.api_version)
+
+    async def _queue(self, request: InFlight) -> None:
+        self.in_flight += 1
+        await self._to_responses.send(request)
 
     async def _pump_responses(self, upstream: trio.abc.Stream, client: trio.abc.Stream) -> None:
+        """Answers requests in the order they came: from the broker, or the proxy's own answer."""
         listener = self.listener
         name = listener.config.name
         metrics = listener.metrics
         reader = FrameReader(upstream, plaintext=not listener.connector.tls_enabled)
         limit = listener.policies.max_response_size_for(name)
         healthy = False
-        while True:
-            verdict = await reader.next_prefix(limit)
-            if verdict is None:
-                raise ConnectionClosed("upstream_closed", f"broker {self.upstream_address} closed the connection")
-            if not verdict.admitted:
-                refusal = self._refuse_response(verdict, reader.head, self._inflight[0] if self._inflight else None)
-                if refusal is not None:
-                    raise refusal
+        async for request in self._from_requests:
+            if request.answer is not None:
+                assert request.answer.frame is not None
+                await client.send_all(request.answer.frame)
+                self.in_flight -= 1
+                if request.answer.close_after:
+                    raise ConnectionClosed(request.answer.cause, f"{request.answer.message}; closed after the answer")
+                continue
+            frame = await self._next_response(reader, limit, request)
+            started = trio.current_time()
             if not healthy:
                 listener.connector.healthy(self.upstream_address)
                 healthy = True
-            frame = await reader.read_frame(verdict.size)
-            started = trio.current_time()
             correlation_id = wire.response_correlation_id(frame)
-            if not self._inflight or self._inflight[0].correlation_id != correlation_id:
-                expected = self._inflight[0].correlation_id if self._inflight else None
+            while correlation_id != request.correlation_id and correlation_id in self._unanswered:
+                # Some brokers (Tansu) answer acks=0 Produce anyway; the client expects nothing.
+                log.debug("dropped an answer to acks=0 produce %d", correlation_id, extra={"peer": self.peer})
+                self._unanswered.remove(correlation_id)
+                frame = await self._next_response(reader, limit, request)
+                correlation_id = wire.response_correlation_id(frame)
+            if correlation_id != request.correlation_id:
                 raise ConnectionClosed(
                     "unexpected_response",
-                    f"broker answered correlation id {correlation_id}, expected {expected}",
+                    f"broker answered correlation id {correlation_id}, expected {request.correlation_id}",
                 )
-            request = self._inflight[0]
-            if listener.rewrites and rewrite.needs_decoding(request.api_key, request.api_version):
+            if (request.api_key == wire.API_VERSIONS and listener.decoded_api_keys) or (
+                listener.rewrites and rewrite.carries_addresses(request.api_key, request.api_version)
+            ):
                 frame = await self._rewritten(frame, request)
             await client.send_all(frame)
-            self._inflight.popleft()
+            self.in_flight -= 1
             metrics.response_bytes.labels(name).inc(len(frame))
-            metrics.proxy_latency.labels(name).observe(
-                request.proxy_seconds + trio.current_time() - started
-            )
-            if self._requests_done and not self._inflight:
-                raise _Done()
+            metrics.proxy_latency.labels(name).observe(request.proxy_seconds + trio.current_time() - started)
+        raise _Done()  # requests stopped (shutdown) and every one was answered
+
+    async def _next_response(self, reader: FrameReader, limit: int, request: InFlight) -> bytes:
+        """The broker's next frame, its length checked before it is read (KIP-498)."""
+        verdict = await reader.next_prefix(limit)
+        if verdict is None:
+            raise ConnectionClosed("upstream_closed", f"broker {self.upstream_address} closed the connection")
+        if not verdict.admitted:
+            refusal = self._refuse_response(verdict, reader.head, request)
+            if refusal is not None:
+                raise refusal
+        return await reader.read_frame(verdict.size)
 
     async def _rewritten(self, frame: bytes, request: InFlight) -> bytes:
         api_key, version = request.api_key, request.api_version
@@ -335,13 +396,15 @@ class ClientConnection:
         if api_key == wire.API_VERSIONS:
             if body.error_code != 0:
                 return frame
-            body = rewrite.cap_api_versions(body)
+            body = rewrite.cap_api_versions(
+                body, hot_path=self.listener.rewrites, decoded=self.listener.decoded_api_keys
+            )
+            if body == response.body:
+                return frame
         else:
             await self.listener.directory.learn(rewrite.brokers_in(body, api_key, version))
             body = rewrite.rewrite_addresses(body, api_key, version, self.listener.address_of)
-        self.listener.metrics.responses_rewritten.labels(
-            self.listener.config.name, wire.api_name(api_key)
-        ).inc()
+        self.listener.metrics.responses_rewritten.labels(self.listener.config.name, wire.api_name(api_key)).inc()
         return wire.encode_frame(response.header, body)
 
 

@@ -14,6 +14,8 @@ from .brokers import BrokerDirectory
 from .config import Listener, Policies
 from .connection import ClientConnection
 from .metrics import Metrics
+from .request_admission import RequestAdmission
+from .rewrite import ADDRESS_APIS
 from .tls import server_context
 from .upstream import UpstreamConnector, UpstreamLink, UpstreamUnavailable
 
@@ -38,6 +40,7 @@ class ListenerRuntime:
         audit: AuditSink,
         connector: UpstreamConnector,
         directory: BrokerDirectory,
+        admission: RequestAdmission,
         bootstrap: list[tuple[str, int]],
         rewrites: bool,
     ) -> None:
@@ -48,6 +51,9 @@ class ListenerRuntime:
         self.connector = connector
         self.directory = directory
         self.rewrites = rewrites
+        self.admission = admission
+        # Every API whose body the proxy decodes: clients are offered only versions the codec knows.
+        self.decoded_api_keys = admission.decoded_api_keys | (ADDRESS_APIS if rewrites else frozenset())
         self.ssl_context = server_context(config.tls) if config.tls is not None else None
         self.connections: set[ClientConnection] = set()
         self._bootstrap = bootstrap
@@ -95,7 +101,14 @@ class ListenerRuntime:
         address = self.directory.address_of(node_id)
         if address is None:
             raise UpstreamUnavailable(f"broker node {node_id} is unknown")
-        return await self.connector.connect(*address)
+        if self.directory.is_via_bootstrap(node_id):
+            return await self.connector.connect_any(self._bootstrap)
+        try:
+            return await self.connector.connect(*address)
+        except UpstreamUnavailable:
+            if not self.directory.reach_via_bootstrap(node_id):
+                raise
+            return await self.connector.connect_any(self._bootstrap)
 
     async def _serve_port(
         self, host: str, port: int, route: Route, *, task_status: trio.TaskStatus[None] = trio.TASK_STATUS_IGNORED

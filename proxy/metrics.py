@@ -57,6 +57,12 @@ class Metrics:
             ("listener", "mode"),
             registry=r,
         )
+        self.identifier_breaches = Counter(
+            "kafka_admission_identifier_breaches",
+            "Identifiers over their KIP-1233 limit, by API and identifier kind",
+            ("api", "kind", "mode"),
+            registry=r,
+        )
         self.requests = Counter(
             "kafka_admission_requests", "Requests forwarded, by API", ("listener", "api"), registry=r
         )

@@ -51,10 +51,7 @@ def needs_decoding(api_key: int, api_version: int) -> bool:
     return api_key == wire.API_VERSIONS or carries_addresses(api_key, api_version)
 
 
-def codec_can_rewrite(api_key: int, api_version: int) -> bool:
-    """False for a version of an address-carrying API newer than the codec knows."""
-    if not carries_addresses(api_key, api_version):
-        return True
+def codec_knows(api_key: int, api_version: int) -> bool:
     newest = wire.max_known_version(api_key)
     return newest is not None and api_version <= newest
 
@@ -98,16 +95,18 @@ def rewrite_addresses(body: Any, api_key: int, api_version: int, address_of: Add
     return body
 
 
-def cap_api_versions(body: Any) -> Any:
-    """Cap advertised versions so clients use only what the proxy can rewrite.
+def cap_api_versions(body: Any, *, hot_path: bool, decoded: frozenset[int]) -> Any:
+    """Cap advertised versions so clients use only what the proxy can read.
 
-    Address-carrying APIs are capped at the codec's newest version; Produce and
-    Fetch below their NodeEndpoints versions (opaque hot path).
+    ``hot_path`` (cluster mode): Produce and Fetch below their NodeEndpoints
+    versions, so their bodies never need decoding. ``decoded``: the APIs the
+    proxy decodes (address-carrying ones, and those a policy reads) at the
+    codec's newest version.
     """
     capped = []
     for entry in body.api_keys:
-        limit = HOT_PATH_MAX_VERSION.get(entry.api_key)
-        if limit is None and entry.api_key in _ADDRESS_FIELDS:
+        limit = HOT_PATH_MAX_VERSION.get(entry.api_key) if hot_path else None
+        if limit is None and entry.api_key in decoded:
             limit = wire.max_known_version(entry.api_key)
         if limit is not None and entry.max_version > limit:
             entry = dataclasses.replace(
@@ -115,3 +114,6 @@ def cap_api_versions(body: Any) -> Any:
             )
         capped.append(entry)
     return dataclasses.replace(body, api_keys=tuple(capped))
+
+
+ADDRESS_APIS = frozenset(_ADDRESS_FIELDS) - set(HOT_PATH_MAX_VERSION)

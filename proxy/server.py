@@ -13,6 +13,7 @@ from .brokers import BrokerDirectory
 from .config import Config
 from .listener import ListenerRuntime
 from .metrics import Metrics
+from .request_admission import RequestAdmission
 from .tls import upstream_context
 from .upstream import UpstreamConnector, UpstreamUnavailable
 
@@ -32,6 +33,7 @@ class ProxyServer:
             config.upstream.tls, upstream_context(config.upstream.tls), self.metrics, self.audit
         )
         bootstrap = config.upstream.addresses()
+        admission = RequestAdmission(config.policies, self.metrics, self.audit)
         self.listeners = [
             ListenerRuntime(
                 listener,
@@ -40,6 +42,7 @@ class ProxyServer:
                 audit=self.audit,
                 connector=self.connector,
                 directory=self.directory,
+                admission=admission,
                 bootstrap=bootstrap,
                 rewrites=config.mode == "cluster",
             )

@@ -81,23 +81,39 @@ def response_correlation_id(frame: bytes) -> int:
 _PRODUCE_FIRST_FLEXIBLE = 9
 
 
-def produce_acks(frame: bytes, api_version: int) -> int:
-    """The acks of a Produce request: after the (v3+) transactional id, nothing else read."""
+def produce_head(frame: bytes, api_version: int) -> tuple[str | None, int]:
+    """(transactional id, acks) of a Produce request: its first fields, nothing else read."""
     flexible = api_version >= _PRODUCE_FIRST_FLEXIBLE
     header_schema = RequestHeaderV2 if flexible else RequestHeaderV1
+    transactional_id = None
     try:
         _, size = entity_reader(header_schema)(frame, 4)
         offset = 4 + size
         if flexible:
-            _, size = read_compact_string_nullable(frame, offset)
+            transactional_id, size = read_compact_string_nullable(frame, offset)
             offset += size
         elif api_version >= 3:
-            _, size = read_nullable_legacy_string(frame, offset)
+            transactional_id, size = read_nullable_legacy_string(frame, offset)
             offset += size
         acks, _ = read_int16(frame, offset)
     except Exception as exc:
         raise MalformedFrame(f"produce request does not parse: {exc}") from None
-    return int(acks)
+    return transactional_id, int(acks)
+
+
+def produce_acks(frame: bytes, api_version: int) -> int:
+    return produce_head(frame, api_version)[1]
+
+
+def decode_request(frame: bytes, api_key: int, api_version: int) -> Any:
+    """The request body as a kio entity (only for the APIs a policy must read)."""
+    try:
+        schema = load_request_schema(api_key, api_version)
+        _, hsize = entity_reader(schema.__header_schema__)(frame, 4)
+        body, _ = entity_reader(schema)(frame, 4 + hsize)
+    except Exception as exc:
+        raise MalformedFrame(f"{api_name(api_key)} v{api_version} request does not parse: {exc}") from None
+    return body
 
 
 @dataclass(frozen=True, slots=True)
@@ -151,11 +167,13 @@ __all__ = [
     "MalformedFrame",
     "RequestHeader",
     "api_name",
+    "decode_request",
     "decode_response",
     "encode_frame",
     "max_known_version",
     "peek_request_header",
     "produce_acks",
+    "produce_head",
     "request_header_for",
     "response_correlation_id",
 ]

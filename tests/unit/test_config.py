@@ -32,12 +32,14 @@ def test_only_bootstrap_servers_and_listeners_are_required() -> None:
     effective = config.effective()
     assert effective["mode"] == "cluster"
     assert effective["admin"] == {"bind": "127.0.0.1:9464"}
-    assert effective["policies"] == {
+    defaults = {
         "mode": "enforce",
         "socket.request.max.bytes": 104857600,
         "max.response.size": 104857600,
-        "response.size.mode": None,
+        "resource.identifier.limit.enable": False,
+        "resource.identifier.max.length": 249,
     }
+    assert {k: effective["policies"][k] for k in defaults} == defaults
     assert effective["audit"] == {"path": None}
     assert effective["upstream"]["tls"]["enabled"] is False
     listener = effective["listeners"][0]

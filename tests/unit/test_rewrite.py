@@ -134,20 +134,19 @@ def test_node_endpoints_of_produce_and_fetch_are_rewritten(api_key: int, version
     assert [(e.host, e.port) for e in out.node_endpoints] == [(PROXY_HOST, BASE + 2)]
 
 
-@pytest.mark.parametrize(("api_key", "version", "decoded"), [
-    (0, 9, False), (0, 10, True), (1, 15, False), (1, 16, True), (3, 0, True), (18, 3, True),
+@pytest.mark.parametrize(("api_key", "version", "carries"), [
+    (0, 9, False), (0, 10, True), (1, 15, False), (1, 16, True), (3, 0, True), (10, 4, True), (60, 0, True),
     (19, 7, False),
 ])
-def test_only_address_carrying_versions_are_decoded(api_key: int, version: int, decoded: bool) -> None:
-    assert rewrite.needs_decoding(api_key, version) is decoded
+def test_only_address_carrying_versions_are_rewritten(api_key: int, version: int, carries: bool) -> None:
+    assert rewrite.carries_addresses(api_key, version) is carries
 
 
-def test_a_metadata_version_newer_than_the_codec_cannot_be_rewritten() -> None:
+def test_a_metadata_version_newer_than_the_codec_is_unknown() -> None:
     newest = wire.max_known_version(3)
     assert newest is not None
-    assert rewrite.codec_can_rewrite(3, newest)
-    assert not rewrite.codec_can_rewrite(3, newest + 1)
-    assert rewrite.codec_can_rewrite(19, 99)  # CreateTopics carries no addresses: passes
+    assert rewrite.codec_knows(3, newest)
+    assert not rewrite.codec_knows(3, newest + 1)
 
 
 def test_api_versions_caps_produce_fetch_and_rewritten_apis() -> None:
@@ -159,5 +158,10 @@ def test_api_versions_caps_produce_fetch_and_rewritten_apis() -> None:
     )
     frame = wire.encode_frame(header_for(m.ApiVersionsResponse), body)
     decoded = wire.decode_response(frame, 18, 3)
-    capped = {a.api_key: a.max_version for a in rewrite.cap_api_versions(decoded.body).api_keys}
-    assert capped == {0: 9, 1: 15, 3: wire.max_known_version(3), 10: 6, 19: 7, 60: 2}
+    capped = rewrite.cap_api_versions(decoded.body, hot_path=True, decoded=rewrite.ADDRESS_APIS)
+    assert {a.api_key: a.max_version for a in capped.api_keys} == {
+        0: 9, 1: 15, 3: wire.max_known_version(3), 10: 6, 19: 7, 60: 2
+    }
+    # Sidecar mode: no address rewriting, Produce/Fetch untouched; policy-decoded APIs capped.
+    sidecar = rewrite.cap_api_versions(decoded.body, hot_path=False, decoded=frozenset({19}))
+    assert {a.api_key: a.max_version for a in sidecar.api_keys} == {0: 11, 1: 17, 3: 99, 10: 6, 19: 7, 60: 2}

@@ -1,0 +1,102 @@
+"""What the policies read in a request, and their verdict on it: forward, answer
+with an error response synthesized for that API and version (the broker never
+sees the request), or close.
+
+One table decides which API keys are decoded; every other request, Produce and
+Fetch above all, travels as bytes (Produce's first fields are peeked, not decoded).
+"""
+
+from __future__ import annotations
+
+import logging
+from dataclasses import dataclass
+from types import SimpleNamespace
+
+from policies.identifier_limits import (
+    Breach,
+    IdentifierKind,
+    check_client_id,
+    check_request,
+    checked_api_keys,
+)
+
+from . import wire
+from .audit import AuditSink
+from .config import Policies
+from .error_responses import build_error_frame
+from .metrics import Metrics
+
+log = logging.getLogger("kafka_admission_proxy.admission")
+
+
+@dataclass(frozen=True, slots=True)
+class Answer:
+    """The proxy answers instead of the broker."""
+
+    frame: bytes | None  # None: no response is expected (acks=0 Produce): just close
+    close_after: bool
+    cause: str
+    message: str
+
+
+class RequestAdmission:
+    def __init__(self, policies: Policies, metrics: Metrics, audit: AuditSink) -> None:
+        self._metrics = metrics
+        self._audit = audit
+        self.limits = policies.identifier_limits()
+        self.mode = policies.mode_of(policies.resource_identifier_limit_mode)
+        # The one table: API keys whose request bodies a policy decodes.
+        self.decoded_api_keys: frozenset[int] = (
+            checked_api_keys() - {wire.PRODUCE} if self.limits.enabled else frozenset()
+        )
+
+    def check(self, header: wire.RequestHeader, frame: bytes, listener: str, peer: str) -> Answer | None:
+        """None to forward; an Answer to refuse."""
+        if not self.limits.enabled:
+            return None
+        api_key, version = header.api_key, header.api_version
+        body = None
+        if api_key == wire.PRODUCE:
+            transactional_id, _ = wire.produce_head(frame, version)
+            peeked = SimpleNamespace(transactional_id=transactional_id)
+            breaches = check_request(api_key, version, peeked, header.client_id, self.limits)
+        elif api_key in self.decoded_api_keys:
+            body = wire.decode_request(frame, api_key, version)
+            breaches = check_request(api_key, version, body, header.client_id, self.limits)
+        else:
+            found = check_client_id(header.client_id, self.limits)
+            breaches = [found] if found is not None else []
+        if not breaches:
+            return None
+        return self._refuse(header, frame, body, breaches, listener, peer)
+
+    def _refuse(
+        self, header: wire.RequestHeader, frame: bytes, body: object, breaches: list[Breach], listener: str, peer: str
+    ) -> Answer | None:
+        api = wire.api_name(header.api_key)
+        for breach in breaches:
+            self._metrics.identifier_breaches.labels(api, breach.kind.value, self.mode).inc()
+        first = breaches[0]
+        self._audit.emit(
+            "identifier_breach",
+            listener=listener,
+            peer=peer,
+            mode=self.mode,
+            api=api,
+            api_version=header.api_version,
+            client_id=header.client_id,
+            breaches=[{"kind": b.kind.value, "path": b.path, "length": b.length, "limit": b.limit} for b in breaches],
+        )
+        if self.mode == "observe":
+            log.warning(
+                "would refuse %s: %s (observe mode)", api, first.message, extra={"peer": peer, "listener": listener}
+            )
+            return None
+        close_after = any(b.kind is IdentifierKind.CLIENT_ID for b in breaches)
+        if header.api_key == wire.PRODUCE and wire.produce_acks(frame, header.api_version) == 0:
+            return Answer(None, True, "identifier_too_long", first.message)
+        if body is None:
+            body = wire.decode_request(frame, header.api_key, header.api_version)
+        element_errors = {b.element_path: (b.error_code, b.message) for b in breaches if b.element_path}
+        answer = build_error_frame(header, body, first.error_code, first.message, element_errors=element_errors)
+        return Answer(answer, close_after, "identifier_too_long", first.message)
