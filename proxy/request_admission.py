@@ -10,13 +10,13 @@ from __future__ import annotations
 
 import logging
 from dataclasses import dataclass
-from types import SimpleNamespace
 
 from policies.identifier_limits import (
     Breach,
     IdentifierKind,
     check_client_id,
     check_request,
+    check_transactional_id,
     checked_api_keys,
 )
 
@@ -58,8 +58,11 @@ class RequestAdmission:
         body = None
         if api_key == wire.PRODUCE:
             transactional_id, _ = wire.produce_head(frame, version)
-            peeked = SimpleNamespace(transactional_id=transactional_id)
-            breaches = check_request(api_key, version, peeked, header.client_id, self.limits)
+            found = (
+                check_client_id(header.client_id, self.limits),
+                check_transactional_id(transactional_id, self.limits),
+            )
+            breaches = [b for b in found if b is not None]
         elif api_key in self.decoded_api_keys:
             body = wire.decode_request(frame, api_key, version)
             breaches = check_request(api_key, version, body, header.client_id, self.limits)
@@ -75,7 +78,7 @@ class RequestAdmission:
     ) -> Answer | None:
         api = wire.api_name(header.api_key)
         for breach in breaches:
-            self._metrics.identifier_breaches.labels(api, breach.kind.value, self.mode).inc()
+            self._metrics.identifier_breaches.labels(api, breach.kind.name.lower(), self.mode).inc()
         first = breaches[0]
         self._audit.emit(
             "identifier_breach",
@@ -85,12 +88,20 @@ class RequestAdmission:
             api=api,
             api_version=header.api_version,
             client_id=header.client_id,
-            breaches=[{"kind": b.kind.value, "path": b.path, "length": b.length, "limit": b.limit} for b in breaches],
+            breaches=[
+                {"kind": b.kind.name.lower(), "path": b.path, "length": b.length, "limit": b.limit} for b in breaches
+            ],
         )
-        if self.mode == "observe":
-            log.warning(
-                "would refuse %s: %s (observe mode)", api, first.message, extra={"peer": peer, "listener": listener}
-            )
+        observe = self.mode == "observe"
+        log.warning(
+            "%s %s: %s%s",
+            "would refuse" if observe else "refused",
+            api,
+            first.message,
+            " (observe mode)" if observe else "",
+            extra={"peer": peer, "listener": listener},
+        )
+        if observe:
             return None
         close_after = any(b.kind is IdentifierKind.CLIENT_ID for b in breaches)
         if header.api_key == wire.PRODUCE and wire.produce_acks(frame, header.api_version) == 0:
