@@ -15,6 +15,7 @@ import yaml
 from pydantic import BaseModel, ConfigDict, Field, ValidationError, field_validator, model_validator
 
 from policies.identifier_limits import IdentifierLimits
+from policies.memory_pool import validate_settings as validate_pool_settings
 
 __all__ = ["Config", "ConfigError", "load_config", "parse_config"]
 
@@ -135,6 +136,13 @@ class Policies(_Frozen):
     # KIP-498: the largest response frame accepted from a broker and forwarded.
     max_response_size: int = Field(default=104857600, ge=1, le=_INT_MAX, alias="max.response.size")
     response_size_mode: PolicyMode | None = Field(default=None, alias="response.size.mode")
+    # KIP-72 memory pool: bytes of requests read and not yet answered (-1 = off).
+    queued_max_request_bytes: int = Field(default=-1, ge=-1, le=2**63 - 1, alias="queued.max.request.bytes")
+    queued_max_request_bytes_per_connection: int = Field(
+        default=-1, ge=-1, le=2**63 - 1, alias="queued.max.request.bytes.per.connection"
+    )
+    request_body_timeout_ms: int = Field(default=10000, ge=1, le=_INT_MAX, alias="request.body.timeout.ms")
+    memory_pool_mode: PolicyMode | None = Field(default=None, alias="memory.pool.mode")
     # KIP-1233 identifier lengths (limits are UTF-16 code units, as Java counts).
     resource_identifier_limit_enable: bool = Field(default=False, alias="resource.identifier.limit.enable")
     resource_identifier_max_length: int = Field(default=249, ge=0, le=_INT_MAX, alias="resource.identifier.max.length")
@@ -167,6 +175,15 @@ class Policies(_Frozen):
         if overrides:
             flat["listener.name"] = overrides
         return flat
+
+    @model_validator(mode="after")
+    def _pool_fits_the_largest_request(self) -> Policies:
+        validate_pool_settings(
+            self.queued_max_request_bytes,
+            self.socket_request_max_bytes,
+            self.queued_max_request_bytes_per_connection,
+        )
+        return self
 
     def identifier_limits(self) -> IdentifierLimits:
         return IdentifierLimits(

@@ -57,6 +57,7 @@ class InFlight:
     api_version: int
     proxy_seconds: float = 0.0  # time the request spent inside the proxy
     answer: Answer | None = None  # the proxy's own answer: the broker never saw the request
+    ticket: int | None = None  # its bytes in the memory pool, released once answered
 
 
 class ClientConnection:
@@ -109,6 +110,8 @@ class ClientConnection:
                 nursery.start_soon(self._guard, self._pump_requests, client, upstream)
                 nursery.start_soon(self._guard, self._pump_responses, upstream, client)
         finally:
+            if self.listener.pool.enabled:
+                self.listener.pool.cancel(self)  # whatever it held or waited for goes back
             await trio.aclose_forcefully(upstream)
             await trio.aclose_forcefully(client)
             log.debug("connection closed", extra={"peer": self.peer, "listener": cfg.name})
@@ -267,6 +270,7 @@ class ClientConnection:
         name = listener.config.name
         metrics = listener.metrics
         admission = listener.admission
+        pool = listener.pool
         max_bytes = listener.policies.socket_request_max_bytes
         reader = FrameReader(client, plaintext=listener.ssl_context is None)
         # Closed synchronously: an awaited close is a checkpoint where the response pump
@@ -281,7 +285,7 @@ class ClientConnection:
                     if verdict.kind is FrameKind.HTTP:
                         await client.send_all(_HTTP_400)
                     raise refusal
-                frame = await reader.read_frame(verdict.size)
+                ticket, frame = await self._read_body(reader, verdict.size)
                 started = trio.current_time()
                 header = wire.peek_request_header(frame)
                 api = wire.api_name(header.api_key)
@@ -297,7 +301,9 @@ class ClientConnection:
                     if answer.frame is None:
                         raise ConnectionClosed(answer.cause, answer.message)
                     await self._queue(
-                        InFlight(header.correlation_id, header.api_key, header.api_version, answer=answer)
+                        InFlight(
+                            header.correlation_id, header.api_key, header.api_version, answer=answer, ticket=ticket
+                        )
                     )
                     if answer.close_after:
                         break
@@ -306,9 +312,11 @@ class ClientConnection:
                 if header.api_key == wire.PRODUCE and wire.produce_acks(frame, header.api_version) == 0:
                     self._unanswered.append(header.correlation_id)
                 else:
-                    request = InFlight(header.correlation_id, header.api_key, header.api_version)
+                    request = InFlight(header.correlation_id, header.api_key, header.api_version, ticket=ticket)
                     await self._queue(request)
                 await upstream.send_all(frame)
+                if request is None and ticket is not None:
+                    pool.release(ticket)  # acks=0: nothing more to wait for once the broker has it
                 if request is not None:
                     request.proxy_seconds = trio.current_time() - started
                 metrics.request_bytes.labels(name).inc(len(frame))
@@ -341,7 +349,7 @@ class ClientConnection:
             if request.answer is not None:
                 assert request.answer.frame is not None
                 await client.send_all(request.answer.frame)
-                self.in_flight -= 1
+                self._answered(request)
                 if request.answer.close_after:
                     raise ConnectionClosed(request.answer.cause, f"{request.answer.message}; closed after the answer")
                 continue
@@ -367,10 +375,41 @@ class ClientConnection:
             ):
                 frame = await self._rewritten(frame, request)
             await client.send_all(frame)
-            self.in_flight -= 1
+            self._answered(request)
             metrics.response_bytes.labels(name).inc(len(frame))
             metrics.proxy_latency.labels(name).observe(request.proxy_seconds + trio.current_time() - started)
         raise _Done()  # requests stopped (shutdown) and every one was answered
+
+    def _answered(self, request: InFlight) -> None:
+        self.in_flight -= 1
+        if request.ticket is not None:
+            self.listener.pool.release(request.ticket)
+
+    async def _read_body(self, reader: FrameReader, size: int) -> tuple[int | None, bytes]:
+        """Memory for the frame from the pool (KIP-72), then its body; both within
+        request.body.timeout.ms, so a stalled sender holds neither memory nor a place
+        in the pool's queue for long. Returns (pool ticket or None, whole frame)."""
+        listener = self.listener
+        timeout_ms = listener.policies.request_body_timeout_ms
+        ticket = None
+        with trio.move_on_after(timeout_ms / 1000):
+            if listener.pool.enabled:
+                ticket = await listener.pool.reserve(self, size, listener.config.name, self.peer)
+            return ticket, await reader.read_frame(size)
+        waited_for = "its body" if ticket is not None or not listener.pool.enabled else "pool memory"
+        listener.audit.emit(
+            "request_body_timeout",
+            listener=listener.config.name,
+            peer=self.peer,
+            size=size,
+            timeout_ms=timeout_ms,
+            waiting_for=waited_for,
+        )
+        raise ConnectionClosed(
+            "request_body_timeout",
+            f"a {size}-byte request did not complete within request.body.timeout.ms={timeout_ms} "
+            f"(waiting for {waited_for})",
+        )
 
     async def _next_response(self, reader: FrameReader, limit: int, request: InFlight) -> bytes:
         """The broker's next frame, its length checked before it is read (KIP-498)."""

@@ -13,6 +13,7 @@ from .audit import AuditSink
 from .brokers import BrokerDirectory
 from .config import Listener, Policies
 from .connection import ClientConnection
+from .memory import PoolGate
 from .metrics import Metrics
 from .request_admission import RequestAdmission
 from .rewrite import ADDRESS_APIS
@@ -41,6 +42,7 @@ class ListenerRuntime:
         connector: UpstreamConnector,
         directory: BrokerDirectory,
         admission: RequestAdmission,
+        pool: PoolGate,
         bootstrap: list[tuple[str, int]],
         rewrites: bool,
     ) -> None:
@@ -52,6 +54,7 @@ class ListenerRuntime:
         self.directory = directory
         self.rewrites = rewrites
         self.admission = admission
+        self.pool = pool
         # Every API whose body the proxy decodes: clients are offered only versions the codec knows.
         self.decoded_api_keys = admission.decoded_api_keys | (ADDRESS_APIS if rewrites else frozenset())
         self.ssl_context = server_context(config.tls) if config.tls is not None else None

@@ -57,6 +57,12 @@ class Metrics:
             ("listener", "mode"),
             registry=r,
         )
+        self.memory_pool_waits = Counter(
+            "kafka_admission_memory_pool_waits",
+            "Requests that waited (enforce) or would have waited (observe) for pool memory, by reason",
+            ("reason", "mode"),
+            registry=r,
+        )
         self.identifier_breaches = Counter(
             "kafka_admission_identifier_breaches",
             "Identifiers over their KIP-1233 limit, by API and identifier kind",

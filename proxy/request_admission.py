@@ -58,17 +58,17 @@ class RequestAdmission:
         body = None
         if api_key == wire.PRODUCE:
             transactional_id, _ = wire.produce_head(frame, version)
-            found = (
+            peeked = (
                 check_client_id(header.client_id, self.limits),
                 check_transactional_id(transactional_id, self.limits),
             )
-            breaches = [b for b in found if b is not None]
+            breaches = [b for b in peeked if b is not None]
         elif api_key in self.decoded_api_keys:
             body = wire.decode_request(frame, api_key, version)
             breaches = check_request(api_key, version, body, header.client_id, self.limits)
         else:
-            found = check_client_id(header.client_id, self.limits)
-            breaches = [found] if found is not None else []
+            client = check_client_id(header.client_id, self.limits)
+            breaches = [client] if client is not None else []
         if not breaches:
             return None
         return self._refuse(header, frame, body, breaches, listener, peer)

@@ -12,6 +12,7 @@ from .audit import AuditSink
 from .brokers import BrokerDirectory
 from .config import Config
 from .listener import ListenerRuntime
+from .memory import PoolGate, build_pool
 from .metrics import Metrics
 from .request_admission import RequestAdmission
 from .tls import upstream_context
@@ -34,6 +35,17 @@ class ProxyServer:
         )
         bootstrap = config.upstream.addresses()
         admission = RequestAdmission(config.policies, self.metrics, self.audit)
+        policies = config.policies
+        self.pool = PoolGate(
+            build_pool(
+                policies.queued_max_request_bytes,
+                policies.socket_request_max_bytes,
+                policies.queued_max_request_bytes_per_connection,
+                policies.mode_of(policies.memory_pool_mode),
+            ),
+            self.metrics,
+            self.audit,
+        )
         self.listeners = [
             ListenerRuntime(
                 listener,
@@ -43,6 +55,7 @@ class ProxyServer:
                 connector=self.connector,
                 directory=self.directory,
                 admission=admission,
+                pool=self.pool,
                 bootstrap=bootstrap,
                 rewrites=config.mode == "cluster",
             )

@@ -1,11 +1,12 @@
-"""Real Kafka clients (confluent-kafka, kafka-python) driven through the proxy,
-and the external processes the integration tests need (librdkafka's mock
-cluster, stunnel). Plain functions: imported by the test modules."""
+"""The external processes the integration tests run beside the proxy:
+librdkafka's mock cluster, stunnel (TLS in front of a plaintext broker) and a
+gate that lets only the proxy reach a broker's advertised address. Plain
+functions and classes, imported by the test modules; the Kafka client
+workloads themselves are in tests/clients.py."""
 
 from __future__ import annotations
 
 import contextlib
-import json
 import logging
 import os
 import queue
@@ -15,212 +16,17 @@ import socket
 import subprocess
 import threading
 import time
-import uuid
-from collections.abc import Callable
 from pathlib import Path
 from types import TracebackType
-from typing import Any
 
-from confluent_kafka import Consumer, KafkaError, KafkaException, Producer, TopicPartition
-from confluent_kafka.admin import AdminClient, ClusterMetadata, NewTopic  # type: ignore[attr-defined]
+from confluent_kafka import Producer
 
 from proxy.tansu import free_port, wait_for_port
-
-# Short client timeouts: a broken proxy shows as a failure in seconds, not minutes.
-CLIENT_TIMEOUT_S = 10.0
-# Tansu joins classic consumer groups quickly only with this session timeout.
-SESSION_TIMEOUT_MS = 6000
-
-
-def unique(prefix: str) -> str:
-    """A topic or group name no other test (the Tansu broker is shared) uses."""
-    return f"{prefix}-{uuid.uuid4().hex[:10]}"
-
-
-def wait_until(predicate: Callable[[], Any], timeout: float = 10.0, interval: float = 0.05) -> Any:
-    deadline = time.monotonic() + timeout
-    while True:
-        value = predicate()
-        if value:
-            return value
-        if time.monotonic() > deadline:
-            raise AssertionError(f"condition not met within {timeout}s")
-        time.sleep(interval)
 
 
 def host_port(address: str) -> tuple[str, int]:
     host, _, port = address.rpartition(":")
     return host, int(port)
-
-
-# --- confluent-kafka ---------------------------------------------------------
-
-
-def metadata(bootstrap: str, *, timeout: float = CLIENT_TIMEOUT_S, **config: Any) -> ClusterMetadata:
-    admin = AdminClient({"bootstrap.servers": bootstrap, **config})
-    return admin.list_topics(timeout=timeout)
-
-
-def broker_addresses(md: ClusterMetadata) -> dict[int, tuple[str, int]]:
-    return {b.id: (str(b.host), int(b.port)) for b in md.brokers.values()}
-
-
-def create_topic(bootstrap: str, topic: str, partitions: int = 1, **config: Any) -> None:
-    """Create ``topic`` and wait until every partition has a leader."""
-    admin = AdminClient({"bootstrap.servers": bootstrap, **config})
-    futures = admin.create_topics(
-        [NewTopic(topic, num_partitions=partitions, replication_factor=1)],
-        operation_timeout=CLIENT_TIMEOUT_S, request_timeout=CLIENT_TIMEOUT_S,
-    )
-    futures[topic].result(timeout=CLIENT_TIMEOUT_S)
-
-    def ready() -> bool:
-        md = admin.list_topics(topic, timeout=CLIENT_TIMEOUT_S).topics.get(topic)
-        return (
-            md is not None and md.error is None and len(md.partitions) == partitions
-            and all(p.leader >= 0 for p in md.partitions.values())
-        )
-
-    wait_until(ready, timeout=CLIENT_TIMEOUT_S, interval=0.2)
-
-
-class ProduceResult:
-    def __init__(self) -> None:
-        self.delivered: list[tuple[int, bytes]] = []  # (partition, value)
-        self.errors: list[KafkaError] = []
-        self.stats: dict[str, Any] = {}
-
-
-def produce(
-    bootstrap: str, topic: str, values: list[bytes], *, partitions: list[int] | None = None,
-    **config: Any,
-) -> ProduceResult:
-    """Produce ``values`` (round-robin over ``partitions`` if given) and flush.
-
-    The result carries the delivery reports and the client's last statistics
-    (which broker connections carried which requests).
-    """
-    result = ProduceResult()
-
-    def on_delivery(err: KafkaError | None, msg: Any) -> None:
-        if err is not None:
-            result.errors.append(err)
-        else:
-            result.delivered.append((msg.partition(), msg.value()))
-
-    def on_stats(text: str) -> None:
-        result.stats = json.loads(text)
-
-    producer = Producer({
-        "bootstrap.servers": bootstrap,
-        "message.timeout.ms": int(CLIENT_TIMEOUT_S * 1000),
-        "linger.ms": 5,
-        "statistics.interval.ms": 100,
-        "stats_cb": on_stats,
-        **config,
-    })
-    for i, value in enumerate(values):
-        kwargs: dict[str, Any] = {}
-        if partitions is not None:
-            kwargs["partition"] = partitions[i % len(partitions)]
-        producer.produce(topic, value=value, on_delivery=on_delivery, **kwargs)
-        producer.poll(0)
-    left = producer.flush(CLIENT_TIMEOUT_S + 5)
-    assert left == 0, f"{left} messages still undelivered after flush"
-    # One statistics report after the last delivery, so it counts every Produce.
-    seen = result.stats.get("ts")
-
-    def fresh_stats() -> bool:
-        producer.poll(0.1)
-        return result.stats.get("ts") != seen
-
-    wait_until(fresh_stats, timeout=5)
-    return result
-
-
-def consume(
-    bootstrap: str, topic: str, group: str, count: int, *, timeout: float = 15.0, **config: Any,
-) -> list[bytes]:
-    """Join ``group``, read ``count`` records from the start of ``topic``, commit, leave."""
-    consumer = Consumer({
-        "bootstrap.servers": bootstrap,
-        "group.id": group,
-        "auto.offset.reset": "earliest",
-        "session.timeout.ms": SESSION_TIMEOUT_MS,
-        "enable.auto.commit": False,
-        **config,
-    })
-    values: list[bytes] = []
-    try:
-        consumer.subscribe([topic])
-        deadline = time.monotonic() + timeout
-        while len(values) < count and time.monotonic() < deadline:
-            message = consumer.poll(0.2)
-            if message is None:
-                continue
-            if message.error() is not None:
-                raise KafkaException(message.error())
-            values.append(message.value() or b"")
-        if values:
-            consumer.commit(asynchronous=False)
-            committed = consumer.committed(
-                [TopicPartition(topic, p) for p in range(_partition_count(consumer, topic))],
-                timeout=CLIENT_TIMEOUT_S,
-            )
-            assert sum(max(tp.offset, 0) for tp in committed) == len(values), committed
-    finally:
-        consumer.close()
-    return values
-
-
-def _partition_count(consumer: Consumer, topic: str) -> int:
-    return len(consumer.list_topics(topic, timeout=CLIENT_TIMEOUT_S).topics[topic].partitions)
-
-
-# --- kafka-python ------------------------------------------------------------
-
-
-def kafka_python_roundtrip(
-    bootstrap: str, topic: str, group: str, values: list[bytes], **config: Any,
-) -> list[bytes]:
-    """kafka-python: produce ``values`` (acks=all), then read them back in ``group``."""
-    from kafka import KafkaConsumer, KafkaProducer
-
-    producer = KafkaProducer(bootstrap_servers=bootstrap, request_timeout_ms=10000, **config)
-    try:
-        for value in values:
-            producer.send(topic, value).get(timeout=CLIENT_TIMEOUT_S)
-        producer.flush(timeout=CLIENT_TIMEOUT_S)
-    finally:
-        producer.close(timeout=5)
-    consumer = KafkaConsumer(
-        topic, bootstrap_servers=bootstrap, group_id=group, auto_offset_reset="earliest",
-        session_timeout_ms=SESSION_TIMEOUT_MS, heartbeat_interval_ms=1000,
-        consumer_timeout_ms=15000, enable_auto_commit=False, **config,
-    )
-    got: list[bytes] = []
-    try:
-        for message in consumer:
-            got.append(message.value)
-            if len(got) == len(values):
-                break
-        if got:
-            consumer.commit()
-    finally:
-        consumer.close()
-    return got
-
-
-def kafka_python_brokers(bootstrap: str, **config: Any) -> dict[int, tuple[str, int]]:
-    """The brokers kafka-python learns from Metadata (DescribeCluster not used)."""
-    from kafka import KafkaAdminClient
-
-    admin = KafkaAdminClient(bootstrap_servers=bootstrap, request_timeout_ms=10000, **config)
-    try:
-        cluster = admin.describe_cluster()
-    finally:
-        admin.close()
-    return {b["broker_id"]: (b["host"], b["port"]) for b in cluster["brokers"]}
 
 
 # --- librdkafka's mock cluster -----------------------------------------------

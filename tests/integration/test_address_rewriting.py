@@ -15,20 +15,19 @@ from typing import Any
 
 import pytest
 from confluent_kafka import KafkaError
-from kafka_helpers import (
-    MockCluster,
-    ProxyOnlyGate,
+from kafka_helpers import MockCluster, ProxyOnlyGate
+
+from proxy.tansu import TansuBroker, free_port
+from tests.clients import (
     broker_addresses,
     consume,
     create_topic,
     kafka_python_brokers,
     kafka_python_roundtrip,
     metadata,
-    produce,
+    produce_values,
     unique,
 )
-
-from proxy.tansu import TansuBroker, free_port
 
 MOCK_NODE_IDS = (1, 2, 3)
 # The librdkafka mock cluster speaks older protocol versions than kafka-python probes.
@@ -93,7 +92,7 @@ def test_produce_reaches_every_partition_leader_through_its_node_port(
     partitions = sorted(leaders)
 
     values = [f"record-{i}".encode() for i in range(len(partitions) * 5)]
-    result = produce(proxy.bootstrap, topic, values, partitions=partitions, acks="all")
+    result = produce_values(proxy.bootstrap, topic, values, partitions=partitions, acks="all")
 
     assert result.errors == []
     assert sorted(result.delivered) == sorted(
@@ -192,7 +191,7 @@ def test_clients_following_the_brokers_own_address_are_refused_without_the_proxy
     }
     refused_before = len(gated_broker.gate.refused)
     short: dict[str, Any] = {"message.timeout.ms": 2000}
-    result = produce(broker.bootstrap, unique("direct"), [b"lost"], **short)
+    result = produce_values(broker.bootstrap, unique("direct"), [b"lost"], **short)
     assert result.delivered == []
     assert [e.code() for e in result.errors] == [KafkaError._MSG_TIMED_OUT]
     assert len(gated_broker.gate.refused) > refused_before
@@ -212,7 +211,7 @@ def test_confluent_kafka_never_uses_a_broker_address_the_proxy_did_not_rewrite(
     topic = unique("gated")
     create_topic(proxy.bootstrap, topic, partitions=3)
     values = [f"v{i}".encode() for i in range(30)]
-    result = produce(proxy.bootstrap, topic, values, acks="all")
+    result = produce_values(proxy.bootstrap, topic, values, acks="all")
     assert result.errors == []
     assert len(result.delivered) == len(values)
 
@@ -261,7 +260,7 @@ def test_a_broker_advertising_an_address_nothing_listens_on_still_serves_clients
         topic = unique("nowhere")
         create_topic(proxy.bootstrap, topic, partitions=2)
         values = [f"n{i}".encode() for i in range(20)]
-        assert produce(proxy.bootstrap, topic, values, acks="all").errors == []
+        assert produce_values(proxy.bootstrap, topic, values, acks="all").errors == []
         assert sorted(consume(proxy.bootstrap, topic, unique("g"), len(values))) == sorted(values)
         kp_topic = unique("nowhere-kp")
         create_topic(proxy.bootstrap, kp_topic)
@@ -304,7 +303,7 @@ def test_sidecar_in_front_of_a_broker_that_advertises_the_proxy_carries_all_traf
         topic = unique("sidecar")
         create_topic(proxy.bootstrap, topic)
         values = [f"s{i}".encode() for i in range(10)]
-        assert produce(proxy.bootstrap, topic, values).errors == []
+        assert produce_values(proxy.bootstrap, topic, values).errors == []
         consumed = consume(proxy.bootstrap, topic, unique("sidecar-group"), len(values))
 
         assert sorted(consumed) == sorted(values)

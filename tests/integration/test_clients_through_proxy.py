@@ -2,13 +2,7 @@
 
 from __future__ import annotations
 
-import uuid
-
-from tests.clients import consume, create_topic, kafka_python_roundtrip, produce
-
-
-def unique(prefix: str) -> str:
-    return f"{prefix}-{uuid.uuid4().hex[:8]}"
+from tests.clients import consume, create_topic, kafka_python_roundtrip, produce, unique
 
 
 def test_confluent_kafka_creates_produces_and_consumes_in_a_group(tansu, start_proxy) -> None:
@@ -29,7 +23,8 @@ def test_kafka_python_produces_and_consumes_in_a_group(tansu, start_proxy) -> No
     proxy = start_proxy(tansu.bootstrap)
     topic = unique("kp")
     create_topic(proxy.bootstrap, topic)
-    values = kafka_python_roundtrip(proxy.bootstrap, topic, unique("kp-group"), 50)
+    sent = [f"kp-{i}".encode() for i in range(50)]
+    values = kafka_python_roundtrip(proxy.bootstrap, topic, unique("kp-group"), sent)
     assert sorted(values) == sorted(f"kp-{i}".encode() for i in range(50))
     assert proxy.metric("kafka_admission_requests_total", api="produce") >= 1
 

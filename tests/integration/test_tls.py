@@ -12,18 +12,18 @@ from typing import Any
 import pytest
 import trustme
 from confluent_kafka import KafkaException
-from kafka_helpers import (
-    Stunnel,
+from kafka_helpers import Stunnel
+
+from proxy.tansu import TansuBroker, free_port
+from tests.clients import (
     broker_addresses,
     consume,
     create_topic,
     kafka_python_roundtrip,
     metadata,
-    produce,
+    produce_values,
     unique,
 )
-
-from proxy.tansu import TansuBroker, free_port
 
 
 def tls_listener(certs: Any, **tls: Any) -> dict[str, Any]:
@@ -65,7 +65,7 @@ def test_confluent_kafka_creates_produces_and_consumes_through_a_tls_listener(
     topic = unique("tls")
     create_topic(proxy.bootstrap, topic, partitions=2, **ssl)
     values = [f"secret-{i}".encode() for i in range(20)]
-    result = produce(proxy.bootstrap, topic, values, acks="all", **ssl)
+    result = produce_values(proxy.bootstrap, topic, values, acks="all", **ssl)
     assert result.errors == []
     assert len(result.delivered) == len(values)
 
@@ -135,7 +135,7 @@ def test_mtls_client_with_a_certificate_from_the_ca_produces_and_consumes(
     topic = unique("mtls")
     create_topic(mtls_proxy.bootstrap, topic, **ssl)
     values = [f"m{i}".encode() for i in range(10)]
-    assert produce(mtls_proxy.bootstrap, topic, values, **ssl).errors == []
+    assert produce_values(mtls_proxy.bootstrap, topic, values, **ssl).errors == []
 
     consumed = consume(mtls_proxy.bootstrap, topic, unique("mtls-group"), len(values), **ssl)
     kp_topic = unique("mtls-kp")
@@ -207,7 +207,7 @@ def test_proxy_verifies_the_broker_certificate_and_carries_plaintext_clients_ove
     topic = unique("up-tls")
     create_topic(proxy.bootstrap, topic, partitions=2)
     values = [f"u{i}".encode() for i in range(20)]
-    result = produce(proxy.bootstrap, topic, values, acks="all")
+    result = produce_values(proxy.bootstrap, topic, values, acks="all")
     assert result.errors == []
 
     consumed = consume(proxy.bootstrap, topic, unique("up-tls-group"), len(values))

@@ -6,20 +6,17 @@ from __future__ import annotations
 
 import dataclasses
 import datetime
-import io
 import re
-import types
-import uuid
-from collections.abc import Iterator, Mapping
-from typing import Any, Union, get_args, get_origin, get_type_hints
+from collections.abc import Iterator
+from typing import Any
 
 import pytest
 from kio.index import load_request_schema, load_response_schema
 from kio.schema.errors import ErrorCode
 from kio.schema.index import api_key_map, schema_name_map
-from kio.serial import entity_reader, entity_writer
+from kio.serial import entity_reader
 
-from policies.identifier_limits import IDENTIFIER_FIELDS, IdentifierKind, IdentifierLimits, check_request
+from policies.identifier_limits import IdentifierKind, IdentifierLimits, check_request
 from proxy import wire
 from proxy.error_responses import (
     UnsupportedErrorResponse,
@@ -27,90 +24,9 @@ from proxy.error_responses import (
     build_error_response,
     response_header_for,
 )
+from tests.kio_entities import IDENTIFIER_RULE_CASES, encode, make_request
 
 ON = IdentifierLimits(enabled=True)
-
-
-# ------------------------------------------- requests (kio entities, 2 of everything)
-
-
-def _unwrap(tp: Any) -> tuple[Any, bool]:
-    if get_origin(tp) in (types.UnionType, Union):
-        return next(a for a in get_args(tp) if a is not type(None)), True
-    return tp, False
-
-
-def _scalar(kafka_type: str, base: Any, nullable: bool) -> Any:
-    if kafka_type in ("int8", "int16", "int32", "int64", "uint16"):
-        return base(0)
-    if kafka_type == "string":
-        return "x"
-    if kafka_type == "bool":
-        return False
-    if kafka_type in ("bytes", "records"):
-        return None if nullable else b""
-    if kafka_type == "uuid":
-        return uuid.UUID(int=7)
-    if kafka_type == "float64":
-        return 0.0
-    if kafka_type in ("timedelta_i32", "timedelta_i64"):
-        return datetime.timedelta(seconds=1)
-    if kafka_type == "datetime_i64":
-        return datetime.datetime.fromtimestamp(0, tz=datetime.UTC)
-    raise AssertionError(kafka_type)
-
-
-def make_entity(cls: Any, values: Mapping[str, Any], path: str = "", count: int = 2) -> Any:
-    """``count`` elements in every collection, partition indexes 0..count-1,
-    strings "x" unless ``values`` names their concrete path."""
-    hints = get_type_hints(cls)
-    kwargs: dict[str, Any] = {}
-    for f in dataclasses.fields(cls):
-        p = f"{path}.{f.name}" if path else f.name
-        tp, nullable = _unwrap(hints[f.name])
-        kafka_type = f.metadata.get("kafka_type", "")
-        if get_origin(tp) is tuple:
-            elem, _ = _unwrap(get_args(tp)[0])
-            items = []
-            for i in range(count):
-                ep = f"{p}[{i}]"
-                if dataclasses.is_dataclass(elem):
-                    items.append(make_entity(elem, values, ep, count))
-                elif ep in values:
-                    items.append(values[ep])
-                elif kafka_type == "string":
-                    items.append(f"x{i}")
-                else:
-                    items.append(elem(i) if kafka_type == "int32" else _scalar(kafka_type, elem, False))
-            kwargs[f.name] = tuple(items)
-        elif dataclasses.is_dataclass(tp):
-            kwargs[f.name] = make_entity(tp, values, p, count)
-        elif p in values:
-            kwargs[f.name] = values[p]
-        elif f.name in ("partition_index", "index"):
-            kwargs[f.name] = tp(int(re.findall(r"\[(\d+)\]", path)[-1]) if "[" in path else 0)
-        elif f.name in ("name", "resource_name") and "[" in path:
-            kwargs[f.name] = "n" + "-".join(re.findall(r"\[(\d+)\]", path))
-        else:
-            kwargs[f.name] = _scalar(kafka_type, tp, nullable)
-    return cls(**kwargs)
-
-
-def encode(entity: Any) -> bytes:
-    out = io.BytesIO()
-    entity_writer(type(entity))(out, entity)
-    return out.getvalue()
-
-
-def make_request(api_key: int, version: int, values: Mapping[str, Any] | None = None) -> Any:
-    entity = make_entity(load_request_schema(api_key, version), values or {})
-    decoded, _ = entity_reader(type(entity))(encode(entity), 0)
-    return decoded
-
-
-def versions(api_key: int) -> list[int]:
-    known = sorted(schema_name_map[api_key_map[api_key]])
-    return sorted({known[0], known[len(known) // 2], known[-1]})
 
 
 # --------------------------- where Kafka puts the error, written out per API (not derived)
@@ -212,16 +128,7 @@ def expected_count(pattern: str) -> int:
     return int(2 ** pattern.count("[]"))
 
 
-CASES = [
-    pytest.param(api_key, version, rule, id=f"{api_key_map[api_key]}-v{version}-{rule.path}")
-    for api_key, rules in IDENTIFIER_FIELDS.items()
-    for version in versions(api_key)
-    for rule in rules
-    if rule.applies_to(version)
-]
-
-
-@pytest.mark.parametrize(("api_key", "version", "rule"), CASES)
+@pytest.mark.parametrize(("api_key", "version", "rule"), IDENTIFIER_RULE_CASES)
 def test_a_breach_becomes_a_kio_decodable_error_response_in_the_right_place(
     api_key: int, version: int, rule: Any
 ) -> None:

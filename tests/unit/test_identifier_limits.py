@@ -4,18 +4,13 @@ covered API, at its lowest, a middle and its highest kio version."""
 from __future__ import annotations
 
 import dataclasses
-import datetime
-import io
 import re
 import types
-import uuid
-from collections.abc import Mapping
-from typing import Any, Union, get_args, get_origin, get_type_hints
+from typing import Any, get_args, get_origin, get_type_hints
 
 import pytest
 from kio.index import load_request_schema
 from kio.schema.index import api_key_map, schema_name_map
-from kio.serial import entity_reader, entity_writer
 
 from policies.identifier_limits import (
     CONFIG_KEYS,
@@ -29,90 +24,12 @@ from policies.identifier_limits import (
     check_request,
     java_length,
 )
+from tests.kio_entities import IDENTIFIER_RULE_CASES, make_request, unwrap_optional, versions
 
 ON = IdentifierLimits(enabled=True)
 
 
-# ---------------------------------------------------------------- requests
-
-
-def _unwrap(tp: Any) -> tuple[Any, bool]:
-    if get_origin(tp) in (types.UnionType, Union):
-        return next(a for a in get_args(tp) if a is not type(None)), True
-    return tp, False
-
-
-def _scalar(kafka_type: str, base: Any, nullable: bool) -> Any:
-    if kafka_type in ("int8", "int16", "int32", "int64", "uint16"):
-        return base(0)
-    if kafka_type == "string":
-        return "x"
-    if kafka_type == "bool":
-        return False
-    if kafka_type in ("bytes", "records"):
-        return None if nullable else b""
-    if kafka_type == "uuid":
-        return uuid.UUID(int=7)
-    if kafka_type == "float64":
-        return 0.0
-    if kafka_type in ("timedelta_i32", "timedelta_i64"):
-        return datetime.timedelta(seconds=1)
-    if kafka_type == "datetime_i64":
-        return datetime.datetime.fromtimestamp(0, tz=datetime.UTC)
-    raise AssertionError(kafka_type)
-
-
-def make_entity(cls: Any, values: Mapping[str, Any], path: str = "", count: int = 2) -> Any:
-    """An entity with ``count`` elements in every collection; strings are "x"
-    unless ``values`` names their concrete path (``topics[1].name``, ``groups[0]``)."""
-    hints = get_type_hints(cls)
-    kwargs: dict[str, Any] = {}
-    for f in dataclasses.fields(cls):
-        p = f"{path}.{f.name}" if path else f.name
-        tp, nullable = _unwrap(hints[f.name])
-        kafka_type = f.metadata["kafka_type"] if "kafka_type" in f.metadata else ""
-        if get_origin(tp) is tuple:
-            elem, _ = _unwrap(get_args(tp)[0])
-            items = []
-            for i in range(count):
-                ep = f"{p}[{i}]"
-                if dataclasses.is_dataclass(elem):
-                    items.append(make_entity(elem, values, ep, count))
-                elif ep in values:
-                    items.append(values[ep])
-                else:
-                    items.append(_scalar(kafka_type, elem, False) if kafka_type != "int32" else elem(i))
-            kwargs[f.name] = tuple(items)
-        elif dataclasses.is_dataclass(tp):
-            kwargs[f.name] = make_entity(tp, values, p, count)
-        elif p in values:
-            kwargs[f.name] = values[p]
-        elif f.name in ("partition_index", "index"):
-            kwargs[f.name] = tp(int(re.findall(r"\[(\d+)\]", path)[-1]) if "[" in path else 0)
-        else:
-            kwargs[f.name] = _scalar(kafka_type, tp, nullable)
-    return cls(**kwargs)
-
-
-def wire_roundtrip(entity: Any) -> Any:
-    """Encode with kio and decode again: what the proxy would see on the wire."""
-    out = io.BytesIO()
-    entity_writer(type(entity))(out, entity)
-    decoded, size = entity_reader(type(entity))(out.getvalue(), 0)
-    assert size == len(out.getvalue())
-    return decoded
-
-
-def make_request(api_key: int, version: int, values: Mapping[str, Any] | None = None) -> Any:
-    return wire_roundtrip(make_entity(load_request_schema(api_key, version), values or {}))
-
-
 # ------------------------------------------------------------ the matrix
-
-
-def versions(api_key: int) -> list[int]:
-    known = sorted(schema_name_map[api_key_map[api_key]])
-    return sorted({known[0], known[len(known) // 2], known[-1]})
 
 
 def concrete(pattern: str, index: int) -> str:
@@ -133,21 +50,12 @@ def at_limit_values(api_key: int, version: int, limits: IdentifierLimits = ON) -
     return values
 
 
-CASES = [
-    pytest.param(api_key, version, rule, id=f"{api_key_map[api_key]}-v{version}-{rule.path}")
-    for api_key, rules in IDENTIFIER_FIELDS.items()
-    for version in versions(api_key)
-    for rule in rules
-    if rule.applies_to(version)
-]
-
-
 def test_every_api_the_brief_names_is_covered() -> None:
     named = {0, 8, 9, 10, 11, 12, 13, 14, 15, 19, 22, 24, 25, 26, 28, 29, 30, 31, 32, 33, 42, 44, 68, 69}
     assert named <= set(IDENTIFIER_FIELDS)
 
 
-@pytest.mark.parametrize(("api_key", "version", "rule"), CASES)
+@pytest.mark.parametrize(("api_key", "version", "rule"), IDENTIFIER_RULE_CASES)
 def test_an_over_limit_identifier_is_a_breach_of_its_kind(api_key: int, version: int, rule: Any) -> None:
     target = concrete(rule.path, 1)
     value = over_value(rule.kind)
@@ -175,11 +83,11 @@ def test_the_table_matches_the_kio_schemas_version_by_version() -> None:
         fields = {f.name: f for f in dataclasses.fields(cls)}
         if name not in fields:
             return False
-        tp, _ = _unwrap(get_type_hints(cls)[name])
+        tp, _ = unwrap_optional(get_type_hints(cls)[name])
         is_array = get_origin(tp) is tuple
         if is_array != head.endswith("[]"):
             return False
-        inner = _unwrap(get_args(tp)[0])[0] if is_array else tp
+        inner = unwrap_optional(get_args(tp)[0])[0] if is_array else tp
         if not rest:
             return fields[name].metadata["kafka_type"] == "string" and not dataclasses.is_dataclass(inner)
         return dataclasses.is_dataclass(inner) and resolves(inner, rest)

@@ -8,7 +8,14 @@ import uuid
 
 import pytest
 from confluent_kafka import Consumer, KafkaError, KafkaException, Producer
-from confluent_kafka.admin import AclBinding, AclOperation, AclPermissionType, AdminClient, ResourcePatternType, ResourceType
+from confluent_kafka.admin import (
+    AclBinding,
+    AclOperation,
+    AclPermissionType,
+    AdminClient,
+    ResourcePatternType,
+    ResourceType,
+)
 
 from tests.clients import GROUP_CONF, create_topic, produce
 
@@ -77,8 +84,13 @@ def test_a_consumer_with_a_250_character_group_id_is_refused(proxy) -> None:  # 
 def test_admin_create_acls_with_a_250_character_principal_is_refused(proxy) -> None:  # type: ignore[no-untyped-def]
     admin = AdminClient({"bootstrap.servers": proxy.bootstrap})
     binding = AclBinding(
-        ResourceType.TOPIC, "orders", ResourcePatternType.LITERAL,
-        "User:" + long_name(245), "*", AclOperation.READ, AclPermissionType.ALLOW,
+        ResourceType.TOPIC,
+        "orders",
+        ResourcePatternType.LITERAL,
+        "User:" + long_name(245),
+        "*",
+        AclOperation.READ,
+        AclPermissionType.ALLOW,
     )
     futures = admin.create_acls([binding])
     with pytest.raises(KafkaException) as info:
@@ -90,14 +102,20 @@ def test_admin_create_acls_with_a_250_character_principal_is_refused(proxy) -> N
 
 def test_a_transactional_producer_with_a_250_character_transactional_id_is_refused(proxy) -> None:  # type: ignore[no-untyped-def]
     errors: list[KafkaError] = []
-    producer = Producer({
-        "bootstrap.servers": proxy.bootstrap, "transactional.id": long_name(250), "error_cb": errors.append,
-    })
+    producer = Producer(
+        {
+            "bootstrap.servers": proxy.bootstrap,
+            "transactional.id": long_name(250),
+            "error_cb": errors.append,
+        }
+    )
     # librdkafka looks up the transaction coordinator first; the proxy refuses that
     # lookup (INVALID_REQUEST), so the producer can never initialise transactions.
     with pytest.raises(KafkaException):
         producer.init_transactions(5)
-    assert proxy.metric("kafka_admission_identifier_breaches_total", kind="transactional_id", api="find_coordinator") >= 1
+    assert (
+        proxy.metric("kafka_admission_identifier_breaches_total", kind="transactional_id", api="find_coordinator") >= 1
+    )
     assert "transactional id" in proxy.log() and "limit of 249" in proxy.log()
     # At the limit the same producer works.
     ok = Producer({"bootstrap.servers": proxy.bootstrap, "transactional.id": long_name(249)})

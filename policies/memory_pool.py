@@ -1,0 +1,306 @@
+"""Bounds the bytes of requests held in memory at once (KIP-72).
+
+Mirrors Kafka's non-strict ``SimpleMemoryPool``, which the broker builds from
+``queued.max.request.bytes`` and ``socket.request.max.bytes``:
+
+* ``queued.max.request.bytes`` (default -1): the pool's budget. ``<= 0`` turns
+  the pool off (every request is granted at once; bytes are still counted for
+  metrics). When set it must be ``>= socket.request.max.bytes`` so the largest
+  single request fits.
+* ``socket.request.max.bytes`` (default 104857600): the largest single
+  request; asking for more (or for less than one byte) is a programming error,
+  since :mod:`policies.frame_check` refuses such frames first.
+* A request is granted whenever *any* budget remains (``available > 0``), even
+  if it is larger than what remains, so ``available`` may go negative. In-use
+  bytes therefore never exceed ``queued.max.request.bytes +
+  socket.request.max.bytes - 1``, and a large request is never starved by a
+  stream of small ones (KIP-72, "Implementation Concerns" 2).
+
+Where Kafka's network threads retry the read later (shuffling selection keys so
+no socket is always last), a request the pool refuses here joins one FIFO queue
+of waiters and is granted by a later ``release``/``cancel``: no busy loop, and
+a waiter refused by the pool blocks every waiter behind it, so the queue order
+is the grant order.
+
+Beyond Kafka, ``queued.max.request.bytes.per.connection`` (default -1 = off;
+only meaningful with the pool on) is a fair share: one connection may hold at
+most that many bytes of the pool, and a request that would take it over waits
+even if the pool has room -- unless the connection holds nothing, so a single
+request larger than the share is still granted whenever the pool has room. A
+waiter held back only by its connection's share stays queued without blocking
+waiters of other connections behind it (no head-of-line blocking), while the
+connection's own later requests stay behind it (per-connection order).
+
+In ``Mode.OBSERVE`` every request is granted at once; the grant says
+``would_wait=True`` where enforcing would have queued it.
+
+``depleted_seconds`` is the total time ``available <= 0`` (Kafka's
+``MemoryPoolDepletedTimeTotal``; Kafka times from the first refusal instead).
+Time is passed in as ``now``, seconds from a monotonic clock; a ``now`` earlier
+than one seen before counts as no time passing.
+"""
+
+from __future__ import annotations
+
+import enum
+import itertools
+from collections.abc import Hashable
+from dataclasses import dataclass, field
+
+from policies.mode import Mode
+
+QUEUED_MAX_REQUEST_BYTES = "queued.max.request.bytes"
+SOCKET_REQUEST_MAX_BYTES = "socket.request.max.bytes"
+QUEUED_MAX_REQUEST_BYTES_PER_CONNECTION = "queued.max.request.bytes.per.connection"
+
+DEFAULT_QUEUED_MAX_REQUEST_BYTES = -1
+DEFAULT_SOCKET_REQUEST_MAX_BYTES = 104_857_600
+DEFAULT_QUEUED_MAX_REQUEST_BYTES_PER_CONNECTION = -1
+
+# What ``available`` reports while the pool is off (Kafka's MemoryPool.NONE: Long.MAX_VALUE).
+UNBOUNDED = 2**63 - 1
+
+
+class WaitReason(enum.Enum):
+    POOL_DEPLETED = "pool_depleted"
+    CONNECTION_SHARE = "connection_share"
+
+
+@dataclass(frozen=True, slots=True)
+class Grant:
+    """The bytes are the caller's until it gives ``ticket`` back to ``release``."""
+
+    ticket: int
+    conn_id: Hashable
+    size: int
+    would_wait: bool = False
+    waited_seconds: float = 0.0
+
+
+@dataclass(frozen=True, slots=True)
+class Wait:
+    """Queued: a later ``release``/``cancel`` returns a ``Grant`` with the same ``ticket``."""
+
+    ticket: int
+    conn_id: Hashable
+    size: int
+    reason: WaitReason
+
+
+def validate_settings(
+    queued_max_request_bytes: int,
+    socket_request_max_bytes: int,
+    per_connection: int = DEFAULT_QUEUED_MAX_REQUEST_BYTES_PER_CONNECTION,
+) -> None:
+    """Raise ``ValueError`` naming the keys involved if the settings cannot be used together."""
+    if socket_request_max_bytes <= 0:
+        raise ValueError(f"{SOCKET_REQUEST_MAX_BYTES} must be positive, got {socket_request_max_bytes}")
+    if 0 < queued_max_request_bytes < socket_request_max_bytes:
+        raise ValueError(
+            f"{QUEUED_MAX_REQUEST_BYTES} ({queued_max_request_bytes}) must be <= 0 (off) or >= "
+            f"{SOCKET_REQUEST_MAX_BYTES} ({socket_request_max_bytes}), so the largest request fits"
+        )
+    if per_connection > 0 and queued_max_request_bytes <= 0:
+        raise ValueError(
+            f"{QUEUED_MAX_REQUEST_BYTES_PER_CONNECTION} ({per_connection}) needs "
+            f"{QUEUED_MAX_REQUEST_BYTES} to be set (> 0), got {queued_max_request_bytes}"
+        )
+
+
+@dataclass(slots=True)
+class _Conn:
+    held_bytes: int = 0
+    held: set[int] = field(default_factory=set)
+    queued: set[int] = field(default_factory=set)
+
+
+class MemoryPool:
+    """The byte budget for requests in flight, shared by all connections."""
+
+    def __init__(
+        self,
+        capacity: int,
+        max_request: int,
+        per_connection: int = DEFAULT_QUEUED_MAX_REQUEST_BYTES_PER_CONNECTION,
+        mode: Mode = Mode.ENFORCE,
+    ) -> None:
+        validate_settings(capacity, max_request, per_connection)
+        self._capacity = capacity
+        self._max_request = max_request
+        self._per_connection = per_connection
+        self._mode = mode
+        self._tickets = itertools.count(1)
+        self._used = 0
+        self._high_water_mark = 0
+        self._held: dict[int, Grant] = {}
+        # Insertion order is FIFO order; the float is when the wait began.
+        self._queue: dict[int, tuple[Wait, float]] = {}
+        self._conns: dict[Hashable, _Conn] = {}
+        self._depleted_total = 0.0
+        self._depleted_since: float | None = None
+        self._last_now = float("-inf")
+
+    # -- settings and metrics -------------------------------------------------
+
+    @property
+    def enabled(self) -> bool:
+        return self._capacity > 0
+
+    @property
+    def capacity(self) -> int:
+        """``queued.max.request.bytes`` as configured (``<= 0``: off)."""
+        return self._capacity
+
+    @property
+    def max_request(self) -> int:
+        return self._max_request
+
+    @property
+    def per_connection(self) -> int:
+        return self._per_connection
+
+    @property
+    def mode(self) -> Mode:
+        return self._mode
+
+    @property
+    def used(self) -> int:
+        """Bytes granted and not yet released."""
+        return self._used
+
+    @property
+    def available(self) -> int:
+        """``capacity - used``; negative after a non-strict grant; ``UNBOUNDED`` while off."""
+        return self._capacity - self._used if self.enabled else UNBOUNDED
+
+    @property
+    def high_water_mark(self) -> int:
+        return self._high_water_mark
+
+    @property
+    def waiting(self) -> int:
+        """Requests queued for a grant."""
+        return len(self._queue)
+
+    def held(self, conn_id: Hashable) -> int:
+        """Bytes the connection holds now."""
+        conn = self._conns.get(conn_id)
+        return conn.held_bytes if conn is not None else 0
+
+    def depleted_seconds(self, now: float) -> float:
+        """Total time with ``available <= 0``, including a spell still going on at ``now``."""
+        total = self._depleted_total
+        if self._depleted_since is not None:
+            total += max(0.0, max(now, self._last_now) - self._depleted_since)
+        return total
+
+    # -- decisions --------------------------------------------------------------
+
+    def reserve(self, conn_id: Hashable, size: int, now: float) -> Grant | Wait:
+        """Ask for ``size`` bytes for one request read from ``conn_id``."""
+        if not 1 <= size <= self._max_request:
+            raise ValueError(f"request size {size} is outside 1..{SOCKET_REQUEST_MAX_BYTES} ({self._max_request})")
+        now = self._advance(now)
+        ticket = next(self._tickets)
+        reason = self._blocked_by(conn_id, size) if self.enabled else None
+        if reason is not None and self._mode is Mode.ENFORCE:
+            wait = Wait(ticket, conn_id, size, reason)
+            self._queue[ticket] = (wait, now)
+            self._conns.setdefault(conn_id, _Conn()).queued.add(ticket)
+            return wait
+        grant = self._grant(ticket, conn_id, size, would_wait=reason is not None, waited=0.0)
+        self._settle(now)
+        return grant
+
+    def release(self, ticket: int, now: float) -> list[Grant]:
+        """Give back a granted ticket's bytes (or withdraw a queued one); returns waiters now granted, FIFO.
+
+        A ticket is given back once: one never issued, already released, or
+        dropped by ``cancel`` raises ``ValueError``.
+        """
+        now = self._advance(now)
+        if ticket in self._held:
+            grant = self._held.pop(ticket)
+            self._used -= grant.size
+            conn = self._conns[grant.conn_id]
+            conn.held_bytes -= grant.size
+            conn.held.discard(ticket)
+            self._forget_if_idle(grant.conn_id, conn)
+        elif ticket in self._queue:
+            wait, _ = self._queue.pop(ticket)
+            conn = self._conns[wait.conn_id]
+            conn.queued.discard(ticket)
+            self._forget_if_idle(wait.conn_id, conn)
+        else:
+            raise ValueError(f"ticket {ticket} is not outstanding (never issued, released already, or cancelled)")
+        granted = self._grant_waiters(now)
+        self._settle(now)
+        return granted
+
+    def cancel(self, conn_id: Hashable, now: float) -> list[Grant]:
+        """The connection is gone: free all it holds, drop its waits; returns waiters now granted, FIFO."""
+        now = self._advance(now)
+        conn = self._conns.pop(conn_id, None)
+        if conn is None:
+            return []
+        for ticket in conn.held:
+            self._used -= self._held.pop(ticket).size
+        for ticket in conn.queued:
+            del self._queue[ticket]
+        granted = self._grant_waiters(now)
+        self._settle(now)
+        return granted
+
+    # -- internals ------------------------------------------------------------
+
+    def _blocked_by(self, conn_id: Hashable, size: int) -> WaitReason | None:
+        if self._used >= self._capacity:
+            return WaitReason.POOL_DEPLETED
+        conn = self._conns.get(conn_id)
+        if conn is not None and (conn.queued or self._over_share(conn, size)):
+            return WaitReason.CONNECTION_SHARE
+        return None
+
+    def _over_share(self, conn: _Conn, size: int) -> bool:
+        return 0 < self._per_connection < conn.held_bytes + size and conn.held_bytes > 0
+
+    def _grant_waiters(self, now: float) -> list[Grant]:
+        granted: list[Grant] = []
+        held_back: set[Hashable] = set()
+        for ticket, (wait, since) in list(self._queue.items()):
+            if self._used >= self._capacity:
+                break  # the pool refuses the head of the queue: everyone behind waits too
+            conn = self._conns[wait.conn_id]
+            if wait.conn_id in held_back or self._over_share(conn, wait.size):
+                held_back.add(wait.conn_id)  # its later requests stay behind it; others go ahead
+                continue
+            del self._queue[ticket]
+            conn.queued.discard(ticket)
+            granted.append(self._grant(ticket, wait.conn_id, wait.size, would_wait=False, waited=now - since))
+        return granted
+
+    def _grant(self, ticket: int, conn_id: Hashable, size: int, *, would_wait: bool, waited: float) -> Grant:
+        grant = Grant(ticket, conn_id, size, would_wait=would_wait, waited_seconds=waited)
+        self._held[ticket] = grant
+        conn = self._conns.setdefault(conn_id, _Conn())
+        conn.held.add(ticket)
+        conn.held_bytes += size
+        self._used += size
+        self._high_water_mark = max(self._high_water_mark, self._used)
+        return grant
+
+    def _forget_if_idle(self, conn_id: Hashable, conn: _Conn) -> None:
+        if not conn.held and not conn.queued:
+            del self._conns[conn_id]
+
+    def _advance(self, now: float) -> float:
+        self._last_now = max(self._last_now, now)
+        return self._last_now
+
+    def _settle(self, now: float) -> None:
+        depleted = self.enabled and self._used >= self._capacity
+        if depleted and self._depleted_since is None:
+            self._depleted_since = now
+        elif not depleted and self._depleted_since is not None:
+            self._depleted_total += now - self._depleted_since
+            self._depleted_since = None
