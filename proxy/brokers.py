@@ -39,7 +39,10 @@ class BrokerDirectory:
             host, port = self._nodes[node_id]
             log.warning(
                 "broker node %d advertises %s:%d, which does not answer; reaching it through the bootstrap "
-                "servers (it is the only broker)", node_id, host, port,
+                "servers (it is the only broker)",
+                node_id,
+                host,
+                port,
             )
         return True
 

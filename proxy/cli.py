@@ -19,9 +19,9 @@ log = logging.getLogger("kafka_admission_proxy")
 EXIT_CONFIG_ERROR = 2
 
 
-async def serve_until_signalled(config: Config, drain_timeout: float) -> None:
+async def serve_until_signalled(config: Config, drain_timeout: float, config_path: str | None = None) -> None:
     server = ProxyServer(config)
-    with trio.open_signal_receiver(signal.SIGTERM, signal.SIGINT) as signals:
+    with trio.open_signal_receiver(signal.SIGTERM, signal.SIGINT, signal.SIGHUP) as signals:
         async with trio.open_nursery() as nursery:
             await nursery.start(server.run)
             log.info(
@@ -33,8 +33,24 @@ async def serve_until_signalled(config: Config, drain_timeout: float) -> None:
             )
             async for signum in signals:
                 log.info("received %s", signal.Signals(signum).name)
+                if signum == signal.SIGHUP:
+                    _reload(server, config_path)
+                    continue
                 await server.shutdown(drain_timeout)
                 break
+
+
+def _reload(server: ProxyServer, path: str | None) -> None:
+    """SIGHUP: re-read the config file; a file that does not validate changes nothing."""
+    if path is None:
+        log.warning("SIGHUP ignored: no config file to re-read")
+        return
+    try:
+        new = load_config(path)
+    except ConfigError as exc:
+        log.error("config reload refused, keeping the running config: %s", exc)
+        return
+    server.reload(new)
 
 
 def _load_or_exit(path: str) -> Config:
@@ -47,7 +63,7 @@ def _load_or_exit(path: str) -> Config:
 
 def _cmd_run(args: argparse.Namespace) -> int:
     config = _load_or_exit(args.config)
-    trio.run(serve_until_signalled, config, args.drain_timeout)
+    trio.run(serve_until_signalled, config, args.drain_timeout, args.config)
     return 0
 
 
@@ -76,7 +92,9 @@ def build_parser() -> argparse.ArgumentParser:
     run = commands.add_parser("run", help="run the proxy", parents=[logging_options])
     run.add_argument("--config", required=True, help="YAML config file")
     run.add_argument(
-        "--drain-timeout", type=float, default=30.0,
+        "--drain-timeout",
+        type=float,
+        default=30.0,
         help="seconds to let in-flight requests finish on SIGTERM/SIGINT (default 30)",
     )
     run.set_defaults(func=_cmd_run)
@@ -88,13 +106,12 @@ def build_parser() -> argparse.ArgumentParser:
     check.set_defaults(func=_cmd_check_config)
 
     demo = commands.add_parser(
-        "demo", help="embedded Tansu broker + this proxy + a sample workload, until Ctrl-C",
+        "demo",
+        help="embedded Tansu broker + this proxy + a sample workload, until Ctrl-C",
         parents=[logging_options],
     )
     demo.add_argument("--records", type=int, default=1000, help="records the workload produces")
-    demo.add_argument(
-        "--exit-after-workload", action="store_true", help="stop after the workload (for scripts)"
-    )
+    demo.add_argument("--exit-after-workload", action="store_true", help="stop after the workload (for scripts)")
     demo.set_defaults(func=_cmd_demo)
     return parser
 

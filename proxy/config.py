@@ -8,12 +8,14 @@ with Kafka's defaults and validation rules. Errors name the key and the rule.
 from __future__ import annotations
 
 import difflib
+import socket
 from pathlib import Path
 from typing import Any, Literal
 
 import yaml
 from pydantic import BaseModel, ConfigDict, Field, ValidationError, field_validator, model_validator
 
+from policies.connections import ConnectionLimits
 from policies.identifier_limits import IdentifierLimits
 from policies.memory_pool import validate_settings as validate_pool_settings
 
@@ -87,6 +89,23 @@ class ListenerTls(_Frozen):
         return self
 
 
+def parse_ip_overrides(value: str) -> dict[str, int]:
+    """Kafka's ``max.connections.per.ip.overrides``: ``"host:100,127.0.0.2:200"``;
+    hostnames are resolved now, at load, to every address they have."""
+    overrides: dict[str, int] = {}
+    for item in filter(None, (part.strip() for part in value.split(","))):
+        host, sep, limit = item.rpartition(":")
+        if not sep or not host or not limit.isdigit():
+            raise ValueError(f"{item!r} is not host:limit")
+        try:
+            infos = socket.getaddrinfo(host.strip("[]"), None, proto=socket.IPPROTO_TCP)
+        except socket.gaierror as exc:
+            raise ValueError(f"cannot resolve {host!r}: {exc.strerror}") from None
+        for info in infos:
+            overrides[str(info[4][0])] = int(limit)
+    return overrides
+
+
 def _check_bind(value: str) -> str:
     _host_port(value, "bind")
     return value
@@ -126,6 +145,7 @@ class ListenerPolicies(_Frozen):
     """Per-listener overrides, written ``listener.name.<listener>.<property>`` as in Kafka."""
 
     max_response_size: int | None = Field(default=None, ge=1, le=_INT_MAX, alias="max.response.size")
+    max_connections: int | None = Field(default=None, ge=1, le=_INT_MAX, alias="max.connections")
 
 
 class Policies(_Frozen):
@@ -136,6 +156,15 @@ class Policies(_Frozen):
     # KIP-498: the largest response frame accepted from a broker and forwarded.
     max_response_size: int = Field(default=104857600, ge=1, le=_INT_MAX, alias="max.response.size")
     response_size_mode: PolicyMode | None = Field(default=None, alias="response.size.mode")
+    # Connection quotas (Kafka's ConnectionQuotas) and the KIP-1015 TLS cap.
+    max_connections: int = Field(default=_INT_MAX, ge=0, le=_INT_MAX, alias="max.connections")
+    max_connections_per_ip: int = Field(default=_INT_MAX, ge=0, le=_INT_MAX, alias="max.connections.per.ip")
+    max_connections_per_ip_overrides: str = Field(default="", alias="max.connections.per.ip.overrides")
+    max_ssl_connections: int = Field(default=_INT_MAX, ge=0, le=_INT_MAX, alias="max.ssl.connections")
+    connections_max_idle_ms: int = Field(default=600000, ge=-1, alias="connections.max.idle.ms")
+    # Beyond Kafka: how long a connection may wait in the backlog for a slot before it is closed.
+    max_connections_wait_ms: int = Field(default=30000, ge=1, le=_INT_MAX, alias="max.connections.wait.ms")
+    connections_mode: PolicyMode | None = Field(default=None, alias="connections.mode")
     # KIP-72 memory pool: bytes of requests read and not yet answered (-1 = off).
     queued_max_request_bytes: int = Field(default=-1, ge=-1, le=2**63 - 1, alias="queued.max.request.bytes")
     queued_max_request_bytes_per_connection: int = Field(
@@ -147,9 +176,7 @@ class Policies(_Frozen):
     resource_identifier_limit_enable: bool = Field(default=False, alias="resource.identifier.limit.enable")
     resource_identifier_max_length: int = Field(default=249, ge=0, le=_INT_MAX, alias="resource.identifier.max.length")
     member_id_max_length: int = Field(default=36, ge=0, le=_INT_MAX, alias="member.id.max.length")
-    classic_member_id_max_length: int = Field(
-        default=286, ge=0, le=_INT_MAX, alias="classic.member.id.max.length"
-    )
+    classic_member_id_max_length: int = Field(default=286, ge=0, le=_INT_MAX, alias="classic.member.id.max.length")
     topic_name_max_length: int = Field(default=249, ge=0, le=_INT_MAX, alias="topic.name.max.length")
     offset_metadata_max_bytes: int = Field(default=4096, ge=0, le=_INT_MAX, alias="offset.metadata.max.bytes")
     resource_identifier_limit_error_code: int = Field(
@@ -177,6 +204,11 @@ class Policies(_Frozen):
         return flat
 
     @model_validator(mode="after")
+    def _connection_limits_valid(self) -> Policies:
+        self.connection_limits()  # Kafka's rules (e.g. per.ip 0 needs overrides); raises naming the key
+        return self
+
+    @model_validator(mode="after")
     def _pool_fits_the_largest_request(self) -> Policies:
         validate_pool_settings(
             self.queued_max_request_bytes,
@@ -184,6 +216,27 @@ class Policies(_Frozen):
             self.queued_max_request_bytes_per_connection,
         )
         return self
+
+    @field_validator("max_connections_per_ip_overrides")
+    @classmethod
+    def _overrides_parse(cls, value: str) -> str:
+        parse_ip_overrides(value)
+        return value
+
+    def connection_limits(self) -> ConnectionLimits:
+        listeners = {
+            name: props.max_connections
+            for name, props in self.listener_overrides.items()
+            if props.max_connections is not None
+        }
+        return ConnectionLimits(
+            max_connections=self.max_connections,
+            max_connections_per_ip=self.max_connections_per_ip,
+            max_connections_per_ip_overrides=parse_ip_overrides(self.max_connections_per_ip_overrides),
+            max_ssl_connections=self.max_ssl_connections,
+            listener_max_connections=listeners,
+            connections_max_idle_ms=self.connections_max_idle_ms,
+        )
 
     def identifier_limits(self) -> IdentifierLimits:
         return IdentifierLimits(
@@ -312,11 +365,12 @@ def parse_config(raw: Any) -> Config:
         errors = exc.errors()
         # A list whose items failed also reports itself as too short: say the cause only.
         shown = [
-            e for e in errors
-            if not (e["type"] == "too_short" and any(
-                len(o["loc"]) > len(e["loc"]) and o["loc"][: len(e["loc"])] == e["loc"]
-                for o in errors
-            ))
+            e
+            for e in errors
+            if not (
+                e["type"] == "too_short"
+                and any(len(o["loc"]) > len(e["loc"]) and o["loc"][: len(e["loc"])] == e["loc"] for o in errors)
+            )
         ]
         raise ConfigError("\n".join(_describe(e) for e in shown)) from None
 

@@ -10,6 +10,7 @@ that carry broker addresses or API versions are decoded and rewritten.
 from __future__ import annotations
 
 import collections
+import itertools
 import logging
 import socket
 import ssl
@@ -31,13 +32,14 @@ if TYPE_CHECKING:
 log = logging.getLogger("kafka_admission_proxy.connection")
 
 HANDSHAKE_TIMEOUT_S = 10.0
-# Requests read ahead of their answers per connection (Kafka clients pipeline about 5).
-_MAX_PIPELINED = 256
 _HTTP_400_BODY = b"This is a Kafka port (kafka-admission-proxy), not HTTP.\n"
 _HTTP_400 = (
     b"HTTP/1.1 400 Bad Request\r\nContent-Type: text/plain\r\nConnection: close\r\n"
     b"Content-Length: %d\r\n\r\n%s" % (len(_HTTP_400_BODY), _HTTP_400_BODY)
 )
+
+
+_ids = itertools.count(1)
 
 
 class ConnectionClosed(Exception):
@@ -67,11 +69,15 @@ class ClientConnection:
         self._tcp = stream
         try:
             host, port = stream.socket.getpeername()[:2]
-            self.peer = f"{host}:{port}"
+            self.peer, self.peer_ip = f"{host}:{port}", str(host)
         except OSError:
-            self.peer = "unknown"
-        # Requests flow to the response pump in order; a full channel stops reading the client.
-        self._to_responses, self._from_requests = trio.open_memory_channel[InFlight](_MAX_PIPELINED)
+            self.peer, self.peer_ip = "unknown", "unknown"
+        self.conn_id = f"{listener.config.name}-{next(_ids)}"
+        self.tls = listener.ssl_context is not None
+        self._scope = trio.CancelScope()  # cancelled to close the connection from outside
+        # Requests awaiting an answer, in the order the client sent them.
+        self._pending: collections.deque[InFlight] = collections.deque()
+        self._requests_done = False
         self.in_flight = 0
         self._unanswered: collections.deque[int] = collections.deque(maxlen=64)  # acks=0 Produce ids
         self._stopping = False
@@ -83,6 +89,16 @@ class ClientConnection:
     def busy(self) -> bool:
         return self.in_flight > 0
 
+    def close_now(self, cause: str, reason: str) -> None:
+        """Close from outside (eviction, idle expiry, a lowered limit; the gate counts it)."""
+        if not self._scope.cancel_called:
+            log.info(
+                "connection closed: %s",
+                reason,
+                extra={"peer": self.peer, "listener": self.listener.config.name, "cause": cause},
+            )
+            self._scope.cancel()
+
     def stop_reading(self) -> None:
         """Graceful shutdown: finish the frame being read, answer what is in flight, close."""
         self._stopping = True
@@ -90,6 +106,10 @@ class ClientConnection:
             self._idle_scope.cancel()
 
     async def run(self) -> None:
+        with self._scope:
+            await self._serve()
+
+    async def _serve(self) -> None:
         cfg = self.listener.config
         try:
             client = await self._client_stream()
@@ -268,63 +288,69 @@ class ClientConnection:
     async def _pump_requests(self, client: trio.abc.Stream, upstream: trio.abc.Stream) -> None:
         listener = self.listener
         name = listener.config.name
-        metrics = listener.metrics
         admission = listener.admission
         pool = listener.pool
+        count = listener.request_counter
+        request_bytes = listener.metrics.request_bytes.labels(name)
         max_bytes = listener.policies.socket_request_max_bytes
         reader = FrameReader(client, plaintext=listener.ssl_context is None)
-        # Closed synchronously: an awaited close is a checkpoint where the response pump
-        # could end the connection and mask why the requests stopped.
-        try:
-            while await self._wait_for_next_request(reader):
-                verdict = await reader.next_prefix(max_bytes)
-                if verdict is None:
+        while await self._wait_for_next_request(reader):
+            verdict = await reader.next_prefix(max_bytes)
+            if verdict is None:
+                break
+            if not verdict.admitted:
+                refusal = self._refuse_request(verdict, reader.head)
+                if verdict.kind is FrameKind.HTTP:
+                    await client.send_all(_HTTP_400)
+                raise refusal
+            ticket, frame = await self._read_body(reader, verdict.size)
+            started = trio.current_time()
+            header = wire.peek_request_header(frame)
+            count(header.api_key)
+            if not self._codec_reads(header):
+                raise ConnectionClosed(
+                    "unreadable_version",
+                    f"{wire.api_name(header.api_key)} v{header.api_version} is newer than the proxy can read; "
+                    "the client ignored the versions it was offered",
+                )
+            answer = admission.check(header, frame, name, self.peer)
+            if answer is not None:
+                if answer.frame is None:
+                    raise ConnectionClosed(answer.cause, answer.message)
+                self._expect(
+                    InFlight(header.correlation_id, header.api_key, header.api_version, answer=answer, ticket=ticket)
+                )
+                if len(self._pending) == 1:  # nothing before it: the answer goes out now
+                    await self._deliver_answers(client)
+                if answer.close_after:
                     break
-                if not verdict.admitted:
-                    refusal = self._refuse_request(verdict, reader.head)
-                    if verdict.kind is FrameKind.HTTP:
-                        await client.send_all(_HTTP_400)
-                    raise refusal
-                ticket, frame = await self._read_body(reader, verdict.size)
-                started = trio.current_time()
-                header = wire.peek_request_header(frame)
-                api = wire.api_name(header.api_key)
-                metrics.requests.labels(name, api).inc()
-                if not self._codec_reads(header):
-                    raise ConnectionClosed(
-                        "unreadable_version",
-                        f"{api} v{header.api_version} is newer than the proxy can read; "
-                        "the client ignored the versions it was offered",
-                    )
-                answer = admission.check(header, frame, name, self.peer)
-                if answer is not None:
-                    if answer.frame is None:
-                        raise ConnectionClosed(answer.cause, answer.message)
-                    await self._queue(
-                        InFlight(
-                            header.correlation_id, header.api_key, header.api_version, answer=answer, ticket=ticket
-                        )
-                    )
-                    if answer.close_after:
-                        break
-                    continue
-                request = None
-                if header.api_key == wire.PRODUCE and wire.produce_acks(frame, header.api_version) == 0:
-                    self._unanswered.append(header.correlation_id)
-                else:
-                    request = InFlight(header.correlation_id, header.api_key, header.api_version, ticket=ticket)
-                    await self._queue(request)
+                continue
+            if header.api_key == wire.PRODUCE and wire.produce_acks(frame, header.api_version) == 0:
+                self._unanswered.append(header.correlation_id)
+                listener.gate.on_request(self)  # activity, with nothing left in flight after it
+                listener.gate.on_response(self)
                 await upstream.send_all(frame)
-                if request is None and ticket is not None:
+                if ticket is not None:
                     pool.release(ticket)  # acks=0: nothing more to wait for once the broker has it
-                if request is not None:
-                    request.proxy_seconds = trio.current_time() - started
-                metrics.request_bytes.labels(name).inc(len(frame))
-        finally:
-            self._to_responses.close()
+            else:
+                # Time inside the proxy ends here: waiting for the broker to read is not ours.
+                self._expect(
+                    InFlight(
+                        header.correlation_id,
+                        header.api_key,
+                        header.api_version,
+                        ticket=ticket,
+                        proxy_seconds=trio.current_time() - started,
+                    )
+                )
+                await upstream.send_all(frame)
+            request_bytes.inc(len(frame))
         if reader.eof:
             raise _Done()  # the client left; what it still awaited is not ours to deliver
-        await trio.sleep_forever()  # the response pump answers what is queued, then ends the connection
+        self._requests_done = True
+        if not self._pending:
+            raise _Done()
+        await trio.sleep_forever()  # the response pump answers what is pending, then ends the connection
 
     def _codec_reads(self, header: wire.RequestHeader) -> bool:
         """False for a version of an API the proxy must decode that the codec does not know."""
@@ -333,55 +359,70 @@ class ClientConnection:
         ) or header.api_key in self.listener.admission.decoded_api_keys
         return not decodes or rewrite.codec_knows(header.api_key, header.api_version)
 
-    async def _queue(self, request: InFlight) -> None:
+    def _expect(self, request: InFlight) -> None:
+        self._pending.append(request)
         self.in_flight += 1
-        await self._to_responses.send(request)
+        self.listener.gate.on_request(self)
+
+    async def _deliver_answers(self, client: trio.abc.Stream) -> None:
+        """Write the proxy's own answers now at the head of the line, in order.
+
+        Only one task writes at a time: the request pump calls this when its answer
+        is alone in line, the response pump after each broker response it wrote.
+        """
+        while self._pending and self._pending[0].answer is not None:
+            request = self._pending[0]
+            answer = request.answer
+            assert answer is not None and answer.frame is not None
+            await client.send_all(answer.frame)
+            self._pending.popleft()
+            self._answered(request)
+            if answer.close_after:
+                raise ConnectionClosed(answer.cause, f"{answer.message}; closed after the answer")
+        if self._requests_done and not self._pending:
+            raise _Done()  # drained: every request read before the shutdown was answered
 
     async def _pump_responses(self, upstream: trio.abc.Stream, client: trio.abc.Stream) -> None:
-        """Answers requests in the order they came: from the broker, or the proxy's own answer."""
+        """Broker responses arrive in request order (a broker answers one request per
+        connection at a time); each goes to the client with the answers queued behind it."""
         listener = self.listener
         name = listener.config.name
-        metrics = listener.metrics
+        response_bytes = listener.metrics.response_bytes.labels(name)
+        latency = listener.metrics.proxy_latency.labels(name)
         reader = FrameReader(upstream, plaintext=not listener.connector.tls_enabled)
         limit = listener.policies.max_response_size_for(name)
         healthy = False
-        async for request in self._from_requests:
-            if request.answer is not None:
-                assert request.answer.frame is not None
-                await client.send_all(request.answer.frame)
-                self._answered(request)
-                if request.answer.close_after:
-                    raise ConnectionClosed(request.answer.cause, f"{request.answer.message}; closed after the answer")
-                continue
-            frame = await self._next_response(reader, limit, request)
+        while True:
+            frame = await self._next_response(reader, limit)
             started = trio.current_time()
             if not healthy:
                 listener.connector.healthy(self.upstream_address)
                 healthy = True
             correlation_id = wire.response_correlation_id(frame)
-            while correlation_id != request.correlation_id and correlation_id in self._unanswered:
-                # Some brokers (Tansu) answer acks=0 Produce anyway; the client expects nothing.
-                log.debug("dropped an answer to acks=0 produce %d", correlation_id, extra={"peer": self.peer})
-                self._unanswered.remove(correlation_id)
-                frame = await self._next_response(reader, limit, request)
-                correlation_id = wire.response_correlation_id(frame)
-            if correlation_id != request.correlation_id:
+            request = self._awaiting_broker()
+            if request is None or correlation_id != request.correlation_id:
+                if correlation_id in self._unanswered:
+                    # Some brokers (Tansu) answer acks=0 Produce anyway; the client expects nothing.
+                    self._unanswered.remove(correlation_id)
+                    continue
+                expected = request.correlation_id if request is not None else "none"
                 raise ConnectionClosed(
-                    "unexpected_response",
-                    f"broker answered correlation id {correlation_id}, expected {request.correlation_id}",
+                    "unexpected_response", f"broker answered correlation id {correlation_id}, expected {expected}"
                 )
             if (request.api_key == wire.API_VERSIONS and listener.decoded_api_keys) or (
                 listener.rewrites and rewrite.carries_addresses(request.api_key, request.api_version)
             ):
                 frame = await self._rewritten(frame, request)
             await client.send_all(frame)
+            self._pending.popleft()
             self._answered(request)
-            metrics.response_bytes.labels(name).inc(len(frame))
-            metrics.proxy_latency.labels(name).observe(request.proxy_seconds + trio.current_time() - started)
-        raise _Done()  # requests stopped (shutdown) and every one was answered
+            response_bytes.inc(len(frame))
+            latency.observe(request.proxy_seconds + trio.current_time() - started)
+            await self._deliver_answers(client)
 
     def _answered(self, request: InFlight) -> None:
         self.in_flight -= 1
+        self.listener.gate.on_response(self)
         if request.ticket is not None:
             self.listener.pool.release(request.ticket)
 
@@ -411,13 +452,17 @@ class ClientConnection:
             f"(waiting for {waited_for})",
         )
 
-    async def _next_response(self, reader: FrameReader, limit: int, request: InFlight) -> bytes:
+    def _awaiting_broker(self) -> InFlight | None:
+        """The request the broker's next response answers (None if the head is the proxy's own)."""
+        return self._pending[0] if self._pending and self._pending[0].answer is None else None
+
+    async def _next_response(self, reader: FrameReader, limit: int) -> bytes:
         """The broker's next frame, its length checked before it is read (KIP-498)."""
         verdict = await reader.next_prefix(limit)
         if verdict is None:
             raise ConnectionClosed("upstream_closed", f"broker {self.upstream_address} closed the connection")
         if not verdict.admitted:
-            refusal = self._refuse_response(verdict, reader.head, request)
+            refusal = self._refuse_response(verdict, reader.head, self._awaiting_broker())
             if refusal is not None:
                 raise refusal
         return await reader.read_frame(verdict.size)

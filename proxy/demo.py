@@ -60,12 +60,14 @@ def run_workload(bootstrap: str, records: int) -> WorkloadResult:
         producer.poll(0)
     producer.flush(30)
 
-    consumer = Consumer({
-        "bootstrap.servers": bootstrap,
-        "group.id": "demo-group",
-        "auto.offset.reset": "earliest",
-        "session.timeout.ms": 6000,
-    })
+    consumer = Consumer(
+        {
+            "bootstrap.servers": bootstrap,
+            "group.id": "demo-group",
+            "auto.offset.reset": "earliest",
+            "session.timeout.ms": 6000,
+        }
+    )
     consumer.subscribe([TOPIC])
     consumed = 0
     deadline = time.monotonic() + 60
@@ -80,21 +82,26 @@ def run_workload(bootstrap: str, records: int) -> WorkloadResult:
 def _summary(server: ProxyServer, result: WorkloadResult) -> str:
     registry = server.metrics.registry
     requests = sum(
-        s.value for m in registry.collect() if m.name == "kafka_admission_requests"
-        for s in m.samples if s.name.endswith("_total")
+        s.value
+        for m in registry.collect()
+        if m.name == "kafka_admission_requests"
+        for s in m.samples
+        if s.name.endswith("_total")
     )
     listener = server.config.listeners[0]
     host = server.config.admin.bind_address[0]
-    return "\n".join([
-        "kafka-admission-proxy demo",
-        f"  broker (Tansu, embedded):  {server.config.upstream.bootstrap_servers[0]}",
-        f"  proxy listener:            {listener.bind}  (brokers on {listener.advertised_host}:"
-        f"{listener.node_port_base}+node id)",
-        f"  metrics:                   http://{host}:{server.admin_port}/metrics",
-        f"  health:                    http://{host}:{server.admin_port}/readyz",
-        f"  workload: produced {result.produced}, consumed {result.consumed} records of "
-        f"topic {TOPIC!r} through the proxy in {result.seconds:.1f}s ({int(requests)} requests)",
-    ])
+    return "\n".join(
+        [
+            "kafka-admission-proxy demo",
+            f"  broker (Tansu, embedded):  {server.config.upstream.bootstrap_servers[0]}",
+            f"  proxy listener:            {listener.bind}  (brokers on {listener.advertised_host}:"
+            f"{listener.node_port_base}+node id)",
+            f"  metrics:                   http://{host}:{server.admin_port}/metrics",
+            f"  health:                    http://{host}:{server.admin_port}/readyz",
+            f"  workload: produced {result.produced}, consumed {result.consumed} records of "
+            f"topic {TOPIC!r} through the proxy in {result.seconds:.1f}s ({int(requests)} requests)",
+        ]
+    )
 
 
 async def _demo(config: Config, records: int, exit_after_workload: bool) -> int:

@@ -32,9 +32,7 @@ class FrameReader:
     async def fill(self, want: int) -> bool:
         """Receive until ``want`` bytes are buffered; False at end of stream."""
         while len(self._buffer) < want:
-            chunk = await self._stream.receive_some(
-                min(max(_CHUNK, want - len(self._buffer)), _MAX_RECEIVE)
-            )
+            chunk = await self._stream.receive_some(min(max(_CHUNK, want - len(self._buffer)), _MAX_RECEIVE))
             if not chunk:
                 self.eof = True
                 return False
@@ -45,9 +43,7 @@ class FrameReader:
         """The verdict on the next frame's length prefix; None at a clean end of stream."""
         if not await self.fill(4):
             if self._buffer:
-                raise TruncatedFrame(
-                    f"stream closed mid-frame ({len(self._buffer)} bytes of a length prefix)"
-                )
+                raise TruncatedFrame(f"stream closed mid-frame ({len(self._buffer)} bytes of a length prefix)")
             return None
         return check_length_prefix(bytes(self._buffer[:4]), max_bytes, plaintext=self._plaintext)
 
@@ -60,6 +56,12 @@ class FrameReader:
         """The whole frame (prefix included) whose admitted length is ``size``."""
         if not await self.fill(4 + size):
             raise TruncatedFrame(f"stream closed mid-frame ({len(self._buffer) - 4} of {size} bytes)")
-        frame = bytes(self._buffer[: 4 + size])
-        del self._buffer[: 4 + size]
+        end = 4 + size
+        if len(self._buffer) == end:  # the common case: nothing of the next frame yet
+            frame = bytes(self._buffer)
+            self._buffer.clear()
+            return frame
+        with memoryview(self._buffer) as view:  # one copy, not slice-then-copy
+            frame = bytes(view[:end])
+        del self._buffer[:end]
         return frame

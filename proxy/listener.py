@@ -3,16 +3,19 @@ broker node (``node_port_base + node_id``), each forwarding to its broker."""
 
 from __future__ import annotations
 
+import errno
 import logging
 from collections.abc import Awaitable, Callable
 from dataclasses import dataclass
 
 import trio
 
+from . import wire
 from .audit import AuditSink
 from .brokers import BrokerDirectory
 from .config import Listener, Policies
 from .connection import ClientConnection
+from .connection_gate import ConnectionGate
 from .memory import PoolGate
 from .metrics import Metrics
 from .request_admission import RequestAdmission
@@ -21,6 +24,9 @@ from .tls import server_context
 from .upstream import UpstreamConnector, UpstreamLink, UpstreamUnavailable
 
 log = logging.getLogger("kafka_admission_proxy.listener")
+
+# accept() errors that mean "out of file descriptors or memory for now": pause, don't die.
+_OUT_OF_RESOURCES = {errno.EMFILE, errno.ENFILE, errno.ENOMEM, errno.ENOBUFS}
 
 
 @dataclass(frozen=True, slots=True)
@@ -43,6 +49,7 @@ class ListenerRuntime:
         directory: BrokerDirectory,
         admission: RequestAdmission,
         pool: PoolGate,
+        gate: ConnectionGate,
         bootstrap: list[tuple[str, int]],
         rewrites: bool,
     ) -> None:
@@ -55,6 +62,7 @@ class ListenerRuntime:
         self.rewrites = rewrites
         self.admission = admission
         self.pool = pool
+        self.gate = gate
         # Every API whose body the proxy decodes: clients are offered only versions the codec knows.
         self.decoded_api_keys = admission.decoded_api_keys | (ADDRESS_APIS if rewrites else frozenset())
         self.ssl_context = server_context(config.tls) if config.tls is not None else None
@@ -67,6 +75,16 @@ class ListenerRuntime:
         self.bound = False
         self._all_closed: trio.Event | None = None
         self._tls_label = "true" if self.ssl_context is not None else "false"
+        self._request_counters: dict[int, Callable[[], None]] = {}
+
+    def request_counter(self, api_key: int) -> None:
+        """Count one request of ``api_key`` (label children looked up once per API, not per request)."""
+        inc = self._request_counters.get(api_key)
+        if inc is None:
+            inc = self._request_counters[api_key] = self.metrics.requests.labels(
+                self.config.name, wire.api_name(api_key)
+            ).inc
+        inc()
 
     def address_of(self, node_id: int) -> tuple[str, int]:
         return self.config.advertised_host, self.config.node_port_base + node_id
@@ -96,7 +114,9 @@ class ListenerRuntime:
             await self._accept_nursery.start(self._serve_port, host, port, route)
         except OSError as exc:
             log.error(
-                "cannot open the port for broker node %d: %s", node_id, exc,
+                "cannot open the port for broker node %d: %s",
+                node_id,
+                exc,
                 extra={"listener": self.config.name, "port": port},
             )
 
@@ -127,23 +147,40 @@ class ListenerRuntime:
             )
             task_status.started()
             assert self._connection_nursery is not None
-
-            async def handle(stream: trio.SocketStream) -> None:
-                await self._handle(stream, route)
-
-            await trio.serve_listeners(handle, listeners, handler_nursery=self._connection_nursery)
+            async with trio.open_nursery() as acceptors:
+                for listener in listeners:
+                    acceptors.start_soon(self._accept_loop, listener, route)
         for listener in listeners:
             await listener.aclose()
 
-    async def _handle(self, stream: trio.SocketStream, route: Route) -> None:
+    async def _accept_loop(self, listener: trio.SocketListener, route: Route) -> None:
+        """Accept, decide, serve. A decision to wait blocks this loop, so further
+        connections wait in the kernel backlog (Kafka's acceptor does the same)."""
+        assert self._connection_nursery is not None
+        while True:
+            try:
+                stream = await listener.accept()
+            except OSError as exc:
+                if exc.errno in _OUT_OF_RESOURCES:
+                    log.error("accept failed: %s; pausing", exc, extra={"listener": self.config.name})
+                    await trio.sleep(0.1)
+                    continue
+                raise
+            connection = ClientConnection(self, route, stream)
+            self.metrics.connections_accepted.labels(self.config.name, self._tls_label).inc()
+            if not await self.gate.admit(connection):
+                await trio.aclose_forcefully(stream)
+                continue
+            self._connection_nursery.start_soon(self._handle, connection)
+
+    async def _handle(self, connection: ClientConnection) -> None:
         name = self.config.name
-        connection = ClientConnection(self, route, stream)
         self.connections.add(connection)
-        self.metrics.connections_accepted.labels(name, self._tls_label).inc()
         self.metrics.connections_active.labels(name, self._tls_label).inc()
         try:
             await connection.run()
         finally:
+            self.gate.on_closed(connection)
             self.connections.discard(connection)
             if not self.connections and self._all_closed is not None:
                 self._all_closed.set()

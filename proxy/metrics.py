@@ -9,7 +9,18 @@ from __future__ import annotations
 from prometheus_client import CollectorRegistry, Counter, Gauge, Histogram
 
 _LATENCY_BUCKETS = (
-    0.00005, 0.0001, 0.00015, 0.00025, 0.0005, 0.001, 0.0025, 0.005, 0.01, 0.025, 0.1, 0.5,
+    0.00005,
+    0.0001,
+    0.00015,
+    0.00025,
+    0.0005,
+    0.001,
+    0.0025,
+    0.005,
+    0.01,
+    0.025,
+    0.1,
+    0.5,
 )
 
 
@@ -26,6 +37,24 @@ class Metrics:
         )
         self.connections_closed = Counter(
             "kafka_admission_connections_closed", "Client connections closed", conn, registry=r
+        )
+        self.connections_rejected = Counter(
+            "kafka_admission_connections_rejected",
+            "Connection admission decisions other than admit: refuse, wait, evict (by the limit key behind them)",
+            ("listener", "decision", "limit", "mode"),
+            registry=r,
+        )
+        self.connections_evicted = Counter(
+            "kafka_admission_connections_evicted",
+            "Connections closed by the quotas: LRU eviction, idle expiry, lowered limits",
+            ("listener", "limit", "mode"),
+            registry=r,
+        )
+        self.acceptor_blocked = Counter(
+            "kafka_admission_acceptor_blocked_seconds",
+            "Time a listener stopped accepting because a cap was full (Kafka's AcceptorBlockedPercent)",
+            ("listener",),
+            registry=r,
         )
         self.connection_failures = Counter(
             "kafka_admission_connection_failures",
@@ -73,11 +102,15 @@ class Metrics:
             "kafka_admission_requests", "Requests forwarded, by API", ("listener", "api"), registry=r
         )
         self.request_bytes = Counter(
-            "kafka_admission_request_bytes", "Request bytes forwarded to brokers", ("listener",),
+            "kafka_admission_request_bytes",
+            "Request bytes forwarded to brokers",
+            ("listener",),
             registry=r,
         )
         self.response_bytes = Counter(
-            "kafka_admission_response_bytes", "Response bytes returned to clients", ("listener",),
+            "kafka_admission_response_bytes",
+            "Response bytes returned to clients",
+            ("listener",),
             registry=r,
         )
         self.responses_rewritten = Counter(
@@ -99,9 +132,7 @@ class Metrics:
             buckets=_LATENCY_BUCKETS,
             registry=r,
         )
-        self.brokers_known = Gauge(
-            "kafka_admission_brokers_known", "Broker nodes served on a proxy port", registry=r
-        )
+        self.brokers_known = Gauge("kafka_admission_brokers_known", "Broker nodes served on a proxy port", registry=r)
         self.audit_events = Counter(
             "kafka_admission_audit_events", "Audit events written, by type", ("type",), registry=r
         )

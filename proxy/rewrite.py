@@ -109,9 +109,7 @@ def cap_api_versions(body: Any, *, hot_path: bool, decoded: frozenset[int]) -> A
         if limit is None and entry.api_key in decoded:
             limit = wire.max_known_version(entry.api_key)
         if limit is not None and entry.max_version > limit:
-            entry = dataclasses.replace(
-                entry, max_version=type(entry.max_version)(max(limit, entry.min_version))
-            )
+            entry = dataclasses.replace(entry, max_version=type(entry.max_version)(max(limit, entry.min_version)))
         capped.append(entry)
     return dataclasses.replace(body, api_keys=tuple(capped))
 

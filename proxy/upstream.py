@@ -46,9 +46,7 @@ class UpstreamLink:
 
 
 class UpstreamConnector:
-    def __init__(
-        self, tls: UpstreamTls, context: ssl.SSLContext | None, metrics: Metrics, audit: AuditSink
-    ) -> None:
+    def __init__(self, tls: UpstreamTls, context: ssl.SSLContext | None, metrics: Metrics, audit: AuditSink) -> None:
         self._tls = tls
         self._context = context
         self._metrics = metrics
@@ -94,10 +92,13 @@ class UpstreamConnector:
             cause = exc.__cause__ if isinstance(exc, trio.BrokenResourceError) else exc
             if _not_tls(cause):
                 what = "timed out" if isinstance(cause, trio.TooSlowError) else f"failed: {cause}"
-                raise UpstreamUnavailable(self.mismatch(
-                    address, "plaintext_on_tls",
-                    f"does not speak TLS (handshake {what}); check upstream.tls.enabled",
-                )) from exc
+                raise UpstreamUnavailable(
+                    self.mismatch(
+                        address,
+                        "plaintext_on_tls",
+                        f"does not speak TLS (handshake {what}); check upstream.tls.enabled",
+                    )
+                ) from exc
             raise UpstreamUnavailable(f"TLS handshake with broker {address} failed: {cause!r}") from exc
         return UpstreamLink(stream, address)
 

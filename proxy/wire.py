@@ -128,9 +128,7 @@ def decode_response(frame: bytes, api_key: int, api_version: int) -> DecodedResp
         header, hsize = entity_reader(schema.__header_schema__)(frame, 4)
         body, _ = entity_reader(schema)(frame, 4 + hsize)
     except Exception as exc:
-        raise MalformedFrame(
-            f"{api_name(api_key)} v{api_version} response does not parse: {exc}"
-        ) from None
+        raise MalformedFrame(f"{api_name(api_key)} v{api_version} response does not parse: {exc}") from None
     return DecodedResponse(header, body)
 
 

@@ -1,0 +1,753 @@
+"""Connection quotas (sans-I/O): Kafka's ``ConnectionQuotas`` plus KIP-1015's TLS cap.
+
+Mirrors the broker-side connection limits of Apache Kafka:
+
+* ``max.connections`` -- all listeners together; connections on a *protected*
+  listener (Kafka: the inter-broker listener when there is more than one) are
+  neither counted nor capped by it.
+* ``listener.name.<listener>.max.connections`` -- one listener (protected ones
+  included, as in Kafka).
+* ``max.connections.per.ip`` and ``max.connections.per.ip.overrides`` -- a
+  connection over its address's limit is refused at once (Kafka's
+  ``TooManyConnectionsException``); nothing is ever closed for this limit.
+* ``max.ssl.connections`` (KIP-1015) -- all TLS connections on non-protected
+  listeners together; plaintext connections are never affected by it.
+* ``connections.max.idle.ms`` -- Kafka's ``Selector`` idle expiry: a connection
+  with no request in flight whose last activity is *more* than that long ago is
+  closed; a negative value turns idle expiry off (as in Kafka).
+
+At a listener, broker-wide or TLS cap the connection is admitted by closing the
+least-recently-used idle connection of the class that is full (KIP-1015: "we
+will use the LRU algorithm to close connections"; Kafka's
+``Selector.lowestPriorityChannel``: a closing channel first, then the least
+recently used one). If nothing can be closed the answer is ``Wait``: the shell
+stops accepting on that listener, as Kafka's acceptor blocks in
+``waitForConnectionSlot``, and asks again after a connection closes, turns
+idle, or the limits change.
+
+Counting. A connection is counted from the moment it is admitted (``Admit`` or
+``EvictThenAdmit``) until the shell reports ``on_closed``. A connection the
+policy told the shell to close is *closing*: it is still counted (see
+``counts()``), but it has already given up its slot -- caps compare
+``count - closing`` with the limit. That is Kafka's "a closing channel first":
+such a connection is always the first to make room, and it is never named for
+closing twice. So once the shell has closed what it was told to close, no count
+is above its cap (ENFORCE mode; but see lowering, below).
+
+Differences from Kafka, on purpose:
+
+* Kafka's acceptor blocks at a listener or broker-wide cap and closes LRU
+  connections only when a protected listener pushes the total over
+  ``max.connections``; here every cap makes room by LRU closing, as KIP-1015
+  proposes, and only waits when there is nothing idle to close.
+* A connection with a request in flight is never closed to make room (Kafka's
+  ``lowestPriorityChannel`` would fall back to any channel).
+* The per-IP limit is checked before the caps, so a connection that would be
+  refused never costs another client its connection.
+* Kafka counts protected-listener connections in ``max.connections`` and
+  closes client connections to make room for them; here they are not counted
+  (nor in ``max.ssl.connections``), so inter-broker traffic never costs a
+  client its connection.
+
+Lowering a limit (``update_limits``) closes the excess at once, LRU-first among
+idle connections. Busy connections are not closed, so the count may stay above
+the new limit; new connections of that class then get ``Wait`` (or must evict
+enough idle connections to land at the limit) and ``reclaim_excess()`` -- the
+analogue of Kafka's per-poll ``closeExcessConnections`` -- closes each
+over-the-limit connection as soon as it turns idle. The excess also shrinks as
+clients disconnect. Lowering a per-IP limit never closes anything (Kafka
+doesn't either); it only refuses new connections.
+
+Time is the caller's: every ``now`` is in seconds from any monotonic clock.
+Activity order is the order of calls (``now`` is clamped to be non-decreasing).
+
+In ``Mode.OBSERVE`` nothing is refused, closed or made to wait: every
+connection is admitted with ``Admit(observed=...)`` naming what ENFORCE would
+have done, and closings come back as ``Close(..., observed=True)`` for the
+shell to count, not carry out. Counts track the real connections, so they may
+exceed the caps -- that is the point of a dry run.
+"""
+
+from __future__ import annotations
+
+from collections import OrderedDict
+from collections.abc import Iterable, Iterator, Mapping
+from collections.abc import Set as AbstractSet
+from dataclasses import dataclass, field
+from types import MappingProxyType
+
+from policies.mode import Mode
+
+INT_MAX = 2_147_483_647
+LONG_MIN = -(2**63)
+LONG_MAX = 2**63 - 1
+
+MAX_CONNECTIONS = "max.connections"
+MAX_CONNECTIONS_PER_IP = "max.connections.per.ip"
+MAX_CONNECTIONS_PER_IP_OVERRIDES = "max.connections.per.ip.overrides"
+MAX_SSL_CONNECTIONS = "max.ssl.connections"
+CONNECTIONS_MAX_IDLE_MS = "connections.max.idle.ms"
+
+
+def listener_max_connections_key(listener: str) -> str:
+    """Kafka's per-listener key, e.g. ``listener.name.external.max.connections``."""
+    return f"listener.name.{listener}.max.connections"
+
+
+def _check_int(key: str, value: object, low: int, high: int = INT_MAX) -> int:
+    if isinstance(value, bool) or not isinstance(value, int):
+        raise ValueError(f"{key} must be an integer, got {value!r}")
+    if value < low:
+        raise ValueError(f"{key} must be >= {low}, got {value}")
+    if value > high:
+        raise ValueError(f"{key} must be <= {high}, got {value}")
+    return value
+
+
+# ---------------------------------------------------------------------------
+# Limits
+
+
+@dataclass(frozen=True, slots=True)
+class ConnectionLimits:
+    """The connection limits, validated as Kafka validates them.
+
+    ``max.connections``, ``max.connections.per.ip`` (and each override) and
+    ``max.ssl.connections`` are ``atLeast(0)``; a listener's ``max.connections``
+    must be > 0 (Kafka's ``ListenerConnectionQuota``); ``max.connections.per.ip``
+    may be 0 only when overrides are set; int limits are at most 2147483647.
+    Mappings are copied and frozen.
+    """
+
+    max_connections: int = INT_MAX
+    max_connections_per_ip: int = INT_MAX
+    max_connections_per_ip_overrides: Mapping[str, int] = field(default_factory=dict)
+    max_ssl_connections: int = INT_MAX
+    listener_max_connections: Mapping[str, int] = field(default_factory=dict)
+    connections_max_idle_ms: int = 600_000
+
+    def __post_init__(self) -> None:
+        _check_int(MAX_CONNECTIONS, self.max_connections, 0)
+        _check_int(MAX_CONNECTIONS_PER_IP, self.max_connections_per_ip, 0)
+        _check_int(MAX_SSL_CONNECTIONS, self.max_ssl_connections, 0)
+        _check_int(CONNECTIONS_MAX_IDLE_MS, self.connections_max_idle_ms, LONG_MIN, LONG_MAX)
+        overrides: dict[str, int] = {}
+        for ip, limit in dict(self.max_connections_per_ip_overrides).items():
+            if not isinstance(ip, str) or not ip:
+                raise ValueError(f"{MAX_CONNECTIONS_PER_IP_OVERRIDES} keys must be non-empty addresses, got {ip!r}")
+            overrides[ip] = _check_int(f"{MAX_CONNECTIONS_PER_IP_OVERRIDES}[{ip}]", limit, 0)
+        if self.max_connections_per_ip == 0 and not overrides:
+            raise ValueError(
+                f"{MAX_CONNECTIONS_PER_IP} can be set to zero only if {MAX_CONNECTIONS_PER_IP_OVERRIDES} is set"
+            )
+        listeners: dict[str, int] = {}
+        for listener, limit in dict(self.listener_max_connections).items():
+            if not isinstance(listener, str) or not listener:
+                raise ValueError(f"listener names must be non-empty strings, got {listener!r}")
+            listeners[listener] = _check_int(listener_max_connections_key(listener), limit, 1)
+        object.__setattr__(self, "max_connections_per_ip_overrides", MappingProxyType(overrides))
+        object.__setattr__(self, "listener_max_connections", MappingProxyType(listeners))
+
+    def __hash__(self) -> int:
+        return hash(
+            (
+                self.max_connections,
+                self.max_connections_per_ip,
+                frozenset(self.max_connections_per_ip_overrides.items()),
+                self.max_ssl_connections,
+                frozenset(self.listener_max_connections.items()),
+                self.connections_max_idle_ms,
+            )
+        )
+
+    def per_ip_limit(self, ip: str) -> tuple[int, str]:
+        """The limit for ``ip`` and the key it comes from."""
+        override = self.max_connections_per_ip_overrides.get(ip)
+        if override is not None:
+            return override, MAX_CONNECTIONS_PER_IP_OVERRIDES
+        return self.max_connections_per_ip, MAX_CONNECTIONS_PER_IP
+
+    def listener_limit(self, listener: str) -> int:
+        return self.listener_max_connections.get(listener, INT_MAX)
+
+
+# ---------------------------------------------------------------------------
+# Decisions
+
+
+@dataclass(frozen=True, slots=True)
+class Refuse:
+    """Close the new connection at once: its address is at its per-IP limit."""
+
+    limit_key: str  # max.connections.per.ip or max.connections.per.ip.overrides
+    reason: str
+    ip: str
+    limit: int
+
+    @property
+    def admitted(self) -> bool:
+        return False
+
+
+@dataclass(frozen=True, slots=True)
+class Wait:
+    """Do not admit yet: a cap is full and nothing idle can be closed.
+
+    The shell holds the connection, stops accepting on ``listener`` and calls
+    ``on_accept`` again (or ``can_admit``) after a close, a response, or a
+    limit change. Nothing was counted.
+    """
+
+    limit_key: str
+    reason: str
+    listener: str
+    limit: int
+
+    @property
+    def admitted(self) -> bool:
+        return False
+
+
+@dataclass(frozen=True, slots=True)
+class EvictThenAdmit:
+    """Admitted (and counted); close the connections in ``evict`` to make room.
+
+    ``limit_key`` is the (most specific) full cap; ``reason`` names all of them.
+    The evicted connections are closing from now on.
+    """
+
+    evict: tuple[str, ...]
+    limit_key: str
+    reason: str
+    limit: int
+
+    @property
+    def admitted(self) -> bool:
+        return True
+
+
+@dataclass(frozen=True, slots=True)
+class Admit:
+    """Admitted (and counted).
+
+    In OBSERVE mode ``observed`` carries what ENFORCE would have decided
+    (``Refuse``, ``Wait`` or ``EvictThenAdmit`` -- whose evictions are *not*
+    to be carried out) and ``limit_key``/``reason`` repeat its cause.
+    """
+
+    reason: str = "within connection limits"
+    limit_key: str | None = None
+    observed: Refuse | Wait | EvictThenAdmit | None = None
+
+    @property
+    def admitted(self) -> bool:
+        return True
+
+
+AcceptDecision = Admit | EvictThenAdmit | Refuse | Wait
+
+
+@dataclass(frozen=True, slots=True)
+class Close:
+    """Close ``conn_id`` (from idle expiry, a lowered limit or reclaimed excess).
+
+    With ``observed=True`` (OBSERVE mode) it is only what ENFORCE would have
+    closed: count it, do not close it.
+    """
+
+    conn_id: str
+    limit_key: str
+    reason: str
+    observed: bool = False
+
+
+@dataclass(frozen=True, slots=True)
+class ConnectionCounts:
+    """A snapshot for metrics. All counts include closing connections."""
+
+    total: int  # every connection, protected listeners included
+    broker: int  # non-protected: what max.connections counts
+    ssl: int  # non-protected TLS: what max.ssl.connections counts (KIP-1015 metric)
+    closing: int  # told to close, not yet reported closed
+    busy: int  # with a request in flight
+    listeners: Mapping[str, int]
+
+
+# ---------------------------------------------------------------------------
+# The policy
+
+
+class _Conn:
+    __slots__ = ("closing", "conn_id", "in_flight", "ip", "last", "listener", "protected", "seq", "tls")
+
+    def __init__(self, conn_id: str, listener: str, ip: str, tls: bool, protected: bool, now: float, seq: int) -> None:
+        self.conn_id = conn_id
+        self.listener = listener
+        self.ip = ip
+        self.tls = tls
+        self.protected = protected
+        self.in_flight = 0
+        self.last = now
+        self.seq = seq
+        self.closing = False
+
+
+_Cell = tuple[str, bool]  # (listener, tls): connections that belong to the same caps
+
+
+class _Cursor:
+    """Walks one cell's idle connections in LRU order without mutating them."""
+
+    __slots__ = ("head", "it", "keys")
+
+    def __init__(self, it: Iterator[_Conn], keys: list[str]) -> None:
+        self.it = it
+        self.keys = keys
+        self.head: _Conn | None = next(it, None)
+
+
+class ConnectionQuotas:
+    """Kafka's connection quotas and the KIP-1015 TLS cap, as a sans-I/O object.
+
+    ``protected_listeners`` are exempt from ``max.connections`` and
+    ``max.ssl.connections`` (Kafka protects the inter-broker listener).
+    """
+
+    def __init__(
+        self,
+        limits: ConnectionLimits | None = None,
+        *,
+        mode: Mode = Mode.ENFORCE,
+        protected_listeners: Iterable[str] = (),
+    ) -> None:
+        self.mode = mode
+        self._limits = limits if limits is not None else ConnectionLimits()
+        self._protected = frozenset(protected_listeners)
+        self._conns: dict[str, _Conn] = {}
+        # idle (no request in flight), not closing; LRU first
+        self._idle: dict[_Cell, OrderedDict[str, _Conn]] = {}
+        self._ip_count: dict[str, int] = {}
+        self._listener_count: dict[str, int] = {}
+        self._listener_closing: dict[str, int] = {}
+        self._broker_count = 0
+        self._broker_closing = 0
+        self._ssl_count = 0
+        self._ssl_closing = 0
+        self._closing = 0
+        self._busy = 0
+        self._seq = 0
+        self._now = float("-inf")
+        # OBSERVE: idle-expired connections already reported (until their next activity)
+        self._observed_idle: set[str] = set()
+
+    # -- introspection -----------------------------------------------------
+
+    @property
+    def limits(self) -> ConnectionLimits:
+        return self._limits
+
+    @property
+    def protected_listeners(self) -> frozenset[str]:
+        return self._protected
+
+    def __len__(self) -> int:
+        return len(self._conns)
+
+    def __contains__(self, conn_id: object) -> bool:
+        return conn_id in self._conns
+
+    def is_closing(self, conn_id: str) -> bool:
+        conn = self._conns.get(conn_id)
+        return conn is not None and conn.closing
+
+    def in_flight(self, conn_id: str) -> int:
+        conn = self._conns.get(conn_id)
+        return 0 if conn is None else conn.in_flight
+
+    def ip_count(self, ip: str) -> int:
+        return self._ip_count.get(ip, 0)
+
+    def counts(self) -> ConnectionCounts:
+        return ConnectionCounts(
+            total=len(self._conns),
+            broker=self._broker_count,
+            ssl=self._ssl_count,
+            closing=self._closing,
+            busy=self._busy,
+            listeners=MappingProxyType({k: v for k, v in self._listener_count.items() if v}),
+        )
+
+    # -- admission -----------------------------------------------------------
+
+    def on_accept(self, conn_id: str, *, listener: str, ip: str, tls: bool, now: float) -> AcceptDecision:
+        """Decide on a new connection; if admitted it is counted from now on.
+
+        ``Refuse`` and ``Wait`` count nothing, so the shell may call this again
+        with the same ``conn_id`` for a waiting connection.
+        """
+        if conn_id in self._conns:
+            raise ValueError(f"connection {conn_id!r} is already counted")
+        now = self._tick(now)
+        decision = self._decide(listener, ip, tls)
+        if self.mode is Mode.OBSERVE:
+            self._register(conn_id, listener, ip, tls, now)
+            if isinstance(decision, Admit):
+                return decision
+            return Admit(
+                reason=f"observe: would {_verb(decision)}: {decision.reason}",
+                limit_key=decision.limit_key,
+                observed=decision,
+            )
+        if isinstance(decision, EvictThenAdmit):
+            for victim in decision.evict:
+                self._mark_closing(self._conns[victim])
+        if decision.admitted:
+            self._register(conn_id, listener, ip, tls, now)
+        return decision
+
+    def can_admit(self, *, listener: str, tls: bool, ip: str | None = None) -> bool:
+        """Would ``on_accept`` admit (possibly by evicting) right now?
+
+        Without ``ip`` the per-IP limit is not checked. Always true in OBSERVE.
+        Has no side effects: a shell holding a ``Wait``-ed connection can poll it.
+        """
+        if self.mode is Mode.OBSERVE:
+            return True
+        decision = self._decide(listener, ip, tls)
+        return decision.admitted
+
+    def _decide(self, listener: str, ip: str | None, tls: bool) -> AcceptDecision:
+        """ENFORCE's decision for a new connection, without changing anything."""
+        if ip is not None:
+            limit, key = self._limits.per_ip_limit(ip)
+            if self._ip_count.get(ip, 0) >= limit:
+                where = f"[{ip}]" if key == MAX_CONNECTIONS_PER_IP_OVERRIDES else ""
+                return Refuse(limit_key=key, reason=f"{key}{where}={limit} reached for {ip}", ip=ip, limit=limit)
+        protected = listener in self._protected
+        needs: dict[str, int] = {}
+        for key, live, limit in self._caps_for(listener, tls, protected):
+            if live >= limit:
+                needs[key] = live - limit + 1
+        if not needs:
+            return Admit()
+        victims, unmet = self._select_victims(needs)
+        if unmet:
+            key = next(k for k in needs if k in unmet)
+            limit = self._cap_limit(key)
+            scope = _scope(key, listener)
+            return Wait(
+                limit_key=key,
+                reason=f"{key}={limit} reached; no idle {scope} connection to close",
+                listener=listener,
+                limit=limit,
+            )
+        first = next(iter(needs))
+        reached = "; ".join(f"{k}={self._cap_limit(k)} reached" for k in needs)
+        what = (
+            "the least recently used idle connection"
+            if len(victims) == 1
+            else f"the {len(victims)} least recently used idle connections"
+        )
+        return EvictThenAdmit(
+            evict=tuple(v.conn_id for v, _ in victims),
+            limit_key=first,
+            reason=f"{reached}: closing {what}",
+            limit=self._cap_limit(first),
+        )
+
+    # -- activity ------------------------------------------------------------
+
+    def on_request(self, conn_id: str, now: float) -> None:
+        """A request started on ``conn_id``: one more in flight, active now. Unknown ids are ignored."""
+        conn = self._conns.get(conn_id)
+        if conn is None:
+            return
+        self._touch(conn, now)
+        if conn.in_flight == 0:
+            self._busy += 1
+            if not conn.closing:
+                self._idle[(conn.listener, conn.tls)].pop(conn_id, None)
+        conn.in_flight += 1
+
+    def on_response(self, conn_id: str, now: float) -> None:
+        """A response went out on ``conn_id``: one fewer in flight, active now. Unknown ids are ignored."""
+        conn = self._conns.get(conn_id)
+        if conn is None:
+            return
+        self._touch(conn, now)
+        if conn.in_flight > 0:
+            conn.in_flight -= 1
+            if conn.in_flight == 0:
+                self._busy -= 1
+                if not conn.closing:
+                    self._idle[(conn.listener, conn.tls)][conn_id] = conn
+        elif not conn.closing:
+            self._idle[(conn.listener, conn.tls)].move_to_end(conn_id)
+
+    def on_closed(self, conn_id: str) -> None:
+        """The connection is gone (closed by us or by the peer); it stops counting. Idempotent."""
+        conn = self._conns.pop(conn_id, None)
+        if conn is None:
+            return
+        self._observed_idle.discard(conn_id)
+        if conn.in_flight:
+            self._busy -= 1
+        if conn.closing:
+            self._closing -= 1
+            self._listener_closing[conn.listener] -= 1
+            if not conn.protected:
+                self._broker_closing -= 1
+                if conn.tls:
+                    self._ssl_closing -= 1
+        elif not conn.in_flight:
+            del self._idle[(conn.listener, conn.tls)][conn_id]
+        left = self._ip_count[conn.ip] - 1
+        if left:
+            self._ip_count[conn.ip] = left
+        else:
+            del self._ip_count[conn.ip]
+        self._listener_count[conn.listener] -= 1
+        if not conn.protected:
+            self._broker_count -= 1
+            if conn.tls:
+                self._ssl_count -= 1
+
+    # -- closing -------------------------------------------------------------
+
+    def idle_expired(self, now: float) -> list[Close]:
+        """Connections idle for more than ``connections.max.idle.ms``, LRU first.
+
+        In ENFORCE they are closing from now on; in OBSERVE each is reported
+        once per idle period (``observed=True``). Cost: O(listeners + expired);
+        in OBSERVE also O(already reported, still idle).
+        """
+        return self._expire_idle(now, skip=frozenset())
+
+    def _expire_idle(self, now: float, *, skip: AbstractSet[str]) -> list[Close]:
+        now = self._tick(now)
+        max_idle_ms = self._limits.connections_max_idle_ms
+        if max_idle_ms < 0:
+            return []
+        idle_s = max_idle_ms / 1000.0
+        observe = self.mode is Mode.OBSERVE
+        expired: list[_Conn] = []
+        for pool in self._idle.values():
+            for conn in pool.values():
+                if not now - conn.last > idle_s:
+                    break
+                if conn.conn_id in skip or (observe and conn.conn_id in self._observed_idle):
+                    continue
+                expired.append(conn)
+        expired.sort(key=lambda c: c.seq)
+        closes: list[Close] = []
+        for conn in expired:
+            reason = f"{CONNECTIONS_MAX_IDLE_MS}={max_idle_ms} exceeded (idle {now - conn.last:.3f}s)"
+            if observe:
+                self._observed_idle.add(conn.conn_id)
+            else:
+                self._mark_closing(conn)
+            closes.append(Close(conn.conn_id, CONNECTIONS_MAX_IDLE_MS, reason, observed=observe))
+        return closes
+
+    def next_idle_deadline(self) -> float | None:
+        """When the next idle connection expires (call ``idle_expired`` after it); None if never."""
+        max_idle_ms = self._limits.connections_max_idle_ms
+        if max_idle_ms < 0:
+            return None
+        observe = self.mode is Mode.OBSERVE
+        oldest: float | None = None
+        for pool in self._idle.values():
+            for conn in pool.values():
+                if observe and conn.conn_id in self._observed_idle:
+                    continue
+                if oldest is None or conn.last < oldest:
+                    oldest = conn.last
+                break
+        return None if oldest is None else oldest + max_idle_ms / 1000.0
+
+    def update_limits(self, limits: ConnectionLimits, now: float) -> list[Close]:
+        """Apply new limits (dynamic broker config); returns what to close now.
+
+        Raising takes effect at once (the shell should retry waiting
+        connections). Lowering closes the excess of each cap, LRU-first among
+        idle connections of that class; busy connections stay (see the module
+        docstring). A lowered ``connections.max.idle.ms`` expires connections
+        now past it. In OBSERVE the closings are reported with ``observed=True``.
+        """
+        if not isinstance(limits, ConnectionLimits):
+            raise TypeError(f"limits must be ConnectionLimits, got {type(limits).__name__}")
+        self._tick(now)
+        self._limits = limits
+        closes = self._close_excess(observe=self.mode is Mode.OBSERVE)
+        return closes + self._expire_idle(now, skip={c.conn_id for c in closes})
+
+    def reclaim_excess(self) -> list[Close]:
+        """Close idle connections while a cap is exceeded (Kafka's ``closeExcessConnections``).
+
+        A cap is exceeded only after it was lowered below the busy connections
+        of its class; call this after ``on_response`` or periodically. Empty in
+        OBSERVE mode (exceeding caps is expected there).
+        """
+        if self.mode is Mode.OBSERVE:
+            return []
+        return self._close_excess(observe=False)
+
+    def _close_excess(self, *, observe: bool) -> list[Close]:
+        needs: dict[str, int] = {}
+        for listener, limit in self._limits.listener_max_connections.items():
+            live = self._listener_count.get(listener, 0) - self._listener_closing.get(listener, 0)
+            if live > limit:
+                needs[listener_max_connections_key(listener)] = live - limit
+        ssl_live = self._ssl_count - self._ssl_closing
+        if ssl_live > self._limits.max_ssl_connections:
+            needs[MAX_SSL_CONNECTIONS] = ssl_live - self._limits.max_ssl_connections
+        broker_live = self._broker_count - self._broker_closing
+        if broker_live > self._limits.max_connections:
+            needs[MAX_CONNECTIONS] = broker_live - self._limits.max_connections
+        if not needs:
+            return []
+        victims, _ = self._select_victims(needs)
+        closes: list[Close] = []
+        for conn, key in victims:
+            if not observe:
+                self._mark_closing(conn)
+            reason = f"{key}={self._cap_limit(key)} exceeded: closing the least recently used idle connection"
+            closes.append(Close(conn.conn_id, key, reason, observed=observe))
+        return closes
+
+    # -- internals -----------------------------------------------------------
+
+    def _tick(self, now: float) -> float:
+        if now > self._now:
+            self._now = now
+        return self._now
+
+    def _touch(self, conn: _Conn, now: float) -> None:
+        conn.last = self._tick(now)
+        self._seq += 1
+        conn.seq = self._seq
+        self._observed_idle.discard(conn.conn_id)
+
+    def _register(self, conn_id: str, listener: str, ip: str, tls: bool, now: float) -> None:
+        protected = listener in self._protected
+        self._seq += 1
+        conn = _Conn(conn_id, listener, ip, tls, protected, now, self._seq)
+        self._conns[conn_id] = conn
+        cell = (listener, tls)
+        pool = self._idle.get(cell)
+        if pool is None:
+            pool = self._idle[cell] = OrderedDict()
+        pool[conn_id] = conn
+        self._ip_count[ip] = self._ip_count.get(ip, 0) + 1
+        self._listener_count[listener] = self._listener_count.get(listener, 0) + 1
+        self._listener_closing.setdefault(listener, 0)
+        if not protected:
+            self._broker_count += 1
+            if tls:
+                self._ssl_count += 1
+
+    def _mark_closing(self, conn: _Conn) -> None:
+        if conn.closing:
+            raise AssertionError(f"connection {conn.conn_id!r} is already closing")
+        conn.closing = True
+        self._closing += 1
+        if not conn.in_flight:
+            del self._idle[(conn.listener, conn.tls)][conn.conn_id]
+        self._listener_closing[conn.listener] += 1
+        if not conn.protected:
+            self._broker_closing += 1
+            if conn.tls:
+                self._ssl_closing += 1
+
+    def _caps_for(self, listener: str, tls: bool, protected: bool) -> list[tuple[str, int, int]]:
+        """(key, live count, limit) of each cap a connection of this kind counts against, most specific first."""
+        caps: list[tuple[str, int, int]] = []
+        listener_limit = self._limits.listener_max_connections.get(listener)
+        if listener_limit is not None:
+            live = self._listener_count.get(listener, 0) - self._listener_closing.get(listener, 0)
+            caps.append((listener_max_connections_key(listener), live, listener_limit))
+        if not protected:
+            if tls:
+                caps.append(
+                    (MAX_SSL_CONNECTIONS, self._ssl_count - self._ssl_closing, self._limits.max_ssl_connections)
+                )
+            caps.append((MAX_CONNECTIONS, self._broker_count - self._broker_closing, self._limits.max_connections))
+        return caps
+
+    def _cap_limit(self, key: str) -> int:
+        if key == MAX_CONNECTIONS:
+            return self._limits.max_connections
+        if key == MAX_SSL_CONNECTIONS:
+            return self._limits.max_ssl_connections
+        for listener, limit in self._limits.listener_max_connections.items():
+            if listener_max_connections_key(listener) == key:
+                return limit
+        return INT_MAX
+
+    def _cell_caps(self, listener: str, tls: bool) -> list[str]:
+        keys: list[str] = []
+        if listener in self._limits.listener_max_connections:
+            keys.append(listener_max_connections_key(listener))
+        if listener not in self._protected:
+            if tls:
+                keys.append(MAX_SSL_CONNECTIONS)
+            keys.append(MAX_CONNECTIONS)
+        return keys
+
+    def _select_victims(self, needs: Mapping[str, int]) -> tuple[list[tuple[_Conn, str]], dict[str, int]]:
+        """Pick idle, non-closing connections so that each cap ``k`` loses ``needs[k]``.
+
+        Greedy: each pick is the least recently used connection among those
+        that relieve the most caps still in need; it relieves every cap it
+        counts against. A cap stays unmet only when its class has too few idle
+        connections. Returns the picks (with the cap each was taken for) and
+        the unmet needs; changes nothing.
+        """
+        remaining = {k: n for k, n in needs.items() if n > 0}
+        cursors: list[_Cursor] = []
+        for (listener, tls), pool in self._idle.items():
+            if not pool:
+                continue
+            keys = [k for k in self._cell_caps(listener, tls) if k in remaining]
+            if keys:
+                cursors.append(_Cursor(iter(pool.values()), keys))
+        victims: list[tuple[_Conn, str]] = []
+        while remaining:
+            best: _Cursor | None = None
+            best_rank = (0, 0)
+            for cursor in cursors:
+                if cursor.head is None:
+                    continue
+                cover = sum(1 for k in cursor.keys if k in remaining)
+                if not cover:
+                    continue
+                rank = (-cover, cursor.head.seq)
+                if best is None or rank < best_rank:
+                    best, best_rank = cursor, rank
+            if best is None or best.head is None:
+                break
+            taken_for = next(k for k in best.keys if k in remaining)
+            victims.append((best.head, taken_for))
+            for k in best.keys:
+                if k in remaining:
+                    remaining[k] -= 1
+                    if remaining[k] == 0:
+                        del remaining[k]
+            best.head = next(best.it, None)
+        return victims, remaining
+
+
+def _verb(decision: Refuse | Wait | EvictThenAdmit) -> str:
+    if isinstance(decision, Refuse):
+        return "refuse"
+    if isinstance(decision, Wait):
+        return "wait"
+    return f"evict {', '.join(decision.evict)}"
+
+
+def _scope(key: str, listener: str) -> str:
+    if key == MAX_SSL_CONNECTIONS:
+        return "TLS"
+    if key == MAX_CONNECTIONS:
+        return "non-protected"
+    return listener

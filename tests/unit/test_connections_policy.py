@@ -1,0 +1,966 @@
+"""Connection quotas (sans-I/O): Kafka's ConnectionQuotas and KIP-1015's max.ssl.connections with LRU closing."""
+
+from __future__ import annotations
+
+import dataclasses
+from collections.abc import Callable
+
+import pytest
+from hypothesis import HealthCheck, settings
+from hypothesis import strategies as st
+from hypothesis.stateful import RuleBasedStateMachine, initialize, invariant, rule
+
+from policies.connections import (
+    CONNECTIONS_MAX_IDLE_MS,
+    INT_MAX,
+    MAX_CONNECTIONS,
+    MAX_CONNECTIONS_PER_IP,
+    MAX_CONNECTIONS_PER_IP_OVERRIDES,
+    MAX_SSL_CONNECTIONS,
+    AcceptDecision,
+    Admit,
+    Close,
+    ConnectionLimits,
+    ConnectionQuotas,
+    EvictThenAdmit,
+    Refuse,
+    Wait,
+    listener_max_connections_key,
+)
+from policies.mode import Mode
+
+TLS = "external_tls"
+PLAIN = "external_plain"
+INTERNAL = "replication"
+
+
+def quotas(mode: Mode = Mode.ENFORCE, protected: tuple[str, ...] = (), **limits: object) -> ConnectionQuotas:
+    return ConnectionQuotas(ConnectionLimits(**limits), mode=mode, protected_listeners=protected)  # type: ignore[arg-type]
+
+
+def accept(
+    q: ConnectionQuotas,
+    conn_id: str,
+    *,
+    listener: str = TLS,
+    ip: str = "10.0.0.1",
+    tls: bool | None = None,
+    now: float = 0.0,
+) -> AcceptDecision:
+    return q.on_accept(conn_id, listener=listener, ip=ip, tls=(listener != PLAIN) if tls is None else tls, now=now)
+
+
+def fill_tls(q: ConnectionQuotas, n: int, *, start: float = 0.0) -> list[str]:
+    """n idle TLS connections, accepted one second apart: tls-0 is the least recently used."""
+    ids = [f"tls-{i}" for i in range(n)]
+    for i, conn_id in enumerate(ids):
+        assert accept(q, conn_id, ip=f"10.0.{i // 250}.{i % 250}", now=start + i) == Admit()
+    return ids
+
+
+def make_busy(q: ConnectionQuotas, conn_ids: list[str], now: float) -> None:
+    for conn_id in conn_ids:
+        q.on_request(conn_id, now)
+
+
+# ---------------------------------------------------------------------------
+# KIP-1015: max.ssl.connections
+
+
+def test_the_51st_tls_connection_evicts_exactly_the_least_recently_used_idle_one() -> None:
+    q = quotas(max_ssl_connections=50)
+    ids = fill_tls(q, 50)
+    q.on_request("tls-0", 100.0)  # tls-0 was accepted first but is the most recently active now
+    q.on_response("tls-0", 101.0)
+
+    decision = accept(q, "tls-50", now=102.0)
+
+    assert isinstance(decision, EvictThenAdmit)
+    assert decision.evict == ("tls-1",)
+    assert decision.limit_key == MAX_SSL_CONNECTIONS == "max.ssl.connections"
+    assert decision.limit == 50
+    assert "max.ssl.connections=50 reached" in decision.reason
+    # the evicted one is still counted until the shell reports it closed
+    assert q.counts().ssl == 51 and q.counts().closing == 1 and q.is_closing("tls-1")
+    q.on_closed("tls-1")
+    assert q.counts().ssl == 50 and q.counts().closing == 0
+    assert "tls-1" not in q and "tls-50" in q and all(c in q for c in ids if c != "tls-1")
+
+
+def test_a_closing_connection_makes_room_first_and_is_never_named_twice() -> None:
+    q = quotas(max_ssl_connections=50)
+    fill_tls(q, 50)
+    first = accept(q, "new-1", now=60.0)
+    second = accept(q, "new-2", now=61.0)  # tls-0 not yet closed by the shell
+    assert isinstance(first, EvictThenAdmit) and first.evict == ("tls-0",)
+    assert isinstance(second, EvictThenAdmit) and second.evict == ("tls-1",)
+    assert q.counts().ssl == 52 and q.counts().closing == 2
+    q.on_closed("tls-0")
+    q.on_closed("tls-1")
+    assert q.counts().ssl == 50
+
+
+def test_a_plaintext_connection_is_admitted_while_the_tls_cap_is_full() -> None:
+    q = quotas(max_ssl_connections=50)
+    fill_tls(q, 50)
+    make_busy(q, [f"tls-{i}" for i in range(50)], 60.0)
+    assert isinstance(accept(q, "tls-50", now=61.0), Wait)
+
+    assert accept(q, "plain-0", listener=PLAIN, now=62.0) == Admit()
+    assert q.counts().ssl == 50 and q.counts().broker == 51
+
+
+def test_plaintext_connections_are_never_evicted_for_the_tls_cap() -> None:
+    q = quotas(max_ssl_connections=1)
+    assert accept(q, "plain-old", listener=PLAIN, now=0.0) == Admit()
+    assert accept(q, "tls-0", now=1.0) == Admit()
+    q.on_request("tls-0", 2.0)
+
+    decision = accept(q, "tls-1", now=3.0)
+    assert isinstance(decision, Wait) and decision.limit_key == MAX_SSL_CONNECTIONS
+    assert "plain-old" in q and not q.is_closing("plain-old")
+
+
+def test_busy_connections_are_never_evicted_even_when_least_recently_used() -> None:
+    q = quotas(max_ssl_connections=50)
+    fill_tls(q, 50)
+    make_busy(q, [f"tls-{i}" for i in range(49)], 60.0)  # only tls-49, the newest, is idle
+
+    decision = accept(q, "tls-50", now=61.0)
+
+    assert isinstance(decision, EvictThenAdmit) and decision.evict == ("tls-49",)
+    assert not any(q.is_closing(f"tls-{i}") for i in range(49))
+
+
+def test_when_every_tls_connection_is_busy_the_next_waits_and_is_admitted_after_one_closes() -> None:
+    q = quotas(max_ssl_connections=50)
+    fill_tls(q, 50)
+    make_busy(q, [f"tls-{i}" for i in range(50)], 60.0)
+
+    decision = accept(q, "tls-50", now=61.0)
+
+    assert isinstance(decision, Wait)
+    assert decision.limit_key == MAX_SSL_CONNECTIONS and decision.listener == TLS and decision.limit == 50
+    assert "max.ssl.connections=50 reached" in decision.reason
+    assert "tls-50" not in q and q.counts().ssl == 50  # a waiting connection is not counted
+    assert not q.can_admit(listener=TLS, tls=True)
+    assert q.can_admit(listener=PLAIN, tls=False)
+
+    q.on_closed("tls-17")
+    assert q.can_admit(listener=TLS, tls=True)
+    assert accept(q, "tls-50", now=62.0) == Admit()  # the shell retries the same connection
+    assert q.counts().ssl == 50
+
+
+def test_a_waiting_connection_is_admitted_by_evicting_one_that_turned_idle() -> None:
+    q = quotas(max_ssl_connections=3)
+    fill_tls(q, 3)
+    make_busy(q, ["tls-0", "tls-1", "tls-2"], 10.0)
+    assert isinstance(accept(q, "tls-3", now=11.0), Wait)
+
+    q.on_response("tls-1", 12.0)
+
+    decision = accept(q, "tls-3", now=13.0)
+    assert isinstance(decision, EvictThenAdmit) and decision.evict == ("tls-1",)
+
+
+def test_pipelined_requests_keep_a_connection_busy_until_the_last_response() -> None:
+    q = quotas(max_ssl_connections=1)
+    accept(q, "a", now=0.0)
+    q.on_request("a", 1.0)
+    q.on_request("a", 1.0)
+    q.on_response("a", 2.0)
+    assert q.in_flight("a") == 1 and isinstance(accept(q, "b", now=3.0), Wait)
+    q.on_response("a", 4.0)
+    assert q.in_flight("a") == 0 and accept(q, "b", now=5.0) == EvictThenAdmit(
+        evict=("a",), limit_key=MAX_SSL_CONNECTIONS, reason=q_reason(MAX_SSL_CONNECTIONS, 1), limit=1
+    )
+
+
+def q_reason(key: str, limit: int) -> str:
+    return f"{key}={limit} reached: closing the least recently used idle connection"
+
+
+# ---------------------------------------------------------------------------
+# max.connections.per.ip and max.connections.per.ip.overrides
+
+
+def test_a_connection_over_max_connections_per_ip_is_refused_at_once() -> None:
+    q = quotas(max_connections_per_ip=2)
+    assert accept(q, "a", ip="127.0.0.1") == Admit()
+    assert accept(q, "b", ip="127.0.0.1") == Admit()
+
+    decision = accept(q, "c", ip="127.0.0.1")
+
+    assert decision == Refuse(
+        limit_key=MAX_CONNECTIONS_PER_IP,
+        reason="max.connections.per.ip=2 reached for 127.0.0.1",
+        ip="127.0.0.1",
+        limit=2,
+    )
+    assert not decision.admitted and "c" not in q and q.ip_count("127.0.0.1") == 2
+    assert accept(q, "d", ip="127.0.0.3") == Admit()  # other addresses are unaffected
+
+
+def test_an_override_raises_the_limit_for_one_address() -> None:
+    q = quotas(max_connections_per_ip=1, max_connections_per_ip_overrides={"127.0.0.2": 3})
+    assert accept(q, "a1", ip="127.0.0.1") == Admit()
+    assert isinstance(accept(q, "a2", ip="127.0.0.1"), Refuse)
+    for i in range(3):
+        assert accept(q, f"b{i}", ip="127.0.0.2") == Admit()
+
+    decision = accept(q, "b3", ip="127.0.0.2")
+
+    assert isinstance(decision, Refuse)
+    assert decision.limit_key == MAX_CONNECTIONS_PER_IP_OVERRIDES and decision.limit == 3
+    assert decision.reason == "max.connections.per.ip.overrides[127.0.0.2]=3 reached for 127.0.0.2"
+
+
+def test_an_override_of_zero_refuses_an_address_entirely() -> None:
+    q = quotas(max_connections_per_ip_overrides={"192.0.2.9": 0})
+    assert isinstance(accept(q, "x", ip="192.0.2.9"), Refuse)
+    assert accept(q, "y", ip="192.0.2.10") == Admit()
+
+
+def test_the_per_ip_limit_never_evicts_idle_connections_of_that_address() -> None:
+    q = quotas(max_connections_per_ip=1)
+    accept(q, "old-idle", ip="127.0.0.1", now=0.0)
+    assert isinstance(accept(q, "new", ip="127.0.0.1", now=1000.0), Refuse)
+    assert not q.is_closing("old-idle") and q.counts().closing == 0
+    q.on_closed("old-idle")
+    assert accept(q, "new", ip="127.0.0.1", now=1001.0) == Admit()
+
+
+def test_the_per_ip_limit_is_checked_before_evicting_for_a_cap() -> None:
+    q = quotas(max_ssl_connections=1, max_connections_per_ip=1)
+    accept(q, "a", ip="127.0.0.1")
+    assert isinstance(accept(q, "b", ip="127.0.0.1"), Refuse)  # not EvictThenAdmit(a)
+    assert not q.is_closing("a")
+
+
+def test_the_per_ip_limit_counts_protected_listeners_and_closing_connections() -> None:
+    q = quotas(protected=(INTERNAL,), max_connections_per_ip=2, max_ssl_connections=1)
+    accept(q, "r", listener=INTERNAL, ip="10.1.1.1", tls=False)
+    accept(q, "a", ip="10.1.1.1")
+    assert isinstance(accept(q, "b", ip="10.1.1.1"), Refuse)
+    assert isinstance(accept(q, "c", ip="10.9.9.9"), EvictThenAdmit)  # a is closing but still counted
+    assert isinstance(accept(q, "d", ip="10.1.1.1"), Refuse)
+    q.on_closed("a")
+    assert q.ip_count("10.1.1.1") == 1
+
+
+# ---------------------------------------------------------------------------
+# listener.name.<listener>.max.connections and max.connections
+
+
+def test_a_full_listener_evicts_its_own_least_recently_used_idle_connection() -> None:
+    q = quotas(listener_max_connections={TLS: 2})
+    accept(q, "other-oldest", listener=PLAIN, now=0.0)
+    accept(q, "l-0", now=1.0)
+    accept(q, "l-1", now=2.0)
+
+    decision = accept(q, "l-2", now=3.0)
+
+    assert isinstance(decision, EvictThenAdmit) and decision.evict == ("l-0",)
+    assert decision.limit_key == listener_max_connections_key(TLS) == f"listener.name.{TLS}.max.connections"
+    assert decision.reason.startswith(f"listener.name.{TLS}.max.connections=2 reached")
+    assert accept(q, "p", listener=PLAIN, now=4.0) == Admit()  # other listeners are unaffected
+
+
+def test_a_full_listener_waits_when_its_connections_are_busy_though_others_are_idle() -> None:
+    q = quotas(listener_max_connections={TLS: 2})
+    accept(q, "other-idle", listener=PLAIN, now=0.0)
+    accept(q, "l-0", now=1.0)
+    accept(q, "l-1", now=2.0)
+    make_busy(q, ["l-0", "l-1"], 3.0)
+
+    decision = accept(q, "l-2", now=4.0)
+
+    assert isinstance(decision, Wait) and decision.limit_key == listener_max_connections_key(TLS)
+    assert not q.is_closing("other-idle")
+
+
+def test_the_listener_cap_applies_to_a_protected_listener_too() -> None:
+    q = quotas(protected=(INTERNAL,), listener_max_connections={INTERNAL: 1})
+    accept(q, "r-0", listener=INTERNAL, tls=False, now=0.0)
+    decision = accept(q, "r-1", listener=INTERNAL, tls=False, now=1.0)
+    assert isinstance(decision, EvictThenAdmit) and decision.evict == ("r-0",)
+
+
+def test_the_broker_wide_cap_evicts_across_listeners_but_never_a_protected_connection() -> None:
+    q = quotas(protected=(INTERNAL,), max_connections=2)
+    accept(q, "replica-oldest", listener=INTERNAL, tls=False, now=0.0)
+    accept(q, "plain-0", listener=PLAIN, now=1.0)
+    accept(q, "tls-0", now=2.0)
+    assert q.counts().broker == 2 and q.counts().total == 3
+
+    decision = accept(q, "tls-1", now=3.0)
+
+    assert isinstance(decision, EvictThenAdmit) and decision.evict == ("plain-0",)
+    assert decision.limit_key == MAX_CONNECTIONS and "max.connections=2 reached" in decision.reason
+    assert not q.is_closing("replica-oldest")
+
+
+def test_a_protected_listener_is_exempt_from_the_broker_wide_and_tls_caps() -> None:
+    q = quotas(protected=(INTERNAL,), max_connections=1, max_ssl_connections=1)
+    accept(q, "client", now=0.0)
+    q.on_request("client", 0.5)
+    assert isinstance(accept(q, "client-2", now=1.0), Wait)
+
+    for i in range(5):
+        assert accept(q, f"replica-{i}", listener=INTERNAL, tls=True, now=2.0 + i) == Admit()
+    counts = q.counts()
+    assert counts.total == 6 and counts.broker == 1 and counts.ssl == 1
+    assert counts.listeners == {TLS: 1, INTERNAL: 5}
+
+
+def test_when_two_caps_are_full_one_connection_in_both_is_evicted() -> None:
+    q = quotas(listener_max_connections={TLS: 2}, max_ssl_connections=3)
+    accept(q, "other-tls-oldest", listener="other_tls", tls=True, now=0.0)
+    accept(q, "l-0", now=1.0)
+    accept(q, "l-1", now=2.0)
+
+    decision = accept(q, "l-2", now=3.0)
+
+    # other-tls-oldest is the LRU TLS connection, but l-0 relieves both caps at once
+    assert isinstance(decision, EvictThenAdmit) and decision.evict == ("l-0",)
+    assert decision.limit_key == listener_max_connections_key(TLS)
+    assert "max.ssl.connections=3 reached" in decision.reason
+
+
+def test_when_two_caps_are_full_and_nothing_is_in_both_one_of_each_is_evicted() -> None:
+    q = quotas(listener_max_connections={TLS: 2}, max_ssl_connections=2)
+    accept(q, "other-tls", listener="other_tls", tls=True, now=0.0)
+    accept(q, "l-0", now=1.0)
+    accept(q, "plain", listener=TLS, tls=False, now=2.0)  # a plaintext connection under the same listener name
+    q.on_request("l-0", 3.0)  # the one connection in both classes is busy
+
+    decision = accept(q, "l-1", now=4.0)
+
+    assert isinstance(decision, EvictThenAdmit) and sorted(decision.evict) == ["other-tls", "plain"]
+
+
+def test_a_cap_of_zero_admits_nothing_but_protected_listeners() -> None:
+    q = quotas(protected=(INTERNAL,), max_connections=0, max_ssl_connections=0)
+    assert isinstance(accept(q, "a"), Wait)
+    assert isinstance(accept(q, "b", listener=PLAIN), Wait)
+    assert accept(q, "r", listener=INTERNAL, tls=True) == Admit()
+
+
+# ---------------------------------------------------------------------------
+# dynamic limits
+
+
+def test_lowering_max_ssl_connections_from_50_to_10_closes_the_40_least_recently_used() -> None:
+    q = quotas(max_ssl_connections=50)
+    ids = fill_tls(q, 50)
+    # reorder activity: odd connections become the most recent
+    for i, conn_id in enumerate(ids[1::2]):
+        q.on_request(conn_id, 100.0 + i)
+        q.on_response(conn_id, 100.5 + i)
+    lru_order = ids[0::2] + ids[1::2]
+
+    closes = q.update_limits(ConnectionLimits(max_ssl_connections=10), now=200.0)
+
+    assert [c.conn_id for c in closes] == lru_order[:40]
+    assert all(c.limit_key == MAX_SSL_CONNECTIONS and not c.observed for c in closes)
+    assert all("max.ssl.connections=10 exceeded" in c.reason for c in closes)
+    assert all(q.is_closing(c.conn_id) for c in closes)
+    for c in closes:
+        q.on_closed(c.conn_id)
+    assert q.counts().ssl == 10 and sorted(q.counts().listeners.items()) == [(TLS, 10)]
+
+
+def test_lowering_below_the_busy_connections_leaves_them_and_reclaims_them_when_idle() -> None:
+    q = quotas(max_ssl_connections=10)
+    ids = fill_tls(q, 10)
+    make_busy(q, ids[:6], 20.0)  # the six least recently accepted are busy
+
+    closes = q.update_limits(ConnectionLimits(max_ssl_connections=2), now=21.0)
+
+    assert [c.conn_id for c in closes] == ids[6:]  # only the idle ones
+    for c in closes:
+        q.on_closed(c.conn_id)
+    assert q.counts().ssl == 6  # over the new cap until the busy ones finish
+    assert isinstance(accept(q, "new", now=22.0), Wait)
+    assert q.reclaim_excess() == []  # nothing idle to reclaim
+
+    q.on_response(ids[0], 23.0)
+    reclaimed = q.reclaim_excess()
+    assert [c.conn_id for c in reclaimed] == [ids[0]] and reclaimed[0].limit_key == MAX_SSL_CONNECTIONS
+    q.on_closed(ids[0])
+    for conn_id in ids[1:5]:
+        q.on_closed(conn_id)  # clients go away
+    assert q.counts().ssl == 1
+    assert accept(q, "new", now=24.0) == Admit()
+    assert q.counts().ssl == 2
+
+
+def test_a_new_connection_over_a_lowered_cap_evicts_enough_to_land_at_the_cap() -> None:
+    q = quotas(max_ssl_connections=4)
+    ids = fill_tls(q, 4)
+    make_busy(q, ids, 10.0)
+    assert q.update_limits(ConnectionLimits(max_ssl_connections=2), now=11.0) == []
+    for i, conn_id in enumerate(ids):
+        q.on_response(conn_id, 12.0 + i)
+
+    decision = accept(q, "new", now=20.0)
+
+    assert isinstance(decision, EvictThenAdmit) and decision.evict == tuple(ids[:3])
+    assert q.counts().ssl - q.counts().closing == 2
+
+
+def test_raising_a_limit_takes_effect_at_once() -> None:
+    q = quotas(max_ssl_connections=1)
+    accept(q, "a", now=0.0)
+    q.on_request("a", 0.0)
+    assert isinstance(accept(q, "b", now=1.0), Wait)
+
+    assert q.update_limits(ConnectionLimits(max_ssl_connections=2), now=2.0) == []
+
+    assert q.can_admit(listener=TLS, tls=True)
+    assert accept(q, "b", now=3.0) == Admit()
+
+
+def test_lowering_a_listener_cap_closes_only_that_listeners_excess() -> None:
+    q = quotas()
+    for i in range(3):
+        accept(q, f"p-{i}", listener=PLAIN, now=float(i))
+        accept(q, f"t-{i}", now=10.0 + i)
+    closes = q.update_limits(ConnectionLimits(listener_max_connections={TLS: 1}), now=20.0)
+    assert [c.conn_id for c in closes] == ["t-0", "t-1"]
+    assert {c.limit_key for c in closes} == {listener_max_connections_key(TLS)}
+
+
+def test_lowering_a_per_ip_limit_closes_nothing() -> None:
+    q = quotas()
+    for i in range(3):
+        accept(q, f"c{i}", ip="127.0.0.1")
+    assert q.update_limits(ConnectionLimits(max_connections_per_ip=1), now=1.0) == []
+    assert isinstance(accept(q, "c3", ip="127.0.0.1", now=2.0), Refuse)
+
+
+def test_lowering_connections_max_idle_ms_expires_connections_at_once() -> None:
+    q = quotas()
+    accept(q, "a", now=0.0)
+    accept(q, "b", now=5.0)
+    closes = q.update_limits(ConnectionLimits(connections_max_idle_ms=2000), now=6.0)
+    assert closes == [Close("a", CONNECTIONS_MAX_IDLE_MS, "connections.max.idle.ms=2000 exceeded (idle 6.000s)")]
+
+
+# ---------------------------------------------------------------------------
+# connections.max.idle.ms
+
+
+def test_idle_connections_expire_after_connections_max_idle_ms_lru_first() -> None:
+    q = quotas(connections_max_idle_ms=1000)
+    accept(q, "a", now=0.0)
+    accept(q, "busy", now=0.1)
+    q.on_request("busy", 0.2)
+    accept(q, "b", listener=PLAIN, now=0.5)
+
+    assert q.idle_expired(1.0) == []  # exactly max idle is not more than it (Kafka: strictly greater)
+    assert q.next_idle_deadline() == 1.0
+    assert [c.conn_id for c in q.idle_expired(1.2)] == ["a"]
+    assert q.next_idle_deadline() == 1.5
+    closes = q.idle_expired(60.0)
+    assert [c.conn_id for c in closes] == ["b"]  # a is already closing, busy is busy
+    assert closes[0].limit_key == CONNECTIONS_MAX_IDLE_MS and "connections.max.idle.ms=1000" in closes[0].reason
+    assert q.next_idle_deadline() is None
+
+    q.on_response("busy", 61.0)
+    assert q.idle_expired(61.9) == []
+    assert [c.conn_id for c in q.idle_expired(62.1)] == ["busy"]
+
+
+def test_activity_postpones_idle_expiry() -> None:
+    q = quotas(connections_max_idle_ms=1000)
+    accept(q, "a", now=0.0)
+    q.on_request("a", 0.9)
+    q.on_response("a", 0.95)
+    assert q.idle_expired(1.5) == []
+    assert [c.conn_id for c in q.idle_expired(2.0)] == ["a"]
+
+
+def test_a_negative_connections_max_idle_ms_disables_idle_expiry() -> None:
+    q = quotas(connections_max_idle_ms=-1)
+    accept(q, "a", now=0.0)
+    assert q.idle_expired(1e9) == [] and q.next_idle_deadline() is None
+
+
+def test_an_idle_expired_connection_is_closing_and_not_evicted_again() -> None:
+    q = quotas(connections_max_idle_ms=1000, max_ssl_connections=2)
+    accept(q, "a", now=0.0)
+    accept(q, "b", now=5.0)
+    assert [c.conn_id for c in q.idle_expired(5.5)] == ["a"]
+    assert accept(q, "c", now=6.0) == Admit()  # a's slot is already free
+    decision = accept(q, "d", now=7.0)
+    assert isinstance(decision, EvictThenAdmit) and decision.evict == ("b",)
+
+
+# ---------------------------------------------------------------------------
+# observe mode
+
+
+def test_observe_mode_admits_everything_and_reports_what_enforce_would_have_done() -> None:
+    q = quotas(Mode.OBSERVE, max_ssl_connections=2, max_connections_per_ip=3)
+    assert accept(q, "a", now=0.0) == Admit()
+    accept(q, "b", now=1.0)
+    q.on_request("b", 2.0)
+
+    evicting = accept(q, "c", now=3.0)
+    assert isinstance(evicting, Admit) and isinstance(evicting.observed, EvictThenAdmit)
+    assert evicting.observed.evict == ("a",) and evicting.limit_key == MAX_SSL_CONNECTIONS
+    assert evicting.reason.startswith("observe: would evict a: max.ssl.connections=2 reached")
+    assert not q.is_closing("a") and q.counts().closing == 0
+
+    refused = accept(q, "d", now=4.0)  # 4th from 10.0.0.1
+    assert isinstance(refused, Admit) and isinstance(refused.observed, Refuse)
+    assert refused.limit_key == MAX_CONNECTIONS_PER_IP
+
+    for conn_id in ("a", "c", "d"):
+        q.on_request(conn_id, 5.0)
+    waiting = accept(q, "e", ip="10.0.0.2", now=6.0)
+    assert isinstance(waiting, Admit) and isinstance(waiting.observed, Wait)
+
+    assert q.counts().ssl == 5 and q.ip_count("10.0.0.1") == 4  # real connections, over the caps
+    assert q.can_admit(listener=TLS, tls=True)
+
+
+def test_observe_mode_reports_closings_without_closing() -> None:
+    q = quotas(Mode.OBSERVE, connections_max_idle_ms=1000)
+    for i in range(4):
+        accept(q, f"c{i}", now=float(i))
+
+    lowered = q.update_limits(ConnectionLimits(max_ssl_connections=1, connections_max_idle_ms=1000), now=3.5)
+    assert [(c.conn_id, c.limit_key, c.observed) for c in lowered] == [
+        ("c0", MAX_SSL_CONNECTIONS, True),
+        ("c1", MAX_SSL_CONNECTIONS, True),
+        ("c2", MAX_SSL_CONNECTIONS, True),
+    ]
+    assert q.counts().closing == 0 and q.reclaim_excess() == []
+
+    idle = q.idle_expired(10.0)
+    assert [c.conn_id for c in idle] == ["c0", "c1", "c2", "c3"] and all(c.observed for c in idle)
+    assert q.idle_expired(20.0) == []  # each idle period is reported once
+    assert q.next_idle_deadline() is None
+    q.on_request("c2", 21.0)
+    q.on_response("c2", 21.0)
+    assert [c.conn_id for c in q.idle_expired(30.0)] == ["c2"]
+    assert len(q) == 4
+
+
+# ---------------------------------------------------------------------------
+# limits validation and decision values
+
+
+@pytest.mark.parametrize(
+    ("limits", "message"),
+    [
+        ({"max_connections": -1}, "max.connections must be >= 0"),
+        ({"max_ssl_connections": -5}, "max.ssl.connections must be >= 0"),
+        ({"max_connections_per_ip": -1}, "max.connections.per.ip must be >= 0"),
+        ({"max_connections_per_ip": 0}, "max.connections.per.ip can be set to zero only if"),
+        ({"max_connections_per_ip_overrides": {"127.0.0.1": -1}}, "max.connections.per.ip.overrides[127.0.0.1] must"),
+        ({"max_connections_per_ip_overrides": {"": 3}}, "max.connections.per.ip.overrides keys"),
+        ({"listener_max_connections": {"external": 0}}, "listener.name.external.max.connections must be >= 1"),
+        ({"max_connections": INT_MAX + 1}, "max.connections must be <= 2147483647"),
+        ({"max_ssl_connections": True}, "max.ssl.connections must be an integer"),
+        ({"max_connections": 1.5}, "max.connections must be an integer"),
+        ({"connections_max_idle_ms": 2**63}, "connections.max.idle.ms must be <="),
+    ],
+)
+def test_invalid_limits_are_refused_naming_the_key_and_the_rule(limits: dict[str, object], message: str) -> None:
+    with pytest.raises(ValueError, match=message.replace("[", r"\[").replace("]", r"\]")):
+        ConnectionLimits(**limits)  # type: ignore[arg-type]
+
+
+def test_kafka_defaults_and_valid_edge_values() -> None:
+    limits = ConnectionLimits()
+    assert limits.max_connections == limits.max_connections_per_ip == limits.max_ssl_connections == 2147483647
+    assert limits.connections_max_idle_ms == 600_000
+    zero_with_overrides = ConnectionLimits(max_connections_per_ip=0, max_connections_per_ip_overrides={"10.0.0.1": 5})
+    assert zero_with_overrides.per_ip_limit("10.0.0.1") == (5, MAX_CONNECTIONS_PER_IP_OVERRIDES)
+    assert zero_with_overrides.per_ip_limit("10.0.0.2") == (0, MAX_CONNECTIONS_PER_IP)
+    assert ConnectionLimits(max_connections=0, max_ssl_connections=0).max_connections == 0
+
+
+def test_limits_and_decisions_are_frozen_values() -> None:
+    source = {"external": 3}
+    limits = ConnectionLimits(listener_max_connections=source)
+    source["external"] = 1
+    assert limits.listener_limit("external") == 3
+    with pytest.raises(TypeError):
+        limits.listener_max_connections["external"] = 1  # type: ignore[index]
+    with pytest.raises(dataclasses.FrozenInstanceError):
+        limits.max_connections = 1  # type: ignore[misc]
+    with pytest.raises(dataclasses.FrozenInstanceError):
+        Admit().reason = "x"  # type: ignore[misc]
+    with pytest.raises(dataclasses.FrozenInstanceError):
+        Close("a", MAX_CONNECTIONS, "r").conn_id = "b"  # type: ignore[misc]
+
+
+def test_update_limits_accepts_only_connection_limits() -> None:
+    with pytest.raises(TypeError):
+        quotas().update_limits({"max_connections": 1}, now=0.0)  # type: ignore[arg-type]
+
+
+def test_a_connection_id_cannot_be_counted_twice() -> None:
+    q = quotas()
+    accept(q, "a")
+    with pytest.raises(ValueError, match="already counted"):
+        accept(q, "a")
+
+
+def test_unknown_connection_ids_are_ignored_by_activity_and_close() -> None:
+    q = quotas()
+    q.on_request("ghost", 0.0)
+    q.on_response("ghost", 0.0)
+    q.on_closed("ghost")
+    accept(q, "a")
+    q.on_closed("a")
+    q.on_closed("a")  # twice: idempotent
+    assert q.counts().total == 0 and q.ip_count("10.0.0.1") == 0
+
+
+def test_ten_thousand_connections_at_the_tls_cap_evict_in_lru_order() -> None:
+    n = 10_000
+    q = quotas(max_ssl_connections=n)
+    ids = fill_tls(q, n)
+    make_busy(q, ids[: n // 2], float(n))  # the older half is busy
+    for i in range(n):
+        decision = accept(q, f"new-{i}", ip="10.9.9.9", now=float(n + 1 + i))
+        assert isinstance(decision, EvictThenAdmit)
+        # the older half is busy: the LRU idle ones are the newer half, then the new ones, in order
+        expected = ids[n // 2 + i] if i < n // 2 else f"new-{i - n // 2}"
+        assert decision.evict == (expected,)
+        q.on_closed(expected)
+    assert q.counts().ssl == n and q.counts().busy == n // 2
+
+
+# ---------------------------------------------------------------------------
+# stateful model check
+
+LISTENERS = {"plain": False, "tls_a": True, "tls_b": True, "internal": True}  # name -> TLS
+PROTECTED = ("internal",)
+IPS = ("10.0.0.1", "10.0.0.2", "10.0.0.3")
+
+limits_strategy = st.builds(
+    ConnectionLimits,
+    # caps of 0 are reached by lower_a_cap_below_its_count; small caps here keep every limit in play
+    max_connections=st.integers(3, 12) | st.just(INT_MAX),
+    max_connections_per_ip=st.integers(2, 8) | st.just(INT_MAX),
+    max_connections_per_ip_overrides=st.dictionaries(st.sampled_from(IPS), st.integers(0, 6), max_size=2),
+    max_ssl_connections=st.integers(2, 8) | st.just(INT_MAX),
+    listener_max_connections=st.dictionaries(st.sampled_from(sorted(LISTENERS)), st.integers(1, 6), max_size=3),
+    connections_max_idle_ms=st.sampled_from([600_000, 300, 1000, -1]),
+)
+steps = st.sampled_from([0.0, 0.0, 0.2, 0.7, 1.5])
+
+
+@dataclasses.dataclass
+class ModelConn:
+    listener: str
+    tls: bool
+    ip: str
+    in_flight: int = 0
+    closing: bool = False
+    last: float = 0.0
+    seq: int = 0  # order of activity: the reference for "least recently used"
+
+    @property
+    def protected(self) -> bool:
+        return self.listener in PROTECTED
+
+
+def on_listener(name: str) -> Callable[[ModelConn], bool]:
+    return lambda c: c.listener == name
+
+
+class ConnectionQuotasMachine(RuleBasedStateMachine):
+    """A shell driving the policy at random, against a plain reference model."""
+
+    MODE = Mode.ENFORCE
+
+    def __init__(self) -> None:
+        super().__init__()
+        self.q = ConnectionQuotas(mode=self.MODE, protected_listeners=PROTECTED)
+        self.model: dict[str, ModelConn] = {}
+        self.now = 0.0
+        self.next_id = 0
+        self.activity = 0
+        self.allowed: dict[str, int] = {}
+
+    # -- reference model ---------------------------------------------------
+
+    def caps(self, limits: ConnectionLimits | None = None) -> dict[str, tuple[int, Callable[[ModelConn], bool]]]:
+        if limits is None:
+            limits = self.q.limits
+        caps: dict[str, tuple[int, Callable[[ModelConn], bool]]] = {
+            MAX_CONNECTIONS: (limits.max_connections, lambda c: not c.protected),
+            MAX_SSL_CONNECTIONS: (limits.max_ssl_connections, lambda c: c.tls and not c.protected),
+        }
+        for listener, limit in limits.listener_max_connections.items():
+            caps[listener_max_connections_key(listener)] = (limit, on_listener(listener))
+        return caps
+
+    def live(self, member: Callable[[ModelConn], bool]) -> int:
+        return sum(1 for c in self.model.values() if member(c) and not c.closing)
+
+    def idle_in(self, member: Callable[[ModelConn], bool]) -> int:
+        return sum(1 for c in self.model.values() if member(c) and not c.closing and c.in_flight == 0)
+
+    def lru_idle(self, member: Callable[[ModelConn], bool]) -> list[str]:
+        idle = [(c.seq, k) for k, c in self.model.items() if member(c) and not c.closing and not c.in_flight]
+        return [k for _, k in sorted(idle)]
+
+    def touch(self, conn: ModelConn) -> None:
+        self.activity += 1
+        conn.seq = self.activity
+        conn.last = self.now
+
+    def expected_excess_closes(self, limits: ConnectionLimits) -> list[str] | None:
+        """With exactly one cap over its limit, the closes are its excess, least recently used first."""
+        over = [(lim, m) for lim, m in self.caps(limits).values() if self.live(m) > lim]
+        if len(over) != 1:
+            return None
+        limit, member = over[0]
+        return self.lru_idle(member)[: self.live(member) - limit]
+
+    def take_closes(self, closes: list[Close]) -> None:
+        seen: set[str] = set()
+        for close in closes:
+            assert close.conn_id not in seen, "a connection is named twice"
+            seen.add(close.conn_id)
+            conn = self.model[close.conn_id]
+            assert conn.in_flight == 0, "a busy connection is in a close list"
+            assert not conn.closing, "a closing connection is named again"
+            if self.MODE is Mode.OBSERVE:
+                assert close.observed
+            else:
+                assert not close.observed
+                conn.closing = True
+
+    def assert_no_idle_excess(self) -> None:
+        """After lowering/reclaiming: a cap may be exceeded only by busy connections."""
+        if self.MODE is Mode.OBSERVE:
+            return
+        for key, (limit, member) in self.caps().items():
+            if self.live(member) > limit:
+                assert self.idle_in(member) == 0, f"{key}: idle connections left over the cap"
+
+    # -- rules ---------------------------------------------------------------
+
+    @initialize(limits=limits_strategy)
+    def start(self, limits: ConnectionLimits) -> None:
+        assert self.q.update_limits(limits, self.now) == []
+
+    @rule(dt=st.sampled_from([0.0, 0.1, 0.4, 1.0, 3.0]))
+    def advance(self, dt: float) -> None:
+        self.now += dt
+
+    @rule(
+        arrivals=st.lists(st.tuples(st.sampled_from(sorted(LISTENERS)), st.sampled_from(IPS)), min_size=1, max_size=4),
+        dt=steps,
+    )
+    def accept_some(self, arrivals: list[tuple[str, str]], dt: float) -> None:
+        self.now += dt
+        for listener, ip in arrivals:
+            self.accept(listener, ip)
+
+    def accept(self, listener: str, ip: str) -> None:
+        conn_id = f"c{self.next_id}"
+        self.next_id += 1
+        tls = LISTENERS[listener]
+        new = ModelConn(listener, tls, ip, last=self.now, seq=self.activity + 1)
+        ip_limit, _ = self.q.limits.per_ip_limit(ip)
+        ip_count = sum(1 for c in self.model.values() if c.ip == ip)
+        caps = self.caps()
+        full = {k: (lim, m) for k, (lim, m) in caps.items() if m(new) and self.live(m) >= lim}
+
+        decision = self.q.on_accept(conn_id, listener=listener, ip=ip, tls=tls, now=self.now)
+
+        enforced: AcceptDecision = decision
+        if self.MODE is Mode.OBSERVE:
+            assert isinstance(decision, Admit)
+            enforced = decision.observed if decision.observed is not None else decision
+            if decision.observed is not None:
+                assert decision.limit_key == decision.observed.limit_key
+        if isinstance(enforced, Refuse):
+            assert ip_count >= ip_limit
+        else:
+            assert ip_count < ip_limit
+        if isinstance(enforced, Admit):
+            assert not full
+        if isinstance(enforced, Wait):
+            limit, member = full[enforced.limit_key]
+            assert self.idle_in(member) < self.live(member) - limit + 1
+            assert enforced.listener == listener
+        if isinstance(enforced, EvictThenAdmit):
+            assert full and enforced.limit_key in full
+            for limit, member in full.values():
+                relieved = sum(1 for v in enforced.evict if member(self.model[v]))
+                assert self.live(member) - relieved + 1 <= limit
+            if len(full) == 1:
+                [(limit, member)] = full.values()
+                assert list(enforced.evict) == self.lru_idle(member)[: self.live(member) - limit + 1]
+            self.take_closes([Close(v, enforced.limit_key, "", self.MODE is Mode.OBSERVE) for v in enforced.evict])
+        if decision.admitted:
+            self.model[conn_id] = new
+            self.activity += 1
+            if self.MODE is Mode.ENFORCE:
+                for key, (limit, member) in self.caps().items():
+                    if member(new):
+                        assert self.live(member) <= limit, f"{key} exceeded by an admission"
+        else:
+            assert conn_id not in self.q
+
+    @rule(data=st.data(), dt=steps)
+    def request(self, data: st.DataObject, dt: float) -> None:
+        self.now += dt
+        if not self.model:
+            return
+        conn_id = data.draw(st.sampled_from(sorted(self.model)))
+        self.q.on_request(conn_id, self.now)
+        self.model[conn_id].in_flight += 1
+        self.touch(self.model[conn_id])
+
+    @rule(data=st.data(), dt=steps, then_reclaim=st.booleans())
+    def respond(self, data: st.DataObject, dt: float, then_reclaim: bool) -> None:
+        """A response; a shell may then reclaim excess (or not, and accept over a lowered cap)."""
+        self.now += dt
+        busy = sorted(k for k, c in self.model.items() if c.in_flight)
+        if not busy:
+            return
+        conn_id = data.draw(st.sampled_from(busy))
+        self.q.on_response(conn_id, self.now)
+        self.model[conn_id].in_flight -= 1
+        self.touch(self.model[conn_id])
+        if then_reclaim:
+            self.reclaim()
+
+    @rule()
+    def respond_to_everything(self) -> None:
+        """Every busy connection turns idle, and nobody reclaims: the next accept meets any excess."""
+        for conn_id, conn in sorted(self.model.items()):
+            while conn.in_flight:
+                self.q.on_response(conn_id, self.now)
+                conn.in_flight -= 1
+                self.touch(conn)
+
+    @rule(data=st.data())
+    def peer_closes(self, data: st.DataObject) -> None:
+        if not self.model:
+            return
+        conn_id = data.draw(st.sampled_from(sorted(self.model)))
+        self.q.on_closed(conn_id)
+        del self.model[conn_id]
+
+    @rule()
+    def shell_closes_what_it_was_told(self) -> None:
+        for conn_id in [k for k, c in self.model.items() if c.closing]:
+            self.q.on_closed(conn_id)
+            del self.model[conn_id]
+        if self.MODE is Mode.ENFORCE:
+            for key, (limit, member) in self.caps().items():
+                count = sum(1 for c in self.model.values() if member(c))
+                assert count <= self.allowed.get(key, limit), f"{key}: {count} > {limit}"
+
+    @rule()
+    def expire_idle(self) -> None:
+        closes = self.q.idle_expired(self.now)
+        max_idle_ms = self.q.limits.connections_max_idle_ms
+        for close in closes:
+            conn = self.model[close.conn_id]
+            assert close.limit_key == CONNECTIONS_MAX_IDLE_MS
+            assert max_idle_ms >= 0 and self.now - conn.last > max_idle_ms / 1000
+        seqs = [self.model[c.conn_id].seq for c in closes]
+        assert seqs == sorted(seqs), "idle expiry is not least recently used first"
+        self.take_closes(closes)
+        if self.MODE is Mode.ENFORCE and max_idle_ms >= 0:
+            for conn in self.model.values():
+                if not conn.closing and not conn.in_flight:
+                    assert not self.now - conn.last > max_idle_ms / 1000, "an expired connection was missed"
+
+    @rule(limits=limits_strategy)
+    def change_limits(self, limits: ConnectionLimits) -> None:
+        expected = self.expected_excess_closes(limits)
+        closes = self.q.update_limits(limits, self.now)
+        if expected is not None:
+            assert [c.conn_id for c in closes if c.limit_key != CONNECTIONS_MAX_IDLE_MS] == expected
+        self.take_closes(closes)
+        self.allowed = {}
+        self.assert_no_idle_excess()
+
+    @rule(field_name=st.sampled_from(["max_connections", "max_ssl_connections", "listener"]), by=st.integers(1, 3))
+    def lower_a_cap_below_its_count(self, field_name: str, by: int) -> None:
+        """Aim a lowering at the live count, so that busy connections are left over the cap."""
+        limits = self.q.limits
+        if field_name == "listener":
+            listener = max(LISTENERS, key=lambda name: sum(1 for c in self.model.values() if c.listener == name))
+            live = self.live(on_listener(listener))
+            caps = {**limits.listener_max_connections, listener: max(1, live - by)}
+            new = dataclasses.replace(limits, listener_max_connections=caps)
+        elif field_name == "max_connections":
+            new = dataclasses.replace(limits, max_connections=max(0, self.live(self.caps()[MAX_CONNECTIONS][1]) - by))
+        else:
+            live = self.live(self.caps()[MAX_SSL_CONNECTIONS][1])
+            new = dataclasses.replace(limits, max_ssl_connections=max(0, live - by))
+        self.change_limits(new)
+
+    @rule()
+    def reclaim(self) -> None:
+        expected = self.expected_excess_closes(self.q.limits)
+        closes = self.q.reclaim_excess()
+        if expected is not None and self.MODE is Mode.ENFORCE:
+            assert [c.conn_id for c in closes] == expected
+        self.take_closes(closes)
+        self.assert_no_idle_excess()
+
+    # -- invariants ----------------------------------------------------------
+
+    @invariant()
+    def counts_match_the_reference(self) -> None:
+        counts = self.q.counts()
+        model = self.model.values()
+        assert counts.total == len(self.model) == len(self.q)
+        assert counts.broker == sum(1 for c in model if not c.protected)
+        assert counts.ssl == sum(1 for c in model if c.tls and not c.protected)
+        assert counts.closing == sum(1 for c in model if c.closing)
+        assert counts.busy == sum(1 for c in model if c.in_flight)
+        listeners: dict[str, int] = {}
+        for c in model:
+            listeners[c.listener] = listeners.get(c.listener, 0) + 1
+        assert dict(counts.listeners) == listeners
+        for ip in IPS:
+            assert self.q.ip_count(ip) == sum(1 for c in model if c.ip == ip) >= 0
+        for conn_id, conn in self.model.items():
+            assert self.q.is_closing(conn_id) == conn.closing
+            assert self.q.in_flight(conn_id) == conn.in_flight >= 0
+
+    @invariant()
+    def live_counts_never_rise_above_a_cap(self) -> None:
+        """ENFORCE: count - closing <= cap, except for busy excess left by lowering, which only shrinks."""
+        if self.MODE is Mode.OBSERVE:
+            assert self.q.counts().closing == 0
+            return
+        for key, (limit, member) in self.caps().items():
+            live = self.live(member)
+            allowed = self.allowed.get(key, limit)
+            if key not in self.allowed and live > limit:  # a lowering just happened
+                allowed = live
+            assert live <= allowed, f"{key}: {live} live > {allowed}"
+            self.allowed[key] = max(limit, min(allowed, live))
+
+
+class ObserveModeMachine(ConnectionQuotasMachine):
+    MODE = Mode.OBSERVE
+
+
+machine_settings = settings(
+    max_examples=150, stateful_step_count=60, deadline=None, suppress_health_check=[HealthCheck.too_slow]
+)
+TestConnectionQuotasStateful = ConnectionQuotasMachine.TestCase
+TestConnectionQuotasStateful.settings = machine_settings
+TestObserveModeStateful = ObserveModeMachine.TestCase
+TestObserveModeStateful.settings = machine_settings
