@@ -25,11 +25,13 @@ ROUNDS = 200_000
 
 
 def admission(enabled: bool) -> RequestAdmission:
-    config = parse_config({
-        "upstream": {"bootstrap_servers": ["127.0.0.1:9092"]},
-        "listeners": [{"name": "bench", "bind": "127.0.0.1:1"}],
-        "policies": {"resource.identifier.limit.enable": enabled},
-    })
+    config = parse_config(
+        {
+            "upstream": {"bootstrap_servers": ["127.0.0.1:9092"]},
+            "listeners": [{"name": "bench", "bind": "127.0.0.1:1"}],
+            "policies": {"resource.identifier.limit.enable": enabled},
+        }
+    )
     metrics = Metrics()
     return RequestAdmission(config.policies, metrics, AuditSink(None, metrics))
 
@@ -42,12 +44,19 @@ def frames() -> dict[str, bytes]:
         topics=None, allow_auto_topic_creation=False, include_topic_authorized_operations=False
     )
     join = load_request_schema(11, 9)(
-        group_id="orders-consumers", session_timeout=datetime.timedelta(seconds=45),
-        rebalance_timeout=datetime.timedelta(seconds=300), member_id="consumer-1-2b9c0e5e-0f3b-4c8e-9f1a",
-        group_instance_id=None, protocol_type="consumer", protocols=(), reason=None,
+        group_id="orders-consumers",
+        session_timeout=datetime.timedelta(seconds=45),
+        rebalance_timeout=datetime.timedelta(seconds=300),
+        member_id="consumer-1-2b9c0e5e-0f3b-4c8e-9f1a",
+        group_instance_id=None,
+        protocol_type="consumer",
+        protocols=(),
+        reason=None,
     )
     return {
-        "produce v9 (header + peeked transactional id)": wire.encode_frame(wire.request_header_for(0, 9, 1, "app-1"), produce),
+        "produce v9 (header + peeked transactional id)": wire.encode_frame(
+            wire.request_header_for(0, 9, 1, "app-1"), produce
+        ),
         "metadata v12 (header client id)": wire.encode_frame(wire.request_header_for(3, 12, 1, "app-1"), metadata),
         "join_group v9 (body decoded and checked)": wire.encode_frame(wire.request_header_for(11, 9, 1, "app-1"), join),
     }
