@@ -19,6 +19,7 @@ from proxy import wire
 from proxy.audit import AuditSink
 from proxy.config import parse_config
 from proxy.metrics import Metrics
+from proxy.group_tracking import GroupTracking
 from proxy.request_admission import RequestAdmission
 
 ROUNDS = 200_000
@@ -33,7 +34,8 @@ def admission(enabled: bool) -> RequestAdmission:
         }
     )
     metrics = Metrics()
-    return RequestAdmission(config.policies, metrics, AuditSink(None, metrics))
+    audit = AuditSink(None, metrics)
+    return RequestAdmission(config.policies, metrics, audit, GroupTracking(config.policies, metrics, audit))
 
 
 def frames() -> dict[str, bytes]:
@@ -64,7 +66,7 @@ def frames() -> dict[str, bytes]:
 
 def per_call_us(check: RequestAdmission, frame: bytes) -> float:
     header = wire.peek_request_header(frame)
-    assert check.check(header, frame, "bench", "127.0.0.1:1") is None
+    assert check.check(header, frame, "bench", "127.0.0.1:1") == (None, None)
     best = min(timeit.repeat(lambda: check.check(header, frame, "bench", "peer"), number=ROUNDS, repeat=5))
     return best / ROUNDS * 1e6
 

@@ -16,6 +16,7 @@ import yaml
 from pydantic import BaseModel, ConfigDict, Field, ValidationError, field_validator, model_validator
 
 from policies.connections import ConnectionLimits
+from policies.group_size import GroupSizeConfig
 from policies.identifier_limits import IdentifierLimits
 from policies.memory_pool import validate_settings as validate_pool_settings
 
@@ -165,6 +166,12 @@ class Policies(_Frozen):
     # Beyond Kafka: how long a connection may wait in the backlog for a slot before it is closed.
     max_connections_wait_ms: int = Field(default=30000, ge=1, le=_INT_MAX, alias="max.connections.wait.ms")
     connections_mode: PolicyMode | None = Field(default=None, alias="connections.mode")
+    # Consumer group size (KIP-389 classic, KIP-848 consumer groups).
+    group_max_size: int = Field(default=_INT_MAX, ge=1, le=_INT_MAX, alias="group.max.size")
+    group_consumer_max_size: int = Field(default=_INT_MAX, ge=1, le=_INT_MAX, alias="group.consumer.max.size")
+    # Beyond Kafka: joins per minute per group (-1 = off), answered with a throttle.
+    group_join_rate_per_minute: int = Field(default=-1, ge=-1, le=_INT_MAX, alias="group.join.rate.per.minute")
+    group_size_mode: PolicyMode | None = Field(default=None, alias="group.size.mode")
     # KIP-72 memory pool: bytes of requests read and not yet answered (-1 = off).
     queued_max_request_bytes: int = Field(default=-1, ge=-1, le=2**63 - 1, alias="queued.max.request.bytes")
     queued_max_request_bytes_per_connection: int = Field(
@@ -202,6 +209,18 @@ class Policies(_Frozen):
         if overrides:
             flat["listener.name"] = overrides
         return flat
+
+    def group_size_config(self) -> GroupSizeConfig:
+        return GroupSizeConfig(
+            group_max_size=self.group_max_size,
+            group_consumer_max_size=self.group_consumer_max_size,
+            join_rate_per_minute=self.group_join_rate_per_minute,
+        )
+
+    @model_validator(mode="after")
+    def _group_settings_valid(self) -> Policies:
+        self.group_size_config()  # e.g. group.join.rate.per.minute 0; raises naming the key
+        return self
 
     @model_validator(mode="after")
     def _connection_limits_valid(self) -> Policies:
@@ -248,6 +267,10 @@ class Policies(_Frozen):
             offset_metadata_max_bytes=self.offset_metadata_max_bytes,
             error_code=self.resource_identifier_limit_error_code,
         )
+
+    @property
+    def int_max(self) -> int:
+        return _INT_MAX
 
     def mode_of(self, policy_mode: PolicyMode | None) -> PolicyMode:
         return policy_mode or self.mode

@@ -23,6 +23,7 @@ from policies.frame_check import FrameKind, FrameVerdict, looks_like_http, looks
 
 from . import rewrite, wire
 from .framing import FrameReader, TruncatedFrame
+from .group_tracking import GroupRequest
 from .request_admission import Answer
 from .upstream import UpstreamUnavailable
 
@@ -60,6 +61,7 @@ class InFlight:
     proxy_seconds: float = 0.0  # time the request spent inside the proxy
     answer: Answer | None = None  # the proxy's own answer: the broker never saw the request
     ticket: int | None = None  # its bytes in the memory pool, released once answered
+    group_request: GroupRequest | None = None  # a group API: its response updates the group tracker
 
 
 class ClientConnection:
@@ -112,15 +114,21 @@ class ClientConnection:
     async def _serve(self) -> None:
         cfg = self.listener.config
         try:
+            await self._connect_and_pump()
+        finally:
+            with trio.CancelScope(shield=True):
+                await trio.aclose_forcefully(self._tcp)  # closed already on most paths; harmless twice
+            log.debug("connection closed", extra={"peer": self.peer, "listener": cfg.name})
+
+    async def _connect_and_pump(self) -> None:
+        try:
             client = await self._client_stream()
             link = await self.route.connect()
         except ConnectionClosed as exc:
             self._closed_by(exc)
-            await trio.aclose_forcefully(self._tcp)
             return
         except UpstreamUnavailable as exc:
             self._closed_by(ConnectionClosed("upstream_unavailable", str(exc)))
-            await trio.aclose_forcefully(self._tcp)
             return
         upstream = link.stream
         self.upstream_address = link.address
@@ -132,9 +140,11 @@ class ClientConnection:
         finally:
             if self.listener.pool.enabled:
                 self.listener.pool.cancel(self)  # whatever it held or waited for goes back
-            await trio.aclose_forcefully(upstream)
-            await trio.aclose_forcefully(client)
-            log.debug("connection closed", extra={"peer": self.peer, "listener": cfg.name})
+            # Shielded: when the connection is closed from outside (eviction, idle expiry)
+            # its scope is cancelled, and an unshielded close would be cancelled too.
+            with trio.CancelScope(shield=True):
+                await trio.aclose_forcefully(upstream)
+                await trio.aclose_forcefully(client)
 
     async def _client_stream(self) -> trio.abc.Stream:
         context = self.listener.ssl_context
@@ -313,7 +323,7 @@ class ClientConnection:
                     f"{wire.api_name(header.api_key)} v{header.api_version} is newer than the proxy can read; "
                     "the client ignored the versions it was offered",
                 )
-            answer = admission.check(header, frame, name, self.peer)
+            answer, group_request = admission.check(header, frame, name, self.peer)
             if answer is not None:
                 if answer.frame is None:
                     raise ConnectionClosed(answer.cause, answer.message)
@@ -341,6 +351,7 @@ class ClientConnection:
                         header.api_version,
                         ticket=ticket,
                         proxy_seconds=trio.current_time() - started,
+                        group_request=group_request,
                     )
                 )
                 await upstream.send_all(frame)
@@ -413,6 +424,8 @@ class ClientConnection:
                 listener.rewrites and rewrite.carries_addresses(request.api_key, request.api_version)
             ):
                 frame = await self._rewritten(frame, request)
+            if request.group_request is not None:
+                self._track_group(request, frame)
             await client.send_all(frame)
             self._pending.popleft()
             self._answered(request)
@@ -451,6 +464,16 @@ class ClientConnection:
             f"a {size}-byte request did not complete within request.body.timeout.ms={timeout_ms} "
             f"(waiting for {waited_for})",
         )
+
+    def _track_group(self, request: InFlight, frame: bytes) -> None:
+        """Tell the group tracker what the coordinator answered, before the client hears it."""
+        assert request.group_request is not None
+        try:
+            self.listener.admission.groups.on_response(
+                request.api_key, request.api_version, request.group_request, frame
+            )
+        except wire.MalformedFrame as exc:
+            log.warning("group response not tracked: %s", exc, extra={"peer": self.peer})
 
     def _awaiting_broker(self) -> InFlight | None:
         """The request the broker's next response answers (None if the head is the proxy's own)."""

@@ -24,6 +24,9 @@ if TYPE_CHECKING:
 
 log = logging.getLogger("kafka_admission_proxy.connections")
 
+# One label per decision, whichever mode made it (observe reports ENFORCE's decision).
+_VERBS: dict[type, str] = {Refuse: "refuse", Wait: "wait", EvictThenAdmit: "evict"}
+
 
 class ConnectionGate:
     def __init__(self, quotas: ConnectionQuotas, metrics: Metrics, audit: AuditSink, wait_ms: int) -> None:
@@ -72,8 +75,7 @@ class ConnectionGate:
             for victim in decision.evict:
                 self._close(victim, decision.limit_key, f"evicted (LRU idle) to admit a connection: {decision.reason}")
         elif isinstance(decision, Admit) and decision.observed is not None:
-            verb = type(decision.observed).__name__.lower()
-            self._decided(conn, verb, decision.limit_key or "", decision.reason)
+            self._decided(conn, _VERBS[type(decision.observed)], decision.limit_key or "", decision.reason)
         return True
 
     def on_request(self, conn: ClientConnection) -> None:
@@ -83,6 +85,7 @@ class ConnectionGate:
         self.quotas.on_response(conn.conn_id, trio.current_time())
         if not conn.busy:
             self._wake()  # an idle connection can be evicted for a waiting one
+            self._idle_changed.set()  # and it now has an idle deadline the reaper must see
             for close in self.quotas.reclaim_excess():
                 self._carry_out(close)
 

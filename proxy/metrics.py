@@ -92,6 +92,12 @@ class Metrics:
             ("reason", "mode"),
             registry=r,
         )
+        self.group_refusals = Counter(
+            "kafka_admission_group_refusals",
+            "Group joins refused (GROUP_MAX_SIZE_REACHED) or throttled, by API",
+            ("api", "decision", "mode"),
+            registry=r,
+        )
         self.identifier_breaches = Counter(
             "kafka_admission_identifier_breaches",
             "Identifiers over their KIP-1233 limit, by API and identifier kind",

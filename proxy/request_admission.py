@@ -24,6 +24,7 @@ from . import wire
 from .audit import AuditSink
 from .config import Policies
 from .error_responses import build_error_frame
+from .group_tracking import GroupRequest, GroupTracking
 from .metrics import Metrics
 
 log = logging.getLogger("kafka_admission_proxy.admission")
@@ -40,22 +41,41 @@ class Answer:
 
 
 class RequestAdmission:
-    def __init__(self, policies: Policies, metrics: Metrics, audit: AuditSink) -> None:
+    def __init__(self, policies: Policies, metrics: Metrics, audit: AuditSink, groups: GroupTracking) -> None:
         self._metrics = metrics
         self._audit = audit
         self.limits = policies.identifier_limits()
         self.mode = policies.mode_of(policies.resource_identifier_limit_mode)
+        self.groups = groups
+        self._identifier_keys = checked_api_keys() - {wire.PRODUCE} if self.limits.enabled else frozenset()
         # The one table: API keys whose request bodies a policy decodes.
-        self.decoded_api_keys: frozenset[int] = (
-            checked_api_keys() - {wire.PRODUCE} if self.limits.enabled else frozenset()
-        )
+        self.decoded_api_keys: frozenset[int] = self._identifier_keys | groups.decoded_api_keys
 
-    def check(self, header: wire.RequestHeader, frame: bytes, listener: str, peer: str) -> Answer | None:
-        """None to forward; an Answer to refuse."""
-        if not self.limits.enabled:
-            return None
+    def check(
+        self, header: wire.RequestHeader, frame: bytes, listener: str, peer: str
+    ) -> tuple[Answer | None, GroupRequest | None]:
+        """(None to forward, or the proxy's Answer; what the response must be matched with)."""
+        api_key = header.api_key
+        if api_key not in self.decoded_api_keys:
+            if self.limits.enabled:
+                return self._check_identifiers(header, frame, None, listener, peer), None
+            return None, None
+        body = wire.decode_request(frame, api_key, header.api_version)
+        if self.limits.enabled:
+            answer = self._check_identifiers(header, frame, body, listener, peer)
+            if answer is not None:
+                return answer, None
+        if api_key in self.groups.decoded_api_keys:
+            refusal, request = self.groups.on_request(header, body, listener, peer)
+            if refusal is not None:
+                return Answer(refusal, False, "group_admission", "group join refused"), None
+            return None, request
+        return None, None
+
+    def _check_identifiers(
+        self, header: wire.RequestHeader, frame: bytes, body: object, listener: str, peer: str
+    ) -> Answer | None:
         api_key, version = header.api_key, header.api_version
-        body = None
         if api_key == wire.PRODUCE:
             transactional_id, _ = wire.produce_head(frame, version)
             peeked = (
@@ -63,8 +83,7 @@ class RequestAdmission:
                 check_transactional_id(transactional_id, self.limits),
             )
             breaches = [b for b in peeked if b is not None]
-        elif api_key in self.decoded_api_keys:
-            body = wire.decode_request(frame, api_key, version)
+        elif api_key in self._identifier_keys:
             breaches = check_request(api_key, version, body, header.client_id, self.limits)
         else:
             client = check_client_id(header.client_id, self.limits)

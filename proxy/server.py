@@ -15,6 +15,7 @@ from .audit import AuditSink
 from .brokers import BrokerDirectory
 from .config import Config
 from .connection_gate import ConnectionGate
+from .group_tracking import GroupTracking
 from .listener import ListenerRuntime
 from .memory import PoolGate, build_pool
 from .metrics import Metrics
@@ -38,7 +39,8 @@ class ProxyServer:
             config.upstream.tls, upstream_context(config.upstream.tls), self.metrics, self.audit
         )
         bootstrap = config.upstream.addresses()
-        admission = RequestAdmission(config.policies, self.metrics, self.audit)
+        self.groups = GroupTracking(config.policies, self.metrics, self.audit)
+        admission = RequestAdmission(config.policies, self.metrics, self.audit, self.groups)
         policies = config.policies
         self.pool = PoolGate(
             build_pool(
@@ -103,6 +105,7 @@ class ProxyServer:
                     self._accepting = accepting
                     self._connections = connections
                     connections.start_soon(self.gate.reap_idle)
+                    connections.start_soon(self.groups.expire_forever)
                     for listener in self.listeners:
                         await listener.start(accepting, connections)
                     # Admin last: once it answers, every listener is bound.
@@ -125,7 +128,7 @@ class ProxyServer:
         if any(getattr(old.policies, k) != getattr(new.policies, k) for k in pool_keys):
             log.warning("config reload: the memory pool settings changed; restart to apply them")
         policies = new.policies
-        admission = RequestAdmission(policies, self.metrics, self.audit)
+        admission = RequestAdmission(policies, self.metrics, self.audit, self.groups)
         for listener in self.listeners:
             listener.policies = policies
             listener.admission = admission

@@ -10,6 +10,7 @@ from proxy import wire
 from proxy.audit import AuditSink
 from proxy.config import parse_config
 from proxy.metrics import Metrics
+from proxy.group_tracking import GroupTracking
 from proxy.request_admission import RequestAdmission
 
 
@@ -20,7 +21,8 @@ def admission(**policies: object) -> RequestAdmission:
         "policies": {"resource.identifier.limit.enable": True, **policies},
     })
     metrics = Metrics()
-    return RequestAdmission(config.policies, metrics, AuditSink(None, metrics))
+    audit = AuditSink(None, metrics)
+    return RequestAdmission(config.policies, metrics, audit, GroupTracking(config.policies, metrics, audit))
 
 
 def produce_frame(transactional_id: str, acks: int) -> bytes:
@@ -34,7 +36,7 @@ def produce_frame(transactional_id: str, acks: int) -> bytes:
 
 def test_produce_with_an_over_long_transactional_id_is_answered_per_partition() -> None:
     frame = produce_frame("t" * 250, acks=-1)
-    answer = admission().check(wire.peek_request_header(frame), frame, "l", "peer")
+    answer = admission().check(wire.peek_request_header(frame), frame, "l", "peer")[0]
     assert answer is not None and answer.frame is not None and not answer.close_after
     response = wire.decode_response(answer.frame, 0, 9)
     assert response.header.correlation_id == 11
@@ -44,7 +46,7 @@ def test_produce_with_an_over_long_transactional_id_is_answered_per_partition() 
 
 def test_acks_zero_produce_over_the_limit_closes_without_an_answer() -> None:
     frame = produce_frame("t" * 250, acks=0)
-    answer = admission().check(wire.peek_request_header(frame), frame, "l", "peer")
+    answer = admission().check(wire.peek_request_header(frame), frame, "l", "peer")[0]
     assert answer is not None and answer.frame is None and answer.close_after
 
 
@@ -53,7 +55,7 @@ def test_an_over_long_client_id_is_answered_then_the_connection_closes() -> None
     frame = wire.encode_frame(
         wire.request_header_for(18, 3, 1, "c" * 250), schema(client_software_name="a", client_software_version="1")
     )
-    answer = admission().check(wire.peek_request_header(frame), frame, "l", "peer")
+    answer = admission().check(wire.peek_request_header(frame), frame, "l", "peer")[0]
     assert answer is not None and answer.close_after and answer.frame is not None
     assert wire.decode_response(answer.frame, 18, 3).body.error_code == 42
 
@@ -61,11 +63,11 @@ def test_an_over_long_client_id_is_answered_then_the_connection_closes() -> None
 def test_observe_mode_answers_nothing() -> None:
     frame = produce_frame("t" * 250, acks=-1)
     checker = admission(**{"resource.identifier.limit.mode": "observe"})
-    assert checker.check(wire.peek_request_header(frame), frame, "l", "peer") is None
+    assert checker.check(wire.peek_request_header(frame), frame, "l", "peer")[0] is None
 
 
 def test_at_the_limit_nothing_is_answered_and_produce_is_not_decoded() -> None:
     checker = admission()
     frame = produce_frame("t" * 249, acks=-1)
-    assert checker.check(wire.peek_request_header(frame), frame, "l", "peer") is None
+    assert checker.check(wire.peek_request_header(frame), frame, "l", "peer")[0] is None
     assert wire.PRODUCE not in checker.decoded_api_keys and wire.FETCH not in checker.decoded_api_keys

@@ -1,0 +1,1288 @@
+"""Consumer group size: KIP-389 ``group.max.size`` and KIP-848 ``group.consumer.max.size``.
+
+Mirrors the admission rule of Kafka's group coordinator (``GroupCoordinator.acceptJoiningMember``,
+``GroupMetadataManager.acceptJoiningMember`` and ``throwIfConsumerGroupIsFull``): a member that
+would make a group bigger than its cap is answered ``GROUP_MAX_SIZE_REACHED`` (81), which the
+clients treat as fatal.
+
+Classic groups (JoinGroup), by the coordinator's group state:
+
+* Empty / Dead: always admitted.
+* PreparingRebalance: admitted if the member is already awaiting join, or fewer than
+  ``group.max.size`` members are awaiting join. Counting the awaiting members (not the whole
+  group) is what lets Kafka shrink an over-sized group: the *last* members to rejoin are
+  refused and removed.
+* CompletingRebalance / Stable: admitted if the member exists, or the group has fewer than
+  ``group.max.size`` members.
+* Members that only hold a pending id from ``MEMBER_ID_REQUIRED`` (KIP-394) are not counted.
+
+KIP-848 consumer groups (ConsumerGroupHeartbeat): a member joining with epoch 0 is refused when
+the group already has ``group.consumer.max.size`` members and it is not one of them, with the
+message ``The consumer group has reached its maximum capacity of N members.``
+
+Where this policy knowingly differs from Kafka:
+
+* A static member (``group.instance.id``) that restarts with an empty member id takes over its
+  own slot and is admitted like an existing member, in classic and consumer groups alike. Kafka
+  does this for consumer groups since KAFKA-20601; its classic path still counts such a restart
+  as a new member.
+* During PreparingRebalance a static member that has not rejoined yet keeps its slot: Kafka keeps
+  such members when the join phase completes, so counting only the awaiting members could end a
+  rebalance over the cap. New members are admitted only while
+  ``awaiting + static members not yet rejoined < group.max.size``.
+* The proxy sees requests before the coordinator and responses after it, so a slot is taken when
+  a join is admitted and given back only when a response (or a timeout) says it is free.
+* A member the policy refuses never reaches the coordinator, so a static one keeps its slot
+  until its session ends (Kafka would remove it; the coordinator behind us does not).
+* Optional ``group.join.rate.per.minute`` (not in Kafka): joins beyond that rate in one group are
+  throttled (a token bucket holding one minute's worth of joins).
+
+Guarantee. Membership and the group state are rebuilt from the group traffic the shell feeds in
+(requests for admission, responses for what the coordinator did). When this proxy sees all of a
+group's coordinator traffic, admission is exact and, in enforce mode, the coordinator's group
+never exceeds its cap: not in CompletingRebalance / Stable, and not in the next generation while
+it rebalances (awaiting + static members), even though the coordinator itself enforces nothing.
+Sessions end as Kafka ends them (no heartbeat, join, sync or commit for ``session.timeout.ms``;
+members awaiting join or sync are kept alive), never earlier. Otherwise (several proxies, a proxy
+restart, clients bypassing the proxy, tracking state evicted by ``max_groups``) it is best
+effort: groups first seen mid-life are learnt on first contact, ``needs_reconcile`` names groups
+whose count should be refreshed from the coordinator (DescribeGroups / ConsumerGroupDescribe)
+and ``observe_group_size`` applies the answer.
+
+Sans-I/O: no sockets, no clocks (``now`` is passed in, in seconds), no logging. Memory is bounded
+by ``max_groups`` (least recently used groups are dropped) and by expiring idle empty groups.
+"""
+
+from __future__ import annotations
+
+import enum
+import heapq
+import itertools
+import math
+from collections import OrderedDict
+from collections.abc import Iterable, Iterator, Mapping
+from dataclasses import dataclass, field
+from typing import TypeAlias
+
+from policies.mode import Mode
+
+__all__ = [
+    "COORDINATOR_LOAD_IN_PROGRESS",
+    "FENCED_INSTANCE_ID",
+    "GROUP_MAX_SIZE_REACHED",
+    "ILLEGAL_GENERATION",
+    "INT_MAX",
+    "MEMBER_ID_REQUIRED",
+    "NONE",
+    "REBALANCE_IN_PROGRESS",
+    "UNKNOWN_MEMBER_ID",
+    "Admit",
+    "ConsumerHeartbeatDecision",
+    "Decision",
+    "ExpiryReport",
+    "GroupKind",
+    "GroupSizeConfig",
+    "GroupSizePolicy",
+    "GroupState",
+    "GroupView",
+    "JoinDecision",
+    "Refuse",
+    "Throttle",
+]
+
+INT_MAX = 2147483647
+
+# Kafka error codes (org.apache.kafka.common.protocol.Errors).
+NONE = 0
+COORDINATOR_LOAD_IN_PROGRESS = 14
+ILLEGAL_GENERATION = 22
+UNKNOWN_MEMBER_ID = 25
+REBALANCE_IN_PROGRESS = 27
+MEMBER_ID_REQUIRED = 79
+GROUP_MAX_SIZE_REACHED = 81
+FENCED_INSTANCE_ID = 82
+
+# ConsumerGroupHeartbeat member epochs with a meaning of their own.
+JOIN_EPOCH = 0
+LEAVE_EPOCH = -1
+STATIC_LEAVE_EPOCH = -2
+
+_MAX_PENDING_PER_GROUP = 10_000
+
+
+class GroupState(enum.Enum):
+    """Kafka's classic group states, as far as the traffic shows them."""
+
+    EMPTY = "Empty"
+    PREPARING_REBALANCE = "PreparingRebalance"
+    COMPLETING_REBALANCE = "CompletingRebalance"
+    STABLE = "Stable"
+    DEAD = "Dead"
+
+
+class GroupKind(enum.Enum):
+    CLASSIC = "classic"  # JoinGroup/SyncGroup/Heartbeat; capped by group.max.size
+    CONSUMER = "consumer"  # KIP-848 ConsumerGroupHeartbeat; capped by group.consumer.max.size
+
+
+# ---------------------------------------------------------------------------------------------
+# Configuration
+
+
+def _int_setting(key: str, value: object, minimum: int, rule: str) -> int:
+    if isinstance(value, bool) or not isinstance(value, int):
+        raise ValueError(f"{key} must be an integer, got {value!r}")
+    if not minimum <= value <= INT_MAX:
+        raise ValueError(f"{key} {rule}, got {value}")
+    return value
+
+
+def _seconds_setting(key: str, value: object) -> float:
+    if isinstance(value, bool) or not isinstance(value, int | float) or not math.isfinite(value) or value <= 0:
+        raise ValueError(f"{key} must be a positive number of seconds, got {value!r}")
+    return float(value)
+
+
+@dataclass(frozen=True, slots=True)
+class GroupSizeConfig:
+    """Settings; Kafka's keys where Kafka has one (see ``from_properties``)."""
+
+    group_max_size: int = INT_MAX  # group.max.size
+    group_consumer_max_size: int = INT_MAX  # group.consumer.max.size
+    join_rate_per_minute: int = -1  # group.join.rate.per.minute; -1 = off
+    consumer_session_timeout_seconds: float = 45.0  # group.consumer.session.timeout.ms
+    max_groups: int = 100_000  # groups tracked at once; least recently used dropped beyond
+    idle_group_seconds: float = 3600.0  # empty groups with no traffic for this long are dropped
+    reconcile_interval_seconds: float = 60.0  # at most one reconciliation per group per interval
+    reconcile_margin: int = 1  # groups with >= cap - margin members are reconciled
+    default_session_timeout_seconds: float = 45.0  # when a JoinGroup's is not passed in
+    default_rebalance_timeout_seconds: float = 300.0  # when a JoinGroup's is not passed in
+
+    def __post_init__(self) -> None:
+        _int_setting("group.max.size", self.group_max_size, 1, "must be at least 1")
+        _int_setting("group.consumer.max.size", self.group_consumer_max_size, 1, "must be at least 1")
+        rate = _int_setting("group.join.rate.per.minute", self.join_rate_per_minute, -1, "must be -1 (off) or >= 1")
+        if rate == 0:
+            raise ValueError("group.join.rate.per.minute must be -1 (off) or at least 1, got 0")
+        _int_setting("max_groups", self.max_groups, 1, "must be at least 1")
+        _int_setting("reconcile_margin", self.reconcile_margin, 0, "must be at least 0")
+        _seconds_setting("group.consumer.session.timeout.ms", self.consumer_session_timeout_seconds)
+        _seconds_setting("idle_group_seconds", self.idle_group_seconds)
+        _seconds_setting("reconcile_interval_seconds", self.reconcile_interval_seconds)
+        _seconds_setting("default_session_timeout_seconds", self.default_session_timeout_seconds)
+        _seconds_setting("default_rebalance_timeout_seconds", self.default_rebalance_timeout_seconds)
+
+    @classmethod
+    def from_properties(cls, props: Mapping[str, object]) -> GroupSizeConfig:
+        """Build from Kafka-style keys; keys that belong to other policies are ignored.
+
+        ``group.max.size``, ``group.consumer.max.size``, ``group.join.rate.per.minute``,
+        ``group.consumer.session.timeout.ms``, and the proxy's own
+        ``group.tracking.max.groups``, ``group.tracking.idle.ms``, ``group.reconcile.interval.ms``,
+        ``group.reconcile.margin``.
+        """
+        kwargs: dict[str, object] = {}
+        plain = {
+            "group.max.size": "group_max_size",
+            "group.consumer.max.size": "group_consumer_max_size",
+            "group.join.rate.per.minute": "join_rate_per_minute",
+            "group.tracking.max.groups": "max_groups",
+            "group.reconcile.margin": "reconcile_margin",
+        }
+        millis = {
+            "group.consumer.session.timeout.ms": "consumer_session_timeout_seconds",
+            "group.tracking.idle.ms": "idle_group_seconds",
+            "group.reconcile.interval.ms": "reconcile_interval_seconds",
+        }
+        for key, name in plain.items():
+            if key in props:
+                kwargs[name] = props[key]
+        for key, name in millis.items():
+            if key in props:
+                value = _int_setting(key, props[key], 1, "must be a positive number of milliseconds")
+                kwargs[name] = value / 1000.0
+        return cls(**kwargs)  # type: ignore[arg-type]
+
+
+# ---------------------------------------------------------------------------------------------
+# Decisions
+
+
+@dataclass(frozen=True, slots=True)
+class Refuse:
+    """Answer the request with ``error_code`` (81) instead of forwarding it."""
+
+    error_code: int
+    reason: str
+
+    @property
+    def admitted(self) -> bool:
+        return False
+
+
+@dataclass(frozen=True, slots=True)
+class Throttle:
+    """Answer with a retriable ``error_code`` and ``throttle_time_ms = throttle_ms``; do not forward."""
+
+    throttle_ms: int
+    reason: str
+    error_code: int = COORDINATOR_LOAD_IN_PROGRESS
+
+    @property
+    def admitted(self) -> bool:
+        return False
+
+
+@dataclass(frozen=True, slots=True)
+class Admit:
+    """Forward the request.
+
+    In observe mode ``would_refuse`` / ``would_throttle`` say what enforce mode would have done.
+    ``ticket`` names an admitted join (JoinGroup, or ConsumerGroupHeartbeat with epoch 0): pass
+    it back with the response (``on_join_response`` / ``on_consumer_heartbeat_response``). It
+    tells a late answer to an older join from the answer to the newest one, and finds the slot
+    of a member whose id the coordinator has yet to assign. A slot whose answer never comes
+    (upstream connection lost with the join in flight: do not settle it, the coordinator may
+    have processed it) is freed when it times out.
+    """
+
+    would_refuse: Refuse | None = None
+    would_throttle: Throttle | None = None
+    ticket: int | None = None
+
+    @property
+    def admitted(self) -> bool:
+        return True
+
+
+Decision: TypeAlias = Admit | Refuse | Throttle
+JoinDecision: TypeAlias = Decision
+ConsumerHeartbeatDecision: TypeAlias = Decision
+
+
+@dataclass(frozen=True, slots=True)
+class GroupView:
+    """A read-only summary of one tracked group (no member ids)."""
+
+    kind: GroupKind
+    state: GroupState
+    generation: int
+    members: int  # tracked members, joins in flight and members known only by count included
+    awaiting_join: int  # members with a join in flight
+    counted: int  # what the cap is compared with in the current state
+    pending: int  # KIP-394 pending member ids (not counted)
+    max_size: int
+    reconciled_at: float | None
+
+
+@dataclass(frozen=True, slots=True)
+class ExpiryReport:
+    members_expired: int = 0
+    groups_dropped: int = 0
+
+
+# ---------------------------------------------------------------------------------------------
+# Internal state
+
+
+@dataclass(slots=True)
+class _Slot:
+    """One member's place in a group. Keyed by instance id (static), member id, or ticket."""
+
+    key: str
+    member_id: str | None  # None until the coordinator's answer names it
+    instance_id: str | None
+    created_at: float
+    last_seen: float
+    session_s: float
+    rebalance_s: float
+    join_sent_at: float
+    ticket: int = 0  # the newest join from this member
+    created_ticket: int = -1  # the join that created this slot, if one did
+    prior: tuple[int, bool] = (0, False)  # (ticket, awaiting) before the newest join
+    awaiting: bool = False  # a join from it is in flight
+    sync_sent_at: float | None = None  # a SyncGroup from it is in flight (Kafka keeps it alive)
+    protocols: object = None
+
+    def deadline(self) -> float:
+        if self.awaiting:
+            return self.join_sent_at + self.rebalance_s + self.session_s
+        if self.sync_sent_at is not None:
+            return max(self.last_seen, self.sync_sent_at + self.rebalance_s) + self.session_s
+        return self.last_seen + self.session_s
+
+
+@dataclass(slots=True)
+class _Group:
+    kind: GroupKind
+    state: GroupState
+    last_activity: float
+    tokens: float
+    tokens_at: float
+    generation: int = -1
+    leader: str | None = None
+    slots: dict[str, _Slot] = field(default_factory=dict)
+    by_member: dict[str, str] = field(default_factory=dict)
+    pending: dict[str, float] = field(default_factory=dict)  # pending member id -> expires at
+    phantom: int = 0  # members known only by a count from the coordinator
+    n_awaiting: int = 0
+    n_static_idle: int = 0  # static members not awaiting join
+    reconciled_at: float | None = None
+    reconcile_started_at: float | None = None
+    scheduled: float | None = None  # earliest timer queued for this group
+    rebalance_cause: int = 0  # the join (ticket) that alone started the current rebalance
+    state_before_rebalance: GroupState = GroupState.EMPTY
+    hint: float = math.inf  # lower bound of deadlines changed since the last _schedule
+
+    @property
+    def size(self) -> int:
+        return len(self.slots) + self.phantom
+
+    @property
+    def counted(self) -> int:
+        if self.kind is GroupKind.CLASSIC and self.state is GroupState.PREPARING_REBALANCE:
+            return self.n_awaiting + self.n_static_idle + self.phantom
+        return self.size
+
+    @property
+    def idle(self) -> bool:
+        return not self.slots and not self.pending
+
+
+def _static_key(instance_id: str) -> str:
+    return "i:" + instance_id
+
+
+def _member_key(member_id: str) -> str:
+    return "m:" + member_id
+
+
+def _ticket_key(ticket: int) -> str:
+    return f"t:{ticket}"
+
+
+_STATE_NAMES: dict[str, GroupState] = {
+    "empty": GroupState.EMPTY,
+    "preparingrebalance": GroupState.PREPARING_REBALANCE,
+    "completingrebalance": GroupState.COMPLETING_REBALANCE,
+    "stable": GroupState.STABLE,
+    "dead": GroupState.DEAD,
+    # KIP-848 ConsumerGroupDescribe states
+    "assigning": GroupState.STABLE,
+    "reconciling": GroupState.STABLE,
+    "notready": GroupState.STABLE,
+}
+_CONSUMER_STATE_NAMES = frozenset({"assigning", "reconciling", "notready"})
+
+
+# ---------------------------------------------------------------------------------------------
+# The policy
+
+
+class GroupSizePolicy:
+    """Tracks consumer group membership from traffic and admits joins up to the group's cap."""
+
+    def __init__(self, config: GroupSizeConfig | None = None, mode: Mode = Mode.ENFORCE) -> None:
+        self.config = config if config is not None else GroupSizeConfig()
+        self.mode = mode
+        self._groups: OrderedDict[str, _Group] = OrderedDict()
+        self._timers: list[tuple[float, int, str]] = []
+        self._seq = itertools.count()
+        self._tickets = itertools.count(1)
+
+    # -- metrics -----------------------------------------------------------------------------
+
+    @property
+    def groups_tracked(self) -> int:
+        return len(self._groups)
+
+    def member_counts(self) -> Iterator[int]:
+        """Each tracked group's member count (for a histogram; no group ids)."""
+        return (g.size for g in self._groups.values())
+
+    def view(self, group_id: str) -> GroupView | None:
+        g = self._groups.get(group_id)
+        if g is None:
+            return None
+        return GroupView(
+            kind=g.kind,
+            state=g.state,
+            generation=g.generation,
+            members=g.size,
+            awaiting_join=g.n_awaiting,
+            counted=g.counted,
+            pending=len(g.pending),
+            max_size=self._cap(g),
+            reconciled_at=g.reconciled_at,
+        )
+
+    def has_member(self, group_id: str, member_id: str | None = None, instance_id: str | None = None) -> bool:
+        g = self._groups.get(group_id)
+        return g is not None and self._find(g, member_id or "", instance_id) is not None
+
+    # -- classic protocol ----------------------------------------------------------------------
+
+    def on_join_request(
+        self,
+        group_id: str,
+        member_id: str,
+        group_instance_id: str | None,
+        now: float,
+        *,
+        session_timeout_ms: int | None = None,
+        rebalance_timeout_ms: int | None = None,
+        require_known_member_id: bool = True,
+        protocols: object = None,
+    ) -> JoinDecision:
+        """Decide on a JoinGroup request before it is forwarded.
+
+        ``require_known_member_id`` is ``api_version >= 4`` (KIP-394); ``protocols`` is any
+        hashable fingerprint of the request's protocols (e.g. a hash of names and metadata),
+        used to tell whether a rejoin starts a rebalance, or None if unknown.
+        """
+        g = self._groups.get(group_id)
+        if g is None:
+            g = self._create(group_id, GroupKind.CLASSIC, now)
+            if member_id:
+                # A member id for a group never seen: the group predates us (restart, eviction).
+                g.state = GroupState.PREPARING_REBALANCE
+        elif g.kind is GroupKind.CONSUMER and g.size == 0:
+            g.kind, g.state = GroupKind.CLASSIC, GroupState.EMPTY
+        self._touch_group(group_id, g, now)
+        slot = self._find(g, member_id, group_instance_id)
+
+        refuse = self._consumer_refusal(g, slot) if g.kind is GroupKind.CONSUMER else self._classic_refusal(g, slot)
+        counts_toward_rate = not (member_id and member_id in g.pending)
+        throttle = None
+        if refuse is None and counts_toward_rate:
+            throttle = self._take_token(g, now)
+
+        if self.mode is Mode.ENFORCE:
+            if refuse is not None:
+                # Kafka removes a refused member (group.remove(memberId)), pending or not. The
+                # coordinator behind us has not seen the request: it drops a dynamic member that
+                # has not rejoined when the join phase completes, but keeps a static one until
+                # its session ends, so a static member keeps its slot until then.
+                g.pending.pop(member_id, None)
+                if slot is not None and member_id and slot.member_id == member_id and slot.instance_id is None:
+                    self._drop(g, slot)
+                    self._after_removal(g, rebalance=False)
+                self._schedule(group_id, g, now)
+                return refuse
+            if throttle is not None:
+                return throttle
+
+        session_s = self._seconds(session_timeout_ms, self.config.default_session_timeout_seconds)
+        rebalance_s = self._seconds(rebalance_timeout_ms, max(session_s, self.config.default_rebalance_timeout_seconds))
+        ticket = next(self._tickets)
+        self._apply_classic_join(
+            g,
+            slot,
+            member_id,
+            group_instance_id,
+            now,
+            session_s,
+            rebalance_s,
+            require_known_member_id,
+            protocols,
+            ticket,
+        )
+        self._schedule(group_id, g, now)
+        return Admit(would_refuse=refuse, would_throttle=throttle, ticket=ticket)
+
+    def on_join_response(
+        self,
+        group_id: str,
+        request_member_id: str,
+        group_instance_id: str | None,
+        error_code: int,
+        assigned_member_id: str | None,
+        generation_id: int,
+        now: float,
+        *,
+        leader_id: str | None = None,
+        members: Iterable[tuple[str, str | None]] | None = None,
+        ticket: int | None = None,
+        session_timeout_ms: int | None = None,
+    ) -> None:
+        """Settle a JoinGroup the policy admitted, from the coordinator's response.
+
+        ``members`` is the leader's member list ((member_id, group_instance_id) pairs), or None
+        for followers. A request that never reached the coordinator must be settled too, with
+        the error code the client was answered with.
+        """
+        g = self._groups.get(group_id)
+        if g is None:
+            if error_code not in (NONE, MEMBER_ID_REQUIRED):
+                return
+            g = self._create(group_id, GroupKind.CLASSIC, now)
+        self._touch_group(group_id, g, now)
+        slot = g.slots.get(_ticket_key(ticket)) if ticket is not None else None
+        if slot is None:
+            slot = self._find(g, request_member_id, group_instance_id)
+        session_s = self._seconds(session_timeout_ms, slot.session_s if slot else self._default_session(g))
+        # An answer to an older join of a member that has joined again since (e.g. a fenced
+        # static incarnation): the newest join is still in flight.
+        stale = ticket is not None and slot is not None and slot.ticket != ticket
+        if stale and error_code != NONE:
+            slot = None
+
+        if error_code == NONE:
+            if assigned_member_id:
+                # Kafka restarts sessions when a join phase completes, not on a rejoin it answers at once
+                touch = g.kind is GroupKind.CONSUMER or generation_id > g.generation
+                slot = self._confirm(
+                    g, slot, assigned_member_id, group_instance_id, now, session_s, still_awaiting=stale, touch=touch
+                )
+            elif slot is not None and not stale:
+                self._set_awaiting(g, slot, False)
+            if g.kind is GroupKind.CLASSIC:
+                self._classic_generation(g, slot, generation_id, leader_id, now)
+            else:
+                g.state = GroupState.STABLE
+            if members is not None and leader_id is not None and assigned_member_id == leader_id:
+                if generation_id >= g.generation:
+                    self._reconcile_members(g, members, now, cutoff=now)
+                    g.reconciled_at = now
+        elif error_code == MEMBER_ID_REQUIRED:
+            if slot is not None:
+                self._undo_join(g, slot)
+            if assigned_member_id:
+                self._add_pending(g, assigned_member_id, now + session_s)
+        elif error_code in (UNKNOWN_MEMBER_ID, GROUP_MAX_SIZE_REACHED):
+            # Kafka removes the member (group.remove(memberId)); a static member that joined
+            # without its member id keeps its slot.
+            if slot is not None:
+                self._undo_join(g, slot, drop=error_code == UNKNOWN_MEMBER_ID or slot.member_id == request_member_id)
+        elif error_code == REBALANCE_IN_PROGRESS:
+            if slot is not None:
+                self._set_awaiting(g, slot, False)
+            self._begin_rebalance(g)
+        elif slot is not None:
+            # The join took no effect (coordinator unavailable, fenced, invalid, ...).
+            self._undo_join(g, slot)
+        self._schedule(group_id, g, now)
+
+    def on_sync_request(
+        self, group_id: str, member_id: str, now: float, *, group_instance_id: str | None = None
+    ) -> None:
+        """A SyncGroup request was forwarded: Kafka keeps a member awaiting sync alive."""
+        g = self._groups.get(group_id)
+        slot = self._find(g, member_id, group_instance_id) if g is not None else None
+        if g is not None and slot is not None:
+            slot.sync_sent_at = now
+            self._note(g, slot)
+            self._schedule(group_id, g, now)
+
+    def on_sync_response(
+        self,
+        group_id: str,
+        member_id: str,
+        error_code: int,
+        now: float,
+        *,
+        group_instance_id: str | None = None,
+        generation_id: int | None = None,
+    ) -> None:
+        """A SyncGroup response: success means the generation is Stable."""
+        g = self._groups.get(group_id)
+        slot = self._find(g, member_id, group_instance_id) if g is not None else None
+        if g is not None and slot is not None:
+            if slot.sync_sent_at is not None and error_code in (NONE, REBALANCE_IN_PROGRESS):
+                slot.last_seen = max(slot.last_seen, now)  # its session restarts with the answer
+            slot.sync_sent_at = None
+            self._note(g, slot)
+        if g is None and error_code != NONE:
+            return
+        if error_code == NONE:
+            g = self._learn(group_id, g, member_id, group_instance_id, now)
+            if g.kind is GroupKind.CLASSIC:
+                if generation_id is not None and generation_id > g.generation:
+                    # the join phase completed without us seeing it
+                    g.generation = generation_id
+                    g.state = GroupState.STABLE
+                elif g.state in (GroupState.COMPLETING_REBALANCE, GroupState.EMPTY):
+                    g.state = GroupState.STABLE
+                g.rebalance_cause = 0
+            self._schedule(group_id, g, now)
+            return
+        assert g is not None
+        self._member_error(group_id, g, member_id, group_instance_id, error_code, generation_id, now)
+
+    def on_heartbeat_response(
+        self,
+        group_id: str,
+        member_id: str,
+        error_code: int,
+        now: float,
+        *,
+        group_instance_id: str | None = None,
+        generation_id: int | None = None,
+    ) -> None:
+        """A classic Heartbeat response: keeps the member alive, or reports a rebalance / removal."""
+        g = self._groups.get(group_id)
+        if g is None and error_code not in (NONE, REBALANCE_IN_PROGRESS):
+            return
+        if error_code in (NONE, REBALANCE_IN_PROGRESS):
+            g = self._learn(group_id, g, member_id, group_instance_id, now)
+            if error_code == NONE:
+                self._schedule(group_id, g, now)
+                return
+        assert g is not None
+        self._member_error(group_id, g, member_id, group_instance_id, error_code, generation_id, now)
+
+    def on_offset_commit_response(
+        self,
+        group_id: str,
+        member_id: str,
+        error_code: int,
+        now: float,
+        *,
+        group_instance_id: str | None = None,
+        generation_id: int | None = None,
+    ) -> None:
+        """An OffsetCommit response from a group member (first non-zero partition error, or 0).
+
+        Commits without a member id (standalone consumers) are ignored.
+        """
+        if not member_id or (generation_id is not None and generation_id < 0):
+            return
+        g = self._groups.get(group_id)
+        if error_code == NONE:
+            g = self._learn(group_id, g, member_id, group_instance_id, now)
+            self._schedule(group_id, g, now)
+            return
+        if g is None:
+            return
+        if error_code == REBALANCE_IN_PROGRESS and g.state is GroupState.COMPLETING_REBALANCE:
+            return  # Kafka also answers commits during CompletingRebalance with this
+        self._member_error(group_id, g, member_id, group_instance_id, error_code, generation_id, now)
+
+    def on_leave_group(self, group_id: str, members: Iterable[tuple[str, str | None]], now: float) -> int:
+        """Members that left (LeaveGroup response entries with error 0); returns how many were tracked."""
+        g = self._groups.get(group_id)
+        if g is None:
+            return 0
+        removed = 0
+        for member_id, instance_id in members:
+            if member_id in g.pending:
+                del g.pending[member_id]
+            slot = self._find(g, member_id, instance_id)
+            if slot is not None:
+                self._drop(g, slot)
+                removed += 1
+        if removed:
+            self._after_removal(g, rebalance=True)
+        self._touch_group(group_id, g, now)
+        self._schedule(group_id, g, now)
+        return removed
+
+    # -- KIP-848 consumer protocol ---------------------------------------------------------------
+
+    def on_consumer_heartbeat_request(
+        self,
+        group_id: str,
+        member_id: str,
+        member_epoch: int,
+        instance_id: str | None,
+        now: float,
+    ) -> ConsumerHeartbeatDecision:
+        """Decide on a ConsumerGroupHeartbeat; only joins (epoch 0) can be refused or throttled."""
+        g = self._groups.get(group_id)
+        if member_epoch != JOIN_EPOCH:
+            if g is not None:
+                self._touch_group(group_id, g, now)
+                slot = self._find(g, member_id, instance_id)
+                if slot is not None:
+                    slot.last_seen = max(slot.last_seen, now)
+            return Admit()
+        if g is None:
+            g = self._create(group_id, GroupKind.CONSUMER, now)
+        if g.kind is GroupKind.CLASSIC:
+            # A KIP-848 member joining a classic group: the coordinator converts the group.
+            g.kind = GroupKind.CONSUMER
+            g.state = GroupState.STABLE if g.size else GroupState.EMPTY
+        self._touch_group(group_id, g, now)
+        slot = self._find(g, member_id, instance_id)
+        refuse = self._consumer_refusal(g, slot)
+        throttle = self._take_token(g, now) if refuse is None else None
+        if self.mode is Mode.ENFORCE:
+            if refuse is not None:
+                return refuse
+            if throttle is not None:
+                return throttle
+        ticket = next(self._tickets)
+        session_s = self.config.consumer_session_timeout_seconds
+        if slot is None:
+            if instance_id is not None:
+                key = _static_key(instance_id)
+            elif member_id:
+                key = _member_key(member_id)
+            else:
+                key = _ticket_key(ticket)
+            slot = _Slot(key, member_id or None, instance_id, now, now, session_s, 0.0, now, created_ticket=ticket)
+            self._add(g, slot)
+        else:
+            slot.last_seen = max(slot.last_seen, now)
+            slot.session_s = session_s
+        slot.prior = (slot.ticket, slot.awaiting)
+        slot.ticket = ticket
+        slot.join_sent_at = now
+        self._set_awaiting(g, slot, True)
+        g.state = GroupState.STABLE
+        self._schedule(group_id, g, now)
+        return Admit(would_refuse=refuse, would_throttle=throttle, ticket=ticket)
+
+    def on_consumer_heartbeat_response(
+        self,
+        group_id: str,
+        member_id: str,
+        error_code: int,
+        assigned_member_id: str | None,
+        member_epoch: int,
+        now: float,
+        *,
+        instance_id: str | None = None,
+        ticket: int | None = None,
+    ) -> None:
+        """A ConsumerGroupHeartbeat response; ``member_id`` is the request's, ``member_epoch`` the response's."""
+        g = self._groups.get(group_id)
+        if g is None:
+            if error_code != NONE or member_epoch < 0:
+                return
+            g = self._create(group_id, GroupKind.CONSUMER, now)
+            g.state = GroupState.STABLE
+        self._touch_group(group_id, g, now)
+        slot = g.slots.get(_ticket_key(ticket)) if ticket is not None else None
+        if slot is None:
+            slot = self._find(g, member_id, instance_id)
+        stale = ticket is not None and slot is not None and slot.ticket != ticket
+        if stale and error_code != NONE:
+            slot = None
+        if error_code == NONE:
+            if member_epoch == LEAVE_EPOCH:
+                if slot is not None:
+                    self._drop(g, slot)
+                    self._after_removal(g, rebalance=False)
+            elif member_epoch == STATIC_LEAVE_EPOCH:
+                # Kafka keeps a static member that left until its session times out.
+                if slot is not None:
+                    self._set_awaiting(g, slot, False)
+                    slot.last_seen = max(slot.last_seen, now)
+            else:
+                new_id = assigned_member_id or member_id
+                if new_id:
+                    session_s = self.config.consumer_session_timeout_seconds
+                    self._confirm(g, slot, new_id, instance_id, now, session_s, still_awaiting=stale)
+                if g.kind is GroupKind.CONSUMER:
+                    g.state = GroupState.STABLE
+        elif slot is not None:
+            if error_code in (UNKNOWN_MEMBER_ID, GROUP_MAX_SIZE_REACHED):
+                self._drop(g, slot)
+                self._after_removal(g, rebalance=False)
+            elif ticket is not None and slot.awaiting:
+                self._undo_join(g, slot)  # a join that failed; other heartbeat errors leave members be
+        self._schedule(group_id, g, now)
+
+    # -- reconciliation ------------------------------------------------------------------------------
+
+    def observe_group_size(
+        self,
+        group_id: str,
+        members: Iterable[tuple[str, str | None]] | int,
+        now: float,
+        *,
+        state: str | GroupState | None = None,
+        kind: GroupKind | None = None,
+        sent_at: float | None = None,
+    ) -> None:
+        """Apply the coordinator's view of a group (DescribeGroups / ConsumerGroupDescribe).
+
+        ``members`` is the list of (member_id, group_instance_id) pairs, or only a count (a count
+        can only raise the estimate). ``sent_at`` is when the describe request was sent: tracked
+        members that joined after it are kept even if the answer does not list them.
+        """
+        state_value: GroupState | None
+        if isinstance(state, str):
+            name = state.replace("_", "").replace(" ", "").lower()
+            state_value = _STATE_NAMES.get(name)
+            if kind is None and name in _CONSUMER_STATE_NAMES:
+                kind = GroupKind.CONSUMER
+        else:
+            state_value = state
+        if state_value is GroupState.DEAD:
+            self.forget_group(group_id)
+            return
+        g = self._groups.get(group_id)
+        if g is None:
+            g = self._create(group_id, kind or GroupKind.CLASSIC, now)
+        elif kind is not None:
+            g.kind = kind
+        self._touch_group(group_id, g, now)
+        if isinstance(members, int):
+            g.phantom = max(0, members - len(g.slots))
+        else:
+            self._reconcile_members(g, members, now, cutoff=now if sent_at is None else sent_at)
+        if state_value is not None:
+            g.state = state_value
+        if g.kind is GroupKind.CONSUMER or g.size == 0:
+            g.state = GroupState.STABLE if g.size else GroupState.EMPTY
+        elif g.state is GroupState.EMPTY:
+            # joins admitted after the describe was sent: the group is rebalancing again
+            g.state = GroupState.PREPARING_REBALANCE if g.n_awaiting else GroupState.STABLE
+        g.reconciled_at = now
+        g.reconcile_started_at = None
+        self._schedule(group_id, g, now)
+
+    def needs_reconcile(self, group_id: str, now: float) -> bool:
+        """Whether the shell should ask the coordinator about this group now.
+
+        True, with a finite cap, for a group never reconciled (first contact, e.g. after a
+        restart) or within ``reconcile_margin`` of its cap, at most once per
+        ``reconcile_interval_seconds`` (counting from ``reconcile_started``).
+        """
+        g = self._groups.get(group_id)
+        if g is None:
+            return False
+        cap = self._cap(g)
+        if cap >= INT_MAX:
+            return False
+        interval = self.config.reconcile_interval_seconds
+        if g.reconcile_started_at is not None and now - g.reconcile_started_at < interval:
+            return False
+        if g.reconciled_at is None:
+            return True
+        near = max(g.size, g.counted) >= cap - self.config.reconcile_margin
+        return near and now - g.reconciled_at >= interval
+
+    def reconcile_started(self, group_id: str, now: float) -> None:
+        """The shell sent a describe request for this group."""
+        g = self._groups.get(group_id)
+        if g is not None:
+            g.reconcile_started_at = now
+
+    def forget_group(self, group_id: str) -> None:
+        """Drop a group (deleted, or reported Dead)."""
+        self._groups.pop(group_id, None)
+
+    # -- time --------------------------------------------------------------------------------------
+
+    def expire(self, now: float) -> ExpiryReport:
+        """Remove members whose session timed out and drop idle empty groups."""
+        expired = dropped = 0
+        while self._timers and self._timers[0][0] < now:
+            deadline, _, group_id = heapq.heappop(self._timers)
+            g = self._groups.get(group_id)
+            if g is None or g.scheduled != deadline:
+                continue
+            g.scheduled = None
+            removed = 0
+            for slot in list(g.slots.values()):
+                if now > slot.deadline():
+                    self._drop(g, slot)
+                    removed += 1
+            if removed:
+                expired += removed
+                self._after_removal(g, rebalance=True)
+            for member_id, until in list(g.pending.items()):
+                if now > until:
+                    del g.pending[member_id]
+            g.hint = min((s.deadline() for s in g.slots.values()), default=math.inf)
+            if g.pending:
+                g.hint = min(g.hint, min(g.pending.values()))
+            if g.idle and now > g.last_activity + self.config.idle_group_seconds:
+                del self._groups[group_id]
+                dropped += 1
+                continue
+            self._schedule(group_id, g, now)
+        if len(self._timers) > 4 * len(self._groups) + 1024:
+            self._rebuild_timers()
+        return ExpiryReport(expired, dropped)
+
+    # ============================================================================================
+    # internals
+
+    def _cap(self, g: _Group) -> int:
+        if g.kind is GroupKind.CONSUMER:
+            return self.config.group_consumer_max_size
+        return self.config.group_max_size
+
+    def _default_session(self, g: _Group) -> float:
+        if g.kind is GroupKind.CONSUMER:
+            return self.config.consumer_session_timeout_seconds
+        return self.config.default_session_timeout_seconds
+
+    def _default_rebalance(self, g: _Group) -> float:
+        return self.config.default_rebalance_timeout_seconds if g.kind is GroupKind.CLASSIC else 0.0
+
+    @staticmethod
+    def _seconds(ms: int | None, default: float) -> float:
+        return default if ms is None else max(0.0, ms / 1000.0)
+
+    def _create(self, group_id: str, kind: GroupKind, now: float) -> _Group:
+        rate = self.config.join_rate_per_minute
+        g = _Group(kind, GroupState.EMPTY, now, float(max(rate, 0)), now)
+        self._groups[group_id] = g
+        while len(self._groups) > self.config.max_groups:
+            self._groups.popitem(last=False)
+        return g
+
+    def _touch_group(self, group_id: str, g: _Group, now: float) -> None:
+        g.last_activity = max(g.last_activity, now)
+        self._groups.move_to_end(group_id)
+
+    def _schedule(self, group_id: str, g: _Group, now: float) -> None:
+        """Make sure a timer fires no later than the group's earliest deadline.
+
+        Deadlines only move later except where ``_note`` records them, so the timer already
+        queued (``scheduled``) plus the noted ``hint`` bound them all; ``expire`` rescans.
+        """
+        deadline, g.hint = g.hint, math.inf
+        if g.idle:
+            deadline = min(deadline, g.last_activity + self.config.idle_group_seconds)
+        if deadline == math.inf:
+            return
+        if g.scheduled is None or deadline < g.scheduled:
+            g.scheduled = deadline
+            heapq.heappush(self._timers, (deadline, next(self._seq), group_id))
+
+    def _rebuild_timers(self) -> None:
+        self._timers = [
+            (g.scheduled, next(self._seq), gid) for gid, g in self._groups.items() if g.scheduled is not None
+        ]
+        heapq.heapify(self._timers)
+
+    def _take_token(self, g: _Group, now: float) -> Throttle | None:
+        rate = self.config.join_rate_per_minute
+        if rate < 0:
+            return None
+        per_second = rate / 60.0
+        if now > g.tokens_at:
+            g.tokens = min(float(rate), g.tokens + (now - g.tokens_at) * per_second)
+            g.tokens_at = now
+        if g.tokens >= 1.0:
+            g.tokens -= 1.0
+            return None
+        wait_ms = math.ceil((1.0 - g.tokens) / per_second * 1000.0)
+        return Throttle(
+            throttle_ms=min(max(wait_ms, 1), INT_MAX),
+            reason=f"group.join.rate.per.minute={rate} exceeded",
+        )
+
+    # -- slots ------------------------------------------------------------------------------------
+
+    def _find(self, g: _Group, member_id: str, instance_id: str | None) -> _Slot | None:
+        if instance_id is not None:
+            slot = g.slots.get(_static_key(instance_id))
+            if slot is not None:
+                return slot
+        if member_id:
+            key = g.by_member.get(member_id)
+            if key is not None:
+                return g.slots[key]
+        return None
+
+    @staticmethod
+    def _note(g: _Group, slot: _Slot) -> None:
+        g.hint = min(g.hint, slot.deadline())
+
+    def _add(self, g: _Group, slot: _Slot) -> None:
+        self._note(g, slot)
+        g.slots[slot.key] = slot
+        if slot.member_id is not None:
+            g.by_member[slot.member_id] = slot.key
+        if slot.instance_id is not None and not slot.awaiting:
+            g.n_static_idle += 1
+        if slot.awaiting:
+            g.n_awaiting += 1
+
+    def _drop(self, g: _Group, slot: _Slot) -> None:
+        if g.slots.get(slot.key) is not slot:
+            return
+        del g.slots[slot.key]
+        if slot.member_id is not None and g.by_member.get(slot.member_id) == slot.key:
+            del g.by_member[slot.member_id]
+        if slot.awaiting:
+            g.n_awaiting -= 1
+        elif slot.instance_id is not None:
+            g.n_static_idle -= 1
+
+    def _set_awaiting(self, g: _Group, slot: _Slot, awaiting: bool) -> None:
+        if slot.awaiting != awaiting and g.slots.get(slot.key) is slot:
+            step = 1 if awaiting else -1
+            g.n_awaiting += step
+            if slot.instance_id is not None:
+                g.n_static_idle -= step
+        slot.awaiting = awaiting
+        self._note(g, slot)
+
+    def _rekey(self, g: _Group, slot: _Slot, member_id: str, instance_id: str | None) -> _Slot:
+        """Give a slot its coordinator-assigned member id (and instance id, if learnt)."""
+        iid = instance_id if instance_id is not None else slot.instance_id
+        key = _static_key(iid) if iid is not None else _member_key(member_id)
+        if slot.key == key and slot.member_id == member_id:
+            return slot
+        other = g.slots.get(key)
+        if other is None and member_id in g.by_member:
+            other = g.slots.get(g.by_member[member_id])
+        self._drop(g, slot)
+        if other is not None and other is not slot:
+            self._drop(g, other)
+            slot.created_at = min(slot.created_at, other.created_at)
+        if slot.member_id is not None and g.leader == slot.member_id:
+            g.leader = member_id  # a static leader replaced by its new incarnation
+        slot.key, slot.member_id, slot.instance_id = key, member_id, iid
+        self._add(g, slot)
+        return slot
+
+    def _confirm(
+        self,
+        g: _Group,
+        slot: _Slot | None,
+        member_id: str,
+        instance_id: str | None,
+        now: float,
+        session_s: float,
+        *,
+        still_awaiting: bool = False,
+        touch: bool = True,
+    ) -> _Slot:
+        if slot is None:
+            slot = self._find(g, member_id, instance_id)
+        if slot is None:
+            key = _static_key(instance_id) if instance_id is not None else _member_key(member_id)
+            slot = _Slot(key, member_id, instance_id, now, now, session_s, self._default_rebalance(g), now)
+            self._add(g, slot)
+            if g.phantom:
+                g.phantom -= 1
+        else:
+            touch = touch or slot.member_id != member_id  # a new incarnation starts its session
+            slot = self._rekey(g, slot, member_id, instance_id)
+        slot.session_s = session_s
+        if touch:
+            slot.last_seen = max(slot.last_seen, now)
+        self._set_awaiting(g, slot, still_awaiting)
+        return slot
+
+    def _learn(self, group_id: str, g: _Group | None, member_id: str, instance_id: str | None, now: float) -> _Group:
+        """A response that proves ``member_id`` is in the group (heartbeat, sync, commit)."""
+        if g is None:
+            g = self._create(group_id, GroupKind.CLASSIC, now)
+            g.state = GroupState.STABLE
+        self._touch_group(group_id, g, now)
+        if member_id:
+            slot = self._find(g, member_id, instance_id)
+            if slot is None:
+                slot = _Slot(
+                    _static_key(instance_id) if instance_id is not None else _member_key(member_id),
+                    member_id,
+                    instance_id,
+                    now,
+                    now,
+                    self._default_session(g),
+                    self._default_rebalance(g),
+                    now,
+                )
+                self._add(g, slot)
+                if g.phantom:
+                    g.phantom -= 1
+                if g.state is GroupState.EMPTY:
+                    g.state = GroupState.STABLE
+            else:
+                slot.last_seen = max(slot.last_seen, now)
+        return g
+
+    def _undo_join(self, g: _Group, slot: _Slot, *, drop: bool = False) -> None:
+        """The newest join of this slot had no effect at the coordinator (``drop``: and the
+        coordinator does not have the member either)."""
+        failed = slot.ticket
+        if drop or slot.created_ticket == failed:
+            self._drop(g, slot)
+        else:
+            slot.ticket, awaiting = slot.prior
+            self._set_awaiting(g, slot, awaiting)
+        if g.rebalance_cause == failed and g.state is GroupState.PREPARING_REBALANCE:
+            g.state = g.state_before_rebalance
+            g.rebalance_cause = 0
+        self._after_removal(g, rebalance=False)
+
+    def _add_pending(self, g: _Group, member_id: str, until: float) -> None:
+        g.pending.pop(member_id, None)
+        g.pending[member_id] = until
+        g.hint = min(g.hint, until)
+        while len(g.pending) > _MAX_PENDING_PER_GROUP:
+            del g.pending[next(iter(g.pending))]
+
+    def _member_error(
+        self,
+        group_id: str,
+        g: _Group,
+        member_id: str,
+        instance_id: str | None,
+        error_code: int,
+        generation_id: int | None,
+        now: float,
+    ) -> None:
+        self._touch_group(group_id, g, now)
+        if error_code == UNKNOWN_MEMBER_ID:
+            slot = self._find(g, member_id, None)
+            if slot is not None:
+                self._drop(g, slot)
+                self._after_removal(g, rebalance=False)
+        elif error_code == REBALANCE_IN_PROGRESS:
+            if generation_id is None or generation_id >= g.generation:
+                self._begin_rebalance(g)
+        self._schedule(group_id, g, now)
+
+    # -- classic state machine ----------------------------------------------------------------------
+
+    def _classic_refusal(self, g: _Group, slot: _Slot | None) -> Refuse | None:
+        cap = self.config.group_max_size
+        state = g.state
+        if state in (GroupState.EMPTY, GroupState.DEAD):
+            return None
+        if state is GroupState.PREPARING_REBALANCE:
+            if slot is not None and slot.awaiting:
+                return None
+            if slot is not None and slot.instance_id is not None:
+                if g.n_awaiting < cap:
+                    return None
+            elif g.counted < cap:
+                return None
+            return Refuse(
+                GROUP_MAX_SIZE_REACHED,
+                f"group.max.size={cap} reached: {g.counted} members rejoining while the group rebalances",
+            )
+        if slot is not None or g.size < cap:
+            return None
+        return Refuse(GROUP_MAX_SIZE_REACHED, f"group.max.size={cap} reached: the group has {g.size} members")
+
+    def _consumer_refusal(self, g: _Group, slot: _Slot | None) -> Refuse | None:
+        cap = self.config.group_consumer_max_size
+        if slot is not None or g.size < cap:
+            return None
+        return Refuse(GROUP_MAX_SIZE_REACHED, f"The consumer group has reached its maximum capacity of {cap} members.")
+
+    def _apply_classic_join(
+        self,
+        g: _Group,
+        slot: _Slot | None,
+        member_id: str,
+        instance_id: str | None,
+        now: float,
+        session_s: float,
+        rebalance_s: float,
+        require_known_member_id: bool,
+        protocols: object,
+        ticket: int,
+    ) -> None:
+        """What the coordinator does with an admitted JoinGroup (GroupCoordinator.handleJoinGroup)."""
+        if slot is None:
+            if not member_id and instance_id is None and require_known_member_id:
+                return  # KIP-394 first round: the coordinator only hands out a pending member id
+            g.pending.pop(member_id, None)
+            if instance_id is not None:
+                key = _static_key(instance_id)
+            elif member_id:
+                key = _member_key(member_id)
+            else:
+                key = _ticket_key(ticket)
+            slot = _Slot(key, member_id or None, instance_id, now, now, session_s, rebalance_s, now, ticket, ticket)
+            slot.protocols = protocols
+            self._add(g, slot)
+            rebalance = True  # addMemberAndRebalance
+        else:
+            changed = protocols is not None and slot.protocols is not None and protocols != slot.protocols
+            if g.state is GroupState.STABLE:
+                # a rejoining leader or changed metadata forces a rebalance; a static member
+                # replacing itself (no member id) does not
+                is_leader = bool(member_id) and member_id == slot.member_id == g.leader
+                rebalance = is_leader or changed
+            elif g.state is GroupState.COMPLETING_REBALANCE:
+                # unchanged metadata gets the current generation back, but a static member
+                # replacing itself does force a rebalance (updateStaticMemberAndRebalance)
+                rebalance = changed or not member_id
+            else:
+                rebalance = True
+            if instance_id is not None and slot.instance_id is None:
+                slot = self._rekey(g, slot, slot.member_id or member_id, instance_id)
+            if protocols is not None:
+                slot.protocols = protocols
+            slot.session_s, slot.rebalance_s, slot.join_sent_at = session_s, rebalance_s, now
+            slot.prior = (slot.ticket, slot.awaiting)
+            slot.ticket = ticket
+        self._set_awaiting(g, slot, True)
+        if g.kind is GroupKind.CONSUMER:
+            g.state = GroupState.STABLE
+            return
+        # A join that fails before reaching the coordinator undoes the rebalance it started,
+        # unless another join has joined that rebalance since.
+        g.rebalance_cause = 0
+        if rebalance and g.state is not GroupState.PREPARING_REBALANCE:
+            g.rebalance_cause, g.state_before_rebalance = ticket, g.state
+            g.state = GroupState.PREPARING_REBALANCE
+
+    def _classic_generation(
+        self, g: _Group, slot: _Slot | None, generation_id: int, leader_id: str | None, now: float
+    ) -> None:
+        if generation_id > g.generation:
+            # The join phase completed: Kafka drops the dynamic members that did not rejoin.
+            # Every remaining member's session restarts then (rescheduleHeartbeat).
+            g.generation = generation_id
+            g.state = GroupState.COMPLETING_REBALANCE
+            g.rebalance_cause = 0
+            for other in list(g.slots.values()):
+                if other is not slot and not other.awaiting and other.instance_id is None:
+                    self._drop(g, other)
+                else:
+                    other.last_seen = max(other.last_seen, now)
+            if not g.slots and not g.phantom:
+                g.state = GroupState.EMPTY
+        if leader_id and generation_id >= g.generation:
+            g.leader = leader_id
+
+    def _begin_rebalance(self, g: _Group) -> None:
+        g.rebalance_cause = 0  # the coordinator says so: no join can undo it
+        if g.kind is GroupKind.CLASSIC and g.state in (GroupState.STABLE, GroupState.COMPLETING_REBALANCE):
+            g.state = GroupState.PREPARING_REBALANCE
+
+    def _after_removal(self, g: _Group, *, rebalance: bool) -> None:
+        if g.kind is GroupKind.CONSUMER:
+            g.state = GroupState.STABLE if g.size else GroupState.EMPTY
+            return
+        if not g.slots and not g.phantom:
+            g.state = GroupState.EMPTY
+        elif rebalance:
+            self._begin_rebalance(g)
+
+    def _reconcile_members(
+        self, g: _Group, members: Iterable[tuple[str, str | None]], now: float, *, cutoff: float
+    ) -> None:
+        """Make the tracked members those listed; joins in flight and members newer than ``cutoff`` stay."""
+        listed = list(members)
+        listed_members = {mid for mid, _ in listed}
+        listed_instances = {iid for _, iid in listed if iid is not None}
+        for tracked in list(g.slots.values()):
+            present = (tracked.member_id is not None and tracked.member_id in listed_members) or (
+                tracked.instance_id is not None and tracked.instance_id in listed_instances
+            )
+            if not present and tracked.created_at <= cutoff and not tracked.awaiting:
+                self._drop(g, tracked)
+        for member_id, instance_id in listed:
+            slot = self._find(g, member_id, instance_id)
+            if slot is None:
+                slot = _Slot(
+                    _static_key(instance_id) if instance_id is not None else _member_key(member_id),
+                    member_id,
+                    instance_id,
+                    now,
+                    now,
+                    self._default_session(g),
+                    self._default_rebalance(g),
+                    now,
+                )
+                self._add(g, slot)
+            else:
+                if slot.member_id != member_id or (instance_id is not None and slot.instance_id != instance_id):
+                    slot = self._rekey(g, slot, member_id, instance_id)
+        g.phantom = 0

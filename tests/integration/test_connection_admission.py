@@ -1,0 +1,657 @@
+"""Connection admission (Kafka's connection quotas and the KIP-1015 TLS cap)
+through the proxy, with real clients, real TLS (trustme certificates) and a
+real Tansu broker.
+
+What is checked, at accept and before any TLS handshake: a cap that is full
+closes the least recently used *idle* connection of its class (and only that
+one); with nothing idle the listener stops accepting until a slot frees, and
+gives up after ``max.connections.wait.ms``; ``max.connections.per.ip`` (and its
+overrides) closes the new connection at once; ``connections.max.idle.ms``
+closes idle connections only; lowering a cap at runtime (SIGHUP) closes the
+excess LRU-first; observe mode counts all of it and closes nothing.
+
+The idle connections held by the tests are raw sockets (TLS ones through
+``ssl``) that each completed one ApiVersions exchange with the broker through
+the proxy, so that the test knows, and controls, which one was used least
+recently.
+
+librdkafka (2.16) does not reuse its bootstrap connection: once Metadata names
+the brokers it closes it and opens one to the broker it learned, even when the
+address is the same (checked in its debug log). Its two connections overlap
+for a moment at the proxy, so how many idle connections a producer's arrival
+costs would depend on which of them the proxy sees first. Where a test needs
+the exact number, the producer bootstraps through a *protected* TLS listener
+(not counted by ``max.ssl.connections``) of a sidecar proxy whose broker
+advertises the capped TLS listener: its one counted connection is then the one
+to the broker, and exactly one idle connection must make room for it.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import logging
+import random
+import select
+import signal
+import socket
+import ssl
+import time
+from collections.abc import Iterator
+from typing import Any
+
+import pytest
+import yaml
+from confluent_kafka import OFFSET_BEGINNING, Consumer, Producer, TopicPartition
+
+from proxy import wire
+from proxy.tansu import TansuBroker, free_port
+from tests.clients import GROUP_CONF, consume, create_topic, produce_values, unique
+from tests.conftest import wait_until
+from tests.raw_kafka import api_versions_frame, fetch_frame, metadata_frame
+
+SOCKET_TIMEOUT_S = 10.0
+MAX_SSL = "max.ssl.connections"
+MAX_CONNECTIONS = "max.connections"
+
+
+# --- raw connections that the test keeps idle --------------------------------
+
+
+class KafkaSocket:
+    """One client connection through the proxy, plaintext or TLS, optionally
+    from a chosen source address; speaks just enough Kafka to be served."""
+
+    def __init__(self, address: str, *, ca_file: str | None = None, source: str | None = None) -> None:
+        host, port = address.rsplit(":", 1)
+        sock = socket.socket(socket.AF_INET, socket.SOCK_STREAM)
+        sock.settimeout(SOCKET_TIMEOUT_S)
+        if source is not None:
+            sock.bind((source, 0))
+        sock.connect((host, int(port)))
+        self.local = sock.getsockname()
+        if ca_file is not None:
+            context = ssl.create_default_context(cafile=ca_file)
+            sock = context.wrap_socket(sock, server_hostname=host)
+        self.sock: socket.socket = sock
+        self._correlation_id = 0
+
+    def send(self, data: bytes) -> None:
+        self.sock.sendall(data)
+
+    def _exactly(self, n: int) -> bytes:
+        data = b""
+        while len(data) < n:
+            chunk = self.sock.recv(n - len(data))
+            if not chunk:
+                raise ConnectionError(f"closed after {len(data)} of {n} bytes")
+            data += chunk
+        return data
+
+    def read_frame(self) -> bytes:
+        size = int.from_bytes(self._exactly(4), "big")
+        return size.to_bytes(4, "big") + self._exactly(size)
+
+    def read_response(self, api_key: int, version: int) -> Any:
+        return wire.decode_response(self.read_frame(), api_key, version)
+
+    def api_versions(self) -> None:
+        """One ApiVersions round trip with the broker: this connection was just active."""
+        self._correlation_id += 1
+        self.send(api_versions_frame(self._correlation_id))
+        response = self.read_response(wire.API_VERSIONS, 3)
+        assert response.header.correlation_id == self._correlation_id
+        assert response.body.error_code == 0
+
+    def topic_id(self, topic: str) -> Any:
+        self._correlation_id += 1
+        self.send(metadata_frame(self._correlation_id))
+        body = self.read_response(wire.METADATA, 12).body
+        return next(t.topic_id for t in body.topics if t.name == topic)
+
+    def park_fetch(self, topic_id: Any, max_wait_ms: int) -> int:
+        """Send a Fetch on an empty partition: the broker holds it for ``max_wait_ms``."""
+        self._correlation_id += 1
+        self.send(fetch_frame(self._correlation_id, topic_id, max_wait_ms=max_wait_ms))
+        return self._correlation_id
+
+    def closed_by_peer(self) -> bool:
+        """True when the proxy has closed this connection (EOF or reset); never blocks."""
+        readable, _, _ = select.select([self.sock], [], [], 0)
+        if not readable:
+            return False
+        self.sock.setblocking(False)
+        try:
+            data = self.sock.recv(1)
+        except (ssl.SSLWantReadError, BlockingIOError):
+            return False  # a TLS record that carried no data (a session ticket)
+        except (ConnectionResetError, BrokenPipeError, ssl.SSLEOFError, ssl.SSLZeroReturnError):
+            return True
+        finally:
+            self.sock.settimeout(SOCKET_TIMEOUT_S)
+        assert not data, f"unexpected bytes from the proxy: {data!r}"
+        return True
+
+    def wait_closed(self, timeout: float) -> bool:
+        """Block up to ``timeout`` for the proxy to close this connection."""
+        deadline = time.monotonic() + timeout
+        while time.monotonic() < deadline:
+            if self.closed_by_peer():
+                return True
+            select.select([self.sock], [], [], min(0.05, max(0.0, deadline - time.monotonic())))
+        return self.closed_by_peer()
+
+    def close(self) -> None:
+        self.sock.close()
+
+
+@pytest.fixture
+def sockets() -> Iterator[list[KafkaSocket]]:
+    """Connections a test opens; all closed when it ends."""
+    opened: list[KafkaSocket] = []
+    yield opened
+    for conn in opened:
+        conn.close()
+
+
+def hold(sockets: list[KafkaSocket], address: str, count: int, **options: Any) -> list[KafkaSocket]:
+    """``count`` connections, opened one after the other, each served once (then idle)."""
+    held = []
+    for _ in range(count):
+        conn = KafkaSocket(address, **options)
+        sockets.append(conn)
+        conn.api_versions()
+        held.append(conn)
+    return held
+
+
+def knock(sockets: list[KafkaSocket], address: str) -> bool:
+    """A newcomer that asks for one answer; False if it was closed first."""
+    conn = KafkaSocket(address)
+    sockets.append(conn)
+    try:
+        conn.api_versions()
+    except (ConnectionError, OSError):
+        return False
+    return True
+
+
+def closed(conns: list[KafkaSocket]) -> list[int]:
+    """Indexes of the connections the proxy has closed."""
+    return [i for i, conn in enumerate(conns) if conn.closed_by_peer()]
+
+
+def not_seen_closed(proxy: Any, conns: list[KafkaSocket]) -> str:
+    """Why a test waited in vain for a close: what the proxy says it closed, what the clients saw."""
+    return (
+        f"the proxy counted {proxy.metric('kafka_admission_connections_evicted_total'):g} closings "
+        f"(connections counted now: {proxy.metric('kafka_admission_connections_counted'):g}), "
+        f"but the clients saw {len(closed(conns))} of {len(conns)} connections closed"
+    )
+
+
+@contextlib.contextmanager
+def explained(why: Any) -> Iterator[None]:
+    """Add ``why()`` to an AssertionError raised inside."""
+    try:
+        yield
+    except AssertionError as exc:
+        raise AssertionError(f"{exc}: {why()}") from None
+
+
+def decisions(proxy: Any) -> list[str]:
+    """Every kafka_admission_connections_rejected_total sample, as text."""
+    _, text = proxy.get("/metrics")
+    return [line for line in text.splitlines() if line.startswith("kafka_admission_connections_rejected_total")]
+
+
+def tls_listener(certs: Any, name: str = "tls", **extra: Any) -> dict[str, Any]:
+    return {"name": name, "tls": {"cert_file": certs.server_cert, "key_file": certs.server_key}, **extra}
+
+
+def confluent_tls(certs: Any) -> dict[str, Any]:
+    return {"security.protocol": "SSL", "ssl.ca.location": certs.ca_file}
+
+
+def set_policies(proxy: Any, **changes: Any) -> None:
+    """Rewrite the proxy's config file with changed policies and SIGHUP it."""
+    reloads = proxy.log().count("config reloaded: policies applied")
+    proxy.config.setdefault("policies", {}).update(changes)
+    proxy.config_path.write_text(yaml.safe_dump(proxy.config))
+    proxy.signal(signal.SIGHUP)
+    wait_until(lambda: proxy.log().count("config reloaded: policies applied") > reloads, timeout=5)
+
+
+def broker_connects(stats: dict[str, Any]) -> dict[int, tuple[int, int]]:
+    """librdkafka statistics: (connects, disconnects) per broker node id it learned."""
+    return {
+        int(b["nodeid"]): (int(b["connects"]), int(b["disconnects"]))
+        for b in stats["brokers"].values()
+        if int(b["nodeid"]) >= 0
+    }
+
+
+# --- 1. the TLS cap evicts exactly the least recently used idle connection ---
+
+
+def test_full_tls_cap_evicts_exactly_the_least_recently_used_idle_connection_for_a_producer(
+    start_proxy: Any, certs: Any, sockets: list[KafkaSocket],
+) -> None:
+    tls_port = free_port()
+    with TansuBroker(advertised=f"127.0.0.1:{tls_port}") as broker:
+        proxy = start_proxy(
+            broker.bootstrap, mode="sidecar",
+            listeners=[
+                tls_listener(certs, bind=f"127.0.0.1:{tls_port}"),  # what the broker advertises
+                tls_listener(certs, name="entry", protected=True),  # bootstrap only, not capped
+                {"name": "plain"},
+            ],
+            policies={MAX_SSL: 50},
+        )
+        tls_address, entry = proxy.listener_bind("tls"), proxy.listener_bind("entry")
+        ssl_conf = confluent_tls(certs)
+        topic = unique("tls-cap")
+        create_topic(entry, topic, **ssl_conf)
+        wait_until(lambda: proxy.metric("kafka_admission_connections_counted_tls") == 0)
+
+        held = hold(sockets, tls_address, 50, ca_file=certs.ca_file)
+        lru = 7  # not the oldest: every other connection is used once more, in order
+        for i, conn in enumerate(held):
+            if i != lru:
+                conn.api_versions()
+        assert proxy.metric("kafka_admission_connections_counted_tls") == 50
+        accepted_before = proxy.metric("kafka_admission_connections_accepted_total", listener="tls")
+        entered_before = proxy.metric("kafka_admission_connections_accepted_total", listener="entry")
+
+        values = [f"v{i}".encode() for i in range(20)]
+        result = produce_values(entry, topic, values, acks="all", **ssl_conf)
+
+        assert result.errors == []
+        assert sorted(v for _, v in result.delivered) == sorted(values)
+        # The producer's one counted connection: to the broker it learned, on the capped listener.
+        assert broker_connects(result.stats) == {TansuBroker.NODE_ID: (1, 0)}
+        assert proxy.metric("kafka_admission_connections_accepted_total", listener="tls") == accepted_before + 1
+        assert proxy.metric("kafka_admission_connections_accepted_total", listener="entry") > entered_before
+        # Exactly one connection made room for it: the least recently used one.
+        assert held[lru].wait_closed(timeout=5), not_seen_closed(proxy, held)
+        time.sleep(0.3)
+        assert closed(held) == [lru]
+        assert proxy.metric(
+            "kafka_admission_connections_evicted_total", listener="tls", limit=MAX_SSL, mode="enforce"
+        ) == 1
+        assert proxy.metric(
+            "kafka_admission_connections_rejected_total", listener="tls", decision="evict", limit=MAX_SSL,
+        ) == 1
+        assert proxy.metric("kafka_admission_connections_evicted_total") == 1
+        assert proxy.metric("kafka_admission_tls_handshake_failures_total") == 0
+        # The 49 others are still served.
+        for i, conn in enumerate(held):
+            if i != lru:
+                conn.api_versions()
+
+        # The plaintext listener of the same proxy is not behind the TLS cap.
+        assert proxy.metric("kafka_admission_connections_counted_tls") == 49  # the producer has left
+        plain = KafkaSocket(proxy.listener_bind("plain"))
+        sockets.append(plain)
+        plain.api_versions()
+        assert plain.topic_id(topic) is not None  # Metadata from the broker, through the proxy
+        assert proxy.metric("kafka_admission_connections_rejected_total", listener="plain") == 0
+        assert closed(held) == [lru]
+
+
+def test_plaintext_listener_serves_real_clients_while_the_tls_cap_is_full(
+    tansu: TansuBroker, start_proxy: Any, certs: Any, sockets: list[KafkaSocket],
+) -> None:
+    proxy = start_proxy(tansu.bootstrap, listeners=[tls_listener(certs), {"name": "plain"}], policies={MAX_SSL: 50})
+    held = hold(sockets, proxy.listener_bind("tls"), 50, ca_file=certs.ca_file)
+    plain = proxy.listener_bind("plain")
+
+    topic = unique("plain-beside-tls")
+    create_topic(plain, topic)
+    values = [f"p{i}".encode() for i in range(30)]
+    result = produce_values(plain, topic, values, acks="all", **{"enable.idempotence": True})
+    consumed = consume(plain, topic, unique("plain-group"), len(values))
+
+    assert result.errors == []
+    assert sorted(consumed) == sorted(values)
+    assert proxy.metric("kafka_admission_connections_accepted_total", listener="plain") >= 3
+    assert closed(held) == []
+    assert proxy.metric("kafka_admission_connections_counted_tls") == 50
+    assert proxy.metric("kafka_admission_connections_evicted_total") == 0
+    assert proxy.metric("kafka_admission_connections_rejected_total") == 0
+    # And the TLS cap is still enforced: one more TLS connection costs the oldest idle one.
+    newcomer = KafkaSocket(proxy.listener_bind("tls"), ca_file=certs.ca_file)
+    sockets.append(newcomer)
+    newcomer.api_versions()
+    assert held[0].wait_closed(timeout=5), not_seen_closed(proxy, held)
+    time.sleep(0.2)
+    assert closed(held) == [0]
+
+
+# --- 2. an evicted idempotent producer reconnects; nothing lost or doubled ---
+
+
+class ClientLog(logging.Handler):
+    """librdkafka's own log lines (``logger`` config), as the client saw things."""
+
+    def __init__(self) -> None:
+        super().__init__(logging.DEBUG)
+        self.lines: list[str] = []
+
+    def emit(self, record: logging.LogRecord) -> None:
+        self.lines.append(record.getMessage())
+
+    def count(self, text: str) -> int:
+        return sum(text in line for line in self.lines)
+
+
+def test_evicted_idempotent_producer_reconnects_and_delivers_every_record_exactly_once(
+    tansu: TansuBroker, start_proxy: Any, sockets: list[KafkaSocket],
+) -> None:
+    proxy = start_proxy(tansu.bootstrap, policies={MAX_CONNECTIONS: 2})
+    topic = unique("evicted-producer")
+    create_topic(tansu.bootstrap, topic)  # straight at the broker: the proxy's two slots are the test's
+    client_log = ClientLog()
+    logger = logging.getLogger(unique("rdkafka"))
+    logger.propagate = False
+    logger.setLevel(logging.INFO)
+    logger.addHandler(client_log)
+    delivered: list[bytes] = []
+    errors: list[Any] = []
+
+    def on_delivery(err: Any, msg: Any) -> None:
+        if err is not None:
+            errors.append(err)
+        else:
+            delivered.append(msg.value())
+
+    producer = Producer(
+        {
+            "bootstrap.servers": proxy.bootstrap,
+            "enable.idempotence": True,
+            "acks": "all",
+            "linger.ms": 5,
+            "message.timeout.ms": 30000,
+        },
+        logger=logger,
+    )
+
+    def disconnects() -> int:
+        producer.poll(0.1)
+        return client_log.count("Disconnected: connection closed by peer")
+
+    batches, per_batch = 3, 50
+    sent: list[bytes] = []
+    evicted = 0.0
+    try:
+        for batch in range(batches):
+            for i in range(per_batch):
+                value = f"b{batch}-r{i}".encode()
+                sent.append(value)
+                producer.produce(topic, value=value, on_delivery=on_delivery)
+                producer.poll(0)
+            assert producer.flush(30) == 0
+            assert errors == []
+            assert len(delivered) == len(sent)
+            # The producer is idle now: two newcomers need both slots. (Once evicted, the
+            # producer reconnects at once and evicts them in turn: whether they get their
+            # answer is not the point here.)
+            before = disconnects()
+            for _ in range(2):
+                knock(sockets, proxy.bootstrap)
+            evicted_now = proxy.metric("kafka_admission_connections_evicted_total", limit=MAX_CONNECTIONS)
+            assert evicted_now > evicted, f"batch {batch}: nothing was evicted"
+            evicted = evicted_now
+            # The client saw it: its connection was one of those evicted.
+            with explained(lambda: "the producer never saw its connection closed; " + not_seen_closed(proxy, [])):
+                wait_until(lambda before=before: disconnects() > before, timeout=10)
+        assert producer.flush(30) == 0
+    finally:
+        producer.flush(5)
+        producer = None  # librdkafka closes its connections
+
+    assert errors == []
+    assert sorted(delivered) == sorted(sent)
+    assert "evicted (LRU idle) to admit a connection" in proxy.log()
+    # Read back at the broker itself: every record once, none twice.
+    stored = read_partition(tansu.bootstrap, topic, expect=len(sent))
+    assert len(stored) == len(sent), f"{len(stored) - len(sent)} more records stored than produced"
+    assert sorted(stored) == sorted(sent)
+
+
+def read_partition(bootstrap: str, topic: str, expect: int, linger: float = 1.5) -> list[bytes]:
+    """Every record of partition 0 from its start: until ``expect`` arrived and then
+    ``linger`` seconds with nothing more (so duplicates would show)."""
+    consumer = Consumer({"bootstrap.servers": bootstrap, "group.id": unique("reader"), **GROUP_CONF})
+    values: list[bytes] = []
+    try:
+        consumer.assign([TopicPartition(topic, 0, OFFSET_BEGINNING)])
+        deadline = time.monotonic() + 20
+        quiet_until = None
+        while time.monotonic() < deadline:
+            message = consumer.poll(0.1)
+            if message is not None:
+                assert message.error() is None, message.error()
+                values.append(message.value() or b"")
+            if len(values) >= expect:
+                quiet_until = quiet_until or time.monotonic() + linger
+                if time.monotonic() > quiet_until:
+                    break
+    finally:
+        consumer.close()
+    return values
+
+
+# --- 3. every connection busy: the listener waits, then admits -----------------
+
+
+def busy_connections(proxy: Any, tansu: TansuBroker, sockets: list[KafkaSocket], n: int, wait_ms: int) -> list[Any]:
+    """``n`` connections through the proxy, each with a Fetch parked at the broker."""
+    topic = unique("empty")
+    create_topic(tansu.bootstrap, topic)
+    conns = []
+    for _ in range(n):
+        conn = KafkaSocket(proxy.bootstrap)
+        sockets.append(conn)
+        topic_id = conn.topic_id(topic)
+        conns.append((conn, conn.park_fetch(topic_id, max_wait_ms=wait_ms)))
+    time.sleep(0.3)  # the Fetches are now held by the broker
+    assert proxy.metric("kafka_admission_connections_counted_busy") == n
+    return conns
+
+
+def test_with_every_connection_busy_a_new_connection_waits_and_is_admitted_when_one_closes(
+    tansu: TansuBroker, start_proxy: Any, sockets: list[KafkaSocket],
+) -> None:
+    proxy = start_proxy(tansu.bootstrap, policies={MAX_CONNECTIONS: 2, "max.connections.wait.ms": 20000})
+    (first, _), (second, second_fetch) = busy_connections(proxy, tansu, sockets, 2, wait_ms=6000)
+
+    waiting = KafkaSocket(proxy.bootstrap)  # the kernel completes the TCP handshake...
+    sockets.append(waiting)
+    waiting.send(api_versions_frame(1))  # ...but nobody answers yet
+    waiting.sock.settimeout(1.5)
+    with pytest.raises(TimeoutError):
+        waiting.read_frame()
+    waiting.sock.settimeout(SOCKET_TIMEOUT_S)
+    assert proxy.metric("kafka_admission_connections_rejected_total", decision="wait", limit=MAX_CONNECTIONS) == 1
+    assert proxy.metric("kafka_admission_connections_counted") == 2
+    assert proxy.metric("kafka_admission_connections_evicted_total") == 0
+
+    first.close()  # a slot frees
+    released = time.monotonic()
+    response = waiting.read_response(wire.API_VERSIONS, 3)
+    assert response.header.correlation_id == 1
+    assert time.monotonic() - released < 1.0  # admitted at the close, not when a Fetch ended
+    assert proxy.metric("kafka_admission_acceptor_blocked_seconds_total", listener="external") >= 1.5
+    # The other busy connection was never touched: its Fetch is answered.
+    fetched = second.read_response(wire.FETCH, 13)
+    assert fetched.header.correlation_id == second_fetch
+    assert proxy.metric("kafka_admission_connections_evicted_total") == 0
+
+
+def test_a_connection_that_waits_longer_than_max_connections_wait_ms_is_closed(
+    tansu: TansuBroker, start_proxy: Any, sockets: list[KafkaSocket],
+) -> None:
+    proxy = start_proxy(tansu.bootstrap, policies={MAX_CONNECTIONS: 2, "max.connections.wait.ms": 1000})
+    busy = busy_connections(proxy, tansu, sockets, 2, wait_ms=5000)
+
+    waiting = KafkaSocket(proxy.bootstrap)
+    sockets.append(waiting)
+    started = time.monotonic()
+    waiting.send(api_versions_frame(1))
+    assert waiting.wait_closed(timeout=4)
+    waited = time.monotonic() - started
+
+    assert 0.9 <= waited < 3.5, waited
+    assert proxy.metric(
+        "kafka_admission_connections_rejected_total", decision="refuse", limit="max.connections.wait.ms"
+    ) == 1
+    for conn, correlation_id in busy:  # the busy ones keep their requests
+        assert conn.read_response(wire.FETCH, 13).header.correlation_id == correlation_id
+
+
+# --- 4. per-IP limit and its override -----------------------------------------
+
+
+def test_per_ip_limit_closes_the_third_connection_at_once_and_the_override_allows_four(
+    tansu: TansuBroker, start_proxy: Any, sockets: list[KafkaSocket],
+) -> None:
+    proxy = start_proxy(
+        tansu.bootstrap,
+        policies={"max.connections.per.ip": 2, "max.connections.per.ip.overrides": "127.0.0.2:4"},
+    )
+    address = proxy.bootstrap
+    assert address.startswith("127.0.0.1:")
+
+    ones = hold(sockets, address, 2, source="127.0.0.1")
+    twos = hold(sockets, address, 4, source="127.0.0.2")  # Linux routes all of 127/8 to loopback
+    assert [conn.local[0] for conn in ones + twos] == ["127.0.0.1"] * 2 + ["127.0.0.2"] * 4
+
+    for source, limit_key in (
+        ("127.0.0.1", "max.connections.per.ip"),
+        ("127.0.0.2", "max.connections.per.ip.overrides"),
+    ):
+        over = KafkaSocket(address, source=source)
+        sockets.append(over)
+        started = time.monotonic()
+        over.send(api_versions_frame(1))
+        assert over.wait_closed(timeout=2), f"{source}: over its limit but not closed"
+        assert time.monotonic() - started < 1.0
+        assert proxy.metric(
+            "kafka_admission_connections_rejected_total", decision="refuse", limit=limit_key, mode="enforce"
+        ) == 1
+
+    # Nobody paid for the refused connections, and they did not count.
+    assert closed(ones + twos) == []
+    for conn in ones + twos:
+        conn.api_versions()
+    assert proxy.metric("kafka_admission_connections_evicted_total") == 0
+    assert proxy.metric("kafka_admission_connections_counted") == 6
+    # A freed slot is available to the same address again.
+    ones[0].close()
+    wait_until(lambda: proxy.metric("kafka_admission_connections_counted") == 5)
+    hold(sockets, address, 1, source="127.0.0.1")
+
+
+# --- 5. lowering the TLS cap at runtime ---------------------------------------
+
+
+def test_lowering_max_ssl_connections_on_sighup_closes_the_40_least_recently_used(
+    tansu: TansuBroker, start_proxy: Any, certs: Any, sockets: list[KafkaSocket],
+) -> None:
+    proxy = start_proxy(tansu.bootstrap, listeners=[tls_listener(certs)], policies={MAX_SSL: 50})
+    held = hold(sockets, proxy.bootstrap, 50, ca_file=certs.ca_file)
+    order = list(range(50))
+    random.Random(1015).shuffle(order)
+    for i in order:  # activity in an order unrelated to the opening order
+        held[i].api_versions()
+
+    set_policies(proxy, **{MAX_SSL: 10})
+
+    wait_until(lambda: proxy.metric("kafka_admission_connections_counted_tls") == 10, timeout=5)
+    expected = sorted(order[:40])
+    with explained(lambda: not_seen_closed(proxy, held)):
+        wait_until(lambda: len(closed(held)) >= 40, timeout=5)
+    time.sleep(0.2)
+    assert closed(held) == expected
+    assert proxy.metric("kafka_admission_connections_evicted_total", limit=MAX_SSL, mode="enforce") == 40
+    for i in order[40:]:
+        held[i].api_versions()
+    # The new cap holds for newcomers too: one more costs the least recently used survivor.
+    newcomer = KafkaSocket(proxy.bootstrap, ca_file=certs.ca_file)
+    sockets.append(newcomer)
+    newcomer.api_versions()
+    assert held[order[40]].wait_closed(timeout=5)
+    assert proxy.metric("kafka_admission_connections_counted_tls") == 10
+
+
+# --- 6. observe mode ------------------------------------------------------------
+
+
+def test_observe_mode_over_the_cap_closes_nothing_and_counts_the_would_be_evictions(
+    tansu: TansuBroker, start_proxy: Any, certs: Any, sockets: list[KafkaSocket],
+) -> None:
+    proxy = start_proxy(
+        tansu.bootstrap, listeners=[tls_listener(certs)], policies={MAX_SSL: 2, "connections.mode": "observe"}
+    )
+    held = hold(sockets, proxy.bootstrap, 3, ca_file=certs.ca_file)
+    topic = unique("observe")
+    create_topic(tansu.bootstrap, topic)
+    values = [f"o{i}".encode() for i in range(10)]
+    result = produce_values(proxy.bootstrap, topic, values, **confluent_tls(certs))
+
+    assert result.errors == []
+    assert len(result.delivered) == len(values)
+    time.sleep(0.3)
+    assert closed(held) == []
+    for conn in held:
+        conn.api_versions()
+    assert proxy.metric("kafka_admission_connections_evicted_total", mode="enforce") == 0
+    assert proxy.metric("kafka_admission_connections_counted_tls") >= 3
+    # The third held connection, then each of the producer's: what enforce would have evicted.
+    would_evict = proxy.metric(
+        "kafka_admission_connections_rejected_total", listener="tls", decision="evict", limit=MAX_SSL, mode="observe"
+    )
+    assert would_evict >= 2, f"decisions counted: {decisions(proxy)}"
+    assert proxy.metric("kafka_admission_connections_rejected_total", mode="enforce") == 0
+
+    # A lowered cap in observe mode: counted as closings, nothing closed.
+    set_policies(proxy, **{MAX_SSL: 1})
+    wait_until(lambda: proxy.metric("kafka_admission_connections_evicted_total", limit=MAX_SSL, mode="observe") == 2)
+    time.sleep(0.3)
+    assert closed(held) == []
+    assert proxy.metric("kafka_admission_connections_evicted_total", mode="enforce") == 0
+
+
+# --- 7. idle expiry ---------------------------------------------------------------
+
+
+def test_idle_connection_closes_after_connections_max_idle_ms_but_a_busy_one_stays(
+    tansu: TansuBroker, start_proxy: Any, sockets: list[KafkaSocket],
+) -> None:
+    proxy = start_proxy(tansu.bootstrap, policies={"connections.max.idle.ms": 1000})
+    topic = unique("idle")
+    create_topic(tansu.bootstrap, topic)
+    busy = KafkaSocket(proxy.bootstrap)
+    sockets.append(busy)
+    topic_id = busy.topic_id(topic)
+    idle = KafkaSocket(proxy.bootstrap)
+    sockets.append(idle)
+
+    idle.api_versions()
+    last_activity = time.monotonic()
+    fetch = busy.park_fetch(topic_id, max_wait_ms=3000)
+    assert idle.wait_closed(timeout=5), not_seen_closed(proxy, [idle])
+    idle_for = time.monotonic() - last_activity
+
+    assert 0.95 <= idle_for < 2.5, idle_for  # more than 1 s after its last answer (as seen here)
+    assert not busy.closed_by_peer()
+    response = busy.read_response(wire.FETCH, 13)  # held by the broker for 3 s, well past 1 s
+    answered = time.monotonic()
+    assert response.header.correlation_id == fetch
+    assert answered - last_activity >= 2.5
+    # Once answered it is idle too, and goes the same way.
+    assert busy.wait_closed(timeout=5), not_seen_closed(proxy, [busy])
+    assert 0.95 <= time.monotonic() - answered < 2.5
+    assert proxy.metric(
+        "kafka_admission_connections_evicted_total", limit="connections.max.idle.ms", mode="enforce"
+    ) == 2
