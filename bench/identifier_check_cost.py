@@ -18,8 +18,8 @@ from kio.index import load_request_schema
 from proxy import wire
 from proxy.audit import AuditSink
 from proxy.config import parse_config
-from proxy.metrics import Metrics
 from proxy.group_tracking import GroupTracking
+from proxy.metrics import Metrics
 from proxy.request_admission import RequestAdmission
 
 ROUNDS = 200_000

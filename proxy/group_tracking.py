@@ -111,6 +111,10 @@ class GroupTracking:
         policy = self.policy
         if api_key == JOIN_GROUP:
             members = [(m.member_id, getattr(m, "group_instance_id", None)) for m in body.members] or None
+            log.debug(
+                "join_group answered", extra={"group": req.group_id, "error": int(body.error_code),
+                                              "member": body.member_id, "members": len(body.members)},
+            )
             policy.on_join_response(
                 req.group_id,
                 req.member_id,
