@@ -66,6 +66,20 @@ def wait_for(predicate, timeout: float = 30.0) -> bool:  # type: ignore[no-untyp
     return False
 
 
+def coordinator_members(bootstrap: str, group: str) -> int:
+    """Members of ``group`` as the broker itself reports them (DescribeGroups sent to it directly)."""
+    from kio.index import load_request_schema
+
+    from tests.raw_kafka import RawConnection, frame
+
+    request = load_request_schema(15, 5)(groups=(group,), include_authorized_operations=False)
+    with RawConnection(bootstrap) as conn:
+        conn.send(frame(15, 5, 1, request))
+        described = conn.read_response(15, 5).body.groups[0]
+    assert described.error_code == 0
+    return len(described.members)
+
+
 def refused(member: Member) -> bool:
     return any(e.code() == KafkaError.GROUP_MAX_SIZE_REACHED for e in member.errors)
 
@@ -85,6 +99,8 @@ def test_the_third_confluent_consumer_is_refused_and_a_freed_slot_is_reused(tans
         # librdkafka reports the refusal as an error and keeps retrying the join (every retry refused).
         assert third.errors[0].code() == KafkaError.GROUP_MAX_SIZE_REACHED
         assert not third.assigned
+        # The broker never saw the third join: its coordinator has exactly the two members.
+        assert coordinator_members(tansu.bootstrap, group) == 2
         # The two keep consuming.
         produce(proxy.bootstrap, topic, 40)
         assert wait_for(lambda: first.records + second.records >= 40)
