@@ -128,17 +128,9 @@ class GroupTracking:
                 ticket=request.ticket,
                 session_timeout_ms=_ms(req.session_timeout),
             )
-        elif api_key == SYNC_GROUP:
-            policy.on_sync_response(
-                req.group_id,
-                req.member_id,
-                int(body.error_code),
-                now,
-                group_instance_id=instance_id,
-                generation_id=int(req.generation_id),
-            )
-        elif api_key == HEARTBEAT:
-            policy.on_heartbeat_response(
+        elif api_key in (SYNC_GROUP, HEARTBEAT):
+            settle = policy.on_sync_response if api_key == SYNC_GROUP else policy.on_heartbeat_response
+            settle(
                 req.group_id,
                 req.member_id,
                 int(body.error_code),

@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import datetime
 import socket
+import ssl
 from typing import Any
 
 from kio.index import load_request_schema
@@ -46,9 +47,19 @@ def fetch_frame(
 
 
 class RawConnection:
-    def __init__(self, address: str, timeout: float = 10.0) -> None:
+    """One Kafka connection with exact bytes on the wire; ``ca_file`` makes it TLS,
+    ``source`` picks the client address (e.g. 127.0.0.2 for per-IP limits)."""
+
+    def __init__(
+        self, address: str, timeout: float = 10.0, *, ca_file: str | None = None, source: str | None = None
+    ) -> None:
         host, port = address.rsplit(":", 1)
-        self.sock = socket.create_connection((host, int(port)), timeout=timeout)
+        sock = socket.create_connection(
+            (host, int(port)), timeout=timeout, source_address=(source, 0) if source else None
+        )
+        if ca_file is not None:
+            sock = ssl.create_default_context(cafile=ca_file).wrap_socket(sock, server_hostname=host)
+        self.sock = sock
 
     def send(self, data: bytes) -> None:
         self.sock.sendall(data)

@@ -33,7 +33,6 @@ import logging
 import random
 import select
 import signal
-import socket
 import ssl
 import time
 from collections.abc import Iterator
@@ -47,7 +46,7 @@ from proxy import wire
 from proxy.tansu import TansuBroker, free_port
 from tests.clients import GROUP_CONF, consume, create_topic, produce_values, unique
 from tests.conftest import wait_until
-from tests.raw_kafka import api_versions_frame, fetch_frame, metadata_frame
+from tests.raw_kafka import RawConnection, api_versions_frame, fetch_frame, metadata_frame
 
 SOCKET_TIMEOUT_S = 10.0
 MAX_SSL = "max.ssl.connections"
@@ -57,42 +56,14 @@ MAX_CONNECTIONS = "max.connections"
 # --- raw connections that the test keeps idle --------------------------------
 
 
-class KafkaSocket:
+class KafkaSocket(RawConnection):
     """One client connection through the proxy, plaintext or TLS, optionally
     from a chosen source address; speaks just enough Kafka to be served."""
 
     def __init__(self, address: str, *, ca_file: str | None = None, source: str | None = None) -> None:
-        host, port = address.rsplit(":", 1)
-        sock = socket.socket(socket.AF_INET, socket.SOCK_STREAM)
-        sock.settimeout(SOCKET_TIMEOUT_S)
-        if source is not None:
-            sock.bind((source, 0))
-        sock.connect((host, int(port)))
-        self.local = sock.getsockname()
-        if ca_file is not None:
-            context = ssl.create_default_context(cafile=ca_file)
-            sock = context.wrap_socket(sock, server_hostname=host)
-        self.sock: socket.socket = sock
+        super().__init__(address, SOCKET_TIMEOUT_S, ca_file=ca_file, source=source)
+        self.local = self.sock.getsockname()
         self._correlation_id = 0
-
-    def send(self, data: bytes) -> None:
-        self.sock.sendall(data)
-
-    def _exactly(self, n: int) -> bytes:
-        data = b""
-        while len(data) < n:
-            chunk = self.sock.recv(n - len(data))
-            if not chunk:
-                raise ConnectionError(f"closed after {len(data)} of {n} bytes")
-            data += chunk
-        return data
-
-    def read_frame(self) -> bytes:
-        size = int.from_bytes(self._exactly(4), "big")
-        return size.to_bytes(4, "big") + self._exactly(size)
-
-    def read_response(self, api_key: int, version: int) -> Any:
-        return wire.decode_response(self.read_frame(), api_key, version)
 
     def api_versions(self) -> None:
         """One ApiVersions round trip with the broker: this connection was just active."""
