@@ -172,6 +172,8 @@ class Policies(_Frozen):
     # Beyond Kafka: joins per minute per group (-1 = off), answered with a throttle.
     group_join_rate_per_minute: int = Field(default=-1, ge=-1, le=_INT_MAX, alias="group.join.rate.per.minute")
     group_size_mode: PolicyMode | None = Field(default=None, alias="group.size.mode")
+    # Beyond Kafka: how often a group near its cap is re-counted at the coordinator.
+    group_reconcile_interval_ms: int = Field(default=60000, ge=1, le=_INT_MAX, alias="group.reconcile.interval.ms")
     # KIP-72 memory pool: bytes of requests read and not yet answered (-1 = off).
     queued_max_request_bytes: int = Field(default=-1, ge=-1, le=2**63 - 1, alias="queued.max.request.bytes")
     queued_max_request_bytes_per_connection: int = Field(
@@ -215,6 +217,7 @@ class Policies(_Frozen):
             group_max_size=self.group_max_size,
             group_consumer_max_size=self.group_consumer_max_size,
             join_rate_per_minute=self.group_join_rate_per_minute,
+            reconcile_interval_seconds=self.group_reconcile_interval_ms / 1000,
         )
 
     @model_validator(mode="after")

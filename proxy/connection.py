@@ -25,7 +25,7 @@ from . import rewrite, wire
 from .framing import FrameReader, TruncatedFrame
 from .group_tracking import GroupRequest
 from .request_admission import Answer
-from .upstream import UpstreamUnavailable
+from .upstream import UpstreamLink, UpstreamUnavailable
 
 if TYPE_CHECKING:
     from .listener import ListenerRuntime, Route
@@ -323,6 +323,8 @@ class ClientConnection:
                     f"{wire.api_name(header.api_key)} v{header.api_version} is newer than the proxy can read; "
                     "the client ignored the versions it was offered",
                 )
+            if header.api_key in admission.groups.decoded_api_keys:
+                await admission.groups.reconcile(header.api_key, header.api_version, frame, self._coordinator_link)
             answer, group_request = admission.check(header, frame, name, self.peer)
             if answer is not None:
                 if answer.frame is None:
@@ -464,6 +466,12 @@ class ClientConnection:
             f"a {size}-byte request did not complete within request.body.timeout.ms={timeout_ms} "
             f"(waiting for {waited_for})",
         )
+
+    async def _coordinator_link(self) -> UpstreamLink:
+        """A second connection to this connection's broker: the group's coordinator
+        (clients send group requests to the coordinator)."""
+        host, _, port = self.upstream_address.rpartition(":")
+        return await self.listener.connector.connect(host, int(port))
 
     def _track_group(self, request: InFlight, frame: bytes) -> None:
         """Tell the group tracker what the coordinator answered, before the client hears it."""

@@ -12,28 +12,58 @@ from __future__ import annotations
 import dataclasses
 import datetime
 import logging
-from collections.abc import Iterator
+from collections.abc import Awaitable, Callable, Iterator
 from dataclasses import dataclass
 from typing import Any
 
 import trio
+from kio.index import load_request_schema
 from prometheus_client.core import GaugeMetricFamily, HistogramMetricFamily
 from prometheus_client.registry import Collector
 
-from policies.group_size import Admit, GroupSizePolicy, Refuse, Throttle
+from policies.group_size import Admit, GroupKind, GroupSizePolicy, Refuse, Throttle
 from policies.mode import Mode
 
 from . import wire
 from .audit import AuditSink
 from .config import Policies
 from .error_responses import build_error_response, response_header_for
+from .framing import FrameReader
 from .metrics import Metrics
+from .upstream import UpstreamLink, UpstreamUnavailable
 
 log = logging.getLogger("kafka_admission_proxy.groups")
 
 OFFSET_COMMIT, JOIN_GROUP, HEARTBEAT, LEAVE_GROUP, SYNC_GROUP, CONSUMER_GROUP_HEARTBEAT = 8, 11, 12, 13, 14, 68
 GROUP_APIS = frozenset({OFFSET_COMMIT, JOIN_GROUP, HEARTBEAT, LEAVE_GROUP, SYNC_GROUP, CONSUMER_GROUP_HEARTBEAT})
 _EXPIRY_INTERVAL_S = 1.0
+_RECONCILE_TIMEOUT_S = 3.0
+DESCRIBE_GROUPS, CONSUMER_GROUP_DESCRIBE = 15, 69
+
+
+async def _describe(stream: trio.abc.Stream, join_api: int, group_id: str) -> Any:
+    """One describe request on its own connection to the coordinator; the group's entry."""
+    if join_api == JOIN_GROUP:
+        api, version = DESCRIBE_GROUPS, 5
+        schema: Any = load_request_schema(api, version)
+        request = schema(groups=(group_id,), include_authorized_operations=False)
+    else:
+        api, version = CONSUMER_GROUP_DESCRIBE, 0
+        schema = load_request_schema(api, version)
+        request = schema(group_ids=(group_id,), include_authorized_operations=False)
+    await stream.send_all(wire.encode_frame(wire.request_header_for(api, version, 1, "kafka-admission-proxy"), request))
+    reader = FrameReader(stream, plaintext=True)
+    verdict = await reader.next_prefix(_DESCRIBE_MAX_BYTES)
+    if verdict is None or not verdict.admitted:
+        raise wire.MalformedFrame(f"describe answered with {verdict}")
+    return wire.decode_response(await reader.read_frame(verdict.size), api, version).body.groups[0]
+
+
+_DESCRIBE_MAX_BYTES = 16 * 1024 * 1024
+_KNOWN_STATES = {
+    GroupKind.CLASSIC: {"Empty", "PreparingRebalance", "CompletingRebalance", "Stable", "Dead"},
+    GroupKind.CONSUMER: {"empty", "assigning", "reconciling", "stable", "dead"},
+}
 
 
 @dataclass(frozen=True, slots=True)
@@ -112,8 +142,13 @@ class GroupTracking:
         if api_key == JOIN_GROUP:
             members = [(m.member_id, getattr(m, "group_instance_id", None)) for m in body.members] or None
             log.debug(
-                "join_group answered", extra={"group": req.group_id, "error": int(body.error_code),
-                                              "member": body.member_id, "members": len(body.members)},
+                "join_group answered",
+                extra={
+                    "group": req.group_id,
+                    "error": int(body.error_code),
+                    "member": body.member_id,
+                    "members": len(body.members),
+                },
             )
             policy.on_join_response(
                 req.group_id,
@@ -166,6 +201,46 @@ class GroupTracking:
                 instance_id=req.instance_id,
                 ticket=request.ticket,
             )
+
+    async def reconcile(
+        self, api_key: int, api_version: int, frame: bytes, connect: Callable[[], Awaitable[UpstreamLink]]
+    ) -> None:
+        """Before a join near the cap, ask the coordinator how big the group is (DescribeGroups,
+        or ConsumerGroupDescribe): other proxies, or this one before a restart, may have
+        admitted members this one never saw. Best effort: a failed describe only logs."""
+        if api_key not in (JOIN_GROUP, CONSUMER_GROUP_HEARTBEAT):
+            return
+        body = wire.decode_request(frame, api_key, api_version)
+        if api_key == CONSUMER_GROUP_HEARTBEAT and body.member_epoch != 0:
+            return  # only joins can be refused
+        sent_at = trio.current_time()
+        if not self.policy.needs_reconcile(body.group_id, sent_at):
+            return
+        self.policy.reconcile_started(body.group_id, sent_at)
+        try:
+            with trio.fail_after(_RECONCILE_TIMEOUT_S):
+                link = await connect()
+                try:
+                    described = await _describe(link.stream, api_key, body.group_id)
+                finally:
+                    await trio.aclose_forcefully(link.stream)
+        except (OSError, trio.TooSlowError, trio.BrokenResourceError, UpstreamUnavailable, wire.MalformedFrame) as exc:
+            log.warning("could not describe group to reconcile its size: %r", exc)
+            return
+        if int(described.error_code) != 0:
+            return
+        instance = "group_instance_id" if api_key == JOIN_GROUP else "instance_id"
+        members = [(m.member_id, getattr(m, instance, None)) for m in described.members]
+        kind = GroupKind.CLASSIC if api_key == JOIN_GROUP else GroupKind.CONSUMER
+        # Only Kafka's own state names are trusted (Tansu reports e.g. "Assigning" for classic groups).
+        state = described.group_state if described.group_state in _KNOWN_STATES[kind] else None
+        self.policy.observe_group_size(
+            body.group_id, members, trio.current_time(), state=state, kind=kind, sent_at=sent_at
+        )
+        log.info(
+            "reconciled group size with the coordinator",
+            extra={"members": len(members), "state": described.group_state},
+        )
 
     async def expire_forever(self) -> None:
         """Session expiry and idle-group eviction: bounded memory, counts that follow the coordinator."""

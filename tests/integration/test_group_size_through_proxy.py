@@ -186,3 +186,27 @@ def test_kafka_python_third_consumer_is_refused(tansu, start_proxy) -> None:  # 
             t.join(10)
         for c in members:
             c.close()
+
+
+def test_two_proxies_in_front_of_one_broker_reconcile_the_group_size(tansu, start_proxy) -> None:  # type: ignore[no-untyped-def]
+    """Each proxy sees only its own consumers; before admitting a join near the cap it asks the
+    coordinator (DescribeGroups), learns the member the other proxy admitted, and refuses."""
+    policies = {**CAP, "group.reconcile.interval.ms": 200}
+    first_proxy = start_proxy(tansu.bootstrap, policies=policies)
+    second_proxy = start_proxy(tansu.bootstrap, policies=policies)
+    topic, group = unique("multi"), unique("two-proxies")
+    create_topic(first_proxy.bootstrap, topic, partitions=2)
+    a = Member(first_proxy.bootstrap, topic, group)
+    try:
+        assert wait_for(lambda: a.has_assignment())
+        b = Member(second_proxy.bootstrap, topic, group)
+        assert wait_for(lambda: b.has_assignment() and a.has_assignment(), timeout=40)
+        time.sleep(0.5)  # past the reconcile interval
+        c = Member(first_proxy.bootstrap, topic, group)
+        assert wait_for(lambda: refused(c)), c.errors
+        assert coordinator_members(tansu.bootstrap, group) == 2
+        assert "reconciled group size with the coordinator" in first_proxy.log()
+        c.stop()
+        b.stop()
+    finally:
+        a.stop()
