@@ -105,15 +105,21 @@ def produce_acks(frame: bytes, api_version: int) -> int:
     return produce_head(frame, api_version)[1]
 
 
-def decode_request(frame: bytes, api_key: int, api_version: int) -> Any:
-    """The request body as a kio entity (only for the APIs a policy must read)."""
+def _decode(frame: bytes, api_key: int, api_version: int, response: bool) -> tuple[Any, Any]:
+    """(header, body) of a whole frame, by the kio schema for that API, version and direction."""
+    what = "response" if response else "request"
     try:
-        schema = load_request_schema(api_key, api_version)
-        _, hsize = entity_reader(schema.__header_schema__)(frame, 4)
+        schema = (load_response_schema if response else load_request_schema)(api_key, api_version)
+        header, hsize = entity_reader(schema.__header_schema__)(frame, 4)
         body, _ = entity_reader(schema)(frame, 4 + hsize)
     except Exception as exc:
-        raise MalformedFrame(f"{api_name(api_key)} v{api_version} request does not parse: {exc}") from None
-    return body
+        raise MalformedFrame(f"{api_name(api_key)} v{api_version} {what} does not parse: {exc}") from None
+    return header, body
+
+
+def decode_request(frame: bytes, api_key: int, api_version: int) -> Any:
+    """The request body as a kio entity (only for the APIs a policy must read)."""
+    return _decode(frame, api_key, api_version, response=False)[1]
 
 
 @dataclass(frozen=True, slots=True)
@@ -123,13 +129,7 @@ class DecodedResponse:
 
 
 def decode_response(frame: bytes, api_key: int, api_version: int) -> DecodedResponse:
-    try:
-        schema = load_response_schema(api_key, api_version)
-        header, hsize = entity_reader(schema.__header_schema__)(frame, 4)
-        body, _ = entity_reader(schema)(frame, 4 + hsize)
-    except Exception as exc:
-        raise MalformedFrame(f"{api_name(api_key)} v{api_version} response does not parse: {exc}") from None
-    return DecodedResponse(header, body)
+    return DecodedResponse(*_decode(frame, api_key, api_version, response=True))
 
 
 def encode_frame(*entities: Any) -> bytes:
