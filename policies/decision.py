@@ -59,6 +59,7 @@ class Decision:
     limit: int | None = None
     error_code: int | None = None  # REFUSE/THROTTLE of a request: the Kafka error code answered
     throttle_ms: int = 0
+    victims: tuple[str, ...] = ()  # EVICT/CLOSE of connections: the ids of those to close
     close_after: bool = False  # REFUSE of a request: close the connection once the answer is written
     # REFUSE of a request: single request elements with their own error, by request path ("groups[1]").
     element_errors: Mapping[str, tuple[int, str | None]] = field(default=_NO_ELEMENT_ERRORS)
