@@ -45,6 +45,9 @@ from collections.abc import Iterator, Mapping
 from dataclasses import dataclass, field
 from typing import Final
 
+from policies.decision import Action, Decision, Policy
+from policies.mode import Mode
+
 INVALID_REQUEST: Final = 42
 INVALID_TOPIC_EXCEPTION: Final = 17
 OFFSET_METADATA_TOO_LARGE: Final = 12
@@ -493,6 +496,54 @@ def check_request(
     return breaches
 
 
+def decide(
+    breaches: list[Breach],
+    mode: Mode,
+    *,
+    expects_response: bool = True,
+) -> Decision | None:
+    """The decision on a request with these breaches (None: admit).
+
+    Kafka answers such a request with an error response for the breaching elements
+    (their own codes; the rest of the request gets the first breach's). A client id
+    over the limit taints every later request of the connection, so the connection is
+    closed once the answer is written; a request that expects no response (Produce
+    with acks=0) cannot be answered, so its connection is closed at once.
+    """
+    if not breaches:
+        return None
+    first = breaches[0]
+    subject = {
+        "identifier_kind": first.kind.name.lower(),
+        "identifier_length": first.length,
+        "breaches": [
+            {"kind": b.kind.name.lower(), "path": b.path, "length": b.length, "limit": b.limit} for b in breaches
+        ],
+    }
+    if not expects_response:
+        return Decision(
+            Policy.IDENTIFIER_LIMITS,
+            Action.CLOSE,
+            mode,
+            LIMIT_KEYS[first.kind],
+            first.message,
+            limit=first.limit,
+            subject=subject,
+        )
+    return Decision(
+        Policy.IDENTIFIER_LIMITS,
+        Action.REFUSE,
+        mode,
+        LIMIT_KEYS[first.kind],
+        first.message,
+        limit=first.limit,
+        error_code=first.error_code,
+        close_after=any(b.kind is IdentifierKind.CLIENT_ID for b in breaches),
+        element_errors={b.element_path: (b.error_code, b.message) for b in breaches if b.element_path},
+        subject=subject,
+    )
+
+
 def checked_api_keys() -> frozenset[int]:
     """The APIs whose bodies carry identifiers (the shell decodes only these)."""
     return frozenset(IDENTIFIER_FIELDS)
@@ -514,5 +565,6 @@ __all__ = [
     "check_request",
     "check_transactional_id",
     "checked_api_keys",
+    "decide",
     "java_length",
 ]
