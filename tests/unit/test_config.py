@@ -7,7 +7,7 @@ from pathlib import Path
 import pytest
 import yaml
 
-from policies.identifier_limits import IdentifierLimits
+from policies.identifier_limits import CONFIG_KEYS, IdentifierLimits
 from proxy.config import ConfigError, load_config, parse_config
 
 MINIMAL = {
@@ -188,6 +188,12 @@ def test_identifier_limits_from_kafka_style_properties() -> None:
         True, 100, 40, 36, 200, 1024, 42
     )
     assert parse_config(MINIMAL).policies.identifier_limits() == IdentifierLimits()
+
+
+def test_every_identifier_limit_property_reaches_its_attribute() -> None:
+    values = {key: True if attr == "enabled" else 100 + i for i, (key, attr) in enumerate(CONFIG_KEYS.items())}
+    limits = parse_config(with_(policies=values)).policies.identifier_limits()
+    assert {key: getattr(limits, attr) for key, attr in CONFIG_KEYS.items()} == values
 
 
 @pytest.mark.parametrize(
