@@ -180,6 +180,7 @@ class ConnectionLimits:
         return self.max_connections_per_ip, MAX_CONNECTIONS_PER_IP
 
     def listener_limit(self, listener: str) -> int:
+        """``listener.name.<listener>.max.connections`` (INT_MAX when unset)."""
         return self.listener_max_connections.get(listener, INT_MAX)
 
 
@@ -272,10 +273,12 @@ class ConnectionQuotas:
 
     @property
     def limits(self) -> ConnectionLimits:
+        """The limits in force."""
         return self._limits
 
     @property
     def protected_listeners(self) -> frozenset[str]:
+        """Listeners exempt from ``max.connections`` and ``max.ssl.connections``."""
         return self._protected
 
     def __len__(self) -> int:
@@ -285,17 +288,21 @@ class ConnectionQuotas:
         return conn_id in self._conns
 
     def is_closing(self, conn_id: str) -> bool:
+        """Told to close (still counted until ``on_closed``)."""
         conn = self._conns.get(conn_id)
         return conn is not None and conn.closing
 
     def in_flight(self, conn_id: str) -> int:
+        """Requests in flight on ``conn_id`` (0 for unknown ids)."""
         conn = self._conns.get(conn_id)
         return 0 if conn is None else conn.in_flight
 
     def ip_count(self, ip: str) -> int:
+        """Connections counted for ``ip``, protected and closing ones included."""
         return self._ip_count.get(ip, 0)
 
     def counts(self) -> ConnectionCounts:
+        """A snapshot of the counts, for metrics."""
         return ConnectionCounts(
             total=len(self._conns),
             broker=self._broker_count,

@@ -40,10 +40,12 @@ _HTTP_METHODS = (b"GET ", b"POST", b"PUT ", b"HEAD", b"DELE", b"OPTI", b"PATC", 
 
 
 def looks_like_tls(prefix: bytes) -> bool:
+    """The bytes start a TLS record (any TLS 1.x version)."""
     return len(prefix) >= 3 and prefix[0] in _TLS_CONTENT_TYPES and prefix[1] == 3 and prefix[2] <= 4
 
 
 def looks_like_http(prefix: bytes) -> bool:
+    """The bytes start an HTTP/1 request (or HTTP/2's preface)."""
     return prefix[:4] in _HTTP_METHODS
 
 

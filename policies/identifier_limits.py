@@ -171,11 +171,13 @@ class IdentifierLimits:
             raise ValueError(f"resource.identifier.limit.enable must be a boolean, got {self.enabled!r}")
 
     def limit_for(self, kind: IdentifierKind) -> int:
+        """The length limit for identifiers of ``kind``."""
         # A dict, not a chain of enum comparisons: on Python 3.11 each enum attribute
         # access costs most of a microsecond, and this runs for every request.
         return int(getattr(self, _LIMIT_ATTRIBUTE.get(kind, "max_length")))
 
     def error_code_for(self, kind: IdentifierKind) -> int:
+        """The Kafka error code a breach of ``kind`` is answered with."""
         return _FIXED_ERROR_CODE.get(kind, self.error_code)
 
 
@@ -215,6 +217,7 @@ class FieldRule:
     selector: tuple[str, Mapping[int, IdentifierKind]] | None = None
 
     def applies_to(self, api_version: int) -> bool:
+        """Whether the field exists in this version of the request."""
         return self.min_version <= api_version and (self.max_version is None or api_version <= self.max_version)
 
 

@@ -124,6 +124,7 @@ class MemoryPool:
 
     @property
     def enabled(self) -> bool:
+        """Whether the pool limits anything (``queued.max.request.bytes > 0``)."""
         return self._capacity > 0
 
     @property
@@ -133,14 +134,17 @@ class MemoryPool:
 
     @property
     def max_request(self) -> int:
+        """``socket.request.max.bytes``."""
         return self._max_request
 
     @property
     def per_connection(self) -> int:
+        """``queued.max.request.bytes.per.connection`` (``<= 0``: off)."""
         return self._per_connection
 
     @property
     def mode(self) -> Mode:
+        """Enforce (queue waiters) or observe (grant, and report the WAIT)."""
         return self._mode
 
     @property

@@ -31,6 +31,8 @@ class Blocked:
 
 
 class UpstreamBackoff:
+    """Per upstream ``host:port``: what blocks connecting to it, and until when."""
+
     def __init__(
         self,
         initial_seconds: float = 1.0,
