@@ -7,6 +7,7 @@ from pathlib import Path
 import pytest
 import yaml
 
+from policies.identifier_limits import CONFIG_KEYS, IdentifierLimits
 from proxy.config import ConfigError, load_config, parse_config
 
 MINIMAL = {
@@ -170,3 +171,39 @@ def test_policy_modes_are_enforce_or_observe() -> None:
     assert message == "policies.response.size.mode: Input should be 'enforce' or 'observe'"
     config = parse_config(with_(policies={"mode": "observe"}))
     assert config.policies.mode_of(config.policies.response_size_mode) == "observe"
+
+
+def test_identifier_limits_from_kafka_style_properties() -> None:
+    """The one parser of the KIP-1233 keys (IdentifierLimits has no parser of its own)."""
+    properties = {
+        "resource.identifier.limit.enable": "true",
+        "resource.identifier.max.length": "100",
+        "member.id.max.length": 40,
+        "classic.member.id.max.length": 36,
+        "topic.name.max.length": 200,
+        "offset.metadata.max.bytes": "1024",
+        "resource.identifier.limit.error.code": 42,
+    }
+    assert parse_config(with_(policies=properties)).policies.identifier_limits() == IdentifierLimits(
+        True, 100, 40, 36, 200, 1024, 42
+    )
+    assert parse_config(MINIMAL).policies.identifier_limits() == IdentifierLimits()
+
+
+def test_every_identifier_limit_property_reaches_its_attribute() -> None:
+    values = {key: True if attr == "enabled" else 100 + i for i, (key, attr) in enumerate(CONFIG_KEYS.items())}
+    limits = parse_config(with_(policies=values)).policies.identifier_limits()
+    assert {key: getattr(limits, attr) for key, attr in CONFIG_KEYS.items()} == values
+
+
+@pytest.mark.parametrize(
+    ("properties", "key"),
+    [
+        ({"resource.identifier.max.length": -1}, "resource.identifier.max.length"),
+        ({"member.id.max.length": "36.5"}, "member.id.max.length"),
+        ({"resource.identifier.limit.error.code": 0}, "resource.identifier.limit.error.code"),
+        ({"resource.identifier.max.lenght": 1}, "resource.identifier.max.lenght"),
+    ],
+)
+def test_bad_identifier_limit_properties_name_the_key(properties: dict[str, object], key: str) -> None:
+    assert error_of(with_(policies=properties)).startswith(f"policies.{key}:")
