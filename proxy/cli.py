@@ -26,13 +26,6 @@ async def serve_until_signalled(config: Config, drain_timeout: float, config_pat
     with trio.open_signal_receiver(signal.SIGTERM, signal.SIGINT, signal.SIGHUP) as signals:
         async with trio.open_nursery() as nursery:
             await nursery.start(server.run)
-            log.info(
-                "proxy ready",
-                extra={
-                    "listeners": ",".join(f"{lst.name}={lst.bind}" for lst in config.listeners),
-                    "admin": f"{config.admin.bind_address[0]}:{server.admin_port}",
-                },
-            )
             async for signum in signals:
                 log.info("received %s", signal.Signals(signum).name)
                 if signum == signal.SIGHUP:
