@@ -76,9 +76,11 @@ def decide_request_prefix(verdict: FrameVerdict, limit: int) -> Decision:
     """The decision on a request prefix ``check_length_prefix`` did not admit: the
     connection is closed (a frame that is not read cannot be answered), in every mode.
     A TLS record or an HTTP request is named as the protocol mistake it is."""
+    if verdict.admitted:
+        raise ValueError(f"a {verdict.size}-byte Kafka frame was admitted: there is nothing to decide")
     if verdict.kind is FrameKind.TLS_RECORD:
         reason = "client speaks TLS on a plaintext link; use TLS only on a TLS listener"
-        return Decision(Policy.PROTOCOL, Action.CLOSE, Mode.ENFORCE, "tls_on_plaintext", reason, subject=_CLIENT)
+        return Decision(Policy.PROTOCOL, Action.CLOSE, Mode.ENFORCE, "client_tls_on_plaintext", reason, subject=_CLIENT)
     if verdict.kind is FrameKind.HTTP:
         reason = "HTTP request on a Kafka port"
         return Decision(Policy.PROTOCOL, Action.CLOSE, Mode.ENFORCE, "http_on_kafka_port", reason, subject=_CLIENT)

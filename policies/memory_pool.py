@@ -191,6 +191,23 @@ class MemoryPool:
 
     # -- decisions --------------------------------------------------------------
 
+    def reconfigure(self, max_request: int, mode: Mode, now: float) -> list[int]:
+        """A config reload: ``socket.request.max.bytes`` and the mode, for the requests to
+        come (the budget itself is sized at start). Switching to OBSERVE lets whoever waits
+        go: returns the queued tickets granted by it."""
+        validate_settings(self._capacity, max_request, self._per_connection)
+        self._max_request = max_request
+        self._mode = mode
+        if mode is not Mode.OBSERVE:
+            return []
+        granted = list(self._queue)
+        for ticket in granted:
+            conn_id, size = self._queue.pop(ticket)
+            self._conns[conn_id].queued.discard(ticket)
+            self._grant(ticket, conn_id, size)
+        self._settle(self._advance(now))
+        return granted
+
     def reserve(self, conn_id: Hashable, size: int, now: float) -> tuple[int, Decision | None]:
         """Ask for ``size`` bytes for one request read from ``conn_id``: its ticket, and None if granted now.
 

@@ -31,7 +31,7 @@ def decide_response_prefix(verdict: FrameVerdict, limit: int, mode: Mode, about:
             Policy.PROTOCOL,
             Action.CLOSE,
             Mode.ENFORCE,
-            "tls_on_plaintext",
+            "upstream_tls_on_plaintext",
             "speaks TLS; set upstream.tls.enabled",
             subject={"direction": "upstream", "size": verdict.size},
         )

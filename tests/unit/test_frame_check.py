@@ -96,7 +96,7 @@ def test_tls_on_a_plaintext_port_is_a_protocol_decision_about_the_client() -> No
         Policy.PROTOCOL,
         Action.CLOSE,
         Mode.ENFORCE,
-        "tls_on_plaintext",
+        "client_tls_on_plaintext",
         "client speaks TLS on a plaintext link; use TLS only on a TLS listener",
         subject={"direction": "client"},
     )
@@ -111,3 +111,8 @@ def test_http_on_a_kafka_port_is_a_protocol_decision_about_the_client() -> None:
         "http_on_kafka_port",
     )
     assert decision.reason == "HTTP request on a Kafka port" and decision.subject == {"direction": "client"}
+
+
+def test_an_admitted_prefix_has_no_decision_to_make() -> None:
+    with pytest.raises(ValueError, match="admitted"):
+        decide_request_prefix(check_length_prefix(b"\x00\x00\x00\x10", 100), 100)

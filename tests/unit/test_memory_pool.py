@@ -609,3 +609,17 @@ class MemoryPoolMachine(RuleBasedStateMachine):
 
 MemoryPoolMachine.TestCase.settings = settings(max_examples=300, stateful_step_count=60, deadline=None)
 test_memory_pool_state_machine = MemoryPoolMachine.TestCase
+
+
+def test_reconfigure_applies_a_new_request_size_and_mode_and_observe_lets_waiters_go() -> None:
+    pool = MemoryPool(100, 50, mode=Mode.ENFORCE)
+    pool.reserve("a", 50, 0.0)
+    pool.reserve("b", 50, 0.0)
+    waiting, decision = pool.reserve("c", 10, 0.0)
+    assert decision is not None and decision.enforced
+    assert pool.reconfigure(60, Mode.ENFORCE, 1.0) == []
+    assert pool.max_request == 60 and pool.waiting == 1
+    assert pool.reconfigure(60, Mode.OBSERVE, 2.0) == [waiting]
+    assert pool.waiting == 0 and pool.used == 110 and pool.mode is Mode.OBSERVE
+    with pytest.raises(ValueError, match=r"queued\.max\.request\.bytes"):
+        pool.reconfigure(200, Mode.ENFORCE, 3.0)

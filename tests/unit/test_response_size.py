@@ -42,7 +42,7 @@ def test_a_tls_alert_from_the_broker_is_named_a_mismatch_and_always_closes(mode:
         Policy.PROTOCOL,
         Action.CLOSE,
         Mode.ENFORCE,
-        "tls_on_plaintext",
+        "upstream_tls_on_plaintext",
         "speaks TLS; set upstream.tls.enabled",
         subject={"direction": "upstream", "size": 352_518_912},
     )
