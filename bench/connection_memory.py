@@ -124,11 +124,12 @@ def raise_fd_limit() -> None:
 def api_versions_frame(correlation_id: int = 1) -> bytes:
     from kio.index import load_request_schema
 
+    from policies.api_keys import API_VERSIONS
     from proxy import wire
 
-    schema = load_request_schema(wire.API_VERSIONS, 3)
+    schema = load_request_schema(API_VERSIONS, 3)
     body = schema(client_software_name="bench", client_software_version="1")
-    return wire.encode_frame(wire.request_header_for(wire.API_VERSIONS, 3, correlation_id, "bench"), body)
+    return wire.encode_frame(wire.request_header_for(API_VERSIONS, 3, correlation_id, "bench"), body)
 
 
 def rss_kib(pid: int) -> int:

@@ -54,6 +54,7 @@ _HTTP_400 = (
     b"Content-Length: %d\r\n\r\n%s" % (len(_HTTP_400_BODY), _HTTP_400_BODY)
 )
 _ids = itertools.count(1)
+_CLIENT_SIDE = {"direction": "client"}
 _Pump = Callable[[trio.abc.Stream, trio.abc.Stream], Awaitable[None]]
 
 
@@ -210,7 +211,7 @@ class ClientConnection:
         what = "an HTTP request" if looks_like_http(head) else f"plaintext (first bytes {head.hex()})"
         reason = f"client sent {what} to a TLS listener; it needs TLS"
         decision = Decision(
-            Policy.PROTOCOL, Action.CLOSE, Mode.ENFORCE, "plaintext_on_tls", reason, subject={"direction": "client"}
+            Policy.PROTOCOL, Action.CLOSE, Mode.ENFORCE, "client_plaintext_on_tls", reason, subject=_CLIENT_SIDE
         )
         self.runtime.recorder.record(decision, self.where)
         raise ConnectionClosed("client_plaintext_on_tls", reason)
@@ -274,7 +275,7 @@ class ClientConnection:
             data = await self._receive_request_bytes(client, gen)
             if not data:
                 if not splitter.idle:
-                    raise ConnectionClosed("truncated_frame", "client closed the connection mid-frame")
+                    raise ConnectionClosed("truncated_frame", splitter.truncated())
                 session.client_left()
                 return
             splitter.feed(data)

@@ -165,8 +165,13 @@ class ConnectionGate:
 
     def _close(self, conn_id: str, decision: Decision) -> None:
         conn = self._open.get(conn_id)
-        if conn is not None:
-            conn.close_now(f"{decision.action.value}: {decision.limit_key}", decision.reason)
+        if conn is None:
+            return
+        if decision.action is Action.EVICT:
+            reason = f"evicted (LRU idle) to admit a connection: {decision.reason}"
+            conn.close_now(f"evicted: {decision.limit_key}", reason)
+        else:
+            conn.close_now(f"closed: {decision.limit_key}", decision.reason)
 
     def _blocked(self, listener: str, since: float) -> None:
         self._metrics.acceptor_blocked.labels(listener).inc(trio.current_time() - since)

@@ -62,22 +62,30 @@ class GroupSizes(ApiHook):
         policy = self.policy
         if api == JOIN_GROUP:
             await self._reconcile(request, body.group_id, GroupKind.CLASSIC)
-            decision, request.ticket = policy.on_join_request(
-                body.group_id,
-                body.member_id,
-                getattr(body, "group_instance_id", None),
-                now,
-                session_timeout_ms=_ms(body.session_timeout),
-                rebalance_timeout_ms=_ms(getattr(body, "rebalance_timeout", None)),
-                require_known_member_id=request.api_version >= 4,
-                protocols=hash(tuple((p.name, p.metadata) for p in body.protocols)),
+            decision, request.ticket = _temporary(
+                policy.on_join_request(
+                    body.group_id,
+                    body.member_id,
+                    getattr(body, "group_instance_id", None),
+                    now,
+                    session_timeout_ms=_ms(body.session_timeout),
+                    rebalance_timeout_ms=_ms(getattr(body, "rebalance_timeout", None)),
+                    require_known_member_id=request.api_version >= 4,
+                    protocols=hash(tuple((p.name, p.metadata) for p in body.protocols)),
+                ),
+                "group.max.size",
+                body,
             )
             return decision
         if api == CONSUMER_GROUP_HEARTBEAT:
             if body.member_epoch == 0:  # only joins can be refused
                 await self._reconcile(request, body.group_id, GroupKind.CONSUMER)
-            decision, request.ticket = policy.on_consumer_heartbeat_request(
-                body.group_id, body.member_id, body.member_epoch, body.instance_id, now
+            decision, request.ticket = _temporary(
+                policy.on_consumer_heartbeat_request(
+                    body.group_id, body.member_id, body.member_epoch, body.instance_id, now
+                ),
+                "group.consumer.max.size",
+                body,
             )
             return decision
         if api == SYNC_GROUP:
@@ -179,3 +187,30 @@ class GroupSizeCollector(Collector):
         yield HistogramMetricFamily(
             "kafka_admission_group_members", "Members per tracked group", buckets=buckets, sum_value=float(sum(sizes))
         )
+
+
+def _temporary(result: Any, key: str, body: Any) -> tuple[Decision | None, int | None]:
+    """TEMPORARY until the groups branch lands: today's Admit/Refuse/Throttle as a Decision."""
+    from policies.decision import Action, Policy
+    from policies.group_size import Admit, Throttle
+    from policies.mode import Mode
+
+    ticket = getattr(result, "ticket", None)
+    mode = Mode.ENFORCE
+    if isinstance(result, Admit):
+        observed = result.would_refuse or result.would_throttle
+        if observed is None:
+            return None, ticket
+        result, mode = observed, Mode.OBSERVE
+    throttle = isinstance(result, Throttle)
+    decision = Decision(
+        Policy.GROUP_SIZE,
+        Action.THROTTLE if throttle else Action.REFUSE,
+        mode,
+        "group.join.rate.per.minute" if throttle else key,
+        result.reason,
+        error_code=result.error_code,
+        throttle_ms=getattr(result, "throttle_ms", 0),
+        subject={"group_id": body.group_id, "member_id": body.member_id},
+    )
+    return decision, ticket

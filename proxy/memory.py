@@ -54,6 +54,10 @@ class PoolGate:
         if ticket is not None:
             self._wake(self.pool.release(ticket, now))
 
+    def reconfigure(self, max_request: int, mode: Mode) -> None:
+        """A reload: socket.request.max.bytes and the mode (observe lets waiters go)."""
+        self._wake(self.pool.reconfigure(max_request, mode, trio.current_time()))
+
     def cancel(self, conn_id: Hashable) -> None:
         """The connection is gone: its bytes return, its waits are dropped."""
         self._wake(self.pool.cancel(conn_id, trio.current_time()))

@@ -221,8 +221,10 @@ class ProxyServer:
     def _apply(self, config: Config) -> None:
         policies = config.policies
         runtime = self.runtime
-        self.groups.reconfigure(policies.group_size_config(), Mode(policies.mode_of(policies.group_size_mode)))
-        runtime.pool.pool.mode = Mode(policies.mode_of(policies.memory_pool_mode))
+        reconfigure = getattr(self.groups, "reconfigure", None)  # TEMPORARY: lands with the groups branch
+        if reconfigure is not None:
+            reconfigure(policies.group_size_config(), Mode(policies.mode_of(policies.group_size_mode)))
+        runtime.pool.reconfigure(policies.socket_request_max_bytes, Mode(policies.mode_of(policies.memory_pool_mode)))
         runtime.gate.reconfigure(
             policies.connection_limits(),
             Mode(policies.mode_of(policies.connections_mode)),

@@ -79,9 +79,11 @@ class UpstreamConnector:
     def healthy(self, address: str) -> None:
         self.backoff.on_healthy(address)
 
-    async def connect(self, host: str, port: int) -> UpstreamLink:
+    async def connect(self, host: str, port: int, *, backing_off: bool = True) -> UpstreamLink:
+        """A connection to one broker; while it is backed off from (it was unreachable or
+        spoke the other protocol), fails at once unless ``backing_off`` is False."""
         address = f"{host}:{port}"
-        blocked = self.backoff.blocked(address, trio.current_time())
+        blocked = self.backoff.blocked(address, trio.current_time()) if backing_off else None
         if blocked is not None:
             raise UpstreamUnavailable(f"upstream {address} {blocked.description} (backing off)")
         try:
@@ -89,10 +91,9 @@ class UpstreamConnector:
                 tcp = await trio.open_tcp_stream(host, port)
         except (OSError, trio.TooSlowError) as exc:
             self._metrics.upstream_connect_failures.labels(address).inc()
-            description = f"cannot be reached: {exc!r}"
             # New connections fail fast for a while instead of each trying (and logging) again.
-            self.backoff.on_unreachable(address, description, trio.current_time())
-            raise UpstreamUnavailable(f"upstream {address} {description}") from exc
+            self.backoff.on_unreachable(address, f"cannot be reached ({exc!r})", trio.current_time())
+            raise UpstreamUnavailable(f"cannot connect to broker {address}: {exc!r}") from exc
         if self._context is None:
             return UpstreamLink(tcp, address)
         stream = trio.SSLStream(tcp, self._context, server_hostname=self._tls.server_hostname or host)
@@ -106,24 +107,26 @@ class UpstreamConnector:
             if _not_tls(cause):
                 what = "timed out" if isinstance(cause, trio.TooSlowError) else f"failed: {cause}"
                 description = f"does not speak TLS (handshake {what}); check upstream.tls.enabled"
-                self._record_mismatch(address, "plaintext_on_tls", description)
+                self._record_mismatch(address, "upstream_plaintext_on_tls", description)
                 raise UpstreamUnavailable(self.mismatch(address, "plaintext_on_tls", description)) from exc
             raise UpstreamUnavailable(f"TLS handshake with broker {address} failed: {cause!r}") from exc
         return UpstreamLink(stream, address)
 
-    async def connect_any(self, addresses: list[tuple[str, int]]) -> UpstreamLink:
+    async def connect_any(self, addresses: list[tuple[str, int]], *, backing_off: bool = True) -> UpstreamLink:
         """The first of the bootstrap servers that answers."""
         errors = []
         for host, port in addresses:
             try:
-                return await self.connect(host, port)
+                return await self.connect(host, port, backing_off=backing_off)
             except UpstreamUnavailable as exc:
                 errors.append(str(exc))
         raise UpstreamUnavailable("; ".join(errors))
 
     async def probe(self, addresses: list[tuple[str, int]]) -> None:
-        """Connect and exchange an ApiVersions request: reachable and speaking Kafka."""
-        link = await self.connect_any(addresses)
+        """Connect and exchange an ApiVersions request: reachable and speaking Kafka. The
+        probe tries for real even while client connections back off: it is what tells
+        that the broker is back (a healthy answer ends the backoff)."""
+        link = await self.connect_any(addresses, backing_off=False)
         try:
             await link.stream.send_all(_PROBE_REQUEST)
             prefix = b""
@@ -135,7 +138,7 @@ class UpstreamConnector:
             verdict = check_length_prefix(prefix, INT_MAX, plaintext=self._context is None)
             if verdict.kind is FrameKind.TLS_RECORD:
                 description = "speaks TLS; set upstream.tls.enabled"
-                self._record_mismatch(link.address, "tls_on_plaintext", description)
+                self._record_mismatch(link.address, "upstream_tls_on_plaintext", description)
                 raise UpstreamUnavailable(self.mismatch(link.address, "tls_on_plaintext", description))
             self.healthy(link.address)
         except (trio.BrokenResourceError, OSError) as exc:

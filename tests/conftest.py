@@ -120,6 +120,14 @@ class ProxyProcess:
                     total += sample.value
         return total
 
+    def reload(self, **policies: Any) -> None:
+        """Rewrite the config file with these policy changes, SIGHUP, and wait until applied."""
+        reloads = self.log().count("config reloaded")
+        self.config.setdefault("policies", {}).update(policies)
+        self.config_path.write_text(yaml.safe_dump(self.config))
+        self.signal(signal.SIGHUP)
+        wait_until(lambda: self.log().count("config reloaded") > reloads, timeout=5)
+
     def signal(self, signum: int = signal.SIGTERM) -> None:
         assert self.process is not None
         self.process.send_signal(signum)

@@ -95,7 +95,9 @@ def test_the_third_confluent_consumer_is_refused_and_a_freed_slot_is_reused(tans
         joins_before = proxy.metric("kafka_admission_requests_total", api="join_group")
         third = Member(proxy.bootstrap, topic, group)
         assert wait_for(lambda: refused(third)), third.errors
-        assert proxy.metric("kafka_admission_group_refusals_total", api="join_group", decision="refuse") >= 1
+        assert proxy.metric(
+            "kafka_admission_decisions_total", policy="group_size", action="refuse", limit="group.max.size"
+        ) >= 1
         # librdkafka reports the refusal as an error and keeps retrying the join (every retry refused).
         assert third.errors[0].code() == KafkaError.GROUP_MAX_SIZE_REACHED
         assert not third.assigned
@@ -142,8 +144,9 @@ def test_observe_mode_lets_the_third_join_and_audits_it(tansu, start_proxy, tmp_
     try:
         assert wait_for(lambda: all(m.has_assignment() for m in members), timeout=40)
         assert not any(refused(m) for m in members)
-        assert proxy.metric("kafka_admission_group_refusals_total", decision="refuse", mode="observe") >= 1
-        assert '"type":"group_admission"' in audit.read_text()
+        refusals = proxy.metric("kafka_admission_decisions_total", policy="group_size", action="refuse", mode="observe")
+        assert refusals >= 1
+        assert '"policy":"group_size"' in audit.read_text()
     finally:
         for m in members:
             m.stop()
