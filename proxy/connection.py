@@ -41,6 +41,7 @@ from .metrics import TrafficStats
 from .request import Request
 from .runtime import Runtime
 from .session import Pending, Session, State, UnexpectedResponse
+from .transport import SocketTransport, StreamTransport, Transport, stdlib_socket
 from .upstream import UpstreamLink, UpstreamUnavailable
 from .wire import Received
 
@@ -55,7 +56,7 @@ _HTTP_400 = (
 )
 _ids = itertools.count(1)
 _CLIENT_SIDE = {"direction": "client"}
-_Pump = Callable[[trio.abc.Stream, trio.abc.Stream], Awaitable[None]]
+_Pump = Callable[[Transport, Transport], Awaitable[None]]
 
 
 class ConnectionClosed(Exception):
@@ -104,6 +105,7 @@ class ClientConnection:
         self.bytes_out = 0
         self.end_reason = "client_closed"
         self._partial_ticket: int | None = None  # pool memory of the frame being read (KIP-72)
+        self._client: Transport | None = None
 
     # -- from outside: the gate and the server --------------------------------------
 
@@ -139,7 +141,9 @@ class ClientConnection:
         finally:
             self.runtime.pool.cancel(self.conn_id)  # whatever it held or waited for goes back
             with trio.CancelScope(shield=True):
-                await trio.aclose_forcefully(self._tcp)
+                if self._client is not None:
+                    await self._client.aclose()
+                await trio.aclose_forcefully(self._tcp)  # a no-op once the client transport owns the socket
             self._lifecycle("close")
 
     async def _serve(self) -> None:
@@ -156,14 +160,13 @@ class ClientConnection:
         self.upstream_address = link.address
         try:
             async with trio.open_nursery() as nursery:
-                nursery.start_soon(self._pump, self._pump_responses, link.stream, client, nursery)
-                await self._pump(self._pump_requests, client, link.stream, nursery)
+                nursery.start_soon(self._pump, self._pump_responses, link.transport, client, nursery)
+                await self._pump(self._pump_requests, client, link.transport, nursery)
         finally:
             with trio.CancelScope(shield=True):
-                await trio.aclose_forcefully(link.stream)
-                await trio.aclose_forcefully(client)
+                await link.transport.aclose()
 
-    async def _pump(self, pump: _Pump, source: trio.abc.Stream, sink: trio.abc.Stream, nursery: trio.Nursery) -> None:
+    async def _pump(self, pump: _Pump, source: Transport, sink: Transport, nursery: trio.Nursery) -> None:
         """Runs one direction; whatever ends it ends the connection (and only this one)."""
         try:
             await pump(source, sink)
@@ -183,10 +186,11 @@ class ClientConnection:
 
     # -- before the first request -------------------------------------------------------
 
-    async def _client_stream(self) -> trio.abc.Stream:
+    async def _client_stream(self) -> Transport:
         context = self.port.ssl_context
         if context is None:
-            return self._tcp
+            self._client = SocketTransport(stdlib_socket(self._tcp))
+            return self._client
         await self._expect_client_hello()
         stream = trio.SSLStream(self._tcp, context, server_side=True)
         try:
@@ -195,7 +199,8 @@ class ClientConnection:
         except (trio.BrokenResourceError, trio.TooSlowError, ssl.SSLError, OSError) as exc:
             self.runtime.metrics.handshake_failures.labels(self.listener).inc()
             raise ConnectionClosed("tls_handshake", f"TLS handshake failed: {exc.__cause__ or exc!r}") from None
-        return stream
+        self._client = StreamTransport(stream)
+        return self._client
 
     async def _expect_client_hello(self) -> None:
         """On a TLS listener, name a client that speaks plaintext before the TLS
@@ -216,12 +221,12 @@ class ClientConnection:
         self.runtime.recorder.record(decision, self.where)
         raise ConnectionClosed("client_plaintext_on_tls", reason)
 
-    async def _first_bytes(self, client: trio.abc.Stream) -> bool:
+    async def _first_bytes(self, client: Transport) -> bool:
         """Read until the first length prefix is here and check it (TLS or HTTP on a
         plaintext port is named; HTTP gets a 400). False when the client left first."""
         splitter = self._splitter
         while not splitter.prefix_ready:
-            data = await client.receive_some(RECEIVE_SIZE)
+            data = await client.receive(RECEIVE_SIZE)
             if not data:
                 return False
             self.bytes_in += len(data)
@@ -234,7 +239,7 @@ class ClientConnection:
 
     # -- client -> broker ---------------------------------------------------------------
 
-    async def _pump_requests(self, client: trio.abc.Stream, upstream: trio.abc.Stream) -> None:
+    async def _pump_requests(self, client: Transport, upstream: Transport) -> None:
         runtime, session, splitter = self.runtime, self.session, self._splitter
         while True:
             gen = runtime.generation
@@ -261,7 +266,7 @@ class ClientConnection:
             if run_start >= 0:
                 out.append(memoryview(buf)[run_start:run_end])
             if out:
-                await upstream.send_all(out[0] if len(out) == 1 else b"".join(out))
+                await upstream.send(out[0] if len(out) == 1 else b"".join(out))
                 elapsed = trio.current_time() - now
                 for pending in sent:
                     pending.started = elapsed  # time inside the proxy so far; the response adds its own
@@ -283,7 +288,7 @@ class ClientConnection:
     async def _take_request(
         self,
         gen: Generation,
-        client: trio.abc.Stream,
+        client: Transport,
         buf: Received,
         start: int,
         end: int,
@@ -333,7 +338,7 @@ class ClientConnection:
         return True
 
     async def _answer(
-        self, client: trio.abc.Stream, gen: Generation, request: Request, decision: Decision, ticket: int
+        self, client: Transport, gen: Generation, request: Request, decision: Decision, ticket: int
     ) -> None:
         """Carry out an enforced decision on a request: the proxy's own answer, in order;
         or, when no answer can be given, the end of the connection."""
@@ -363,7 +368,7 @@ class ClientConnection:
             await pool.wait_for(ticket)
         return ticket
 
-    async def _receive_request_bytes(self, client: trio.abc.Stream, gen: Generation) -> Received:
+    async def _receive_request_bytes(self, client: Transport, gen: Generation) -> Received:
         """The next bytes from the client. Inside a frame (its prefix read, its body
         not), memory for the body is reserved first (KIP-72), and both the reservation
         and the rest of the body must come within request.body.timeout.ms, so a
@@ -371,7 +376,7 @@ class ClientConnection:
         splitter = self._splitter
         size = splitter.frame_size
         if not size:
-            data = await client.receive_some(RECEIVE_SIZE)
+            data = await client.receive(RECEIVE_SIZE)
             self.bytes_in += len(data)
             return data
         timeout = gen.request_body_timeout_s
@@ -380,7 +385,7 @@ class ClientConnection:
             if self._partial_ticket is None:
                 self._partial_ticket = await self._reserve(size, trio.current_time())
             waiting_for = "its body"
-            data = await client.receive_some(max(RECEIVE_SIZE, min(splitter.wanted, MAX_RECEIVE)))
+            data = await client.receive(max(RECEIVE_SIZE, min(splitter.wanted, MAX_RECEIVE)))
             self.bytes_in += len(data)
             return data
         timeout_ms = round(timeout * 1000)
@@ -399,13 +404,13 @@ class ClientConnection:
 
     # -- broker -> client ---------------------------------------------------------------
 
-    async def _pump_responses(self, upstream: trio.abc.Stream, client: trio.abc.Stream) -> None:
+    async def _pump_responses(self, upstream: Transport, client: Transport) -> None:
         runtime, session = self.runtime, self.session
         splitter = FrameSplitter(sniff=not runtime.connector.tls_enabled)
         rewritten = runtime.metrics.responses_rewritten
         healthy = False
         while True:
-            data = await upstream.receive_some(max(RECEIVE_SIZE, min(splitter.wanted, MAX_RECEIVE)))
+            data = await upstream.receive(max(RECEIVE_SIZE, min(splitter.wanted, MAX_RECEIVE)))
             if not data:
                 raise ConnectionClosed("upstream_closed", f"broker {self.upstream_address} closed the connection")
             if not healthy:
@@ -493,7 +498,7 @@ class ClientConnection:
 
     # -- writing to the client ----------------------------------------------------------
 
-    async def _write_answers(self, client: trio.abc.Stream) -> None:
+    async def _write_answers(self, client: Transport) -> None:
         """Write the proxy's own answers now at the head of the line."""
         delivered: list[Pending] = []
         out: list[memoryview | bytes] = []
@@ -506,7 +511,7 @@ class ClientConnection:
             await self._send_to_client(client, out)
             self._delivered(delivered, now)
 
-    async def _send_to_client(self, client: trio.abc.Stream, out: list[memoryview | bytes]) -> None:
+    async def _send_to_client(self, client: Transport, out: list[memoryview | bytes]) -> None:
         """The one way bytes reach the client. Both pumps may write (the response pump
         broker responses, the request pump the proxy's own answers when nothing is
         ahead of them), so a second writer waits for the first: order is kept because
@@ -518,7 +523,7 @@ class ClientConnection:
         self._writing = True
         try:
             data = out[0] if len(out) == 1 else b"".join(out)
-            await client.send_all(data)
+            await client.send(data)
             self.bytes_out += len(data)
             self.port.stats.response_bytes += len(data)
         finally:
@@ -544,7 +549,7 @@ class ClientConnection:
 
     # -- helpers ------------------------------------------------------------------------
 
-    async def _refuse_prefix(self, client: trio.abc.Stream, refused: FrameRefused) -> NoReturn:
+    async def _refuse_prefix(self, client: Transport, refused: FrameRefused) -> NoReturn:
         """A request length prefix no Kafka request has: recorded, then the connection ends
         (HTTP is told, in HTTP, that this is a Kafka port)."""
         verdict = refused.verdict
@@ -553,7 +558,7 @@ class ClientConnection:
         self.runtime.recorder.record(decision, self.where, size=verdict.size)
         if verdict.kind is FrameKind.HTTP:
             with trio.move_on_after(HANDSHAKE_TIMEOUT_S):
-                await client.send_all(_HTTP_400)
+                await client.send(_HTTP_400)
             raise ConnectionClosed("client_http_on_kafka_port", decision.reason)
         if verdict.kind is FrameKind.TLS_RECORD:
             raise ConnectionClosed("client_tls_on_plaintext", decision.reason)

@@ -18,6 +18,7 @@ from policies.frame_check import FrameKind
 
 from . import wire
 from .framing import RECEIVE_SIZE, FrameRefused, FrameSplitter
+from .transport import Transport
 from .upstream import UpstreamLink, UpstreamUnavailable
 
 log = logging.getLogger("kafka_admission_proxy.groups")
@@ -44,16 +45,16 @@ def _request(join_api: int, group_id: str) -> tuple[int, int, bytes]:
     return api, version, wire.encode_frame(wire.request_header_for(api, version, 1, "kafka-admission-proxy"), body)
 
 
-async def _exchange(stream: trio.abc.Stream, frame: bytes) -> bytes | None:
+async def _exchange(transport: Transport, frame: bytes) -> bytes | None:
     """Send one request; its response frame, or None when the broker closes instead
     (a broker that does not know the API, e.g. librdkafka's mock cluster)."""
-    await stream.send_all(frame)
+    await transport.send(frame)
     splitter = FrameSplitter(sniff=False)
     while True:
         span = splitter.next_frame(_MAX_BYTES)
         if span is not None:
             return bytes(splitter.buffer[span[0] : span[1]])
-        data = await stream.receive_some(RECEIVE_SIZE)
+        data = await transport.receive(RECEIVE_SIZE)
         if not data:
             return None
         splitter.feed(data)
@@ -69,9 +70,10 @@ async def describe_group(
         with trio.fail_after(TIMEOUT_S):
             link = await connect()
             try:
-                answer = await _exchange(link.stream, frame)
+                answer = await _exchange(link.transport, frame)
             finally:
-                await trio.aclose_forcefully(link.stream)
+                with trio.CancelScope(shield=True):
+                    await link.transport.aclose()
         if answer is None:
             log.debug("the coordinator closed instead of answering %s; group size not reconciled", wire.api_name(api))
             return None

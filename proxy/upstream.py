@@ -20,6 +20,7 @@ from .config import UpstreamTls
 from .decisions import DecisionRecorder
 from .logs import RateLimitedLog
 from .metrics import Metrics
+from .transport import SocketTransport, StreamTransport, Transport, stdlib_socket
 
 log = logging.getLogger("kafka_admission_proxy.upstream")
 _rate_limited = RateLimitedLog(log)
@@ -46,7 +47,7 @@ def _not_tls(cause: BaseException | None) -> bool:
 
 @dataclass(frozen=True, slots=True)
 class UpstreamLink:
-    stream: trio.abc.Stream
+    transport: Transport
     address: str  # host:port actually connected to
 
 
@@ -95,7 +96,7 @@ class UpstreamConnector:
             self.backoff.on_unreachable(address, f"cannot be reached ({exc!r})", trio.current_time())
             raise UpstreamUnavailable(f"cannot connect to broker {address}: {exc!r}") from exc
         if self._context is None:
-            return UpstreamLink(tcp, address)
+            return UpstreamLink(SocketTransport(stdlib_socket(tcp)), address)
         stream = trio.SSLStream(tcp, self._context, server_hostname=self._tls.server_hostname or host)
         try:
             with trio.fail_after(HANDSHAKE_TIMEOUT_S):
@@ -110,7 +111,7 @@ class UpstreamConnector:
                 self._record_mismatch(address, "upstream_plaintext_on_tls", description)
                 raise UpstreamUnavailable(self.mismatch(address, "plaintext_on_tls", description)) from exc
             raise UpstreamUnavailable(f"TLS handshake with broker {address} failed: {cause!r}") from exc
-        return UpstreamLink(stream, address)
+        return UpstreamLink(StreamTransport(stream), address)
 
     async def connect_any(self, addresses: list[tuple[str, int]], *, backing_off: bool = True) -> UpstreamLink:
         """The first of the bootstrap servers that answers."""
@@ -128,10 +129,10 @@ class UpstreamConnector:
         that the broker is back (a healthy answer ends the backoff)."""
         link = await self.connect_any(addresses, backing_off=False)
         try:
-            await link.stream.send_all(_PROBE_REQUEST)
+            await link.transport.send(_PROBE_REQUEST)
             prefix = b""
             while len(prefix) < 4:
-                chunk = await link.stream.receive_some(4 - len(prefix))
+                chunk = await link.transport.receive(4 - len(prefix))
                 if not chunk:
                     raise UpstreamUnavailable(f"upstream {link.address} closed the connection on ApiVersions")
                 prefix += chunk
@@ -144,4 +145,5 @@ class UpstreamConnector:
         except (trio.BrokenResourceError, OSError) as exc:
             raise UpstreamUnavailable(f"upstream {link.address} broke the connection: {exc!r}") from exc
         finally:
-            await trio.aclose_forcefully(link.stream)
+            with trio.CancelScope(shield=True):
+                await link.transport.aclose()
