@@ -1,0 +1,112 @@
+"""A config reload (SIGHUP) applies every policy key to the connections already
+open, at their next frame: a new config generation is swapped in by one
+reference. Restart-only keys keep their running value and are named."""
+
+from __future__ import annotations
+
+import signal
+import time
+from typing import Any
+
+import yaml
+from confluent_kafka import KafkaError
+
+from tests.clients import create_topic, unique
+from tests.conftest import wait_until
+from tests.integration.test_group_size_through_proxy import Member, coordinator_members, refused, wait_for
+from tests.raw_kafka import RawConnection, api_versions_frame, frame, metadata_frame
+
+
+def test_identifier_limits_turned_on_apply_to_a_connection_already_open(tansu, start_proxy) -> None:  # type: ignore[no-untyped-def]
+    proxy = start_proxy(tansu.bootstrap)
+    with RawConnection(proxy.bootstrap) as conn:
+        conn.send(api_versions_frame(1, client_id="c" * 250))
+        assert conn.read_response(18, 3).body.error_code == 0  # no limit yet
+        proxy.reload(**{"resource.identifier.limit.enable": True})
+        conn.send(api_versions_frame(2, client_id="c" * 250))
+        response = conn.read_response(18, 3)
+        assert (response.header.correlation_id, response.body.error_code) == (2, 42)
+        assert conn.closed_by_peer()  # a client id over the limit taints the connection
+    assert proxy.metric("kafka_admission_decisions_total", policy="identifier_limits", action="refuse") == 1
+
+
+def test_a_lowered_max_response_size_applies_to_a_connection_already_open(tansu, start_proxy) -> None:  # type: ignore[no-untyped-def]
+    proxy = start_proxy(tansu.bootstrap)
+    with RawConnection(proxy.bootstrap) as conn:
+        conn.send(metadata_frame(1))
+        assert conn.read_response(3, 12).header.correlation_id == 1
+        proxy.reload(**{"max.response.size": 64})  # a Metadata answer is larger
+        conn.send(metadata_frame(2))
+        assert conn.closed_by_peer()
+    assert proxy.metric("kafka_admission_decisions_total", policy="response_size", mode="enforce") == 1
+    assert "over max.response.size=64" in proxy.log()
+
+
+def test_a_raised_socket_request_max_bytes_applies_to_a_connection_already_open(tansu, start_proxy) -> None:  # type: ignore[no-untyped-def]
+    proxy = start_proxy(tansu.bootstrap, policies={"socket.request.max.bytes": 4096})
+    m: Any = __import__("kio.schema.metadata.v12.request", fromlist=["x"])
+    topics = tuple(m.MetadataRequestTopic(name=f"t{i:030d}", topic_id=None) for i in range(200))
+    body = m.MetadataRequest(
+        topics=topics, allow_auto_topic_creation=False, include_topic_authorized_operations=False
+    )
+    big = frame(3, 12, 2, body)
+    assert len(big) > 4096
+    with RawConnection(proxy.bootstrap) as conn:
+        conn.send(metadata_frame(1))
+        assert conn.read_response(3, 12).header.correlation_id == 1
+        proxy.reload(**{"socket.request.max.bytes": 1048576})
+        conn.send(big)
+        assert conn.read_response(3, 12).header.correlation_id == 2  # answered by the broker, not refused
+    assert proxy.metric("kafka_admission_decisions_total", policy="request_size") == 0
+
+
+def test_a_restart_only_change_is_named_and_the_rest_applies(tansu, start_proxy) -> None:  # type: ignore[no-untyped-def]
+    proxy = start_proxy(tansu.bootstrap)
+    moved = dict(proxy.config["admin"], bind="127.0.0.1:1")
+    reloads = proxy.log().count("config reloaded")
+    proxy.config["admin"] = moved
+    proxy.config.setdefault("policies", {})["resource.identifier.limit.enable"] = True
+    proxy.config_path.write_text(yaml.safe_dump(proxy.config))
+    proxy.signal(signal.SIGHUP)
+    wait_until(lambda: proxy.log().count("config reloaded") > reloads, timeout=5)
+    assert "config reload: admin.bind changed; restart to apply it (the rest applies)" in proxy.log()
+    status, _ = proxy.get("/healthz")  # still on its old admin port
+    assert status == 200
+    with RawConnection(proxy.bootstrap) as conn:
+        conn.send(api_versions_frame(1, client_id="c" * 250))
+        assert conn.read_response(18, 3).body.error_code == 42  # the policy change applied
+
+
+def test_an_invalid_file_changes_nothing_and_the_proxy_keeps_serving(tansu, start_proxy) -> None:  # type: ignore[no-untyped-def]
+    proxy = start_proxy(tansu.bootstrap)
+    proxy.config_path.write_text("policies: {group.max.size: -5}\n" + yaml.safe_dump(proxy.config))
+    proxy.signal(signal.SIGHUP)
+    wait_until(lambda: "config reload refused" in proxy.log(), timeout=5)
+    with RawConnection(proxy.bootstrap) as conn:
+        conn.send(api_versions_frame(1))
+        assert conn.read_response(18, 3).body.error_code == 0
+
+
+def test_group_max_size_and_its_mode_change_on_reload_for_a_group_already_running(tansu, start_proxy) -> None:  # type: ignore[no-untyped-def]
+    proxy = start_proxy(tansu.bootstrap, policies={"group.max.size": 2, "group.size.mode": "observe"})
+    topic, group = unique("reload-gs"), unique("reloaded")
+    create_topic(proxy.bootstrap, topic, partitions=4)
+    members = [Member(proxy.bootstrap, topic, group) for _ in range(3)]
+    try:
+        # Observe mode: the third member is let in, and counted as a would-be refusal.
+        assert wait_for(lambda: all(m.has_assignment() for m in members), timeout=40)
+        assert not any(refused(m) for m in members)
+        assert proxy.metric("kafka_admission_decisions_total", policy="group_size", mode="observe") >= 1
+        proxy.reload(**{"group.size.mode": "enforce"})
+        # A fourth member starts a rebalance: as Kafka's coordinator does with a lowered cap,
+        # the members that rejoin after the group is full are refused.
+        members.append(Member(proxy.bootstrap, topic, group))
+        assert wait_for(lambda: any(refused(m) for m in members), timeout=40)
+        assert proxy.metric("kafka_admission_decisions_total", policy="group_size", mode="enforce") >= 1
+        assert wait_for(lambda: coordinator_members(tansu.bootstrap, group) <= 2, timeout=40)
+        time.sleep(1)
+        assert coordinator_members(tansu.bootstrap, group) <= 2
+        assert all(e.code() == KafkaError.GROUP_MAX_SIZE_REACHED for m in members for e in m.errors if refused(m))
+    finally:
+        for m in members:
+            m.stop()
