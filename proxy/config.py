@@ -20,6 +20,8 @@ from policies.group_size import GroupSizeConfig
 from policies.identifier_limits import IdentifierLimits
 from policies.memory_pool import validate_settings as validate_pool_settings
 
+from .certificates import certificate_problems
+
 __all__ = ["Config", "ConfigError", "load_config", "parse_config"]
 
 
@@ -386,7 +388,7 @@ def parse_config(raw: Any) -> Config:
     if not isinstance(raw, dict):
         raise ConfigError("the config must be a YAML mapping")
     try:
-        return Config.model_validate(raw)
+        config = Config.model_validate(raw)
     except ValidationError as exc:
         errors = exc.errors()
         # A list whose items failed also reports itself as too short: say the cause only.
@@ -399,6 +401,15 @@ def parse_config(raw: Any) -> Config:
             )
         ]
         raise ConfigError("\n".join(_describe(e) for e in shown)) from None
+    _check_certificates(config)
+    return config
+
+
+def _check_certificates(config: Config) -> None:
+    """TLS files that exist but cannot serve (key mismatch, chain order, dates): one line each."""
+    problems = certificate_problems(config)
+    if problems:
+        raise ConfigError("\n".join(problems))
 
 
 def load_config(path: str | Path) -> Config:
