@@ -264,14 +264,14 @@ def test_the_sidecar_sits_in_the_broker_pod_and_takes_the_client_port(rendered: 
     assert config["policies"] == values["config"]["policies"]
 
 
-def test_the_checksum_annotation_is_there_only_when_asked_and_follows_the_config(helm: Helm) -> None:
+def test_the_checksum_annotation_follows_the_config_and_is_gone_with_live_reload(helm: Helm) -> None:
     def annotations(*args: str) -> dict[str, str]:
         pod = kind(documents(helm.template(*args)), "Deployment")["spec"]["template"]
         return pod["metadata"].get("annotations") or {}
 
-    assert annotations() == {}
-    first = annotations("--set", "configReload=checksum")["checksum/kafka-admission-proxy-config"]
-    second = annotations("--set", "configReload=checksum", "--set", "config.policies.group\\.max\\.size=5")
+    assert annotations("--set", "configReload=watch") == {}
+    first = annotations()["checksum/kafka-admission-proxy-config"]
+    second = annotations("--set", "config.policies.group\\.max\\.size=5")
     assert re.fullmatch(r"[0-9a-f]{64}", first)
     assert second["checksum/kafka-admission-proxy-config"] != first
 
