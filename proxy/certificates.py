@@ -31,6 +31,7 @@ if TYPE_CHECKING:
 __all__ = [
     "CertificateInfo",
     "CertificateProblem",
+    "certificate_files",
     "certificate_problems",
     "export_certificate_expiry",
     "inspect_ca_file",
@@ -150,6 +151,12 @@ def _tls_files(config: Config) -> Iterator[_TlsFiles]:
     upstream = config.upstream.tls
     if upstream.enabled:
         yield _TlsFiles("upstream.tls", UPSTREAM_CERTIFICATE, upstream.cert_file, upstream.key_file, upstream.ca_file)
+
+
+def certificate_files(config: Config) -> list[str]:
+    """Every certificate, key and CA file the config names: what a reload must watch."""
+    paths = (path for f in _tls_files(config) for path in (f.cert_file, f.key_file, f.ca_file))
+    return sorted({path for path in paths if path is not None})
 
 
 def certificate_problems(config: Config, *, now: dt.datetime | None = None) -> list[str]:

@@ -9,6 +9,12 @@ path, device, inode, size and mtime (a rename over it, an edit in place and the
 symlink swap all change one of them). A change is reported once the files have
 stayed unchanged for ``settle`` seconds, so a certificate and its key replaced
 one after the other arrive as one change.
+
+Wiring (the server's reload)::
+
+    watcher = FileWatcher([config_path, *certificate_files(config)], on_change)
+    await nursery.start(watcher.run)
+    # on_change(paths): reload; then watcher.set_paths([config_path, *certificate_files(new)])
 """
 
 from __future__ import annotations

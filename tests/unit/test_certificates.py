@@ -13,7 +13,12 @@ import trustme
 import yaml
 from prometheus_client import Gauge
 
-from proxy.certificates import CertificateProblem, export_certificate_expiry, inspect_certificate
+from proxy.certificates import (
+    CertificateProblem,
+    certificate_files,
+    export_certificate_expiry,
+    inspect_certificate,
+)
 from proxy.config import ConfigError, parse_config
 from proxy.metrics import Metrics
 
@@ -137,3 +142,14 @@ def test_expiry_is_exported_per_listener_and_stale_labels_are_dropped(tmp_path: 
     plain_only["listeners"] = plain_only["listeners"][:1]  # type: ignore[index]
     export_certificate_expiry(parse_config(plain_only), gauge)
     assert [s for m in gauge.collect() for s in m.samples] == []
+
+
+def test_certificate_files_names_every_file_a_reload_must_watch(tmp_path: Path) -> None:
+    ca = trustme.CA()
+    cert, key = leaf_files(tmp_path, ca.issue_cert("a.example"))
+    ca_file = write(tmp_path, "ca.pem", ca.cert_pem)
+    client_cert, client_key = leaf_files(tmp_path, ca.issue_cert("client@example.com"), "client")
+    raw = tls_config(cert, key, ca_file)
+    raw["upstream"] = {"bootstrap_servers": ["127.0.0.1:9092"],
+                       "tls": {"enabled": True, "ca_file": ca_file, "cert_file": client_cert, "key_file": client_key}}
+    assert certificate_files(parse_config(raw)) == sorted({cert, key, ca_file, client_cert, client_key})
