@@ -10,6 +10,7 @@ import json
 import os
 import re
 import subprocess
+import sys
 from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
@@ -108,11 +109,8 @@ def test_a_misspelt_or_invalid_value_fails_helm_lint(helm: Helm, flag: str, valu
 
 
 def test_values_schema_config_part_is_generated_from_the_config_model() -> None:
-    result = subprocess.run(
-        [str(ROOT / ".venv" / "bin" / "python") if (ROOT / ".venv").exists() else "python3",
-         str(ROOT / "tools" / "chart_values_schema.py"), "--check"],
-        capture_output=True, text=True,
-    )
+    result = subprocess.run([sys.executable, str(ROOT / "tools" / "chart_values_schema.py"), "--check"],
+                            capture_output=True, text=True)
     assert result.returncode == 0, result.stderr
 
 
