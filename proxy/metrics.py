@@ -6,10 +6,14 @@ names, API names, causes; never client or group ids.
 
 from __future__ import annotations
 
+import platform
+import time
 from bisect import bisect_left
 from collections.abc import Iterator
+from importlib.metadata import PackageNotFoundError, version
 
-from prometheus_client import CollectorRegistry, Counter, Gauge
+import trio
+from prometheus_client import CollectorRegistry, Counter, Gauge, ProcessCollector
 from prometheus_client.core import CounterMetricFamily, HistogramMetricFamily
 from prometheus_client.registry import Collector
 
@@ -31,6 +35,18 @@ _LATENCY_BUCKETS = (
 )
 
 
+# Outcomes of a config reload, exported from the start (at 0) so alerts see them.
+RELOAD_OUTCOMES = ("success", "invalid", "restart_required", "error")
+
+
+def package_version() -> str:
+    """This distribution's version, as ``--version`` and ``kafka_admission_build_info`` show it."""
+    try:
+        return version("kafka-admission-proxy")
+    except PackageNotFoundError:  # run from a source tree that was never installed
+        return "0+unknown"
+
+
 class Metrics:
     def traffic_of(self, listener: str) -> TrafficStats:
         """The listener's traffic counters (made once, shared by its connections)."""
@@ -42,6 +58,36 @@ class Metrics:
     def __init__(self) -> None:
         self.registry = CollectorRegistry()
         r = self.registry
+        # Operators' basics: what runs, and the standard process_* metrics (RSS, fds, CPU).
+        ProcessCollector(registry=r)
+        self.build_info = Gauge(
+            "kafka_admission_build_info",
+            "Always 1; the labels say which build runs",
+            ("version", "python", "trio"),
+            registry=r,
+        )
+        self.build_info.labels(package_version(), platform.python_version(), trio.__version__).set(1)
+        self.config_reloads = Counter(
+            "kafka_admission_config_reloads",
+            "Config reloads (SIGHUP or a changed file), by outcome: success, invalid, restart_required",
+            ("outcome",),
+            registry=r,
+        )
+        for outcome in RELOAD_OUTCOMES:
+            self.config_reloads.labels(outcome)
+        self.config_last_reload_success = Gauge(
+            "kafka_admission_config_last_reload_success_timestamp_seconds",
+            "When the running config was last loaded successfully (start or reload), Unix time",
+            registry=r,
+        )
+        self.config_last_reload_success.set(time.time())
+        self.certificate_expiry = Gauge(
+            "kafka_admission_tls_certificate_expiry_timestamp_seconds",
+            "notAfter of the certificate a TLS listener presents (listener 'upstream': the client "
+            "certificate presented to brokers), Unix time",
+            ("listener",),
+            registry=r,
+        )
         conn = ("listener", "tls")
         self.connections_active = Gauge(
             "kafka_admission_connections_active", "Client connections open now", conn, registry=r

@@ -17,9 +17,11 @@ from policies.mode import Mode
 from .admin import AdminServer
 from .audit import AuditSink
 from .brokers import BrokerDirectory
-from .config import Config
+from .certificates import certificate_files, export_certificate_expiry
+from .config import Config, ConfigError, load_config
 from .connection_gate import ConnectionGate
 from .decisions import DecisionRecorder
+from .file_watch import FileWatcher
 from .generation import Generation
 from .group_hook import GroupSizeCollector
 from .listener import ListenerRuntime
@@ -37,7 +39,7 @@ _GROUP_EXPIRY_INTERVAL_S = 1.0
 _READY_RETRY_MAX_S = 30.0
 
 # What a reload cannot change on a running proxy: sockets are bound, the pool is sized.
-_RESTART_SECTIONS = ("mode", "upstream", "admin", "audit")
+_RESTART_SECTIONS = ("mode", "admin", "audit")
 _RESTART_LISTENER_FIELDS = ("name", "bind", "advertised_host", "node_port_base", "protected")
 _RESTART_POLICY_FIELDS = ("queued_max_request_bytes", "queued_max_request_bytes_per_connection")
 
@@ -57,13 +59,15 @@ class ReloadOutcome:
     """``applied``: every change took effect; ``partial``: all but ``refused``, which
     need a restart (each named in the log); ``unchanged``: nothing differed."""
 
-    outcome: str
+    outcome: str  # applied, partial, unchanged, invalid, error
     refused: tuple[str, ...] = ()
 
 
 class ProxyServer:
-    def __init__(self, config: Config) -> None:
+    def __init__(self, config: Config, config_path: str | None = None) -> None:
         self.config = config
+        self.config_path = config_path
+        self._watcher: FileWatcher | None = None
         policies = config.policies
         self.metrics = metrics = Metrics()
         self.audit = AuditSink(config.audit, metrics)
@@ -157,9 +161,19 @@ class ProxyServer:
                         },
                     )
                     nursery.start_soon(self._announce_readiness)
+                    export_certificate_expiry(self.config.tls_files(), self.metrics.certificate_expiry)
+                    if self.config_path is not None:
+                        # A ConfigMap or Secret update (the ..data symlink swap), a cert-manager
+                        # renewal or an edit: reloaded without a signal.
+                        files = [self.config_path, *certificate_files(self.config.tls_files())]
+                        self._watcher = FileWatcher(files, self._files_changed)
+                        await nursery.start(self._watcher.run)
                     task_status.started(self)
             finally:
                 self.audit.close()
+
+    async def _files_changed(self, paths: frozenset[str]) -> None:
+        self.reload_file()
 
     async def _announce_readiness(self) -> None:
         """Say "ready" only when /readyz would: until then, one warning, then retries
@@ -180,15 +194,38 @@ class ProxyServer:
             await trio.sleep(_GROUP_EXPIRY_INTERVAL_S)
             self.groups.expire(trio.current_time())
 
-    def reload(self, new: Config) -> ReloadOutcome:
-        """Apply a changed config (SIGHUP, or the watched file changed).
+    def reload_file(self) -> ReloadOutcome:
+        """SIGHUP, or a watched file changed: re-read the config file and apply it. A file
+        that does not load (invalid, or a certificate that cannot serve) changes nothing."""
+        metrics = self.metrics
+        if self.config_path is None:
+            log.warning("config reload ignored: the proxy was not started from a config file")
+            return ReloadOutcome("unchanged")
+        try:
+            new = load_config(self.config_path)
+        except ConfigError as exc:
+            log.error("config reload refused, keeping the running config: %s", exc)
+            metrics.config_reloads.labels("invalid").inc()
+            return ReloadOutcome("invalid")
+        try:
+            outcome = self.reload(new)
+        except Exception:  # a bug must not take the running proxy down with it
+            log.exception("config reload failed; the running config stays")
+            metrics.config_reloads.labels("error").inc()
+            return ReloadOutcome("error")
+        metrics.config_reloads.labels("restart_required" if outcome.refused else "success").inc()
+        metrics.config_last_reload_success.set_to_current_time()
+        export_certificate_expiry(self.config.tls_files(), metrics.certificate_expiry)
+        if self._watcher is not None:
+            self._watcher.set_paths([self.config_path, *certificate_files(self.config.tls_files())])
+        return outcome
 
-        Every policy key applies at once to existing and new connections (a new
-        generation; the connection quotas, the group size policy and the pool's mode
-        are reconfigured in place); listener TLS material is reloaded for new
-        handshakes. Keys bound to sockets or sized at start (``_RESTART_*``) keep their
-        running value, each named in a warning: the rest applies.
-        """
+    def reload(self, new: Config) -> ReloadOutcome:
+        """Apply a changed config: every policy key at once, to existing and new
+        connections (a new generation; the connection quotas, the group size policy and
+        the pool are reconfigured in place); TLS material is reloaded for new handshakes
+        and new broker connections. Keys bound to sockets or sized at start keep their
+        running value, each named in a warning: the rest applies."""
         old = self.config
         refused: list[str] = []
         kept: dict[str, object] = {}
@@ -196,6 +233,11 @@ class ProxyServer:
             changed = _changed(getattr(old, section), getattr(new, section), section)
             refused += changed
             kept[section] = getattr(old, section) if changed else getattr(new, section)
+        upstream = [f for f in ("bootstrap_servers",) if getattr(old.upstream, f) != getattr(new.upstream, f)]
+        if old.upstream.tls.enabled != new.upstream.tls.enabled:
+            upstream.append("tls.enabled")
+        refused += [f"upstream.{f}" for f in upstream]
+        kept["upstream"] = old.upstream if upstream else new.upstream
         if [lst.name for lst in old.listeners] != [lst.name for lst in new.listeners]:
             refused.append("listeners (names or order)")
             kept["listeners"] = old.listeners
@@ -203,6 +245,8 @@ class ProxyServer:
             listeners = []
             for before, after in zip(old.listeners, new.listeners, strict=True):
                 fields = [f for f in _RESTART_LISTENER_FIELDS if getattr(before, f) != getattr(after, f)]
+                if (before.tls is None) != (after.tls is None):
+                    fields.append("tls")  # TLS on or off changes the protocol of a bound port
                 refused += [f"listeners[{before.name}].{f}" for f in fields]
                 listeners.append(after.model_copy(update={f: getattr(before, f) for f in fields}))
             kept["listeners"] = tuple(listeners)
@@ -212,15 +256,18 @@ class ProxyServer:
         for key in refused:
             log.warning("config reload: %s changed; restart to apply it (the rest applies)", key)
         effective = old.model_copy(update=kept)
-        if effective == old:
-            return ReloadOutcome("partial" if refused else "unchanged", tuple(refused))
         self._apply(effective)
         log.info("config reloaded: generation %d applied", self.runtime.generation.number)
         return ReloadOutcome("partial" if refused else "applied", tuple(refused))
 
     def _apply(self, config: Config) -> None:
+        """Everything that can fail first (new TLS contexts are built to check the files),
+        then one swap after another that cannot."""
         policies = config.policies
         runtime = self.runtime
+        checked = [server_context(lst.tls) if lst.tls is not None else None for lst in config.listeners]
+        upstream = upstream_context(config.upstream.tls)
+        generation = self._generation(runtime.generation.number + 1, config)
         reconfigure = getattr(self.groups, "reconfigure", None)  # TEMPORARY: lands with the groups branch
         if reconfigure is not None:
             reconfigure(policies.group_size_config(), Mode(policies.mode_of(policies.group_size_mode)))
@@ -230,10 +277,11 @@ class ProxyServer:
             Mode(policies.mode_of(policies.connections_mode)),
             policies.max_connections_wait_ms,
         )
-        for listener, settings in zip(self.listeners, config.listeners, strict=True):
-            if listener.ssl_context is not None and settings.tls is not None:
-                load_server_settings(listener.ssl_context, settings.tls)
-        runtime.generation = self._generation(runtime.generation.number + 1, config)
+        for listener, settings, context in zip(self.listeners, config.listeners, checked, strict=True):
+            if listener.ssl_context is not None and settings.tls is not None and context is not None:
+                load_server_settings(listener.ssl_context, settings.tls)  # the live context: new handshakes
+        runtime.connector.use_tls(config.upstream.tls, upstream)
+        runtime.generation = generation
         self.config = config
 
     async def shutdown(self, drain_timeout: float) -> None:

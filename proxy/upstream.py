@@ -61,6 +61,10 @@ class UpstreamConnector:
         self._recorder = recorder
         self.backoff = UpstreamBackoff()
 
+    def use_tls(self, tls: UpstreamTls, context: ssl.SSLContext | None) -> None:
+        """A reload: new broker connections use these TLS settings and files."""
+        self._tls, self._context = tls, context
+
     @property
     def tls_enabled(self) -> bool:
         return self._context is not None

@@ -71,6 +71,9 @@ class ProxyProcess:
     process: subprocess.Popen[bytes] | None = None
     returncode: int | None = None
     extra_args: list[str] = field(default_factory=list)
+    # The whole command line instead of this checkout's `run` (deploy tests run the exact
+    # command lines of the Dockerfile, the systemd unit and the chart).
+    command: list[str] | None = None
 
     @property
     def bootstrap(self) -> str:
@@ -86,10 +89,10 @@ class ProxyProcess:
     def start(self) -> ProxyProcess:
         self.config_path.write_text(yaml.safe_dump(self.config))
         self._log = self.log_path.open("ab")
-        self.process = subprocess.Popen(
-            [sys.executable, "-m", "proxy.cli", "run", "--config", str(self.config_path), *self.extra_args],
-            stdout=self._log, stderr=subprocess.STDOUT, cwd=ROOT,
-        )
+        command = self.command or [
+            sys.executable, "-m", "proxy.cli", "run", "--config", str(self.config_path), *self.extra_args
+        ]
+        self.process = subprocess.Popen(command, stdout=self._log, stderr=subprocess.STDOUT, cwd=ROOT)
         host, port = self.config["admin"]["bind"].rsplit(":", 1)
         try:
             # The admin port opens last, once every listener is bound; probing it

@@ -166,7 +166,7 @@ def test_a_legitimate_50_mb_fetch_response_passes_with_the_default_limit(tansu, 
         conn.send(fetch_frame(2, topic_id, max_wait_ms=500, max_bytes=64 * 1024 * 1024))
         response = conn.read_frame()
     assert len(response) > 50 * 1024 * 1024
-    assert proxy.metric("kafka_admission_responses_oversized_total") == 0
+    assert proxy.metric("kafka_admission_decisions_total", policy="response_size") == 0
 
 
 def test_tls_toward_a_plaintext_broker_is_named_in_readyz(tansu, start_proxy, certs) -> None:
