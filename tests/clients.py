@@ -1,18 +1,24 @@
 """Real Kafka clients for the tests: confluent-kafka (librdkafka) and
-kafka-python workloads, pointed at the proxy or straight at a broker. The one
+kafka-python workloads, and Apache Kafka's Java client tools, pointed at the
+proxy or straight at a broker. The one
 home of every client helper; the external processes the integration tests run
 (mock cluster, stunnel, gate) live in tests/integration/kafka_helpers.py."""
 
 from __future__ import annotations
 
 import json
+import re
+import subprocess
 import time
 import uuid
+from dataclasses import dataclass
+from pathlib import Path
 from typing import Any
 
 from confluent_kafka import Consumer, KafkaError, KafkaException, Producer, TopicPartition
 from confluent_kafka.admin import AdminClient, ClusterMetadata, NewTopic  # type: ignore[attr-defined]
 
+from proxy.apache_kafka import JavaParts
 from tests.conftest import wait_until
 
 # Short client timeouts: a broken proxy shows as a failure in seconds, not minutes.
@@ -219,3 +225,41 @@ def kafka_python_brokers(bootstrap: str, **config: Any) -> dict[int, tuple[str, 
     finally:
         admin.close()
     return {b["broker_id"]: (b["host"], b["port"]) for b in cluster["brokers"]}
+
+
+# --- the Java client (Apache Kafka's own tools, run with java -cp) ----------
+
+# The Java client logs every broker it connects to at DEBUG (NetworkClient).
+_JAVA_LOG4J2 = """\
+rootLogger.level = WARN
+rootLogger.appenderRef.err.ref = err
+appender.err.type = Console
+appender.err.name = err
+appender.err.target = SYSTEM_ERR
+appender.err.layout.type = PatternLayout
+appender.err.layout.pattern = %p %m (%c)%n
+logger.net.name = org.apache.kafka.clients.NetworkClient
+logger.net.level = DEBUG
+"""
+
+
+@dataclass(frozen=True)
+class JavaRun:
+    returncode: int
+    stdout: str
+    stderr: str
+
+    @property
+    def connected_to(self) -> set[str]:
+        """Every ``host:port`` the Java client opened a connection to, from its own log."""
+        return set(re.findall(r"Initiating connection to node (\S+:\d+) ", self.stderr))
+
+
+def java_tool(parts: JavaParts, workdir: Path, main_class: str, *args: str, timeout: float = 90) -> JavaRun:
+    """Run one of Apache Kafka's Java client tools (``org.apache.kafka.tools...``) to completion."""
+    config = workdir / "java-client-log4j2.properties"
+    config.write_text(_JAVA_LOG4J2)
+    argv = parts.tool(main_class, *args)
+    argv.insert(1, f"-Dlog4j2.configurationFile={config}")
+    done = subprocess.run(argv, capture_output=True, text=True, timeout=timeout, check=False)
+    return JavaRun(done.returncode, done.stdout, done.stderr)
