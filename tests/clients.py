@@ -9,6 +9,7 @@ from __future__ import annotations
 import json
 import re
 import subprocess
+import threading
 import time
 import uuid
 from dataclasses import dataclass
@@ -178,6 +179,67 @@ def consume(
 
 def _partition_count(consumer: Consumer, topic: str) -> int:
     return len(consumer.list_topics(topic, timeout=CLIENT_TIMEOUT_S).topics[topic].partitions)
+
+
+# --- consumer group members ------------------------------------------------
+
+
+class Member:
+    """A confluent-kafka consumer polling in its own thread."""
+
+    def __init__(self, bootstrap: str, topic: str, group: str, **conf: object) -> None:
+        config = {"bootstrap.servers": bootstrap, "group.id": group, **GROUP_CONF, **conf}
+        if config.get("group.protocol") == "consumer":  # KIP-848: the broker sets the session timeout
+            del config["session.timeout.ms"]
+        self.consumer = Consumer(config)
+        # Assignment is recorded by callbacks on the polling thread: a confluent-kafka
+        # consumer must not be called from two threads at once.
+        self.consumer.subscribe([topic], on_assign=self._assigned, on_revoke=self._revoked)
+        self.records = 0
+        self.errors: list[KafkaError] = []
+        self.assigned = False
+        self._stop = threading.Event()
+        self._thread = threading.Thread(target=self._poll, daemon=True)
+        self._thread.start()
+
+    def _poll(self) -> None:
+        while not self._stop.is_set():
+            message = self.consumer.poll(0.2)
+            if message is None:
+                continue
+            if message.error():
+                self.errors.append(message.error())
+                if message.error().fatal():
+                    break
+                continue
+            self.records += 1
+        self.consumer.close()
+
+    def _assigned(self, _consumer: Consumer, partitions: list) -> None:  # type: ignore[type-arg]
+        self.assigned = bool(partitions)
+
+    def _revoked(self, _consumer: Consumer, _partitions: list) -> None:  # type: ignore[type-arg]
+        self.assigned = False
+
+    def has_assignment(self) -> bool:
+        return self.assigned
+
+    def stop(self) -> None:
+        self._stop.set()
+        self._thread.join(30)
+
+
+def wait_for(predicate, timeout: float = 30.0) -> bool:  # type: ignore[no-untyped-def]
+    deadline = time.monotonic() + timeout
+    while time.monotonic() < deadline:
+        if predicate():
+            return True
+        time.sleep(0.2)
+    return False
+
+
+def refused(member: Member) -> bool:
+    return any(e.code() == KafkaError.GROUP_MAX_SIZE_REACHED for e in member.errors)
 
 
 # --- kafka-python ------------------------------------------------------------
