@@ -128,6 +128,8 @@ class ApacheKafkaBroker:
             "share.coordinator.state.topic.replication.factor": "1",
             "share.coordinator.state.topic.min.isr": "1",
             "group.initial.rebalance.delay.ms": "0",
+            "group.consumer.heartbeat.interval.ms": "1000",  # KIP-848 rebalances in seconds
+            "group.consumer.min.heartbeat.interval.ms": "1000",
             "num.partitions": "1",
             "num.network.threads": "2",
             "num.io.threads": "2",

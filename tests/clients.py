@@ -194,10 +194,14 @@ class Member:
         self.consumer = Consumer(config)
         # Assignment is recorded by callbacks on the polling thread: a confluent-kafka
         # consumer must not be called from two threads at once.
-        self.consumer.subscribe([topic], on_assign=self._assigned, on_revoke=self._revoked)
+        self.consumer.subscribe(
+            [topic], on_assign=self._assigned, on_revoke=self._revoked, on_lost=self._revoked,
+        )
         self.records = 0
         self.errors: list[KafkaError] = []
-        self.assigned = False
+        # (topic, partition) held: eager rebalances hand over the whole assignment,
+        # cooperative and KIP-848 ones only what changes.
+        self.partitions: set[tuple[str, int]] = set()
         self._stop = threading.Event()
         self._thread = threading.Thread(target=self._poll, daemon=True)
         self._thread.start()
@@ -215,11 +219,15 @@ class Member:
             self.records += 1
         self.consumer.close()
 
-    def _assigned(self, _consumer: Consumer, partitions: list) -> None:  # type: ignore[type-arg]
-        self.assigned = bool(partitions)
+    def _assigned(self, _consumer: Consumer, partitions: list[TopicPartition]) -> None:
+        self.partitions |= {(p.topic, p.partition) for p in partitions}
 
-    def _revoked(self, _consumer: Consumer, _partitions: list) -> None:  # type: ignore[type-arg]
-        self.assigned = False
+    def _revoked(self, _consumer: Consumer, partitions: list[TopicPartition]) -> None:
+        self.partitions -= {(p.topic, p.partition) for p in partitions}
+
+    @property
+    def assigned(self) -> bool:
+        return bool(self.partitions)
 
     def has_assignment(self) -> bool:
         return self.assigned

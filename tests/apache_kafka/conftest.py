@@ -35,6 +35,32 @@ LIMITS = {
 }
 
 
+# (limit, scenario, what the client saw with the broker enforcing, with the proxy enforcing)
+ConformanceRows = list[tuple[str, str, list[str], list[str]]]
+_CONFORMANCE = pytest.StashKey[ConformanceRows]()
+
+
+@pytest.fixture(scope="session")
+def conformance_rows(request: pytest.FixtureRequest) -> ConformanceRows:
+    """Where the conformance tests put what they saw, for the table printed at the end."""
+    return request.config.stash.setdefault(_CONFORMANCE, [])
+
+
+def pytest_terminal_summary(terminalreporter: pytest.TerminalReporter, config: pytest.Config) -> None:
+    """The conformance table (Markdown, as in the README), for the scenarios that ran."""
+    rows = config.stash.get(_CONFORMANCE, [])
+    if not rows:
+        return
+    terminalreporter.section("Apache Kafka conformance")
+    terminalreporter.write_line("| limit | scenario | broker-enforced | proxy-enforced |")
+    terminalreporter.write_line("|---|---|---|---|")
+    for limit, scenario, by_broker, by_proxy in rows:
+        terminalreporter.write_line(
+            f"| `{limit}` | {scenario} | {'; '.join(by_broker)} | "
+            + ("same" if by_proxy == by_broker else "; ".join(by_proxy)) + " |"
+        )
+
+
 @pytest.fixture(scope="session")
 def java_parts() -> JavaParts:
     if shutil.which("java") is None or shutil.which("mvn") is None:
