@@ -34,7 +34,7 @@ def test_a_plaintext_proxy_in_front_of_the_ssl_listener_names_the_mismatch(
     ssl_address = kafka.address("SSL")
     proxy = start_proxy(ssl_address, node_ids=(ApacheKafkaBroker.NODE_ID,))
     with pytest.raises(KafkaException):
-        AdminClient({"bootstrap.servers": proxy.bootstrap}).list_topics(timeout=5)
+        AdminClient({"bootstrap.servers": proxy.bootstrap}).list_topics(timeout=3)
     with RawConnection(proxy.bootstrap) as conn:  # a clean disconnect, never a TLS alert
         conn.send(api_versions_frame(2))
         assert conn.bytes_until_closed() == b""

@@ -56,7 +56,7 @@ def test_a_broker_certificate_from_another_ca_is_refused(
     ssl_address = kafka.address("SSL")
     proxy = start_proxy(ssl_address, node_ids=NODES, upstream=upstream_tls(ssl_address, str(other_ca)))
     with pytest.raises(KafkaException):
-        AdminClient({"bootstrap.servers": proxy.bootstrap}).list_topics(timeout=5)
+        AdminClient({"bootstrap.servers": proxy.bootstrap}).list_topics(timeout=3)
     assert proxy.metric("kafka_admission_upstream_connect_failures_total", upstream=ssl_address) >= 1
     assert "CERTIFICATE_VERIFY_FAILED" in proxy.log() or "certificate verify failed" in proxy.log()
 
@@ -87,7 +87,7 @@ def test_a_wrong_scram_password_is_refused_by_the_broker_through_the_proxy(
     errors: list[KafkaError] = []
     admin = AdminClient({"bootstrap.servers": proxy.bootstrap, **scram("not-the-password"), "error_cb": errors.append})
     with pytest.raises(KafkaException):
-        admin.list_topics(timeout=5)
+        admin.list_topics(timeout=3)
     admin.poll(1)
     assert any(e.code() == KafkaError._AUTHENTICATION for e in errors), errors
     assert any("Authentication failed during authentication due to invalid credentials" in e.str() for e in errors)
