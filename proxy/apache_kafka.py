@@ -7,6 +7,7 @@ from __future__ import annotations
 
 import base64
 import os
+import socket
 import subprocess
 import time
 import uuid
@@ -75,7 +76,8 @@ class ApacheKafkaBroker:
     """``with ApacheKafkaBroker(parts, workdir) as broker:`` runs one KRaft node until the
     block ends. Listeners: PLAINTEXT always; SSL with ``tls``; SASL_PLAINTEXT
     (SCRAM-SHA-512, credentials written at format time) with ``scram_users``.
-    ``properties`` are added to (and override) server.properties."""
+    ``properties`` are added to (and override) server.properties; ``advertised`` is the
+    ``host:port`` the PLAINTEXT listener names in metadata (default: its own)."""
 
     NODE_ID = 1
 
@@ -86,12 +88,17 @@ class ApacheKafkaBroker:
     scram_users: dict[str, str] = field(default_factory=dict)
     jvm_options: tuple[str, ...] = SMALL_JVM
     host: str = "127.0.0.1"
+    advertised: str | None = None
     ports: dict[str, int] = field(default_factory=dict)  # listener name -> port
     _process: subprocess.Popen[bytes] | None = None
 
     @property
     def bootstrap(self) -> str:
         return self.address("PLAINTEXT")
+
+    @property
+    def port(self) -> int:
+        return self.ports["PLAINTEXT"]
 
     def address(self, listener: str) -> str:
         return f"{self.host}:{self.ports[listener]}"
@@ -108,13 +115,14 @@ class ApacheKafkaBroker:
         for name in [*names, "CONTROLLER"]:
             self.ports.setdefault(name, free_port(self.host))
         data = [f"{n}://{self.address(n)}" for n in names]
+        advertised = [f"PLAINTEXT://{self.advertised}", *data[1:]] if self.advertised else data
         props = {
             "process.roles": "broker,controller",
             "node.id": str(self.NODE_ID),
             "controller.quorum.voters": f"{self.NODE_ID}@{self.address('CONTROLLER')}",
             "controller.listener.names": "CONTROLLER",
             "listeners": ",".join([*data, f"CONTROLLER://{self.address('CONTROLLER')}"]),
-            "advertised.listeners": ",".join(data),
+            "advertised.listeners": ",".join(advertised),
             "listener.security.protocol.map": "PLAINTEXT:PLAINTEXT,SSL:SSL,SASL_PLAINTEXT:SASL_PLAINTEXT,"
                                               "CONTROLLER:PLAINTEXT",
             "inter.broker.listener.name": "PLAINTEXT",
@@ -184,17 +192,22 @@ class ApacheKafkaBroker:
         return self
 
     def wait_until_serving(self, timeout: float) -> None:
-        """Until the broker answers Metadata naming itself (its listeners open before that)."""
+        """Until the broker answers Metadata naming itself (its listeners open before that).
+
+        A fresh client each try: one that learnt an ``advertised`` address nobody serves yet
+        (a proxy started after the broker) would keep trying that address instead."""
         assert self._process is not None
-        admin = AdminClient({"bootstrap.servers": self.bootstrap, "log_level": 0})
         deadline = time.monotonic() + timeout
         while True:
             if self._process.poll() is not None:
                 raise RuntimeError(f"Apache Kafka exited with {self._process.returncode}:\n{self.log()[-3000:]}")
             try:
-                if admin.list_topics(timeout=1).brokers:
+                with socket.create_connection((self.host, self.port), timeout=0.5):
+                    pass
+                admin = AdminClient({"bootstrap.servers": self.bootstrap, "log_level": 0})
+                if admin.list_topics(timeout=2).brokers:
                     return
-            except KafkaException:
+            except (OSError, KafkaException):
                 pass
             if time.monotonic() > deadline:
                 raise RuntimeError(f"Apache Kafka did not serve on {self.bootstrap} within {timeout}s")
