@@ -16,7 +16,7 @@ from pathlib import Path
 from types import TracebackType
 
 from confluent_kafka import KafkaException
-from confluent_kafka.admin import AdminClient  # type: ignore[attr-defined]
+from confluent_kafka.admin import AdminClient
 
 from .tansu import free_port, stop_process
 

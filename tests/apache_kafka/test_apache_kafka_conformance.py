@@ -61,41 +61,56 @@ def _members_outcome(members: list[Member]) -> list[str]:
     return seen
 
 
-def _raw_join(bootstrap: str, group: str) -> str:
+def _request_module(api_key: int, version: int) -> Any:
+    """kio's module of that request version (the request class and its nested entities)."""
+    return __import__(load_request_schema(api_key, version).__module__, fromlist=["x"])
+
+
+def _exchange(bootstrap: str, api_key: int, version: int, body: Any) -> Any:
+    """One request on a connection of its own; the decoded response body."""
+    with RawConnection(bootstrap) as conn:
+        conn.send(frame(api_key, version, 1, body))
+        return conn.read_response(api_key, version).body
+
+
+def _raw_join(bootstrap: str, group: str, _topic: str) -> str:
     """A JoinGroup from a new member (empty member id) and the broker's whole answer."""
-    protocol = load_request_schema(JOIN_GROUP, JOIN_GROUP_VERSION).__module__
-    request_module = __import__(protocol, fromlist=["x"])
+    request_module = _request_module(JOIN_GROUP, JOIN_GROUP_VERSION)
     body = request_module.JoinGroupRequest(
         group_id=group, session_timeout=datetime.timedelta(seconds=10),
         rebalance_timeout=datetime.timedelta(seconds=10), member_id="", group_instance_id=None,
         protocol_type="consumer",
         protocols=(request_module.JoinGroupRequestProtocol(name="range", metadata=b""),), reason=None,
     )
-    with RawConnection(bootstrap) as conn:
-        conn.send(frame(JOIN_GROUP, JOIN_GROUP_VERSION, 7, body))
-        r = conn.read_response(JOIN_GROUP, JOIN_GROUP_VERSION).body
+    r = _exchange(bootstrap, JOIN_GROUP, JOIN_GROUP_VERSION, body)
     return (
         f"raw JoinGroup v{JOIN_GROUP_VERSION}: error {r.error_code}, member_id {r.member_id!r}, "
         f"generation {r.generation_id}, leader {r.leader!r}, members {len(r.members)}"
     )
 
 
-def classic_group_over_group_max_size(bootstrap: str) -> list[str]:
-    """Two consumers join a classic group, then a third (confluent-kafka), then a raw JoinGroup."""
-    topic, group = unique("conf-classic"), unique("conf-classic")
+def _two_then_a_third(
+    bootstrap: str, name: str, conf: dict[str, Any], raw: Callable[[str, str, str], str]
+) -> list[str]:
+    """Two consumers join, then a third, then ``raw`` asks to join the full group itself."""
+    topic, group = unique(name), unique(name)
     create_topic(bootstrap, topic, partitions=4)
-    quick = {"heartbeat.interval.ms": 500}
-    members = [Member(bootstrap, topic, group, **quick), Member(bootstrap, topic, group, **quick)]
+    members = [Member(bootstrap, topic, group, **conf), Member(bootstrap, topic, group, **conf)]
     try:
         assert wait_for(lambda: all(m.assigned for m in members), timeout=30)
-        members.append(Member(bootstrap, topic, group, **quick))
+        members.append(Member(bootstrap, topic, group, **conf))
         assert wait_for(lambda: bool(members[2].errors), timeout=20)
-        raw = _raw_join(bootstrap, group)
+        answer = raw(bootstrap, group, topic)
         time.sleep(1)  # would a refused member get in after all, or an admitted one drop out?
-        return [*_members_outcome(members), raw, _coordinator_view(bootstrap, group)]
+        return [*_members_outcome(members), answer, _coordinator_view(bootstrap, group)]
     finally:
         for m in members:
             m.stop()
+
+
+def classic_group_over_group_max_size(bootstrap: str) -> list[str]:
+    """Two consumers join a classic group, then a third (confluent-kafka), then a raw JoinGroup."""
+    return _two_then_a_third(bootstrap, "conf-classic", {"heartbeat.interval.ms": 500}, _raw_join)
 
 
 def classic_group_joined_by_three_at_once(bootstrap: str) -> list[str]:
@@ -162,17 +177,13 @@ def kip848_static_member_restarts_in_a_full_group(bootstrap: str) -> list[str]:
 
 def _raw_heartbeat(bootstrap: str, group: str, topic: str) -> str:
     """A KIP-848 join (member epoch 0) from a new member and the broker's answer."""
-    request_module = __import__(
-        load_request_schema(CONSUMER_GROUP_HEARTBEAT, HEARTBEAT_VERSION).__module__, fromlist=["x"]
-    )
+    request_module = _request_module(CONSUMER_GROUP_HEARTBEAT, HEARTBEAT_VERSION)
     body = request_module.ConsumerGroupHeartbeatRequest(
         group_id=group, member_id=str(uuid.uuid4())[:22], member_epoch=0, instance_id=None, rack_id=None,
         rebalance_timeout=datetime.timedelta(seconds=30), subscribed_topic_names=(topic,),
         subscribed_topic_regex=None, server_assignor=None, topic_partitions=(),
     )
-    with RawConnection(bootstrap) as conn:
-        conn.send(frame(CONSUMER_GROUP_HEARTBEAT, HEARTBEAT_VERSION, 9, body))
-        r = conn.read_response(CONSUMER_GROUP_HEARTBEAT, HEARTBEAT_VERSION).body
+    r = _exchange(bootstrap, CONSUMER_GROUP_HEARTBEAT, HEARTBEAT_VERSION, body)
     return (
         f"raw ConsumerGroupHeartbeat v{HEARTBEAT_VERSION}: error {r.error_code}, "
         f"message {r.error_message!r}, epoch {r.member_epoch}, assignment {r.assignment}"
@@ -181,20 +192,7 @@ def _raw_heartbeat(bootstrap: str, group: str, topic: str) -> str:
 
 def kip848_group_over_group_consumer_max_size(bootstrap: str) -> list[str]:
     """Two KIP-848 consumers join, then a third (confluent-kafka), then a raw heartbeat."""
-    topic, group = unique("conf-848"), unique("conf-848")
-    create_topic(bootstrap, topic, partitions=4)
-    kip848 = {"group.protocol": "consumer"}
-    members = [Member(bootstrap, topic, group, **kip848), Member(bootstrap, topic, group, **kip848)]
-    try:
-        assert wait_for(lambda: all(m.assigned for m in members), timeout=30)
-        members.append(Member(bootstrap, topic, group, **kip848))
-        assert wait_for(lambda: bool(members[2].errors), timeout=20)
-        raw = _raw_heartbeat(bootstrap, group, topic)
-        time.sleep(1)
-        return [*_members_outcome(members), raw, _coordinator_view(bootstrap, group)]
-    finally:
-        for m in members:
-            m.stop()
+    return _two_then_a_third(bootstrap, "conf-848", {"group.protocol": "consumer"}, _raw_heartbeat)
 
 
 def _answered(conn: RawConnection, correlation_id: int) -> str:
@@ -228,7 +226,7 @@ def connections_over_max_connections_per_ip(bootstrap: str) -> list[str]:
 def _metadata_request_of_size(size: int) -> tuple[bytes, int]:
     """A valid Metadata v12 request whose frame is exactly ``size`` bytes after the length prefix
     (padded with topic names; Kafka strings are at most 32767 bytes, so one long name will not do)."""
-    module = __import__(load_request_schema(wire.METADATA, 12).__module__, fromlist=["x"])
+    module = _request_module(wire.METADATA, 12)
 
     def build(names: list[str]) -> bytes:
         topics = tuple(module.MetadataRequestTopic(topic_id=uuid.UUID(int=0), name=n) for n in names)
