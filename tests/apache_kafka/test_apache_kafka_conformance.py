@@ -121,7 +121,8 @@ def classic_group_joined_by_three_at_once(bootstrap: str) -> list[str]:
     members = [Member(bootstrap, topic, group, **quick) for _ in range(3)]
     try:
         assert wait_for(lambda: sum(m.assigned for m in members) >= 2 and any(m.errors for m in members), timeout=30)
-        time.sleep(2)  # settled: nobody else gets in, nobody drops out
+        time.sleep(2)  # nobody else gets in, nobody drops out: wait for the last rebalance to settle
+        wait_for(lambda: sum(m.assigned for m in members) == 2, timeout=15)
         outcome = sorted(_members_outcome(members))
         # which of the three is refused is a race; how many is the rule
         return [
@@ -271,7 +272,7 @@ def requests_over_socket_request_max_bytes(bootstrap: str) -> list[str]:
         closed = conn.closed_by_peer()
         seen.append(
             f"length prefix {MAX_REQUEST + 1} alone: "
-            + ("closed at once, no bytes" if closed and time.monotonic() - started < 1 else "not closed at once")
+            + ("closed at once, no bytes" if closed and time.monotonic() - started < 3 else "not closed at once")
         )
     return seen
 
