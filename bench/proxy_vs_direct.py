@@ -11,6 +11,11 @@ storage), each with a fresh broker of its own:
                default ``socket.request.max.bytes`` 104857600)
   tansu-proxy  through ``tansu proxy`` (Rust, same binary as the broker)
   haproxy      through HAProxy in TCP mode (needs ``haproxy`` on PATH)
+  kroxylicious through Kroxylicious (Java, from Maven Central via tools/fetch-apache-kafka),
+               no filters
+
+``--broker apache-kafka`` runs every path against Apache Kafka itself (a single-node
+KRaft broker from the same jars) instead of Tansu.
 
 For each path it reports produce throughput with 1 KB records (confluent-kafka,
 a pipelining producer) and the round-trip latency of one acks=1 record
@@ -60,9 +65,13 @@ import yaml
 from confluent_kafka import KafkaError, KafkaException, Producer
 from confluent_kafka.admin import AdminClient, NewTopic  # type: ignore[attr-defined]
 
+from proxy.apache_kafka import KROXYLICIOUS_MAIN, ApacheKafkaBroker, fetch_java_parts
 from proxy.tansu import TansuBroker, free_port
 
-PATHS = ("direct", "proxy", "proxy-pool", "tansu-proxy", "haproxy")
+PATHS = ("direct", "proxy", "proxy-pool", "tansu-proxy", "haproxy", "kroxylicious")
+BROKERS = ("tansu", "apache-kafka")
+# Apache Kafka in the benchmark: its default 1 GiB heap, server JIT.
+BENCH_JVM = ("-Xms1g", "-Xmx1g")
 HOST = "127.0.0.1"
 TOPIC = "bench"
 START_TIMEOUT_S = 20.0
@@ -183,15 +192,35 @@ def read_metrics(url: str) -> dict[str, float]:
     return samples
 
 
+# --broker: which broker every path stands in front of (set by run()).
+BROKER = "tansu"
+
+
+def _broker(
+    stack: contextlib.ExitStack, workdir: Path, advertised: str | None = None
+) -> TansuBroker | ApacheKafkaBroker:
+    """A fresh broker for one path, naming ``advertised`` (default: itself) in metadata."""
+    if BROKER == "tansu":
+        return stack.enter_context(TansuBroker(advertised=advertised))
+    broker = ApacheKafkaBroker(
+        fetch_java_parts(), workdir / "apache-kafka", advertised=advertised, jvm_options=BENCH_JVM
+    )
+    stack.callback(broker.stop)
+    try:
+        return broker.start(timeout=START_TIMEOUT_S * 6)
+    except RuntimeError as exc:
+        raise BenchError(f"Apache Kafka: {exc}") from None
+
+
 def _start_direct(stack: contextlib.ExitStack, workdir: Path) -> Endpoint:
-    broker = stack.enter_context(TansuBroker())
+    broker = _broker(stack, workdir)
     return Endpoint(broker.bootstrap, (HOST, broker.port), None)
 
 
 def _start_admission_proxy(
     stack: contextlib.ExitStack, workdir: Path, policies: dict[str, Any] | None = None
 ) -> Endpoint:
-    broker = stack.enter_context(TansuBroker())
+    broker = _broker(stack, workdir)
     listen = free_port()
     admin = free_port()
     node_port = _port_outside_ephemeral_range()
@@ -202,7 +231,7 @@ def _start_admission_proxy(
             "name": "bench",
             "bind": f"{HOST}:{listen}",
             "advertised_host": HOST,
-            "node_port_base": node_port - TansuBroker.NODE_ID,
+            "node_port_base": node_port - broker.NODE_ID,
         }],
         "admin": {"bind": f"{HOST}:{admin}"},
         "audit": {"path": None},
@@ -243,7 +272,7 @@ def _start_admission_proxy_with_pool(stack: contextlib.ExitStack, workdir: Path)
 
 def _start_tansu_proxy(stack: contextlib.ExitStack, workdir: Path) -> Endpoint:
     listen = free_port()
-    broker = stack.enter_context(TansuBroker(advertised=f"{HOST}:{listen}"))
+    broker = _broker(stack, workdir, advertised=f"{HOST}:{listen}")
     service = Service(
         "tansu proxy",
         [
@@ -271,7 +300,7 @@ def _haproxy_binary() -> str:
 def _start_haproxy(stack: contextlib.ExitStack, workdir: Path) -> Endpoint:
     binary = _haproxy_binary()
     listen = free_port()
-    broker = stack.enter_context(TansuBroker(advertised=f"{HOST}:{listen}"))
+    broker = _broker(stack, workdir, advertised=f"{HOST}:{listen}")
     config_path = workdir / "haproxy.cfg"
     config_path.write_text(
         "global\n"
@@ -293,12 +322,48 @@ def _start_haproxy(stack: contextlib.ExitStack, workdir: Path) -> Endpoint:
     return Endpoint(f"{HOST}:{listen}", (HOST, listen), service)
 
 
+def _start_kroxylicious(stack: contextlib.ExitStack, workdir: Path) -> Endpoint:
+    """Kroxylicious with no filters: one virtual cluster, a port per broker node."""
+    broker = _broker(stack, workdir)  # Kroxylicious rewrites broker addresses itself
+    listen = free_port()
+    node_port = _port_outside_ephemeral_range()
+    config = {
+        "virtualClusters": [{
+            "name": "bench",
+            "targetCluster": {"bootstrapServers": broker.bootstrap},
+            "gateways": [{
+                "name": "default",
+                "portIdentifiesNode": {
+                    "bootstrapAddress": f"{HOST}:{listen}",
+                    "nodeStartPort": node_port,
+                    "nodeIdRanges": [{"name": "broker", "start": broker.NODE_ID, "end": broker.NODE_ID}],
+                },
+            }],
+        }],
+    }
+    config_path = workdir / "kroxylicious.yaml"
+    config_path.write_text(yaml.safe_dump(config, sort_keys=False))
+    try:
+        parts = fetch_java_parts()
+    except RuntimeError as exc:
+        raise BenchError(f"kroxylicious: {exc}") from None
+    service = Service(
+        "kroxylicious",
+        ["java", *BENCH_JVM, "-cp", f"{parts.kroxylicious_lib}/*", str(KROXYLICIOUS_MAIN), str(config_path)],
+        workdir / "kroxylicious.log",
+    )
+    stack.callback(service.stop)
+    service.wait_for_port(listen, timeout=60)
+    return Endpoint(f"{HOST}:{listen}", (HOST, node_port), service)
+
+
 STARTERS: dict[str, Callable[[contextlib.ExitStack, Path], Endpoint]] = {
     "direct": _start_direct,
     "proxy": _start_admission_proxy,
     "proxy-pool": _start_admission_proxy_with_pool,
     "tansu-proxy": _start_tansu_proxy,
     "haproxy": _start_haproxy,
+    "kroxylicious": _start_kroxylicious,
 }
 
 
@@ -569,7 +634,7 @@ def verdict(results: dict[str, PathResults]) -> list[str]:
 
 def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
     parser = argparse.ArgumentParser(
-        description="Produce throughput and latency: direct to Tansu vs through proxies.",
+        description="Produce throughput and latency: direct to a broker vs through proxies.",
         formatter_class=argparse.ArgumentDefaultsHelpFormatter,
     )
     parser.add_argument("--records", type=int, default=100_000,
@@ -585,6 +650,8 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
                         help="acks of the throughput producer (latency always uses acks=1)")
     parser.add_argument("--rounds", type=int, default=10,
                         help="rounds; each measures every path once, in rotated order")
+    parser.add_argument("--broker", choices=BROKERS, default="tansu",
+                        help="the broker behind every path: Tansu, or Apache Kafka from Maven Central")
     parser.add_argument("--skip", action="append", choices=PATHS[1:], default=[],
                         metavar="PATH", help=f"leave a path out (repeatable; one of {PATHS[1:]})")
     args = parser.parse_args(argv)
@@ -616,14 +683,20 @@ def _start_all(paths: list[str], stack: contextlib.ExitStack, workdir: Path) -> 
 
 
 def run(args: argparse.Namespace) -> int:
+    global BROKER
+    BROKER = args.broker
     paths = [p for p in PATHS if p not in args.skip]
+    if BROKER == "apache-kafka" and "tansu-proxy" in paths:
+        # tansu proxy 0.6.0 closes every connection: it cannot parse Apache Kafka 4.4's ApiVersions
+        # answer ("maximum tagged fields exceeded 145" in its log)
+        raise BenchError("tansu-proxy cannot stand in front of Apache Kafka 4.4: add --skip tansu-proxy")
     if "haproxy" in paths:
         _haproxy_binary()  # fail before starting anything
     payload = random.randbytes(args.record_size)
     results = {name: PathResults() for name in paths}
     load = os.getloadavg()[0]
     print(
-        f"{args.rounds} rounds x {len(paths)} paths on {os.cpu_count()} CPUs "
+        f"{args.rounds} rounds x {len(paths)} paths to {args.broker} on {os.cpu_count()} CPUs "
         f"(load average {load:.2f}{'; expect noise' if load > 0.5 else ''}); "
         f"throughput: {args.records:,} records of {args.record_size} B, acks={args.acks}; "
         f"latency: {args.latency_samples:,} x 1 record, acks=1",

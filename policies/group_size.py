@@ -15,17 +15,18 @@ Classic groups (JoinGroup), by the coordinator's group state:
 * CompletingRebalance / Stable: admitted if the member exists, or the group has fewer than
   ``group.max.size`` members.
 * Members that only hold a pending id from ``MEMBER_ID_REQUIRED`` (KIP-394) are not counted.
+* "Exists" and "awaiting join" are asked of the request's member id (``group.hasMember(memberId)``):
+  a static member (``group.instance.id``) that restarts with an empty member id is a new member
+  for this check, so in a full Stable group it is refused until its old incarnation's session
+  ends (checked against Apache Kafka 4.4.0). Admitted, it takes over its own slot.
 
 KIP-848 consumer groups (ConsumerGroupHeartbeat): a member joining with epoch 0 is refused when
 the group already has ``group.consumer.max.size`` members and it is not one of them, with the
-message ``The consumer group has reached its maximum capacity of N members.``
+message ``The consumer group has reached its maximum capacity of N members.`` A static member
+that rejoins under its instance id takes its own slot back (KAFKA-20601).
 
 Where this policy knowingly differs from Kafka:
 
-* A static member (``group.instance.id``) that restarts with an empty member id takes over its
-  own slot and is admitted like an existing member, in classic and consumer groups alike. Kafka
-  does this for consumer groups since KAFKA-20601; its classic path still counts such a restart
-  as a new member.
 * During PreparingRebalance a static member that has not rejoined yet keeps its slot: Kafka keeps
   such members when the join phase completes, so counting only the awaiting members could end a
   rebalance over the cap. New members are admitted only while
@@ -451,7 +452,10 @@ class GroupSizePolicy:
         self._touch_group(group_id, g, now)
         slot = self._find(g, member_id, group_instance_id)
 
-        refuse = self._consumer_refusal(g, slot) if g.kind is GroupKind.CONSUMER else self._classic_refusal(g, slot)
+        if g.kind is GroupKind.CONSUMER:
+            refuse = self._consumer_refusal(g, slot)
+        else:
+            refuse = self._classic_refusal(g, slot, known=slot is not None and bool(member_id))
         counts_toward_rate = not (member_id and member_id in g.pending)
         throttle = None
         if refuse is None and counts_toward_rate:
@@ -1136,13 +1140,15 @@ class GroupSizePolicy:
 
     # -- classic state machine ----------------------------------------------------------------------
 
-    def _classic_refusal(self, g: _Group, slot: _Slot | None) -> Refuse | None:
+    def _classic_refusal(self, g: _Group, slot: _Slot | None, *, known: bool) -> Refuse | None:
+        """``slot`` is the member's place if it has one (by member or instance id); ``known``
+        says whether the request named it by its member id (Kafka's ``group.hasMember``)."""
         cap = self.config.group_max_size
         state = g.state
         if state in (GroupState.EMPTY, GroupState.DEAD):
             return None
         if state is GroupState.PREPARING_REBALANCE:
-            if slot is not None and slot.awaiting:
+            if known and slot is not None and slot.awaiting:
                 return None
             if slot is not None and slot.instance_id is not None:
                 if g.n_awaiting < cap:
@@ -1153,7 +1159,7 @@ class GroupSizePolicy:
                 GROUP_MAX_SIZE_REACHED,
                 f"group.max.size={cap} reached: {g.counted} members rejoining while the group rebalances",
             )
-        if slot is not None or g.size < cap:
+        if known or g.size < cap:
             return None
         return Refuse(GROUP_MAX_SIZE_REACHED, f"group.max.size={cap} reached: the group has {g.size} members")
 

@@ -22,7 +22,7 @@ import trustme
 import yaml
 from prometheus_client.parser import text_string_to_metric_families
 
-from proxy.tansu import TansuBroker, free_port, wait_for_port
+from proxy.tansu import TansuBroker, free_port, stop_process, wait_for_port
 
 ROOT = Path(__file__).resolve().parent.parent
 
@@ -141,14 +141,8 @@ class ProxyProcess:
         return self.returncode
 
     def stop(self) -> None:
-        if self.process is not None and self.process.poll() is None:
-            self.process.send_signal(signal.SIGTERM)
-            try:
-                self.process.wait(timeout=15)
-            except subprocess.TimeoutExpired:
-                self.process.kill()
-                self.process.wait()
         if self.process is not None:
+            stop_process(self.process, timeout=15)
             self.returncode = self.process.returncode
             self._log.close()
 

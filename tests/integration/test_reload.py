@@ -11,9 +11,9 @@ from typing import Any
 import yaml
 from confluent_kafka import KafkaError
 
-from tests.clients import create_topic, unique
+from tests.clients import Member, create_topic, refused, unique, wait_for
 from tests.conftest import wait_until
-from tests.integration.test_group_size_through_proxy import Member, coordinator_members, refused, wait_for
+from tests.integration.test_group_size_through_proxy import coordinator_members
 from tests.raw_kafka import RawConnection, api_versions_frame, frame, metadata_frame
 
 

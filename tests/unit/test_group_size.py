@@ -713,21 +713,44 @@ def test_a_leave_frees_a_slot() -> None:
     assert newcomer.error is None  # admitted, parked in the rebalance
 
 
-def test_a_restarting_static_member_is_not_counted_twice() -> None:
+def test_a_static_member_restarting_in_a_full_stable_group_is_refused_until_its_old_session_ends() -> None:
+    """As Apache Kafka 4.4.0 does (tests/apache_kafka conformance): Kafka asks
+    ``group.hasMember`` of the request's empty member id, so a restart is a new member."""
     proxy = Proxy(2)
+    a = proxy.join("", "instance-a")
+    b = proxy.join("", "instance-b")
+    proxy.complete_join()
+    proxy.sync(a.leader or "", "instance-a" if a.leader == a.member_id else "instance-b", 1)
+    assert proxy.view().state is STABLE and proxy.view().members == 2
+
+    # instance-a restarts without its member id: refused while its old incarnation holds the slot
+    assert proxy.join("", "instance-a").error == GROUP_MAX_SIZE_REACHED
+    assert proxy.view().members == 2 and proxy.policy.has_member(G, a.member_id, "instance-a")
+    # b stays alive; a's old incarnation sends nothing and its session ends
+    for _ in range(SESSION_MS // 1000 + 1):
+        proxy.advance(1)
+        proxy.heartbeat(b.member_id, "instance-b", 1)
+    assert not proxy.policy.has_member(G, a.member_id)
+    restarted = proxy.join("", "instance-a")
+    assert restarted.error is None or restarted.error == NONE
+    assert proxy.join("", "instance-c").error == GROUP_MAX_SIZE_REACHED
+
+
+def test_a_restarting_static_member_below_the_cap_takes_its_own_slot() -> None:
+    proxy = Proxy(3)
     a = proxy.join("", "instance-a")
     proxy.join("", "instance-b")
     proxy.complete_join()
     proxy.sync(a.leader or "", "instance-a" if a.leader == a.member_id else "instance-b", 1)
     assert proxy.view().state is STABLE and proxy.view().members == 2
 
-    # instance-a restarts without its member id: it takes over its own slot
-    restarted = proxy.join("", "instance-a")
+    restarted = proxy.join("", "instance-a")  # not counted twice: a takes over its own slot
     assert restarted.error == NONE
     assert restarted.member_id != a.member_id
     assert proxy.view().members == 2
     assert proxy.policy.has_member(G, restarted.member_id, "instance-a")
-    assert proxy.join("", "instance-c").error == GROUP_MAX_SIZE_REACHED
+    proxy.join("", "instance-c")
+    assert proxy.join("", "instance-d").error == GROUP_MAX_SIZE_REACHED
 
 
 def test_a_static_member_that_has_not_rejoined_keeps_its_slot_during_a_rebalance() -> None:
