@@ -30,6 +30,20 @@ def wait_for_port(host: str, port: int, timeout: float = 15.0) -> None:
             time.sleep(0.05)
 
 
+def stop_process(process: subprocess.Popen[bytes], timeout: float = 10.0) -> int:
+    """Stop a child process: SIGTERM, then SIGKILL after ``timeout`` seconds; its exit status.
+
+    The one way the tests and benchmarks stop what they started."""
+    if process.poll() is None:
+        process.terminate()
+        try:
+            process.wait(timeout=timeout)
+        except subprocess.TimeoutExpired:
+            process.kill()
+            process.wait()
+    return process.returncode
+
+
 class TansuBroker:
     """``with TansuBroker() as broker:`` runs one broker until the block ends.
 
@@ -74,12 +88,7 @@ class TansuBroker:
 
     def stop(self) -> None:
         if self._process is not None:
-            self._process.terminate()
-            try:
-                self._process.wait(timeout=2)
-            except subprocess.TimeoutExpired:
-                self._process.kill()
-                self._process.wait()
+            stop_process(self._process, timeout=2)
             self._process = None
 
     def __enter__(self) -> TansuBroker:
