@@ -18,8 +18,9 @@ and, on request (``--paths``), the floor's slower variants ``floor-lowlevel``,
 
 For each path and round: produce throughput with 1 KB records (confluent-kafka,
 a pipelining producer); the round-trip latency of one acks=1 record (produce,
-flush, repeat); timed Fetch round trips of a few small record batches from
-the end of the log (Tansu's bulk fetch is slow, so no bulk consume); and the
+flush, repeat); timed Fetch round trips of a few small record batches (a
+topic of its own, written once at start: Tansu's bulk fetch is slow and its
+fetch time grows with the log, so no bulk consume); and the
 CPU time of the process in the middle during each. Paths are started first,
 then measured interleaved over rounds (order rotated each round); each
 comparison is the median over rounds of that round's ratio or difference, so
@@ -77,7 +78,10 @@ PROXY_ALL_CONFIG = BENCH / "proxy-all.yaml"
 TOPIC = "bench"
 FLUSH_TIMEOUT_S = 60.0
 HAPROXY_MAXCONN = 1000
-FETCH_BACK = 8  # records before the end of the log each Fetch starts at (single-record batches)
+# Fetches read a topic of their own, written once at start: Tansu's fetch time grows with
+# the partition's log, and the produce topic's grows by every round.
+FETCH_TOPIC = "bench-fetch"
+FETCH_TOPIC_RECORDS = 64  # one record per batch
 
 
 # --- paths ------------------------------------------------------------------------------------
@@ -308,29 +312,37 @@ BINARIES = {"haproxy": ("haproxy", "haproxy"), "stunnel": ("stunnel4", "stunnel4
 # --- measurements ----------------------------------------------------------------------------
 
 
-def create_topic(endpoint: Endpoint) -> None:
-    """Create the one-partition topic through the path; check metadata names the path."""
+def create_topics(endpoint: Endpoint, payload: bytes) -> None:
+    """Create the one-partition topics through the path, check metadata names only the path,
+    and write the fetch topic's records (one per batch, as small fetches find them)."""
     admin = AdminClient(endpoint.client_config())
-    future = admin.create_topics([NewTopic(TOPIC, num_partitions=1, replication_factor=1)])[TOPIC]
+    topics = [NewTopic(t, num_partitions=1, replication_factor=1) for t in (TOPIC, FETCH_TOPIC)]
     try:
-        future.result(timeout=60)
+        for future in admin.create_topics(topics).values():
+            future.result(timeout=60)
         deadline = time.monotonic() + 60
         while True:
             metadata = admin.list_topics(timeout=30)
-            topic = metadata.topics.get(TOPIC)
-            if topic is not None and topic.error is None and 0 in topic.partitions:
+            found = [metadata.topics.get(t) for t in (TOPIC, FETCH_TOPIC)]
+            if all(t is not None and t.error is None and 0 in t.partitions for t in found):
                 break
             if time.monotonic() > deadline:
-                raise BenchError(f"topic {TOPIC!r} has no partition 0 leader after 60s")
+                raise BenchError(f"topics {TOPIC!r}, {FETCH_TOPIC!r}: no partition 0 leader after 60s")
             time.sleep(0.1)
     except KafkaException as exc:
-        raise BenchError(f"cannot create topic {TOPIC!r} via {endpoint.bootstrap}: {exc}") from None
+        raise BenchError(f"cannot create topics via {endpoint.bootstrap}: {exc}") from None
     brokers = {(str(b.host), b.port) for b in metadata.brokers.values()}
     if brokers != {endpoint.advertised}:
         raise BenchError(
             f"metadata via {endpoint.bootstrap} names brokers {sorted(brokers)}, expected only "
             f"{endpoint.advertised}: the client would not stay on the measured path"
         )
+    with _producer(endpoint, acks="1", **{"linger.ms": 0}) as (producer, deliveries):
+        for _ in range(FETCH_TOPIC_RECORDS):
+            producer.produce(FETCH_TOPIC, payload)
+            if producer.flush(10.0):
+                raise BenchError(f"{FETCH_TOPIC}: a record unacknowledged after 10s")
+        deliveries.check(FETCH_TOPIC)
 
 
 class _Deliveries:
@@ -438,13 +450,13 @@ def measure_latency(
 def measure_fetch(
     endpoint: Endpoint, samples: int, max_bytes: int, warmup: int = 10
 ) -> tuple[list[float], float | None, int]:
-    """Microseconds per Fetch round trip (v12, max wait 0) of the last ``FETCH_BACK`` records
-    (the latency measurement's single-record batches), at most ``max_bytes``; the middle's
-    CPU time per round trip (us) and the size of a response."""
+    """Microseconds per Fetch round trip (v12) of the fetch topic's first records, at most
+    ``max_bytes`` of them; the middle's CPU time per round trip (us) and the size of a response."""
     conn = KafkaSocket(endpoint.advertised, endpoint.ca_file)
     try:
-        end = fetch_high_watermark(conn.round_trip(fetch_frame(TOPIC, 0, max_bytes)))
-        frame = fetch_frame(TOPIC, max(0, end - FETCH_BACK), max_bytes)
+        frame = fetch_frame(FETCH_TOPIC, 0, max_bytes)
+        if fetch_high_watermark(conn.round_trip(frame)) != FETCH_TOPIC_RECORDS:
+            raise BenchError(f"fetch: {FETCH_TOPIC} does not hold {FETCH_TOPIC_RECORDS} records")
         clock, round_trip = time.perf_counter_ns, conn.round_trip
         for _ in range(warmup):
             size = len(round_trip(frame))
@@ -694,7 +706,7 @@ def _stop_on_sigterm(signum: int, _frame: FrameType | None) -> None:
 
 
 def start_paths(paths: list[str], stack: contextlib.ExitStack, workdir: Path,
-                wrap: list[str] | None = None) -> dict[str, Endpoint]:
+                wrap: list[str] | None = None, record_size: int = 1024) -> dict[str, Endpoint]:
     """Start every path (its broker, its middle) and create the topic through it."""
     for name in paths:
         if name in BINARIES:
@@ -705,12 +717,22 @@ def start_paths(paths: list[str], stack: contextlib.ExitStack, workdir: Path,
         (workdir / name).mkdir()
         try:
             endpoints[name] = STARTERS[name](Setup(stack, workdir / name, certs, wrap or []))
-            create_topic(endpoints[name])
+            create_topics(endpoints[name], random.randbytes(record_size))
         except BenchError as exc:
             raise BenchError(f"path {name!r}: {exc}") from None
         except (KafkaException, OSError, TimeoutError) as exc:
             raise BenchError(f"path {name!r}: {type(exc).__name__}: {exc}") from None
     return endpoints
+
+
+@contextlib.contextmanager
+def started(
+    paths: list[str], wrap: list[str] | None = None, record_size: int = 1024
+) -> Iterator[dict[str, Endpoint]]:
+    """``with started(["floor"]) as endpoints:`` the paths run, each with its topic, until the
+    block ends; ``wrap`` prefixes the middle processes' command lines (valgrind, ...)."""
+    with tempfile.TemporaryDirectory(prefix="bench-") as tmp, contextlib.ExitStack() as stack:
+        yield start_paths(paths, stack, Path(tmp), wrap, record_size)
 
 
 def pool_line(endpoint: Endpoint | None) -> str:
@@ -739,9 +761,8 @@ def run(args: argparse.Namespace) -> int:
         f"fetch: {args.fetch_samples:,} x Fetch of <= {args.fetch_bytes:,} B",
         flush=True,
     )
-    started = time.monotonic()
-    with tempfile.TemporaryDirectory(prefix="bench-") as tmp, contextlib.ExitStack() as stack:
-        endpoints = start_paths(paths, stack, Path(tmp))
+    began = time.monotonic()
+    with started(paths, record_size=args.record_size) as endpoints:
         for round_no in range(args.rounds):
             shift = round_no % len(paths)
             for name in paths[shift:] + paths[:shift]:  # each path takes each position in turn
@@ -757,7 +778,7 @@ def run(args: argparse.Namespace) -> int:
         "CPU: the middle process's CPU time (all its threads, /proc/PID/task/*/schedstat) per single-record round "
         "trip, per Fetch round trip, per GB of record values produced and as a share of one core "
         "while producing (medians over rounds); "
-        f"{time.monotonic() - started:.0f}s in all; load average {load_average()} at the end\n"
+        f"{time.monotonic() - began:.0f}s in all; load average {load_average()} at the end\n"
     )
     print(table(bench.results, args.record_size))
     print()
