@@ -37,6 +37,15 @@ import trio.testing
 # --- the patterns: each does ``n`` operations -------------------------------------------------
 
 
+def _nothing() -> None:
+    pass
+
+
+async def python_call(n: int) -> None:
+    for _ in range(n):
+        _nothing()
+
+
 async def checkpoint(n: int) -> None:
     for _ in range(n):
         await trio.lowlevel.checkpoint()
@@ -178,6 +187,7 @@ async def metric_bound_child_inc(n: int) -> None:
 
 
 PATTERNS: dict[str, tuple[Callable[[int], Awaitable[None] | None], str]] = {
+    "python-call": (python_call, "a call of an empty Python function, for scale"),
     "checkpoint": (checkpoint, "`await trio.lowlevel.checkpoint()`: one pass through the scheduler"),
     "cancel-scope": (cancel_scope, "`with trio.CancelScope(): pass`"),
     "cancel-scope-deadline": (cancel_scope_with_deadline, "`with trio.move_on_after(60): pass` (per-request deadline)"),
