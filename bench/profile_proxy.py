@@ -13,9 +13,12 @@ the middle process for ``--seconds``:
 
 Then it prints, as Markdown: the top functions by *self* share (the deepest
 frame of a sample: where the CPU was), the top functions by *total* share (on
-the stack at all), the top lines, and the py-spy command used. py-spy counts
-a thread blocked in ``epoll_wait`` as active, so samples whose deepest frame
-is the event loop's wait are counted apart and the shares are of the rest. The raw profile is kept with
+the stack at all), the top lines and files, and the py-spy command used. py-spy samples wall-clock time
+and counts a thread blocked in ``epoll_wait`` as active: samples whose
+deepest frame is the event loop's wait, and those inside trio's socket
+system calls (where, on a loaded machine, the process mostly waits for a CPU
+after its send woke the receiving process), are counted apart; the tables
+give shares of the rest, the Python work. The raw profile is kept with
 ``--keep DIR`` (``py-spy`` folded stacks: input for flamegraph tools).
 
     .venv/bin/python bench/profile_proxy.py                           # proxy-all, mixed, 20 s
@@ -43,6 +46,10 @@ FRAME = re.compile(r"^(?P<function>.*) \((?P<file>[^()]*?)(?::(?P<line>\d+))?\)$
 # py-spy counts a thread blocked in epoll_wait as active: samples whose deepest frame is the
 # event loop's wait are counted apart, as waiting, and the tables give shares of the rest.
 WAITING = ("EpollIOManager.get_events (trio/_core/_io_epoll.py)", "epoll.poll")
+# The frame from which trio's sockets enter the kernel (send, recv): counted apart too. py-spy
+# samples wall-clock time, so this share also holds the time the process waited for a CPU
+# after a send woke the receiving process (on a loaded machine, most of it).
+SOCKET_CALL = "_SocketType._nonblocking_helper (trio/_socket.py)"
 
 
 def py_spy() -> str:
@@ -63,13 +70,14 @@ def short_file(path: str) -> str:
     return path
 
 
-def parse_raw(text: str) -> tuple[Counter[str], Counter[str], Counter[str], int, int]:
-    """(self by function, total by function, self by line, busy samples, waiting samples)
-    from py-spy's raw output."""
+def parse_raw(text: str) -> tuple[Counter[str], Counter[str], Counter[str], Counter[str], Counter[str]]:
+    """(self by function, total by function, self by line, self by file, samples by kind:
+    waiting, socket calls, the rest) from py-spy's raw output; the first four count the rest."""
+    by_file: Counter[str] = Counter()
     by_self: Counter[str] = Counter()
     by_total: Counter[str] = Counter()
     by_line: Counter[str] = Counter()
-    samples = waiting = 0
+    kinds: Counter[str] = Counter()
     for line in text.splitlines():
         stack, _, count_text = line.rpartition(" ")
         if not stack or not count_text.isdigit():
@@ -83,15 +91,33 @@ def parse_raw(text: str) -> tuple[Counter[str], Counter[str], Counter[str], int,
         if not frames:
             continue
         function, file, lineno = frames[-1]
-        if f"{function} ({file})" in WAITING or function in WAITING:
-            waiting += count
+        leaf = f"{function} ({file})"
+        if leaf in WAITING or function in WAITING:
+            kinds["waiting"] += count
             continue
-        samples += count
+        if leaf == SOCKET_CALL and lineno == _socket_call_line():
+            kinds["socket calls"] += count
+            continue
+        kinds["rest"] += count
+        by_file[file] += count
         by_self[f"{function} ({file})"] += count
         by_line[f"{file}:{lineno} ({function})"] += count
         for key in {f"{f} ({p})" for f, p, _ in frames}:
             by_total[key] += count
-    return by_self, by_total, by_line, samples, waiting
+    return by_self, by_total, by_line, by_file, kinds
+
+
+def _socket_call_line() -> str:
+    """The line of trio's ``_nonblocking_helper`` that makes the system call."""
+    import inspect
+
+    from trio._socket import _SocketType
+
+    lines, first = inspect.getsourcelines(_SocketType._nonblocking_helper)
+    for offset, text in enumerate(lines):
+        if "return fn(self._sock" in text:
+            return str(first + offset)
+    return ""
 
 
 def top(counter: Counter[str], samples: int, n: int, title: str) -> str:
@@ -144,21 +170,26 @@ def main(argv: list[str] | None = None) -> int:
             _, errors = recorder.communicate(timeout=args.seconds + 60)
             if recorder.returncode != 0 or not raw.exists():
                 raise BenchError(f"py-spy exited with {recorder.returncode}: {errors.strip()}")
-            by_self, by_total, by_line, samples, waiting = parse_raw(raw.read_text())
+            by_self, by_total, by_line, by_file, kinds = parse_raw(raw.read_text())
     except BenchError as exc:
         print(f"failed: {exc}", file=sys.stderr)
         return 1
+    samples = kinds["rest"]
     if not samples:
-        print("py-spy recorded no samples", file=sys.stderr)
+        print("py-spy recorded no samples outside epoll_wait and socket calls", file=sys.stderr)
         return 1
     shown = " ".join(command).replace(str(raw), "OUT.txt").replace(str(endpoint.middle.pid), "PID")
     print(
         f"py-spy profile of `{args.path}` ({endpoint.middle.name}) under {args.load} load for "
-        f"{args.seconds} s: {samples + waiting:,} samples, {waiting:,} of them waiting in epoll_wait and "
-        f"left out; shares below are of the other {samples:,}. {round_trips:,} single-record round trips and "
+        f"{args.seconds} s: {sum(kinds.values()):,} samples: {kinds['waiting']:,} waiting in epoll_wait, "
+        f"{kinds['socket calls']:,} in trio's socket system calls (`{SOCKET_CALL}` line "
+        f"{_socket_call_line()}: send and recv, and the wait for a CPU after a send woke the receiver), "
+        f"{samples:,} in the rest, whose shares the tables give. {round_trips:,} single-record round trips and "
         f"{records:,} records of 1 KB produced meanwhile; load average {load_start} at the start, "
         f"{load_average()} at the end.\n\n`{shown}`\n"
     )
+    print(top(by_file, samples, args.top, "file (self)"))
+    print()
     print(top(by_self, samples, args.top, "function (self: deepest frame)"))
     print()
     print(top(by_total, samples, args.top, "function (total: anywhere on the stack)"))

@@ -5,8 +5,9 @@ and the event loop are entered to forward one request and its response.
 For each path, one at a time, with its own broker: warm-up round trips, then
 ``--round-trips`` single-record acks=1 produce round trips measured twice:
 
-1. plain: the middle's CPU time (schedstat) and its voluntary and involuntary
-   context switches (/proc/PID/task/*/status), per round trip;
+1. plain: the middle's CPU time and its time runnable but waiting for a CPU
+   (schedstat), and its voluntary and involuntary context switches
+   (/proc/PID/task/*/status), per round trip;
 2. under ``strace -c -f -p PID`` (all threads): the calls of each system call
    (and how many failed, e.g. EAGAIN), per round trip. strace slows every call
    down, so only its counts are used, not its times.
@@ -32,6 +33,14 @@ from harness import BenchError, load_average
 from proxy_vs_direct import STARTERS, Endpoint, measure_latency, started
 
 DEFAULT_PATHS = "floor,floor-lowlevel,floor-socket,floor-stream,epoll,proxy,proxy-all"
+
+
+def run_queue_seconds(pid: int) -> float:
+    """Time the process's live threads spent runnable but waiting for a CPU (schedstat field 2)."""
+    total = 0
+    for task in Path(f"/proc/{pid}/task").iterdir():
+        total += int((task / "schedstat").read_text().split()[1])
+    return total / 1e9
 
 
 def context_switches(pid: int) -> int:
@@ -91,8 +100,9 @@ def main(argv: list[str] | None = None) -> int:
     payload = random.randbytes(1024)
     print(f"load average {load_average()} at the start; {args.round_trips} single-record round trips per path")
     rows = [
-        "| path | CPU us/rt | context switches/rt | syscalls/rt | failed/rt | per round trip, by call |",
-        "|---|---:|---:|---:|---:|---|",
+        "| path | CPU us/rt | waiting for a CPU us/rt | context switches/rt | syscalls/rt | failed/rt "
+        "| per round trip, by call |",
+        "|---|---:|---:|---:|---:|---:|---|",
     ]
     try:
         with tempfile.TemporaryDirectory(prefix="syscalls-") as tmp:
@@ -102,9 +112,10 @@ def main(argv: list[str] | None = None) -> int:
                     assert endpoint.middle is not None
                     pid = endpoint.middle.pid
                     measure_latency(endpoint, payload, args.warmup, 0)
-                    switches = context_switches(pid)
+                    switches, waited = context_switches(pid), run_queue_seconds(pid)
                     _, cpu_rt = measure_latency(endpoint, payload, args.round_trips, 0)
                     switches = context_switches(pid) - switches
+                    waited = run_queue_seconds(pid) - waited
                     calls, errors = under_strace(endpoint, payload, args.round_trips, Path(tmp))
                 n = args.round_trips
                 by_call = ", ".join(
@@ -112,7 +123,8 @@ def main(argv: list[str] | None = None) -> int:
                     for call, count in calls.most_common() if count / n >= 0.05
                 )
                 rows.append(
-                    f"| {name} | {cpu_rt or 0:.0f} | {switches / n:.2f} | {sum(calls.values()) / n:.2f} "
+                    f"| {name} | {cpu_rt or 0:.0f} | {waited / n * 1e6:.0f} | {switches / n:.2f} "
+                    f"| {sum(calls.values()) / n:.2f} "
                     f"| {sum(errors.values()) / n:.2f} | {by_call} |"
                 )
                 print(rows[-1], flush=True)
