@@ -23,7 +23,6 @@ from __future__ import annotations
 import argparse
 import random
 import re
-import shutil
 import subprocess
 import sys
 import tempfile
@@ -31,7 +30,7 @@ import time
 from pathlib import Path
 
 from harness import BenchError, load_average
-from proxy_vs_direct import STARTERS, measure_latency, started
+from proxy_vs_direct import measure_latency, middle_paths, started
 
 DEFAULT_PATHS = "floor,epoll,proxy-all"
 
@@ -86,14 +85,7 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--windows", type=int, default=2, help="windows counted per path")
     parser.add_argument("--warmup", type=int, default=50, help="round trips before counting")
     args = parser.parse_args(argv)
-    paths = [p for p in args.paths.split(",") if p]
-    unknown = [p for p in paths if p not in STARTERS or p == "direct"]
-    if unknown:
-        parser.error(f"unknown path(s) or no middle process: {', '.join(unknown)}")
-    for tool in ("valgrind", "callgrind_control"):
-        if shutil.which(tool) is None:
-            print(f"{tool} is not installed (make bench-tools, or apt-get install valgrind)", file=sys.stderr)
-            return 1
+    paths = middle_paths(parser, args.paths, "valgrind", "callgrind_control")
     began = time.monotonic()
     print(f"load average {load_average()}; {args.windows} windows of {args.round_trips} round trips per path")
     rows = ["| path | instructions per round trip (median of windows) | windows |", "|---|---:|---|"]

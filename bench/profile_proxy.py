@@ -40,7 +40,7 @@ from collections import Counter
 from pathlib import Path
 
 from harness import BenchError, load_average
-from proxy_vs_direct import STARTERS, Endpoint, measure_latency, measure_throughput, started
+from proxy_vs_direct import Endpoint, measure_latency, measure_throughput, middle_paths, started
 
 FRAME = re.compile(r"^(?P<function>.*) \((?P<file>[^()]*?)(?::(?P<line>\d+))?\)$")
 # py-spy counts a thread blocked in epoll_wait as active: samples whose deepest frame is the
@@ -150,8 +150,7 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--top", type=int, default=25, help="rows per table")
     parser.add_argument("--keep", type=Path, help="directory to keep the raw profile in")
     args = parser.parse_args(argv)
-    if args.path not in STARTERS or args.path == "direct":
-        parser.error(f"--path: {args.path!r} is not a path with a middle process")
+    middle_paths(parser, args.path)
     try:
         binary = py_spy()
         with tempfile.TemporaryDirectory(prefix="profile-") as tmp, started([args.path]) as endpoints:

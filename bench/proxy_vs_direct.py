@@ -309,6 +309,20 @@ TLS_PATHS = ("stunnel", "proxy-all-tls")
 BINARIES = {"haproxy": ("haproxy", "haproxy"), "stunnel": ("stunnel4", "stunnel4")}
 
 
+def middle_paths(parser: argparse.ArgumentParser, text: str, *tools: str) -> list[str]:
+    """The comma-separated paths in ``text``, each one with a process in the middle, and the
+    tools (commands) a script needs to look at them; a usage error naming what is wrong."""
+    paths = [p for p in text.split(",") if p]
+    unknown = [p for p in paths if p not in STARTERS or p == "direct"]
+    if unknown or not paths:
+        parser.error(f"unknown path(s) or no middle process: {', '.join(unknown) or text!r}; "
+                     f"choose from {', '.join(p for p in STARTERS if p != 'direct')}")
+    missing = [tool for tool in tools if shutil.which(tool) is None]
+    if missing:
+        parser.error(f"not installed: {', '.join(missing)} (make bench-tools installs them)")
+    return paths
+
+
 # --- measurements ----------------------------------------------------------------------------
 
 

@@ -20,7 +20,6 @@ from __future__ import annotations
 
 import argparse
 import random
-import shutil
 import signal
 import subprocess
 import sys
@@ -30,7 +29,7 @@ from collections import Counter
 from pathlib import Path
 
 from harness import BenchError, load_average
-from proxy_vs_direct import STARTERS, Endpoint, measure_latency, started
+from proxy_vs_direct import Endpoint, measure_latency, middle_paths, started
 
 DEFAULT_PATHS = "floor,floor-lowlevel,floor-socket,floor-stream,epoll,proxy,proxy-all"
 
@@ -90,13 +89,7 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--round-trips", type=int, default=2000, help="round trips per measurement")
     parser.add_argument("--warmup", type=int, default=200, help="round trips before measuring")
     args = parser.parse_args(argv)
-    paths = [p for p in args.paths.split(",") if p]
-    unknown = [p for p in paths if p not in STARTERS or p == "direct"]
-    if unknown:
-        parser.error(f"unknown path(s) or no middle process: {', '.join(unknown)}")
-    if shutil.which("strace") is None:
-        print("strace is not installed (apt-get install strace)", file=sys.stderr)
-        return 1
+    paths = middle_paths(parser, args.paths, "strace")
     payload = random.randbytes(1024)
     print(f"load average {load_average()} at the start; {args.round_trips} single-record round trips per path")
     rows = [
