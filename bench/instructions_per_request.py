@@ -30,7 +30,7 @@ import time
 from pathlib import Path
 
 from harness import BenchError, load_average
-from proxy_vs_direct import measure_latency, middle_paths, started
+from proxy_vs_direct import middle_paths, round_trips, started
 
 DEFAULT_PATHS = "floor,epoll,proxy-all"
 
@@ -63,18 +63,21 @@ def count_windows(name: str, args: argparse.Namespace, workdir: Path) -> list[fl
         endpoint = endpoints[name]
         assert endpoint.middle is not None
         pid = endpoint.middle.pid
-        measure_latency(endpoint, payload, args.warmup, 0)
-        callgrind_control(pid, "--instr=on")
-        measure_latency(endpoint, payload, args.warmup, 0)  # code paths instrumented once
-        for window in range(args.windows):
-            callgrind_control(pid, "--zero")
-            measure_latency(endpoint, payload, args.round_trips, 0)
-            callgrind_control(pid, f"--dump=window{window}")
-            dumps = sorted(out.glob("callgrind.out.*.*"), key=lambda p: p.stat().st_mtime)
-            if not dumps:
-                raise BenchError(f"{name}: callgrind wrote no dump in {out}")
-            per_round_trip.append(instructions_in(dumps[-1]) / args.round_trips)
-            print(f"{name:<14} window {window + 1}: {per_round_trip[-1]:,.0f} instructions per round trip", flush=True)
+        # one connection for all windows: its set-up (accept, ApiVersions, Metadata) is not counted
+        with round_trips(endpoint, payload) as run:
+            run(args.warmup)
+            callgrind_control(pid, "--instr=on")
+            run(args.warmup)  # code paths instrumented once
+            for window in range(args.windows):
+                callgrind_control(pid, "--zero")
+                run(args.round_trips)
+                callgrind_control(pid, f"--dump=window{window}")
+                dumps = sorted(out.glob("callgrind.out.*.*"), key=lambda p: p.stat().st_mtime)
+                if not dumps:
+                    raise BenchError(f"{name}: callgrind wrote no dump in {out}")
+                per_round_trip.append(instructions_in(dumps[-1]) / args.round_trips)
+                print(f"{name:<14} window {window + 1}: {per_round_trip[-1]:,.0f} instructions per round trip",
+                      flush=True)
     return per_round_trip
 
 

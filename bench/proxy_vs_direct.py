@@ -436,28 +436,38 @@ def measure_throughput(
         return records / seconds, cpu.seconds()
 
 
+@contextlib.contextmanager
+def round_trips(endpoint: Endpoint, payload: bytes) -> Iterator[Callable[[int], list[float]]]:
+    """``with round_trips(endpoint, payload) as run:`` ``run(n)`` makes n single-record acks=1
+    round trips (produce, flush) on one connection and returns each one's microseconds."""
+    with _producer(endpoint, acks="1", **{"linger.ms": 0}) as (producer, deliveries):
+        produce, flush, clock = producer.produce, producer.flush, time.perf_counter_ns
+
+        def run(n: int) -> list[float]:
+            times = []
+            for _ in range(n):
+                started = clock()
+                produce(TOPIC, payload)
+                if flush(10.0):
+                    raise BenchError("latency: a record unacknowledged after 10s")
+                times.append((clock() - started) / 1000)
+            deliveries.check("latency")
+            return times
+
+        yield run
+
+
 def measure_latency(
     endpoint: Endpoint, payload: bytes, samples: int, warmup: int
 ) -> tuple[list[float], float | None]:
     """Microseconds from ``produce`` to the end of ``flush`` for one acks=1 record at a time,
     and the middle's CPU time per round trip (us) meanwhile."""
-    with _producer(endpoint, acks="1", **{"linger.ms": 0}) as (producer, deliveries):
-        produce, flush, clock = producer.produce, producer.flush, time.perf_counter_ns
-
-        def round_trip() -> float:
-            started = clock()
-            produce(TOPIC, payload)
-            if flush(10.0):
-                raise BenchError("latency: a record unacknowledged after 10s")
-            return (clock() - started) / 1000
-
-        for _ in range(warmup):
-            round_trip()
+    with round_trips(endpoint, payload) as run:
+        run(warmup)
         cpu = MiddleCpu(endpoint)
         cpu.start()
-        times = [round_trip() for _ in range(samples)]
+        times = run(samples)
         used = cpu.seconds()
-        deliveries.check("latency")
     return times, None if used is None else used / samples * 1e6
 
 

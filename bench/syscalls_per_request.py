@@ -26,10 +26,11 @@ import sys
 import tempfile
 import time
 from collections import Counter
+from collections.abc import Callable
 from pathlib import Path
 
 from harness import BenchError, load_average
-from proxy_vs_direct import Endpoint, measure_latency, middle_paths, started
+from proxy_vs_direct import Endpoint, middle_paths, round_trips, started
 
 DEFAULT_PATHS = "floor,floor-lowlevel,floor-socket,floor-stream,epoll,proxy,proxy-all"
 
@@ -66,8 +67,9 @@ def strace_counts(output: str) -> tuple[Counter[str], Counter[str]]:
 
 
 def under_strace(
-    endpoint: Endpoint, payload: bytes, round_trips: int, workdir: Path
+    endpoint: Endpoint, run: Callable[[int], list[float]], count: int, workdir: Path
 ) -> tuple[Counter[str], Counter[str]]:
+    """System calls (and failed ones) by name while ``run(count)`` makes its round trips."""
     assert endpoint.middle is not None
     out = workdir / f"strace-{endpoint.middle.pid}.txt"
     strace = subprocess.Popen(
@@ -77,7 +79,7 @@ def under_strace(
     time.sleep(1.0)  # attached to every thread by then (it says "Process N attached" per thread)
     if strace.poll() is not None:
         raise BenchError(f"strace exited with {strace.returncode}: {strace.stderr.read() if strace.stderr else ''}")
-    measure_latency(endpoint, payload, round_trips, 0)
+    run(count)
     strace.send_signal(signal.SIGINT)  # detach and write the summary
     strace.wait(timeout=30)
     return strace_counts(out.read_text())
@@ -104,19 +106,23 @@ def main(argv: list[str] | None = None) -> int:
                     endpoint = endpoints[name]
                     assert endpoint.middle is not None
                     pid = endpoint.middle.pid
-                    measure_latency(endpoint, payload, args.warmup, 0)
-                    switches, waited = context_switches(pid), run_queue_seconds(pid)
-                    _, cpu_rt = measure_latency(endpoint, payload, args.round_trips, 0)
-                    switches = context_switches(pid) - switches
-                    waited = run_queue_seconds(pid) - waited
-                    calls, errors = under_strace(endpoint, payload, args.round_trips, Path(tmp))
+                    # one connection throughout: its set-up is in neither window
+                    with round_trips(endpoint, payload) as run:
+                        run(args.warmup)
+                        switches, waited = context_switches(pid), run_queue_seconds(pid)
+                        cpu = endpoint.middle.cpu_seconds()
+                        run(args.round_trips)
+                        cpu_rt = (endpoint.middle.cpu_seconds() - cpu) / args.round_trips * 1e6
+                        switches = context_switches(pid) - switches
+                        waited = run_queue_seconds(pid) - waited
+                        calls, errors = under_strace(endpoint, run, args.round_trips, Path(tmp))
                 n = args.round_trips
                 by_call = ", ".join(
                     f"{call} {count / n:.2f}" + (f" ({errors[call] / n:.2f} failed)" if errors[call] else "")
                     for call, count in calls.most_common() if count / n >= 0.05
                 )
                 rows.append(
-                    f"| {name} | {cpu_rt or 0:.0f} | {waited / n * 1e6:.0f} | {switches / n:.2f} "
+                    f"| {name} | {cpu_rt:.0f} | {waited / n * 1e6:.0f} | {switches / n:.2f} "
                     f"| {sum(calls.values()) / n:.2f} "
                     f"| {sum(errors.values()) / n:.2f} | {by_call} |"
                 )
