@@ -21,7 +21,6 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
-from kio.index import load_request_schema
 from kio.serial import entity_reader, entity_writer
 
 from proxy.tansu import stop_process
@@ -94,7 +93,7 @@ class Service:
         return cpu_seconds(self.pid)
 
     def stop(self, timeout: float = 10.0) -> None:
-        stop_process(self.process, timeout)  # type: ignore[arg-type]
+        stop_process(self.process, timeout)
         self._log.close()
 
 
@@ -182,8 +181,10 @@ def request_frame(body: Any, correlation_id: int = 1, client_id: str = "bench") 
 
 
 def api_versions_frame(correlation_id: int = 1) -> bytes:
-    schema = load_request_schema(API_VERSIONS, 3)
-    return bytes(request_frame(schema(client_software_name="bench", client_software_version="1"), correlation_id))
+    from kio.schema.api_versions.v3.request import ApiVersionsRequest
+
+    body = ApiVersionsRequest(client_software_name="bench", client_software_version="1")
+    return bytes(request_frame(body, correlation_id))
 
 
 def fetch_frame(topic: str, offset: int, max_bytes: int, correlation_id: int = 1) -> bytearray:
@@ -193,15 +194,17 @@ def fetch_frame(topic: str, offset: int, max_bytes: int, correlation_id: int = 1
     The maximum wait is 500 ms, not 0: Tansu answers a Fetch with max wait 0
     with no partitions at all, records or not."""
     from kio.schema.fetch.v12 import request as m
+    from kio.schema.types import BrokerId, TopicName
+    from kio.static.primitive import i8, i32, i32Timedelta, i64
 
     partition = m.FetchPartition(
-        partition=0, current_leader_epoch=-1, fetch_offset=offset, last_fetched_epoch=-1,
-        log_start_offset=-1, partition_max_bytes=max_bytes,
+        partition=i32(0), current_leader_epoch=i32(-1), fetch_offset=i64(offset),
+        last_fetched_epoch=i32(-1), log_start_offset=i64(-1), partition_max_bytes=i32(max_bytes),
     )
     body = m.FetchRequest(
-        replica_id=-1, max_wait=datetime.timedelta(milliseconds=500), min_bytes=1, max_bytes=max_bytes,
-        isolation_level=0, session_id=0, session_epoch=-1,
-        topics=(m.FetchTopic(topic=topic, partitions=(partition,)),),
+        replica_id=BrokerId(-1), max_wait=i32Timedelta.parse(datetime.timedelta(milliseconds=500)),
+        min_bytes=i32(1), max_bytes=i32(max_bytes), isolation_level=i8(0), session_id=i32(0),
+        session_epoch=i32(-1), topics=(m.FetchTopic(topic=TopicName(topic), partitions=(partition,)),),
         forgotten_topics_data=(), rack_id="",
     )
     return request_frame(body, correlation_id)

@@ -170,6 +170,7 @@ def admission_proxy_config(
 ) -> dict[str, Any]:
     """The proxy's config for a path: default policies, or bench/proxy-all.yaml's, with
     this run's addresses (and TLS on the client side when ``certs`` are given)."""
+    config: dict[str, Any]
     if all_policies:
         config = yaml.safe_load(PROXY_ALL_CONFIG.read_text())
         config["audit"] = {"path": str(workdir / "audit.jsonl")}
