@@ -47,6 +47,7 @@ class Action(enum.Enum):
 
 _NO_ELEMENT_ERRORS: Mapping[str, tuple[int, str | None]] = MappingProxyType({})
 _NO_SUBJECT: Mapping[str, object] = MappingProxyType({})
+# Shared through default_factory: dataclasses refuse an unhashable default (a mappingproxy) on 3.11.
 
 
 @dataclass(frozen=True, slots=True)
@@ -61,10 +62,10 @@ class Decision:
     throttle_ms: int = 0
     close_after: bool = False  # REFUSE of a request: close the connection once the answer is written
     # REFUSE of a request: single request elements with their own error, by request path ("groups[1]").
-    element_errors: Mapping[str, tuple[int, str | None]] = field(default=_NO_ELEMENT_ERRORS)
+    element_errors: Mapping[str, tuple[int, str | None]] = field(default_factory=lambda: _NO_ELEMENT_ERRORS)
     # What the decision was about, for the audit event (schema fields such as group_id,
     # member_id, identifier_kind, identifier_length, breaches, size).
-    subject: Mapping[str, object] = field(default=_NO_SUBJECT)
+    subject: Mapping[str, object] = field(default_factory=lambda: _NO_SUBJECT)
 
     @property
     def enforced(self) -> bool:
