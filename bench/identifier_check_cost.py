@@ -82,7 +82,7 @@ def per_call_us(gen: Generation, frame: bytes) -> float:
         plan = gen.plan(api_key, version)
         if plan.request_hooks:
             request = Request(frame, 0, len(frame), api_key, version, correlation_id, where, _no_coordinator, 0.0)  # type: ignore[arg-type]
-            assert await gen.check_request(request, plan.request_hooks) is None
+            assert gen.check_request(request, plan.request_hooks) is None
 
     async def rounds() -> float:
         best = float("inf")

@@ -47,6 +47,7 @@ class Action(enum.Enum):
 
 _NO_ELEMENT_ERRORS: Mapping[str, tuple[int, str | None]] = MappingProxyType({})
 _NO_SUBJECT: Mapping[str, object] = MappingProxyType({})
+# Shared through default_factory: dataclasses refuse an unhashable default (a mappingproxy) on 3.11.
 
 
 @dataclass(frozen=True, slots=True)

@@ -218,10 +218,13 @@ class MemoryPool:
             raise ValueError(f"request size {size} is outside 1..{SOCKET_REQUEST_MAX_BYTES} ({self._max_request})")
         now = self._advance(now)
         ticket = next(self._tickets)
-        decision = self._wait_decision(conn_id, size) if self.enabled else None
+        if self._capacity <= 0:  # off: only counted (the common case costs nothing more)
+            self._grant(ticket, conn_id, size)
+            return ticket, None
+        decision = self._wait_decision(conn_id, size)
         if decision is not None and decision.enforced:
             self._queue[ticket] = (conn_id, size)
-            self._conns.setdefault(conn_id, _Conn()).queued.add(ticket)
+            self._conn(conn_id).queued.add(ticket)
             return ticket, decision
         self._grant(ticket, conn_id, size)
         self._settle(now)
@@ -248,6 +251,10 @@ class MemoryPool:
             self._forget_if_idle(conn_id, conn)
         else:
             raise ValueError(f"ticket {ticket} is not outstanding (never issued, released already, or cancelled)")
+        if not self._queue:
+            if self._capacity > 0:
+                self._settle(now)
+            return []
         granted = self._grant_waiters()
         self._settle(now)
         return granted
@@ -317,9 +324,15 @@ class MemoryPool:
             granted.append(ticket)
         return granted
 
+    def _conn(self, conn_id: Hashable) -> _Conn:
+        conn = self._conns.get(conn_id)
+        if conn is None:
+            conn = self._conns[conn_id] = _Conn()
+        return conn
+
     def _grant(self, ticket: int, conn_id: Hashable, size: int) -> None:
         self._held[ticket] = (conn_id, size)
-        conn = self._conns.setdefault(conn_id, _Conn())
+        conn = self._conn(conn_id)
         conn.held.add(ticket)
         conn.held_bytes += size
         self._used += size
@@ -332,7 +345,8 @@ class MemoryPool:
             del self._conns[conn_id]
 
     def _advance(self, now: float) -> float:
-        self._last_now = max(self._last_now, now)
+        if now > self._last_now:
+            self._last_now = now
         return self._last_now
 
     def _settle(self, now: float) -> None:

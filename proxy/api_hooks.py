@@ -3,8 +3,10 @@ of Kroxylicious' per-API filters). A hook says which API keys (and versions) it
 reads; the config generation derives from all hooks the one table of what is
 decoded, so Produce and Fetch travel as bytes unless a hook asks otherwise.
 
-A request hook answers with a ``Decision`` (None: admit); a response hook returns
-the response body to send on (the same object when it changes nothing).
+A request hook answers with a ``Decision`` (None: admit), synchronously; a hook
+that needs I/O first (the group size policy asking the coordinator) says for which
+APIs and does it in ``prepare``. A response hook returns the response body to send
+on (the same object when it changes nothing).
 """
 
 from __future__ import annotations
@@ -36,8 +38,14 @@ class ApiHook:
     request_api_keys: frozenset[int] = frozenset()
     # API keys whose request bodies it decodes (a subset of request_api_keys): the codec must know the version.
     decoded_api_keys: frozenset[int] = frozenset()
+    # API keys whose requests need I/O before the decision (``prepare``): rare, and awaited.
+    prepare_api_keys: frozenset[int] = frozenset()
 
-    async def on_request(self, request: Request) -> Decision | None:
+    async def prepare(self, request: Request) -> None:
+        """I/O a decision needs first (e.g. asking the coordinator); only for ``prepare_api_keys``."""
+
+    def on_request(self, request: Request) -> Decision | None:
+        """The decision on a request (None: admit); synchronous, so it costs no trip through trio."""
         return None
 
     def reads_response(self, api_key: int, api_version: int) -> bool:
@@ -62,7 +70,7 @@ class IdentifierLengths(ApiHook):
         self.mode = mode
         self.decoded_api_keys = checked_api_keys() - {PRODUCE}
 
-    async def on_request(self, request: Request) -> Decision | None:
+    def on_request(self, request: Request) -> Decision | None:
         limits = self.limits
         if request.api_key == PRODUCE:
             transactional_id, acks = request.produce_head()

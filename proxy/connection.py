@@ -22,6 +22,7 @@ import socket
 import ssl
 from collections.abc import Awaitable, Callable
 from dataclasses import dataclass
+from time import perf_counter
 from typing import NoReturn
 
 import trio
@@ -243,7 +244,8 @@ class ClientConnection:
         runtime, session, splitter = self.runtime, self.session, self._splitter
         while True:
             gen = runtime.generation
-            now = trio.current_time()
+            now = trio.current_time()  # the policies' clock: one read per batch
+            started = perf_counter()  # the added-latency clock (a cheaper read)
             buf = splitter.buffer
             out: list[memoryview | bytes] = []
             run_start = run_end = -1  # the run of frames that go on as one slice of buf
@@ -267,9 +269,9 @@ class ClientConnection:
                 out.append(memoryview(buf)[run_start:run_end])
             if out:
                 await upstream.send(out[0] if len(out) == 1 else b"".join(out))
-                elapsed = trio.current_time() - now
+                elapsed = perf_counter() - started
                 for pending in sent:
-                    pending.started = elapsed  # time inside the proxy so far; the response adds its own
+                    pending.request_seconds = elapsed  # the response adds its own
             if self._stopping and splitter.idle:
                 session.stop()
             if not session.taking_requests:
@@ -277,7 +279,11 @@ class ClientConnection:
                     self.end_reason = "drained"
                     return
                 await trio.sleep_forever()  # draining: the response pump ends the connection
-            data = await self._receive_request_bytes(client, gen)
+            if splitter.frame_size:  # inside a frame whose body is still to come
+                data = await self._receive_rest_of_frame(client, gen)
+            else:
+                data = await client.receive(RECEIVE_SIZE)
+            self.bytes_in += len(data)
             if not data:
                 if not splitter.idle:
                     raise ConnectionClosed("truncated_frame", splitter.truncated())
@@ -310,20 +316,26 @@ class ClientConnection:
                 f"{wire.api_name(api_key)} v{api_version} is newer than the proxy can read; "
                 "the client ignored the versions it was offered",
             )
-        ticket = self._partial_ticket
+        ticket = self._partial_ticket  # reserved before its body was read
         if ticket is None:
-            ticket = await self._reserve(size - 4, now)
+            ticket, granted = self.runtime.pool.reserve(self.conn_id, size - 4, now, self.where)
+            if not granted:  # the pool makes this connection wait: its socket is not read meanwhile
+                await self.runtime.pool.wait_for(ticket)
         self._partial_ticket = None
         request = None
         if plan.request_hooks or plan.response_hooks:
             request = Request(buf, start, end, api_key, api_version, correlation_id, self.where, self._coordinator, now)
             if plan.request_hooks:
-                decision = await gen.check_request(request, plan.request_hooks)
+                if plan.prepare_hooks:
+                    await gen.prepare(request, plan.prepare_hooks)
+                decision = gen.check_request(request, plan.request_hooks)
                 if decision is not None:
                     await self._answer(client, gen, request, decision, ticket)
                     return False
         gate = self.runtime.gate
-        if api_key == PRODUCE and wire.produce_head(buf, start, api_version)[1] == 0:
+        if api_key == PRODUCE and (
+            request.produce_head() if request is not None else wire.produce_head(buf, start, api_version)
+        )[1] == 0:
             # acks=0: no response will come; the bytes are in hand and go out in this batch.
             self.session.forwarded_without_answer(correlation_id)
             gate.touched(self.conn_id, now)
@@ -368,26 +380,21 @@ class ClientConnection:
             await pool.wait_for(ticket)
         return ticket
 
-    async def _receive_request_bytes(self, client: Transport, gen: Generation) -> Received:
-        """The next bytes from the client. Inside a frame (its prefix read, its body
-        not), memory for the body is reserved first (KIP-72), and both the reservation
-        and the rest of the body must come within request.body.timeout.ms, so a
-        stalled sender holds neither memory nor a place in the pool's queue for long."""
+    async def _receive_rest_of_frame(self, client: Transport, gen: Generation) -> Received:
+        """More of a frame whose prefix is read and whose body is not: memory for the body
+        is reserved first (KIP-72), and both the reservation and the rest of the body must
+        come within request.body.timeout.ms, so a stalled sender holds neither memory nor a
+        place in the pool's queue for long. (The only deadline on the request path, and
+        only here: a body that arrives with its prefix needs none.)"""
         splitter = self._splitter
         size = splitter.frame_size
-        if not size:
-            data = await client.receive(RECEIVE_SIZE)
-            self.bytes_in += len(data)
-            return data
         timeout = gen.request_body_timeout_s
         waiting_for = "pool memory"
         with trio.move_on_after(timeout):
             if self._partial_ticket is None:
                 self._partial_ticket = await self._reserve(size, trio.current_time())
             waiting_for = "its body"
-            data = await client.receive(max(RECEIVE_SIZE, min(splitter.wanted, MAX_RECEIVE)))
-            self.bytes_in += len(data)
-            return data
+            return await client.receive(max(RECEIVE_SIZE, min(splitter.wanted, MAX_RECEIVE)))
         timeout_ms = round(timeout * 1000)
         decision = Decision(
             Policy.MEMORY_POOL,
@@ -420,6 +427,7 @@ class ClientConnection:
             gen = runtime.generation
             limit = gen.max_response_size[self.listener]
             now = trio.current_time()
+            started = perf_counter()
             buf = splitter.buffer
             out: list[memoryview | bytes] = []
             run_start = run_end = -1
@@ -465,7 +473,7 @@ class ClientConnection:
                 out.append(memoryview(buf)[run_start:run_end])
             if out:
                 await self._send_to_client(client, out)
-                self._delivered(delivered, now)
+                self._delivered(delivered, now, started)
             if session.state is State.DONE:
                 self.end_reason = "drained"
                 return
@@ -507,9 +515,9 @@ class ClientConnection:
             delivered.append(answered)
             out.append(answered.answer)  # type: ignore[arg-type]
         if out:
-            now = trio.current_time()
+            now, started = trio.current_time(), perf_counter()
             await self._send_to_client(client, out)
-            self._delivered(delivered, now)
+            self._delivered(delivered, now, started)
 
     async def _send_to_client(self, client: Transport, out: list[memoryview | bytes]) -> None:
         """The one way bytes reach the client. Both pumps may write (the response pump
@@ -532,14 +540,13 @@ class ClientConnection:
                 self._written.set()
                 self._written = None
 
-    def _delivered(self, delivered: list[Pending], since: float) -> None:
+    def _delivered(self, delivered: list[Pending], now: float, started: float) -> None:
         """Responses are with the client: release their memory, mark activity, time them."""
-        now = trio.current_time()
-        response_time = now - since
+        response_time = perf_counter() - started
         stats, gate, pool = self.port.stats, self.runtime.gate, self.runtime.pool
         close_after: Pending | None = None
         for pending in delivered:
-            stats.observe_latency(pending.started + response_time)
+            stats.observe_latency(pending.request_seconds + response_time)
             gate.on_response(self.conn_id, now)
             pool.release(pending.ticket, now)
             if pending.close_after and close_after is None:

@@ -54,6 +54,9 @@ class ConnectionGate:
         self._slot_freed = trio.Event()  # set (and replaced) when a waiting accept may now succeed
         self._reaper_rearm: trio.Event | None = None  # set when the idle reaper must look again
         self._reaper_idle = True  # the reaper has no deadline: wake it when a connection turns idle
+        # Per request the quotas only take a timestamp: the connection calls them directly.
+        self.on_request = quotas.on_request
+        self.touched = quotas.on_response  # activity with nothing left in flight (acks=0 Produce)
         metrics.registry.register(_CountsCollector(quotas))
 
     # -- at accept ------------------------------------------------------------------------
@@ -104,9 +107,6 @@ class ConnectionGate:
 
     # -- per request: timestamps only ---------------------------------------------------------
 
-    def on_request(self, conn_id: str, now: float) -> None:
-        self.quotas.on_request(conn_id, now)
-
     def on_response(self, conn_id: str, now: float) -> None:
         quotas = self.quotas
         quotas.on_response(conn_id, now)
@@ -117,10 +117,6 @@ class ConnectionGate:
             self._rearm_reaper()
             for decision in quotas.reclaim_excess():
                 self._carry_out(decision)
-
-    def touched(self, conn_id: str, now: float) -> None:
-        """Activity with nothing left in flight after it (acks=0 Produce)."""
-        self.quotas.on_response(conn_id, now)
 
     def on_closed(self, conn: Closable) -> None:
         self.quotas.on_closed(conn.conn_id)

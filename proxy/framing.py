@@ -115,7 +115,11 @@ class FrameSplitter:
         if len(buf) - pos < 4:
             self._need = 4
             return None
-        size = self.frame_size or self._checked_size(buf, pos, max_bytes)
+        size = self.frame_size  # a prefix already checked, whose body was still to come
+        if not size:
+            (size,) = _PREFIX.unpack_from(buf, pos)
+            if self._sniff or not 0 < size <= max_bytes:
+                size = self._checked_size(buf, pos, max_bytes)
         end = pos + 4 + size
         if end > len(buf):
             self._need = 4 + size

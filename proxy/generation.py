@@ -34,6 +34,7 @@ from .request import Request
 @dataclass(frozen=True, slots=True)
 class ApiPlan:
     request_hooks: tuple[ApiHook, ...]  # read the request (usually none: forward the bytes)
+    prepare_hooks: tuple[ApiHook, ...]  # need I/O before deciding (rare)
     response_hooks: tuple[ApiHook, ...]  # read (and may rewrite) the response
     readable: bool  # the codec knows this version (or nothing needs decoding)
 
@@ -108,13 +109,18 @@ class Generation:
             # ignored the versions it was offered. It cannot be checked, so it is not forwarded.
             # (ApiVersions is exempt: the broker answers an unknown version itself.)
             readable = not decoded or api_key == API_VERSIONS or wire.codec_knows(api_key, api_version)
-            plan = self._plans[key] = ApiPlan(requests, responses, readable)
+            prepares = tuple(h for h in requests if api_key in h.prepare_api_keys)
+            plan = self._plans[key] = ApiPlan(requests, prepares, responses, readable)
         return plan
 
-    async def check_request(self, request: Request, hooks: tuple[ApiHook, ...]) -> Decision | None:
+    async def prepare(self, request: Request, hooks: tuple[ApiHook, ...]) -> None:
+        for hook in hooks:
+            await hook.prepare(request)
+
+    def check_request(self, request: Request, hooks: tuple[ApiHook, ...]) -> Decision | None:
         """Every hook's decision is recorded (observe mode too); the first enforced one is returned."""
         for hook in hooks:
-            decision = await hook.on_request(request)
+            decision = hook.on_request(request)
             if decision is None:
                 continue
             self._recorder.record(

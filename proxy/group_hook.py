@@ -50,6 +50,7 @@ def _ms(value: Any) -> int | None:
 class GroupSizes(ApiHook):
     request_api_keys = GROUP_APIS
     decoded_api_keys = GROUP_APIS
+    prepare_api_keys = frozenset({JOIN_GROUP, CONSUMER_GROUP_HEARTBEAT})
 
     def __init__(self, policy: GroupSizePolicy) -> None:
         self.policy = policy
@@ -57,35 +58,33 @@ class GroupSizes(ApiHook):
     def reads_response(self, api_key: int, api_version: int) -> bool:
         return api_key in GROUP_APIS
 
-    async def on_request(self, request: Request) -> Decision | None:
+    async def prepare(self, request: Request) -> None:
+        """Before a join near the cap, recount the group at its coordinator (I/O: only
+        JoinGroup and a KIP-848 join, epoch 0)."""
+        body = request.body
+        if request.api_key == JOIN_GROUP:
+            await self._reconcile(request, body.group_id, GroupKind.CLASSIC)
+        elif body.member_epoch == 0:
+            await self._reconcile(request, body.group_id, GroupKind.CONSUMER)
+
+    def on_request(self, request: Request) -> Decision | None:
         api, body, now = request.api_key, request.body, request.now
         policy = self.policy
         if api == JOIN_GROUP:
-            await self._reconcile(request, body.group_id, GroupKind.CLASSIC)
-            decision, request.ticket = _temporary(
-                policy.on_join_request(
-                    body.group_id,
-                    body.member_id,
-                    getattr(body, "group_instance_id", None),
-                    now,
-                    session_timeout_ms=_ms(body.session_timeout),
-                    rebalance_timeout_ms=_ms(getattr(body, "rebalance_timeout", None)),
-                    require_known_member_id=request.api_version >= 4,
-                    protocols=hash(tuple((p.name, p.metadata) for p in body.protocols)),
-                ),
-                "group.max.size",
-                body,
+            decision, request.ticket = policy.on_join_request(
+                body.group_id,
+                body.member_id,
+                getattr(body, "group_instance_id", None),
+                now,
+                session_timeout_ms=_ms(body.session_timeout),
+                rebalance_timeout_ms=_ms(getattr(body, "rebalance_timeout", None)),
+                require_known_member_id=request.api_version >= 4,
+                protocols=hash(tuple((p.name, p.metadata) for p in body.protocols)),
             )
             return decision
         if api == CONSUMER_GROUP_HEARTBEAT:
-            if body.member_epoch == 0:  # only joins can be refused
-                await self._reconcile(request, body.group_id, GroupKind.CONSUMER)
-            decision, request.ticket = _temporary(
-                policy.on_consumer_heartbeat_request(
-                    body.group_id, body.member_id, body.member_epoch, body.instance_id, now
-                ),
-                "group.consumer.max.size",
-                body,
+            decision, request.ticket = policy.on_consumer_heartbeat_request(
+                body.group_id, body.member_id, body.member_epoch, body.instance_id, now
             )
             return decision
         if api == SYNC_GROUP:
@@ -113,8 +112,8 @@ class GroupSizes(ApiHook):
                 session_timeout_ms=_ms(req.session_timeout),
             )
         elif api_key in (SYNC_GROUP, HEARTBEAT):
-            settle = policy.on_sync_response if api_key == SYNC_GROUP else policy.on_heartbeat_response
-            settle(
+            policy.on_member_response(
+                api_key,
                 req.group_id,
                 req.member_id,
                 int(body.error_code),
@@ -122,16 +121,11 @@ class GroupSizes(ApiHook):
                 group_instance_id=instance_id,
                 generation_id=int(req.generation_id),
             )
-        elif api_key == LEAVE_GROUP:
-            if request.api_version >= 3:
-                left = [(m.member_id, m.group_instance_id) for m in body.members if int(m.error_code) == 0]
-            else:
-                left = [(req.member_id, None)] if int(body.error_code) == 0 else []
-            policy.on_leave_group(req.group_id, left, now)
         elif api_key == OFFSET_COMMIT:
             errors = [int(p.error_code) for t in body.topics for p in t.partitions if int(p.error_code)]
             generation = getattr(req, "generation_id_or_member_epoch", getattr(req, "generation_id", None))
-            policy.on_offset_commit_response(
+            policy.on_member_response(
+                OFFSET_COMMIT,
                 req.group_id,
                 getattr(req, "member_id", ""),
                 errors[0] if errors else 0,
@@ -139,6 +133,12 @@ class GroupSizes(ApiHook):
                 group_instance_id=instance_id,
                 generation_id=int(generation) if generation is not None else None,
             )
+        elif api_key == LEAVE_GROUP:
+            if request.api_version >= 3:
+                left = [(m.member_id, m.group_instance_id) for m in body.members if int(m.error_code) == 0]
+            else:
+                left = [(req.member_id, None)] if int(body.error_code) == 0 else []
+            policy.on_leave_group(req.group_id, left, now)
         elif api_key == CONSUMER_GROUP_HEARTBEAT:
             policy.on_consumer_heartbeat_response(
                 req.group_id,
@@ -188,29 +188,3 @@ class GroupSizeCollector(Collector):
             "kafka_admission_group_members", "Members per tracked group", buckets=buckets, sum_value=float(sum(sizes))
         )
 
-
-def _temporary(result: Any, key: str, body: Any) -> tuple[Decision | None, int | None]:
-    """TEMPORARY until the groups branch lands: today's Admit/Refuse/Throttle as a Decision."""
-    from policies.decision import Action, Policy
-    from policies.group_size import Admit, Throttle
-    from policies.mode import Mode
-
-    ticket = getattr(result, "ticket", None)
-    mode = Mode.ENFORCE
-    if isinstance(result, Admit):
-        observed = result.would_refuse or result.would_throttle
-        if observed is None:
-            return None, ticket
-        result, mode = observed, Mode.OBSERVE
-    throttle = isinstance(result, Throttle)
-    decision = Decision(
-        Policy.GROUP_SIZE,
-        Action.THROTTLE if throttle else Action.REFUSE,
-        mode,
-        "group.join.rate.per.minute" if throttle else key,
-        result.reason,
-        error_code=result.error_code,
-        throttle_ms=getattr(result, "throttle_ms", 0),
-        subject={"group_id": body.group_id, "member_id": body.member_id},
-    )
-    return decision, ticket

@@ -21,6 +21,7 @@ class Request:
         "_body",
         "_client_id",
         "_frame",
+        "_produce_head",
         "api_key",
         "api_version",
         "buf",
@@ -56,6 +57,7 @@ class Request:
         self._client_id: str | None = _UNREAD
         self._body: Any = _UNREAD
         self._frame: bytes | None = None
+        self._produce_head: tuple[str | None, int] | None = None
 
     @property
     def frame(self) -> bytes:
@@ -81,5 +83,7 @@ class Request:
         return wire.RequestHeader(self.api_key, self.api_version, self.correlation_id, self.client_id)
 
     def produce_head(self) -> tuple[str | None, int]:
-        """(transactional id, acks) of a Produce request, read in place."""
-        return wire.produce_head(self.buf, self.start, self.api_version)
+        """(transactional id, acks) of a Produce request, read in place (once)."""
+        if self._produce_head is None:
+            self._produce_head = wire.produce_head(self.buf, self.start, self.api_version)
+        return self._produce_head

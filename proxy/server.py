@@ -268,9 +268,7 @@ class ProxyServer:
         checked = [server_context(lst.tls) if lst.tls is not None else None for lst in config.listeners]
         upstream = upstream_context(config.upstream.tls)
         generation = self._generation(runtime.generation.number + 1, config)
-        reconfigure = getattr(self.groups, "reconfigure", None)  # TEMPORARY: lands with the groups branch
-        if reconfigure is not None:
-            reconfigure(policies.group_size_config(), Mode(policies.mode_of(policies.group_size_mode)))
+        self.groups.reconfigure(policies.group_size_config(), Mode(policies.mode_of(policies.group_size_mode)))
         runtime.pool.reconfigure(policies.socket_request_max_bytes, Mode(policies.mode_of(policies.memory_pool_mode)))
         runtime.gate.reconfigure(
             policies.connection_limits(),

@@ -50,14 +50,15 @@ class Pending:
     close_cause: str = ""
     close_reason: str = ""
     on_response: Any = None  # what the response must be shown to (a hook and its request), or None
-    started: float = 0.0  # when the request was read
+    request_seconds: float = 0.0  # time the request spent inside the proxy (read to sent)
 
 
 class Session:
-    __slots__ = ("_unanswered", "pending", "state")
+    __slots__ = ("_state", "_unanswered", "pending", "taking_requests")
 
     def __init__(self) -> None:
-        self.state = State.OPEN
+        self._state = State.OPEN
+        self.taking_requests = True  # read on every frame: an attribute, kept with the state
         self.pending: collections.deque[Pending] = collections.deque()
         self._unanswered: collections.deque[int] = collections.deque(maxlen=_UNANSWERED_KEPT)
 
@@ -66,8 +67,12 @@ class Session:
         return len(self.pending)
 
     @property
-    def taking_requests(self) -> bool:
-        return self.state is State.OPEN
+    def state(self) -> State:
+        return self._state
+
+    def _become(self, state: State) -> None:
+        self._state = state
+        self.taking_requests = state is State.OPEN
 
     def forwarded(self, request: Pending) -> None:
         """The request went to the broker; its response will come in order."""
@@ -102,8 +107,8 @@ class Session:
     def delivered(self) -> Pending:
         """The head of the line was written to the client."""
         request = self.pending.popleft()
-        if self.state is State.DRAINING and not self.pending:
-            self.state = State.DONE
+        if self._state is State.DRAINING and not self.pending:
+            self._become(State.DONE)
         return request
 
     def answers_ready(self) -> bool:
@@ -112,9 +117,9 @@ class Session:
 
     def stop(self) -> None:
         """Drain: take no more requests; done once everything taken is answered."""
-        if self.state is State.OPEN:
-            self.state = State.DRAINING if self.pending else State.DONE
+        if self._state is State.OPEN:
+            self._become(State.DRAINING if self.pending else State.DONE)
 
     def client_left(self) -> None:
         """The client closed its side: what it still awaited is not ours to deliver."""
-        self.state = State.DONE
+        self._become(State.DONE)

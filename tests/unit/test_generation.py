@@ -106,7 +106,7 @@ def test_a_version_the_codec_does_not_know_is_unreadable_only_for_apis_that_are_
 async def test_produce_with_an_over_long_transactional_id_is_answered_per_partition() -> None:
     gen, metrics = generation(**LIMITS_ON)
     request = request_of(produce_frame("t" * 250, acks=-1))
-    decision = await gen.check_request(request, gen.plan(PRODUCE, 9).request_hooks)
+    decision = gen.check_request(request, gen.plan(PRODUCE, 9).request_hooks)
     assert decision is not None and decision.action is Action.REFUSE and not decision.close_after
     response = wire.decode_response(gen.answer(request, decision), PRODUCE, 9)
     assert response.header.correlation_id == 11
@@ -118,14 +118,14 @@ async def test_produce_with_an_over_long_transactional_id_is_answered_per_partit
 async def test_acks_zero_produce_over_the_limit_closes_without_an_answer() -> None:
     gen, _ = generation(**LIMITS_ON)
     request = request_of(produce_frame("t" * 250, acks=0))
-    decision = await gen.check_request(request, gen.plan(PRODUCE, 9).request_hooks)
+    decision = gen.check_request(request, gen.plan(PRODUCE, 9).request_hooks)
     assert decision is not None and decision.action is Action.CLOSE
 
 
 async def test_an_over_long_client_id_is_answered_then_the_connection_closes() -> None:
     gen, _ = generation(**LIMITS_ON)
     request = request_of(api_versions_request("c" * 250))
-    decision = await gen.check_request(request, gen.plan(API_VERSIONS, 3).request_hooks)
+    decision = gen.check_request(request, gen.plan(API_VERSIONS, 3).request_hooks)
     assert decision is not None and decision.close_after
     assert decision.policy is Policy.IDENTIFIER_LIMITS and decision.limit_key == "resource.identifier.max.length"
     assert wire.decode_response(gen.answer(request, decision), API_VERSIONS, 3).body.error_code == 42
@@ -134,14 +134,14 @@ async def test_an_over_long_client_id_is_answered_then_the_connection_closes() -
 async def test_observe_mode_records_and_answers_nothing() -> None:
     gen, metrics = generation(**LIMITS_ON, **{"resource.identifier.limit.mode": "observe"})
     request = request_of(produce_frame("t" * 250, acks=-1))
-    assert await gen.check_request(request, gen.plan(PRODUCE, 9).request_hooks) is None
+    assert gen.check_request(request, gen.plan(PRODUCE, 9).request_hooks) is None
     assert decisions(metrics, policy="identifier_limits", mode="observe") == 1
 
 
 async def test_at_the_limit_nothing_is_decided() -> None:
     gen, metrics = generation(**LIMITS_ON)
     request = request_of(produce_frame("t" * 249, acks=-1, client_id="c" * 249))
-    assert await gen.check_request(request, gen.plan(PRODUCE, 9).request_hooks) is None
+    assert gen.check_request(request, gen.plan(PRODUCE, 9).request_hooks) is None
     assert decisions(metrics) == 0
 
 
