@@ -34,7 +34,7 @@ def admission(enabled: bool) -> RequestAdmission:
         }
     )
     metrics = Metrics()
-    audit = AuditSink(None, metrics)
+    audit = AuditSink(config.audit, metrics)
     return RequestAdmission(config.policies, metrics, audit, GroupTracking(config.policies, metrics, audit))
 
 

@@ -21,7 +21,7 @@ def admission(**policies: object) -> RequestAdmission:
         "policies": {"resource.identifier.limit.enable": True, **policies},
     })
     metrics = Metrics()
-    audit = AuditSink(None, metrics)
+    audit = AuditSink(config.audit, metrics)
     return RequestAdmission(config.policies, metrics, audit, GroupTracking(config.policies, metrics, audit))
 
 
