@@ -33,7 +33,7 @@ class ProxyServer:
     def __init__(self, config: Config) -> None:
         self.config = config
         self.metrics = Metrics()
-        self.audit = AuditSink(config.audit.path, self.metrics)
+        self.audit = AuditSink(config.audit, self.metrics)
         self.directory = BrokerDirectory(self.metrics)
         self.connector = UpstreamConnector(
             config.upstream.tls, upstream_context(config.upstream.tls), self.metrics, self.audit
