@@ -25,7 +25,6 @@ import collections
 import json
 import logging
 import os
-import queue
 import re
 import threading
 import time
@@ -53,9 +52,11 @@ class AuditSink:
     def __init__(self, settings: Audit, metrics: Metrics) -> None:
         self.instance = settings.instance
         self._dropped = metrics.audit_events_dropped
-        # None in the queue only wakes the writer (close).
-        self._queue: queue.Queue[dict[str, Any] | None] = queue.Queue(settings.queue_events)
-        metrics.audit_queue_events.set_function(self._queue.qsize)
+        self._capacity = settings.queue_events
+        # One producer (the event loop) appends, one consumer (the writer) pops: a deque's
+        # append and popleft are atomic, so the hot path takes no lock.
+        self._queue: collections.deque[dict[str, Any]] = collections.deque()
+        metrics.audit_queue_events.set_function(lambda: len(self._queue))
         out: _Output = _Directory(settings, metrics) if settings.path is not None else _Log()
         self._writer = _Writer(self._queue, out, metrics)
         self._thread = threading.Thread(target=self._writer.run, name="audit-writer", daemon=True)
@@ -65,7 +66,7 @@ class AuditSink:
     def record(self, event: dict[str, Any]) -> None:
         """Queue one v2 event (``type`` and that kind's fields); never blocks, never raises
         on disk trouble. Stamps ``schema_version``, ``instance``, and ``ts`` unless set."""
-        if self._closed:
+        if self._closed or len(self._queue) >= self._capacity:
             self._dropped.inc()
             return
         stamped = {"schema_version": SCHEMA_VERSION, **event}
@@ -73,10 +74,9 @@ class AuditSink:
         stamped["instance"] = self.instance
         if "ts" not in stamped:
             stamped["ts"] = time.time()
-        try:
-            self._queue.put_nowait(stamped)
-        except queue.Full:
-            self._dropped.inc()
+        self._queue.append(stamped)
+        if not self._writer.wake.is_set():
+            self._writer.wake.set()
 
     def emit(self, event_type: str, **fields: Any) -> None:
         """Transitional, until the request path records v2 events itself: today's
@@ -89,17 +89,14 @@ class AuditSink:
         if self._closed:
             return
         self._closed = True
-        self._writer.stopping.set()
-        try:
-            self._queue.put_nowait(None)
-        except queue.Full:
-            pass  # the writer is busy and sees ``stopping`` after this batch
+        self._writer.stopping = True
+        self._writer.wake.set()
         self._thread.join(timeout)
         if self._thread.is_alive():
             _log.warning(
                 "audit: the writer did not finish within %gs (disk stalled?); %d queued events may be lost",
                 timeout,
-                self._queue.qsize(),
+                len(self._queue),
             )
 
 
@@ -117,41 +114,40 @@ class _Output(Protocol):
 class _Writer:
     """The writer thread: drains the queue in batches into an output."""
 
-    def __init__(self, events: queue.Queue[dict[str, Any] | None], out: _Output, metrics: Metrics) -> None:
+    def __init__(self, events: collections.deque[dict[str, Any]], out: _Output, metrics: Metrics) -> None:
         self._queue = events
         self._out = out
         self._written = metrics.audit_events
         self._dropped = metrics.audit_events_dropped
-        self.stopping = threading.Event()
+        self.wake = threading.Event()  # set by record() when the writer may be asleep
+        self.stopping = False
 
     def run(self) -> None:
         self._out.start()
-        while True:
-            batch = self._take(self._out.wait_seconds())
-            try:
-                self._out.tick()
-                if batch:
-                    self._write(batch)
-            except Exception:  # a bug must not stop the evidence; the queue would only fill
-                _log.exception("audit: writer error; %d events dropped", len(batch))
-                self._dropped.inc(len(batch))
-            if self.stopping.is_set() and self._queue.empty():
-                break
+        while not (self.stopping and not self._queue):
+            self.wake.wait(self._out.wait_seconds())
+            self.wake.clear()  # before draining: an event queued after this sets it again
+            while True:
+                batch = self._take()
+                try:
+                    self._out.tick()
+                    if batch:
+                        self._write(batch)
+                except Exception:  # a bug must not stop the evidence; the queue would only fill
+                    _log.exception("audit: writer error; %d events dropped", len(batch))
+                    self._dropped.inc(len(batch))
+                if len(batch) < _BATCH:
+                    break
         self._out.finish()
 
-    def _take(self, timeout: float) -> list[dict[str, Any]]:
+    def _take(self) -> list[dict[str, Any]]:
+        batch: list[dict[str, Any]] = []
+        pop = self._queue.popleft
         try:
-            first = self._queue.get(timeout=timeout)
-        except queue.Empty:
-            return []
-        batch = [first] if first is not None else []
-        while len(batch) < _BATCH:
-            try:
-                item = self._queue.get_nowait()
-            except queue.Empty:
-                break
-            if item is not None:
-                batch.append(item)
+            while len(batch) < _BATCH:
+                batch.append(pop())
+        except IndexError:
+            pass  # drained
         return batch
 
     def _write(self, batch: list[dict[str, Any]]) -> None:
