@@ -141,14 +141,8 @@ class _Writer:
         self._out.finish()
 
     def _take(self) -> list[dict[str, Any]]:
-        batch: list[dict[str, Any]] = []
-        pop = self._queue.popleft
-        try:
-            while len(batch) < _BATCH:
-                batch.append(pop())
-        except IndexError:
-            pass  # drained
-        return batch
+        pop = self._queue.popleft  # only this thread pops, so len() is a floor
+        return [pop() for _ in range(min(len(self._queue), _BATCH))]
 
     def _write(self, batch: list[dict[str, Any]]) -> None:
         lines = [json.dumps(event, separators=(",", ":"), default=str).encode() + b"\n" for event in batch]
