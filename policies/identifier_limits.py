@@ -475,6 +475,20 @@ def check_request(
     return breaches
 
 
+def identifiers(api_key: int, api_version: int, body: object) -> Iterator[tuple[IdentifierKind, str]]:
+    """Every identifier of the kinds this policy checks in one request body, as (kind, value):
+    what an observation window records so that a limit never configured can be weighed."""
+    for rule in IDENTIFIER_FIELDS.get(api_key, ()):
+        if not rule.applies_to(api_version):
+            continue
+        kind = _kind_for(rule, body)
+        if kind is None:
+            continue
+        for _, value in _walk(body, tuple(rule.path.split(".")), ""):
+            if isinstance(value, str):
+                yield kind, value
+
+
 def decide(
     breaches: list[Breach],
     mode: Mode,
@@ -545,5 +559,6 @@ __all__ = [
     "check_transactional_id",
     "checked_api_keys",
     "decide",
+    "identifiers",
     "java_length",
 ]

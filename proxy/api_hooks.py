@@ -23,11 +23,13 @@ from policies.identifier_limits import (
     check_transactional_id,
     checked_api_keys,
     decide,
+    identifiers,
 )
 from policies.mode import Mode
 
 from . import rewrite
 from .brokers import BrokerDirectory
+from .observation_window import ObservationWindow
 from .request import Request
 
 
@@ -65,12 +67,15 @@ class IdentifierLengths(ApiHook):
 
     request_api_keys = EVERY_API
 
-    def __init__(self, limits: IdentifierLimits, mode: Mode) -> None:
+    def __init__(self, limits: IdentifierLimits, mode: Mode, window: ObservationWindow | None = None) -> None:
         self.limits = limits
         self.mode = mode
         self.decoded_api_keys = checked_api_keys() - {PRODUCE}
+        self._window = window
 
     def on_request(self, request: Request) -> Decision | None:
+        if self._window is not None:
+            self._observe(request)
         limits = self.limits
         if request.api_key == PRODUCE:
             transactional_id, acks = request.produce_head()
@@ -83,6 +88,22 @@ class IdentifierLengths(ApiHook):
             )
         breach = check_client_id(request.client_id, limits)
         return None if breach is None else decide([breach], self.mode)
+
+
+    def _observe(self, request: Request) -> None:
+        """The identifiers' lengths, for the audit's observation windows (a limit never set
+        can be weighed against them)."""
+        window, client_id = self._window, request.client_id
+        assert window is not None
+        if client_id is not None:
+            window.on_identifier("client_id", client_id, client_id)
+        if request.api_key == PRODUCE:
+            transactional_id = request.produce_head()[0]
+            if transactional_id is not None:
+                window.on_identifier("transactional_id", client_id, transactional_id)
+        elif request.api_key in self.decoded_api_keys:
+            for kind, value in identifiers(request.api_key, request.api_version, request.body):
+                window.on_identifier(kind.name.lower(), client_id, value)
 
 
 class BrokerAddresses(ApiHook):

@@ -9,11 +9,20 @@ from __future__ import annotations
 
 import difflib
 import socket
+import tempfile
 from pathlib import Path
 from typing import Any, Literal
 
 import yaml
-from pydantic import BaseModel, ConfigDict, Field, ValidationError, field_validator, model_validator
+from pydantic import (
+    BaseModel,
+    ConfigDict,
+    Field,
+    ValidationError,
+    ValidationInfo,
+    field_validator,
+    model_validator,
+)
 
 from policies.connections import ConnectionLimits
 from policies.group_size import GroupSizeConfig
@@ -295,15 +304,54 @@ class Policies(_Frozen):
         return out
 
 
-class Audit(_Frozen):
-    path: str | None = None
+class AuditWindow(_Frozen):
+    seconds: float = Field(default=60, gt=0, le=86400)
 
-    @field_validator("path")
+
+def _writable_directory(value: str | None) -> str | None:
+    """``audit.path``: a directory this process can write (created if missing)."""
+    if value is None:
+        return None
+    path = Path(value)
+    try:
+        path.mkdir(parents=True, exist_ok=True)
+    except FileExistsError:
+        raise ValueError(f"must be a directory; {value!r} is a file") from None
+    except OSError as exc:
+        raise ValueError(f"cannot create directory {value!r}: {exc.strerror}") from None
+    try:
+        # A real write, not os.access: root passes access checks on read-only mounts.
+        tempfile.TemporaryFile(dir=path).close()
+    except OSError as exc:
+        raise ValueError(f"directory {value!r} is not writable: {exc.strerror}") from None
+    return value
+
+
+class Audit(_Frozen):
+    """The evidence sink (proxy/audit.py): rotated JSON-line files in ``path``, or the log when null."""
+
+    path: str | None = None
+    # Names this proxy's files and events; default the hostname. Safe in a file name.
+    instance_id: str | None = Field(default=None, pattern=r"^[A-Za-z0-9_.-]{1,128}$")
+    max_file_bytes: int = Field(default=67108864, ge=4096, le=2**40)
+    max_file_seconds: float = Field(default=3600, gt=0, le=7 * 86400)
+    max_total_bytes: int = Field(default=1073741824, ge=4096, le=2**50)
+    queue_events: int = Field(default=65536, ge=1, le=16777216)
+    window: AuditWindow = AuditWindow()
+
+    _path = field_validator("path")(_writable_directory)
+
+    @field_validator("max_total_bytes")
     @classmethod
-    def _parent_exists(cls, value: str | None) -> str | None:
-        if value is not None and not Path(value).parent.is_dir():
-            raise ValueError(f"directory of the audit file does not exist: {value!r}")
+    def _a_file_fits_the_total(cls, value: int, info: ValidationInfo) -> int:
+        file_bytes = info.data.get("max_file_bytes")
+        if file_bytes is not None and value < file_bytes:
+            raise ValueError(f"must be >= max_file_bytes ({file_bytes}), got {value}")
         return value
+
+    @property
+    def instance(self) -> str:
+        return self.instance_id or socket.gethostname()
 
 
 class Config(_Frozen):

@@ -325,13 +325,18 @@ class ClientConnection:
         request = None
         if plan.request_hooks or plan.response_hooks:
             request = Request(buf, start, end, api_key, api_version, correlation_id, self.where, self._coordinator, now)
-            if plan.request_hooks:
-                if plan.prepare_hooks:
-                    await gen.prepare(request, plan.prepare_hooks)
-                decision = gen.check_request(request, plan.request_hooks)
-                if decision is not None:
-                    await self._answer(client, gen, request, decision, ticket)
-                    return False
+        client_id = None
+        window = self.runtime.window
+        if window is not None:  # the audit's observation windows: sizes per client id and API
+            client_id = request.client_id if request is not None else wire.peek_client_id(buf, start)
+            window.on_request(self.listener, client_id, wire.api_name(api_key), size)
+        if request is not None and plan.request_hooks:
+            if plan.prepare_hooks:
+                await gen.prepare(request, plan.prepare_hooks)
+            decision = gen.check_request(request, plan.request_hooks)
+            if decision is not None:
+                await self._answer(client, gen, request, decision, ticket)
+                return False
         gate = self.runtime.gate
         if api_key == PRODUCE and (
             request.produce_head() if request is not None else wire.produce_head(buf, start, api_version)
@@ -341,7 +346,7 @@ class ClientConnection:
             gate.touched(self.conn_id, now)
             self.runtime.pool.release(ticket, now)
             return True
-        pending = Pending(correlation_id, api_key, api_version, size, ticket)
+        pending = Pending(correlation_id, api_key, api_version, size, ticket, client_id=client_id)
         if plan.response_hooks:
             pending.on_response = (request, plan.response_hooks)
         self.session.forwarded(pending)
@@ -363,6 +368,7 @@ class ClientConnection:
             request.end - request.start,
             ticket,
             answer=gen.answer(request, decision),
+            client_id=request.client_id,
             close_after=decision.close_after,
             close_cause=decision.policy.value,
             close_reason=decision.reason,
@@ -443,6 +449,8 @@ class ClientConnection:
                     break
                 start, end = span
                 pending = session.on_response(wire.response_correlation_id(buf, start))
+                if pending is not None:
+                    pending.response_size = end - start
                 if pending is not None and pending.on_response is None:
                     if run_end != start:
                         if run_start >= 0:
@@ -460,6 +468,7 @@ class ClientConnection:
                     changed = await gen.on_response(request, hooks, frame)
                     if changed is not None:
                         rewritten.labels(self.listener, wire.api_name(pending.api_key)).inc()
+                        pending.response_size = len(changed)
                     out.append(changed if changed is not None else frame)
                 delivered.append(session.delivered())
                 while session.answers_ready():  # the proxy's own answers queued behind it
@@ -543,10 +552,13 @@ class ClientConnection:
     def _delivered(self, delivered: list[Pending], now: float, started: float) -> None:
         """Responses are with the client: release their memory, mark activity, time them."""
         response_time = perf_counter() - started
-        stats, gate, pool = self.port.stats, self.runtime.gate, self.runtime.pool
+        stats, gate, pool, window = self.port.stats, self.runtime.gate, self.runtime.pool, self.runtime.window
         close_after: Pending | None = None
         for pending in delivered:
             stats.observe_latency(pending.request_seconds + response_time)
+            if window is not None:
+                size = pending.response_size or len(pending.answer or b"")
+                window.on_response(self.listener, pending.client_id, wire.api_name(pending.api_key), size)
             gate.on_response(self.conn_id, now)
             pool.release(pending.ticket, now)
             if pending.close_after and close_after is None:
@@ -591,7 +603,12 @@ class ClientConnection:
 
     def _lifecycle(self, event: str) -> None:
         """Connection open and close, for the audit (only when it writes files)."""
-        audit = self.runtime.audit
+        audit, window = self.runtime.audit, self.runtime.window
+        if window is not None:
+            if event == "open":
+                window.on_connection_open(self.listener, self.tls)
+            else:
+                window.on_connection_close(self.listener, self.tls)
         if not audit.writes_files:
             return
         record: dict[str, object] = {

@@ -28,6 +28,7 @@ from .config import Config, Listener
 from .decisions import DecisionRecorder
 from .error_responses import build_error_frame
 from .group_hook import GroupSizes
+from .observation_window import ObservationWindow
 from .request import Request
 
 
@@ -53,6 +54,7 @@ class Generation:
         groups: GroupSizePolicy,
         directory: BrokerDirectory,
         recorder: DecisionRecorder,
+        window: ObservationWindow | None = None,
     ) -> None:
         self.number = number
         self.config = config
@@ -67,7 +69,7 @@ class Generation:
         identifiers = policies.identifier_limits()
         if identifiers.enabled:
             mode = Mode(policies.mode_of(policies.resource_identifier_limit_mode))
-            hooks.append(IdentifierLengths(identifiers, mode))
+            hooks.append(IdentifierLengths(identifiers, mode, window))
         group_config = policies.group_size_config()
         # Tracking costs decoding group traffic: only when a limit is set.
         if (
@@ -75,7 +77,7 @@ class Generation:
             or group_config.group_consumer_max_size < INT_MAX
             or group_config.join_rate_per_minute > 0
         ):
-            hooks.append(GroupSizes(groups))
+            hooks.append(GroupSizes(groups, window))
         self.rewrites = config.mode == "cluster"
         if self.rewrites:
             hooks.append(BrokerAddresses(directory, {lst.name: _address_of(lst) for lst in config.listeners}))

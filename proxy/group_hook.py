@@ -32,11 +32,13 @@ from policies.group_size import GroupKind, GroupSizePolicy
 
 from .api_hooks import ApiHook
 from .group_reconcile import describe_group
+from .observation_window import ObservationWindow
 from .request import Request
 
 log = logging.getLogger("kafka_admission_proxy.groups")
 
 GROUP_APIS = frozenset({OFFSET_COMMIT, JOIN_GROUP, HEARTBEAT, LEAVE_GROUP, SYNC_GROUP, CONSUMER_GROUP_HEARTBEAT})
+_JOINS = frozenset({JOIN_GROUP, CONSUMER_GROUP_HEARTBEAT})
 _KNOWN_STATES = {
     GroupKind.CLASSIC: {"Empty", "PreparingRebalance", "CompletingRebalance", "Stable", "Dead"},
     GroupKind.CONSUMER: {"empty", "assigning", "reconciling", "stable", "dead"},
@@ -52,8 +54,9 @@ class GroupSizes(ApiHook):
     decoded_api_keys = GROUP_APIS
     prepare_api_keys = frozenset({JOIN_GROUP, CONSUMER_GROUP_HEARTBEAT})
 
-    def __init__(self, policy: GroupSizePolicy) -> None:
+    def __init__(self, policy: GroupSizePolicy, window: ObservationWindow | None = None) -> None:
         self.policy = policy
+        self._window = window
 
     def reads_response(self, api_key: int, api_version: int) -> bool:
         return api_key in GROUP_APIS
@@ -150,6 +153,10 @@ class GroupSizes(ApiHook):
                 instance_id=req.instance_id,
                 ticket=request.ticket,
             )
+        if self._window is not None and api_key in _JOINS:
+            view = policy.view(req.group_id)
+            if view is not None:
+                self._window.on_group_size(req.group_id, view.kind.value, view.members)
         return body
 
     async def _reconcile(self, request: Request, group_id: str, kind: GroupKind) -> None:

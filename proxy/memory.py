@@ -17,14 +17,18 @@ from policies.mode import Mode
 
 from .decisions import DecisionRecorder, Where
 from .metrics import Metrics
+from .observation_window import ObservationWindow
 
 log = logging.getLogger("kafka_admission_proxy.memory")
 
 
 class PoolGate:
-    def __init__(self, pool: MemoryPool, metrics: Metrics, recorder: DecisionRecorder) -> None:
+    def __init__(
+        self, pool: MemoryPool, metrics: Metrics, recorder: DecisionRecorder, window: ObservationWindow | None
+    ) -> None:
         self.pool = pool
         self._recorder = recorder
+        self._window = window
         self._woken: dict[int, trio.Event] = {}
         metrics.registry.register(_PoolCollector(pool))
 
@@ -35,6 +39,8 @@ class PoolGate:
         if decision is None:
             return ticket, True
         self._recorder.record(decision, where, size=size)
+        if self._window is not None:
+            self._window.on_pool(self.pool.used, waited=True)
         if not decision.enforced:
             return ticket, True
         self._woken[ticket] = trio.Event()

@@ -141,6 +141,22 @@ class Metrics:
         self.audit_events = Counter(
             "kafka_admission_audit_events", "Audit events written, by type", ("type",), registry=r
         )
+        self.audit_events_dropped = Counter(
+            "kafka_admission_audit_events_dropped",
+            "Audit events lost: the queue was full (the writer fell behind) or the disk refused the write",
+            registry=r,
+        )
+        self.audit_files_deleted = Counter(
+            "kafka_admission_audit_files_deleted",
+            "Finished audit files of this instance deleted, oldest first, to stay within audit.max_total_bytes",
+            registry=r,
+        )
+        self.audit_bytes_written = Counter(
+            "kafka_admission_audit_bytes_written", "Bytes of audit JSON lines written to files", registry=r
+        )
+        self.audit_queue_events = Gauge(
+            "kafka_admission_audit_queue_events", "Audit events queued for the writer now", registry=r
+        )
 
 
 class TrafficStats:

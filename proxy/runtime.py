@@ -13,6 +13,7 @@ from .decisions import DecisionRecorder
 from .generation import Generation
 from .memory import PoolGate
 from .metrics import Metrics
+from .observation_window import ObservationWindow
 from .upstream import UpstreamConnector
 
 
@@ -25,3 +26,4 @@ class Runtime:
     recorder: DecisionRecorder
     metrics: Metrics
     audit: AuditSink
+    window: ObservationWindow | None  # the audit's observation windows (audit to files only)

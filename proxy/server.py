@@ -5,6 +5,7 @@ reload (a new generation swapped in by one reference), and a graceful shutdown
 from __future__ import annotations
 
 import logging
+import time
 from dataclasses import dataclass
 
 import trio
@@ -27,6 +28,7 @@ from .group_hook import GroupSizeCollector
 from .listener import ListenerRuntime
 from .memory import PoolGate
 from .metrics import Metrics
+from .observation_window import ObservationWindow
 from .runtime import Runtime
 from .tls import load_server_settings, server_context, upstream_context
 from .upstream import UpstreamConnector, UpstreamUnavailable
@@ -37,6 +39,7 @@ log = logging.getLogger("kafka_admission_proxy.server")
 READY_PROBE_TIMEOUT_S = 8.0
 _GROUP_EXPIRY_INTERVAL_S = 1.0
 _READY_RETRY_MAX_S = 30.0
+_ROWS_PER_SLICE = 1000
 
 # What a reload cannot change on a running proxy: sockets are bound, the pool is sized.
 _RESTART_SECTIONS = ("mode", "admin", "audit")
@@ -76,6 +79,12 @@ class ProxyServer:
         connector = UpstreamConnector(config.upstream.tls, upstream_context(config.upstream.tls), metrics, recorder)
         self.groups = GroupSizePolicy(policies.group_size_config(), Mode(policies.mode_of(policies.group_size_mode)))
         metrics.registry.register(GroupSizeCollector(self.groups))
+        # Observation windows are evidence for the report: kept when the audit writes files.
+        self.window = (
+            ObservationWindow(time.time(), pool_capacity_bytes=policies.queued_max_request_bytes)
+            if self.audit.writes_files
+            else None
+        )
         pool = PoolGate(
             MemoryPool(
                 policies.queued_max_request_bytes,
@@ -85,6 +94,7 @@ class ProxyServer:
             ),
             metrics,
             recorder,
+            self.window,
         )
         gate = ConnectionGate(
             ConnectionQuotas(
@@ -104,6 +114,7 @@ class ProxyServer:
             recorder=recorder,
             metrics=metrics,
             audit=self.audit,
+            window=self.window,
         )
         bootstrap = config.upstream.addresses()
         self.listeners = [
@@ -121,7 +132,9 @@ class ProxyServer:
         self._cancel = trio.CancelScope()
 
     def _generation(self, number: int, config: Config) -> Generation:
-        return Generation(number, config, groups=self.groups, directory=self.directory, recorder=self.recorder)
+        return Generation(
+            number, config, groups=self.groups, directory=self.directory, recorder=self.recorder, window=self.window
+        )
 
     async def readiness_problems(self) -> list[str]:
         problems = [f"listener {lst.name} is not bound" for lst in self.listeners if not lst.bound]
@@ -147,6 +160,8 @@ class ProxyServer:
                 async with trio.open_nursery() as nursery:
                     nursery.start_soon(self.runtime.gate.reap_idle)
                     nursery.start_soon(self._expire_groups)
+                    if self.window is not None:
+                        nursery.start_soon(self._roll_windows)
                     for listener in self.listeners:
                         await nursery.start(listener.run)
                     # Admin last: once it answers, every listener is bound.
@@ -170,6 +185,9 @@ class ProxyServer:
                         await nursery.start(self._watcher.run)
                     task_status.started(self)
             finally:
+                if self.window is not None:
+                    for row in self._finished_window():  # the last, partial window
+                        self.audit.record(row)
                 self.audit.close()
 
     async def _files_changed(self, paths: frozenset[str]) -> None:
@@ -187,6 +205,22 @@ class ProxyServer:
                 delay = min(delay * 2, _READY_RETRY_MAX_S)
                 problems = await self.readiness_problems()
         log.info("proxy ready")
+
+    async def _roll_windows(self) -> None:
+        """Every audit.window.seconds, the finished observation window becomes audit rows
+        (recorded in slices, so a window of many keys does not hold up the requests)."""
+        while True:
+            await trio.sleep(self.config.audit.window.seconds)
+            rows = self._finished_window()
+            for start in range(0, len(rows), _ROWS_PER_SLICE):
+                for row in rows[start : start + _ROWS_PER_SLICE]:
+                    self.audit.record(row)
+                await trio.lowlevel.checkpoint()
+
+    def _finished_window(self) -> list[dict[str, object]]:
+        assert self.window is not None
+        self.window.on_pool(self.runtime.pool.pool.reset_window_high_water_mark(trio.current_time()))
+        return self.window.roll(time.time())
 
     async def _expire_groups(self) -> None:
         """Session expiry and idle-group eviction: bounded memory, counts that follow the coordinator."""

@@ -51,6 +51,8 @@ class Pending:
     close_reason: str = ""
     on_response: Any = None  # what the response must be shown to (a hook and its request), or None
     request_seconds: float = 0.0  # time the request spent inside the proxy (read to sent)
+    client_id: str | None = None  # for the observation windows (read only when they are kept)
+    response_size: int = 0
 
 
 class Session:

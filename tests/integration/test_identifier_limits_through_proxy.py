@@ -17,7 +17,9 @@ from confluent_kafka.admin import (
     ResourceType,
 )
 
+from tests.audit_files import read_events
 from tests.clients import GROUP_CONF, create_topic, produce
+from tests.conftest import wait_until
 
 LIMITS = {"resource.identifier.limit.enable": True}
 
@@ -124,7 +126,7 @@ def test_a_transactional_producer_with_a_250_character_transactional_id_is_refus
 
 
 def test_observe_mode_lets_the_over_long_group_through_and_audits_it(tansu, start_proxy, tmp_path) -> None:  # type: ignore[no-untyped-def]
-    audit = tmp_path / "audit.jsonl"
+    audit = tmp_path / "audit"
     proxy = start_proxy(
         tansu.bootstrap,
         policies={**LIMITS, "resource.identifier.limit.mode": "observe"},
@@ -134,5 +136,5 @@ def test_observe_mode_lets_the_over_long_group_through_and_audits_it(tansu, star
     create_topic(proxy.bootstrap, topic)
     assert produce(proxy.bootstrap, topic, 3, **{"client.id": long_name(250)}) == 3
     assert proxy.metric("kafka_admission_decisions_total", policy="identifier_limits", mode="observe") >= 1
-    events = [line for line in audit.read_text().splitlines() if '"policy":"identifier_limits"' in line]
-    assert events and '"mode":"observe"' in events[0] and '"identifier_kind":"client_id"' in events[0]
+    events = wait_until(lambda: [e for e in read_events(audit) if e.get("policy") == "identifier_limits"])
+    assert events[0]["mode"] == "observe" and events[0]["identifier_kind"] == "client_id"

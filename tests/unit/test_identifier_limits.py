@@ -387,3 +387,13 @@ def test_observe_mode_decides_the_same_and_is_not_enforced() -> None:
     assert enforced is not None and observed is not None
     assert observed == dataclasses.replace(enforced, mode=Mode.OBSERVE)
     assert enforced.enforced and not observed.enforced
+
+
+def test_identifiers_lists_every_checked_identifier_of_a_body_with_its_kind() -> None:
+    from policies.identifier_limits import identifiers
+
+    body = make_request(11, 9, {"group_id": "orders", "member_id": "m-1", "group_instance_id": None})
+    found = dict(identifiers(11, 9, body))
+    assert found[IdentifierKind.GROUP_ID] == "orders"
+    assert found[IdentifierKind.CLASSIC_MEMBER_ID] == "m-1"
+    assert IdentifierKind.GROUP_INSTANCE_ID not in found  # null: nothing to measure
