@@ -24,7 +24,7 @@ def test_the_proxy_writes_valid_v2_audit_files_named_for_its_instance(tansu, sta
     assert events[0]["policy"] == "identifier_limits" and events[0]["mode"] == "observe"
     assert proxy.metric("kafka_admission_audit_events_total", type="decision") >= 1
     assert proxy.metric("kafka_admission_audit_events_dropped_total") == 0
-    breaches = proxy.metric("kafka_admission_identifier_breaches_total", kind="client_id")
+    decided = proxy.metric("kafka_admission_decisions_total", policy="identifier_limits")
     proxy.stop()
     assert proxy.returncode == 0, proxy.log()
     # ... and finished when it stops: no .open file left, every line a valid v2 event.
@@ -34,4 +34,6 @@ def test_the_proxy_writes_valid_v2_audit_files_named_for_its_instance(tansu, sta
     assert_valid(everything)
     assert {e["instance"] for e in everything} == {"proxy-it-1"}
     # One event per decision: as many as the metric counted (nothing queued was lost at stop).
-    assert len([e for e in everything if e.get("identifier_kind") == "client_id"]) == breaches
+    assert len([e for e in everything if e["type"] == "decision"]) == decided > 0
+    # The lifecycle of each connection and the last observation window are there too.
+    assert {e["type"] for e in everything} == {"decision", "connection", "window"}
