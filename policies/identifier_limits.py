@@ -104,6 +104,9 @@ class IdentifierKind(enum.Enum):
     OFFSET_METADATA = "offset commit metadata"
 
 
+IDENTIFIER_KEPT: Final = 300  # characters of a breaching identifier an audit event keeps
+
+
 class BreachReason(enum.Enum):
     TOO_LONG = "too_long"
     INVALID_CHARACTERS = "invalid_characters"  # topic names only
@@ -349,6 +352,7 @@ class Breach:
     error_code: int
     reason: BreachReason = BreachReason.TOO_LONG
     message: str = field(default="", compare=False)
+    value: str = field(default="", compare=False)  # the identifier itself (the audit names it)
 
     @property
     def element_path(self) -> str:
@@ -386,18 +390,20 @@ def _check_value(kind: IdentifierKind, path: str, value: str, limits: Identifier
         # Kafka's Topic.validate order: empty, "." / "..", length, characters.
         if value in ("", ".", ".."):
             message = f"topic name ({path}) {value!r} is illegal: it cannot be empty, '.' or '..'"
-            return Breach(kind, path, length, limit, code, BreachReason.ILLEGAL_NAME, message)
+            return Breach(kind, path, length, limit, code, BreachReason.ILLEGAL_NAME, message, value)
         if length > limit:
-            return Breach(kind, path, length, limit, code, BreachReason.TOO_LONG, _message(kind, path, length, limit))
+            message = _message(kind, path, length, limit)
+            return Breach(kind, path, length, limit, code, BreachReason.TOO_LONG, message, value)
         if not _LEGAL_TOPIC.fullmatch(value):
             message = (
                 f"topic name ({path}) is illegal: it contains a character other than "
                 "ASCII alphanumerics, '.', '_' and '-'"
             )
-            return Breach(kind, path, length, limit, code, BreachReason.INVALID_CHARACTERS, message)
+            return Breach(kind, path, length, limit, code, BreachReason.INVALID_CHARACTERS, message, value)
         return None
     if length > limit:
-        return Breach(kind, path, length, limit, code, BreachReason.TOO_LONG, _message(kind, path, length, limit))
+        message = _message(kind, path, length, limit)
+        return Breach(kind, path, length, limit, code, BreachReason.TOO_LONG, message, value)
     return None
 
 
@@ -509,6 +515,7 @@ def decide(
     subject = {
         "identifier_kind": first.kind.name.lower(),
         "identifier_length": first.length,
+        "identifier": first.value[:IDENTIFIER_KEPT],
         "breaches": [
             {"kind": b.kind.name.lower(), "path": b.path, "length": b.length, "limit": b.limit} for b in breaches
         ],

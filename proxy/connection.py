@@ -105,14 +105,11 @@ class ClientConnection:
         self.bytes_in = 0
         self.bytes_out = 0
         self.end_reason = "client_closed"
+        self.first_client_id: str | None = None
         self._partial_ticket: int | None = None  # pool memory of the frame being read (KIP-72)
         self._client: Transport | None = None
 
     # -- from outside: the gate and the server --------------------------------------
-
-    @property
-    def busy(self) -> bool:
-        return self.session.in_flight > 0
 
     def close_now(self, cause: str, reason: str) -> None:
         """Close from outside (eviction, idle expiry, a lowered limit; the gate records it)."""
@@ -330,6 +327,8 @@ class ClientConnection:
         if window is not None:  # the audit's observation windows: sizes per client id and API
             client_id = request.client_id if request is not None else wire.peek_client_id(buf, start)
             window.on_request(self.listener, client_id, wire.api_name(api_key), size)
+            if self.requests == 1:
+                self.first_client_id = client_id  # names the client in the connection's close event
         if request is not None and plan.request_hooks:
             if plan.prepare_hooks:
                 await gen.prepare(request, plan.prepare_hooks)
@@ -626,6 +625,7 @@ class ClientConnection:
                 requests=self.requests,
                 bytes_in=self.bytes_in,
                 bytes_out=self.bytes_out,
+                client_id=self.first_client_id,
             )
         audit.record(record)
 

@@ -32,10 +32,9 @@ from __future__ import annotations
 from collections.abc import Callable
 from typing import Any, Generic, TypeVar
 
-from policies.identifier_limits import java_length
+from policies.identifier_limits import IDENTIFIER_KEPT, java_length
 
 DEFAULT_MAX_KEYS = 10_000
-IDENTIFIER_CUT = 300  # characters of the longest identifier kept in its row
 
 _K = TypeVar("_K")
 
@@ -121,7 +120,7 @@ class ObservationWindow:
         length = java_length(value)
         if length > slot[0]:
             slot[0] = length
-            slot[1] = value[:IDENTIFIER_CUT]
+            slot[1] = value[:IDENTIFIER_KEPT]
 
     def on_pool(self, in_flight_bytes: int, waited: bool = False) -> None:
         self._pool_in_flight = in_flight_bytes

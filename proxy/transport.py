@@ -79,14 +79,6 @@ class SocketTransport:
             except OSError as exc:
                 raise trio.BrokenResourceError(f"send failed: {exc!r}") from exc
 
-    async def peek(self, max_bytes: int) -> bytes:
-        """The first bytes that arrive, left in the socket (to look before a TLS handshake)."""
-        while True:
-            try:
-                return self.sock.recv(max_bytes, socket.MSG_PEEK)
-            except BlockingIOError:
-                await trio.lowlevel.wait_readable(self.sock)
-
     async def aclose(self) -> None:
         trio.lowlevel.notify_closing(self.sock)
         self.sock.close()

@@ -20,6 +20,7 @@ import pytest
 from confluent_kafka.admin import AdminClient  # type: ignore[attr-defined]
 from kio.index import load_request_schema
 
+from policies.api_keys import METADATA
 from proxy import wire
 from proxy.apache_kafka import ApacheKafkaBroker
 from tests.apache_kafka.conftest import LIMITED_SOURCE, LIMITS, ConformanceRows
@@ -227,14 +228,14 @@ def connections_over_max_connections_per_ip(bootstrap: str) -> list[str]:
 def _metadata_request_of_size(size: int) -> tuple[bytes, int]:
     """A valid Metadata v12 request whose frame is exactly ``size`` bytes after the length prefix
     (padded with topic names; Kafka strings are at most 32767 bytes, so one long name will not do)."""
-    module = _request_module(wire.METADATA, 12)
+    module = _request_module(METADATA, 12)
 
     def build(names: list[str]) -> bytes:
         topics = tuple(module.MetadataRequestTopic(topic_id=uuid.UUID(int=0), name=n) for n in names)
         body = module.MetadataRequest(
             topics=topics, allow_auto_topic_creation=False, include_topic_authorized_operations=False,
         )
-        return frame(wire.METADATA, 12, 3, body)
+        return frame(METADATA, 12, 3, body)
 
     # distinct names of 100 bytes (a 1-byte length each) until the size is reached, then the
     # last one trimmed, or dropped and the one before lengthened, to hit it exactly
@@ -260,7 +261,7 @@ def requests_over_socket_request_max_bytes(bootstrap: str) -> list[str]:
             request, topics = _metadata_request_of_size(size)
             conn.send(request)
             try:
-                response = wire.decode_response(conn.read_frame(), wire.METADATA, 12).body
+                response = wire.decode_response(conn.read_frame(), METADATA, 12).body
                 named = len(response.topics)
                 every = "every topic" if named == topics else f"{named} of {topics} topics"
                 seen.append(f"request of {size} bytes: answered ({every} named)")
