@@ -42,4 +42,4 @@ def test_a_plaintext_proxy_in_front_of_the_ssl_listener_names_the_mismatch(
     assert expected in proxy.log()
     status, body = proxy.get("/readyz")
     assert status == 503 and expected in body
-    assert proxy.metric("kafka_admission_protocol_mismatches_total", direction="upstream", kind="tls_on_plaintext") >= 1
+    assert proxy.metric("kafka_admission_decisions_total", policy="protocol", limit="upstream_tls_on_plaintext") >= 1

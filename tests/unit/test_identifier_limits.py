@@ -326,6 +326,7 @@ def test_a_client_id_over_the_limit_refuses_the_request_and_closes_after_the_ans
         subject={
             "identifier_kind": "client_id",
             "identifier_length": 251,
+            "identifier": "c" * 251,
             "breaches": [
                 {"kind": "client_id", "path": "header.client_id", "length": 251, "limit": 249},
                 {"kind": "group_id", "path": "groups[1]", "length": 250, "limit": 249},
@@ -347,6 +348,14 @@ def test_a_breach_in_an_element_refuses_with_its_own_code_and_keeps_the_connecti
     assert decision.element_errors == {"topics[1]": (17, breaches[0].message)}
     assert decision.subject["identifier_kind"] == "topic_name"
     assert decision.subject["identifier_length"] == 8
+    assert decision.subject["identifier"] == "bad/name"
+
+
+def test_an_audit_event_keeps_the_first_300_characters_of_the_identifier() -> None:
+    breach = check_transactional_id("t" * 400, ON)
+    assert breach is not None and breach.value == "t" * 400
+    decision = decide([breach], Mode.OBSERVE)
+    assert decision is not None and decision.subject["identifier"] == "t" * 300
 
 
 def test_the_configured_error_code_is_answered_for_kip_1233_identifiers() -> None:
@@ -373,6 +382,7 @@ def test_a_request_that_expects_no_response_closes_the_connection() -> None:
         subject={
             "identifier_kind": "transactional_id",
             "identifier_length": 250,
+            "identifier": "t" * 250,
             "breaches": [{"kind": "transactional_id", "path": "transactional_id", "length": 250, "limit": 249}],
         },
     )
