@@ -247,8 +247,11 @@ class ProxyServer:
             log.exception("config reload failed; the running config stays")
             metrics.config_reloads.labels("error").inc()
             return ReloadOutcome("error")
-        metrics.config_reloads.labels("restart_required" if outcome.refused else "success").inc()
-        metrics.config_last_reload_success.set_to_current_time()
+        if outcome.refused:  # the rest applied, but the file is not what runs
+            metrics.config_reloads.labels("restart_required").inc()
+        else:
+            metrics.config_reloads.labels("success").inc()
+            metrics.config_last_reload_success.set_to_current_time()
         export_certificate_expiry(self.config.tls_files(), metrics.certificate_expiry)
         if self._watcher is not None:
             self._watcher.set_paths([self.config_path, *certificate_files(self.config.tls_files())])
