@@ -235,6 +235,8 @@ class ProxyServer:
         if self.config_path is None:
             log.warning("config reload ignored: the proxy was not started from a config file")
             return ReloadOutcome("unchanged")
+        if self._watcher is not None:
+            self._watcher.mark_read()  # after a SIGHUP, the watcher must not reload the same edit again
         try:
             new = load_config(self.config_path)
         except ConfigError as exc:

@@ -141,3 +141,27 @@ async def test_set_paths_watches_the_files_a_reload_names(tmp_path: Path, autoju
         await trio.sleep(10)
         assert calls.changes == [frozenset({str(new_cert)})]
         nursery.cancel_scope.cancel()
+
+
+async def test_a_change_already_read_is_not_reported_again(tmp_path: Path, autojump_clock: object) -> None:
+    # A SIGHUP reload reads the edited file and marks it read: the watcher, which saw the
+    # edit too (before its poll, or while letting it settle), must not reload it once more.
+    config = tmp_path / "config.yaml"
+    config.write_text("a: 1\n")
+    calls = Calls()
+    watcher = FileWatcher([str(config)], calls)
+    async with trio.open_nursery() as nursery:
+        await watch(watcher, nursery)
+        await trio.sleep(0.5)
+        config.write_text("a: 22\n")
+        watcher.mark_read()  # before the next poll
+        await trio.sleep(10)
+        config.write_text("a: 333\n")
+        await trio.sleep(1.2)  # polled at 11 s and seen: settling until 12 s
+        watcher.mark_read()
+        await trio.sleep(10)
+        assert calls.changes == []
+        config.write_text("a: 4444\n")  # a later edit is reported
+        await trio.sleep(10)
+        assert calls.changes == [frozenset({str(config)})]
+        nursery.cancel_scope.cancel()
