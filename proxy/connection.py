@@ -42,6 +42,7 @@ from .metrics import TrafficStats
 from .request import Request
 from .runtime import Runtime
 from .session import Pending, Session, State, UnexpectedResponse
+from .tls import TlsTermination
 from .transport import SocketTransport, StreamTransport, Transport, stdlib_socket
 from .upstream import UpstreamLink, UpstreamUnavailable
 from .wire import Received
@@ -73,7 +74,7 @@ class Port:
     """What a connection needs from the port it was accepted on."""
 
     listener: str
-    ssl_context: ssl.SSLContext | None
+    tls: TlsTermination | None
     upstream_name: str
     connect: Callable[[], Awaitable[UpstreamLink]]
     stats: TrafficStats
@@ -91,7 +92,7 @@ class ClientConnection:
             self.peer, self.peer_ip = "unknown", "unknown"
         self.listener = port.listener
         self.conn_id = f"{port.listener}-{next(_ids)}"
-        self.tls = port.ssl_context is not None
+        self.tls = port.tls is not None
         self.where = Where(port.listener, self.peer, self.conn_id, self.tls)
         self.session = Session()
         self.upstream_address = "unconnected"
@@ -185,12 +186,12 @@ class ClientConnection:
     # -- before the first request -------------------------------------------------------
 
     async def _client_stream(self) -> Transport:
-        context = self.port.ssl_context
-        if context is None:
+        termination = self.port.tls
+        if termination is None:
             self._client = SocketTransport(stdlib_socket(self._tcp))
             return self._client
         await self._expect_client_hello()
-        stream = trio.SSLStream(self._tcp, context, server_side=True)
+        stream = trio.SSLStream(self._tcp, termination.context, server_side=True)
         try:
             with trio.fail_after(HANDSHAKE_TIMEOUT_S):
                 await stream.do_handshake()

@@ -15,6 +15,7 @@ Wiring (the server's reload)::
     watcher = FileWatcher([config_path, *certificate_files(config.tls_files())], on_change)
     await nursery.start(watcher.run)
     # on_change(paths): reload; then watcher.set_paths([config_path, *certificate_files(new.tls_files())])
+    # a reload by SIGHUP first calls watcher.mark_read(), so the watcher does not reload the same files again
 """
 
 from __future__ import annotations
@@ -75,6 +76,11 @@ class FileWatcher:
         Paths already watched keep their last stamp; new ones start from what is there now."""
         wanted = set(paths)
         self._stamps = {p: self._stamps.get(p) or stamp_of(p) for p in sorted(wanted)}
+
+    def mark_read(self) -> None:
+        """The files as they are now are being read (a reload by SIGHUP): report only later
+        changes, not one the reload takes in (also when it is settling right now)."""
+        self._stamps = self._snapshot()
 
     def _snapshot(self) -> dict[str, FileStamp]:
         return {path: stamp_of(path) for path in self._stamps}

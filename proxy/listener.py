@@ -9,7 +9,6 @@ from __future__ import annotations
 
 import errno
 import logging
-import ssl
 from collections.abc import Awaitable, Callable
 
 import trio
@@ -18,6 +17,7 @@ from .brokers import BrokerDirectory
 from .config import Listener
 from .connection import ClientConnection, Port
 from .runtime import Runtime
+from .tls import TlsTermination
 from .upstream import UpstreamLink, UpstreamUnavailable
 
 log = logging.getLogger("kafka_admission_proxy.listener")
@@ -39,7 +39,7 @@ class ListenerRuntime:
         directory: BrokerDirectory,
         bootstrap: list[tuple[str, int]],
         rewrites: bool,
-        ssl_context: ssl.SSLContext | None,
+        tls: TlsTermination | None,
     ) -> None:
         self.config = config
         self.name = config.name
@@ -47,9 +47,9 @@ class ListenerRuntime:
         self._directory = directory
         self._bootstrap = bootstrap
         self._rewrites = rewrites
-        self.ssl_context = ssl_context
+        self.tls = tls
         self._stats = runtime.metrics.traffic_of(config.name)
-        self._tls_label = "true" if ssl_context is not None else "false"
+        self._tls_label = "true" if tls is not None else "false"
         self.connections: set[ClientConnection] = set()
         self._node_ports: set[int] = set()
         self._acceptors: trio.Nursery | None = None
@@ -58,7 +58,7 @@ class ListenerRuntime:
         self.bound = False
 
     def _port(self, upstream_name: str, connect: Callable[[], Awaitable[UpstreamLink]]) -> Port:
-        return Port(self.name, self.ssl_context, upstream_name, connect, self._stats)
+        return Port(self.name, self.tls, upstream_name, connect, self._stats)
 
     async def run(self, *, task_status: trio.TaskStatus[None] = trio.TASK_STATUS_IGNORED) -> None:
         """Bind the bootstrap port (then node ports as brokers are learned) and serve

@@ -69,7 +69,7 @@ class Metrics:
         self.build_info.labels(package_version(), platform.python_version(), trio.__version__).set(1)
         self.config_reloads = Counter(
             "kafka_admission_config_reloads",
-            "Config reloads (SIGHUP or a changed file), by outcome: success, invalid, restart_required",
+            "Config reloads (SIGHUP or a changed file), by outcome: success, invalid, restart_required, error",
             ("outcome",),
             registry=r,
         )
@@ -77,7 +77,7 @@ class Metrics:
             self.config_reloads.labels(outcome)
         self.config_last_reload_success = Gauge(
             "kafka_admission_config_last_reload_success_timestamp_seconds",
-            "When the running config was last loaded successfully (start or reload), Unix time",
+            "When the running config was last loaded in full (start, or a reload counted success), Unix time",
             registry=r,
         )
         self.config_last_reload_success.set(time.time())

@@ -30,7 +30,7 @@ from .memory import PoolGate
 from .metrics import Metrics
 from .observation_window import ObservationWindow
 from .runtime import Runtime
-from .tls import load_server_settings, server_context, upstream_context
+from .tls import TlsTermination, server_context, upstream_context
 from .upstream import UpstreamConnector, UpstreamUnavailable
 
 log = logging.getLogger("kafka_admission_proxy.server")
@@ -124,7 +124,7 @@ class ProxyServer:
                 directory=self.directory,
                 bootstrap=bootstrap,
                 rewrites=config.mode == "cluster",
-                ssl_context=server_context(listener.tls) if listener.tls is not None else None,
+                tls=TlsTermination(listener.tls) if listener.tls is not None else None,
             )
             for listener in config.listeners
         ]
@@ -235,6 +235,8 @@ class ProxyServer:
         if self.config_path is None:
             log.warning("config reload ignored: the proxy was not started from a config file")
             return ReloadOutcome("unchanged")
+        if self._watcher is not None:
+            self._watcher.mark_read()  # after a SIGHUP, the watcher must not reload the same edit again
         try:
             new = load_config(self.config_path)
         except ConfigError as exc:
@@ -247,8 +249,11 @@ class ProxyServer:
             log.exception("config reload failed; the running config stays")
             metrics.config_reloads.labels("error").inc()
             return ReloadOutcome("error")
-        metrics.config_reloads.labels("restart_required" if outcome.refused else "success").inc()
-        metrics.config_last_reload_success.set_to_current_time()
+        if outcome.refused:  # the rest applied, but the file is not what runs
+            metrics.config_reloads.labels("restart_required").inc()
+        else:
+            metrics.config_reloads.labels("success").inc()
+            metrics.config_last_reload_success.set_to_current_time()
         export_certificate_expiry(self.config.tls_files(), metrics.certificate_expiry)
         if self._watcher is not None:
             self._watcher.set_paths([self.config_path, *certificate_files(self.config.tls_files())])
@@ -309,9 +314,9 @@ class ProxyServer:
             Mode(policies.mode_of(policies.connections_mode)),
             policies.max_connections_wait_ms,
         )
-        for listener, settings, context in zip(self.listeners, config.listeners, checked, strict=True):
-            if listener.ssl_context is not None and settings.tls is not None and context is not None:
-                load_server_settings(listener.ssl_context, settings.tls)  # the live context: new handshakes
+        for listener, context in zip(self.listeners, checked, strict=True):
+            if listener.tls is not None and context is not None:
+                listener.tls.context = context  # new handshakes; open connections keep theirs
         runtime.connector.use_tls(config.upstream.tls, upstream)
         runtime.generation = generation
         self.config = config

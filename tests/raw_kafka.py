@@ -48,18 +48,23 @@ def fetch_frame(
 
 
 class RawConnection:
-    """One Kafka connection with exact bytes on the wire; ``ca_file`` makes it TLS,
-    ``source`` picks the client address (e.g. 127.0.0.2 for per-IP limits)."""
+    """One Kafka connection with exact bytes on the wire; ``ca_file`` makes it TLS (``cert``:
+    a client certificate and key for mTLS), ``source`` picks the client address (e.g.
+    127.0.0.2 for per-IP limits)."""
 
     def __init__(
-        self, address: str, timeout: float = 10.0, *, ca_file: str | None = None, source: str | None = None
+        self, address: str, timeout: float = 10.0, *, ca_file: str | None = None,
+        cert: tuple[str, str] | None = None, source: str | None = None,
     ) -> None:
         host, port = address.rsplit(":", 1)
         sock = socket.create_connection(
             (host, int(port)), timeout=timeout, source_address=(source, 0) if source else None
         )
         if ca_file is not None:
-            sock = ssl.create_default_context(cafile=ca_file).wrap_socket(sock, server_hostname=host)
+            context = ssl.create_default_context(cafile=ca_file)
+            if cert is not None:
+                context.load_cert_chain(*cert)
+            sock = context.wrap_socket(sock, server_hostname=host)
         self.sock = sock
 
     def send(self, data: bytes) -> None:

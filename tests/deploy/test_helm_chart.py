@@ -101,6 +101,7 @@ def test_helm_lint_strict_passes(helm: Helm, mode: str) -> None:
     ("--set-json", 'config.listeners=[{"name": "x", "bind": "0.0.0.0:1", "advertized_host": "h"}]',
      "/config/listeners/0"),
     ("--set", "mode=daemon", "/mode"),
+    ("--set", "configReload=inotify", "/configReload"),
 ])
 def test_a_misspelt_or_invalid_value_fails_helm_lint(helm: Helm, flag: str, value: str, named: str) -> None:
     result = helm.run("lint", "--strict", str(CHART), flag, value)
@@ -262,14 +263,22 @@ def test_the_sidecar_sits_in_the_broker_pod_and_takes_the_client_port(rendered: 
     assert config["policies"] == values["config"]["policies"]
 
 
-def test_the_checksum_annotation_follows_the_config_and_is_gone_with_live_reload(helm: Helm) -> None:
+def test_live_reload_is_the_default_and_the_checksum_option_rolls_the_pods_on_a_config_change(
+    helm: Helm, rendered: dict[str, Path]
+) -> None:
     def annotations(*args: str) -> dict[str, str]:
         pod = kind(documents(helm.template(*args)), "Deployment")["spec"]["template"]
         return pod["metadata"].get("annotations") or {}
 
-    assert annotations("--set", "configReload=watch") == {}
-    first = annotations()["checksum/kafka-admission-proxy-config"]
-    second = annotations("--set", "config.policies.group\\.max\\.size=5")
+    # watch: the proxy re-reads what kubelet swaps in; no checksum, so an edit rolls no pod.
+    assert yaml.safe_load((CHART / "values.yaml").read_text())["configReload"] == "watch"
+    assert annotations() == {}
+    assert annotations("--set", "config.policies.group\\.max\\.size=5") == {}
+    sidecar = kind(documents(rendered["sidecar"].read_text()), "StatefulSet")["spec"]["template"]["metadata"]
+    assert not any(key.startswith("checksum/") for key in sidecar.get("annotations") or {})
+    # checksum: the config's hash in the pod template, so a config change rolls the pods.
+    first = annotations("--set", "configReload=checksum")["checksum/kafka-admission-proxy-config"]
+    second = annotations("--set", "configReload=checksum", "--set", "config.policies.group\\.max\\.size=5")
     assert re.fullmatch(r"[0-9a-f]{64}", first)
     assert second["checksum/kafka-admission-proxy-config"] != first
 

@@ -7,8 +7,9 @@ closes the least recently used *idle* connection of its class (and only that
 one); with nothing idle the listener stops accepting until a slot frees, and
 gives up after ``max.connections.wait.ms``; ``max.connections.per.ip`` (and its
 overrides) closes the new connection at once; ``connections.max.idle.ms``
-closes idle connections only; lowering a cap at runtime (SIGHUP) closes the
-excess LRU-first; observe mode counts all of it and closes nothing.
+closes idle connections only; lowering a cap at runtime (by SIGHUP, or by a
+ConfigMap update alone) closes the excess LRU-first; observe mode counts all of
+it and closes nothing.
 
 The idle connections held by the tests are raw sockets (TLS ones through
 ``ssl``) that each completed one ApiVersions exchange with the broker through
@@ -35,6 +36,7 @@ import select
 import ssl
 import time
 from collections.abc import Iterator
+from concurrent.futures import ThreadPoolExecutor
 from typing import Any
 
 import pytest
@@ -522,17 +524,17 @@ def test_per_ip_limit_closes_the_third_connection_at_once_and_the_override_allow
 # --- 5. lowering the TLS cap at runtime ---------------------------------------
 
 
-def test_lowering_max_ssl_connections_on_sighup_closes_the_40_least_recently_used(
-    tansu: TansuBroker, start_proxy: Any, certs: Any, sockets: list[KafkaSocket],
+def test_lowering_max_ssl_connections_closes_the_40_least_recently_used_then_newcomers_evict_or_wait(
+    tansu: TansuBroker, start_proxy: Any, certs: Any, sockets: list[KafkaSocket], configmap: bool,
 ) -> None:
-    proxy = start_proxy(tansu.bootstrap, listeners=[tls_listener(certs)], policies={MAX_SSL: 50})
+    proxy = start_proxy(tansu.bootstrap, listeners=[tls_listener(certs)], policies={MAX_SSL: 50}, configmap=configmap)
     held = hold(sockets, proxy.bootstrap, 50, ca_file=certs.ca_file)
     order = list(range(50))
     random.Random(1015).shuffle(order)
     for i in order:  # activity in an order unrelated to the opening order
         held[i].api_versions()
 
-    set_policies(proxy, **{MAX_SSL: 10})
+    set_policies(proxy, **{MAX_SSL: 10})  # SIGHUP, or a ConfigMap update alone
 
     wait_until(lambda: proxy.metric("kafka_admission_connections_counted_tls") == 10, timeout=5)
     expected = sorted(order[:40])
@@ -549,6 +551,23 @@ def test_lowering_max_ssl_connections_on_sighup_closes_the_40_least_recently_use
     newcomer.api_versions()
     assert held[order[40]].wait_closed(timeout=5)
     assert proxy.metric("kafka_admission_connections_counted_tls") == 10
+
+    # With all ten busy (a Fetch parked at the broker on each), nothing is evicted: the next
+    # newcomer waits, its TLS handshake too (the decision comes first), until one closes.
+    busy = [held[i] for i in order[41:]] + [newcomer]
+    topic = unique("tls-busy")
+    create_topic(tansu.bootstrap, topic)
+    for conn in busy:
+        conn.park_fetch(conn.topic_id(topic), max_wait_ms=5000)
+    wait_until(lambda: proxy.metric("kafka_admission_connections_counted_busy") == 10, timeout=5)
+    with ThreadPoolExecutor(1) as pool:
+        waiting = pool.submit(hold, sockets, proxy.bootstrap, 1, ca_file=certs.ca_file)
+        wait_until(lambda: decided(proxy, action="wait", limit=MAX_SSL) == 1, timeout=5)
+        time.sleep(1.0)
+        assert not waiting.done()
+        busy[0].close()
+        waiting.result(timeout=5)  # handshake and ApiVersions, once a slot was free
+    assert closings(proxy) == 41  # the 40 over the lowered cap, and the one evicted above
 
 
 # --- 6. observe mode ------------------------------------------------------------

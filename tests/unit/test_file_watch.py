@@ -7,45 +7,12 @@ waiting."""
 from __future__ import annotations
 
 import os
-import shutil
-import time
 from pathlib import Path
 
 import trio
 
 from proxy.file_watch import FileWatcher
-
-
-class KubeletVolume:
-    """A ConfigMap/Secret volume as kubelet's AtomicWriter lays it out and updates it."""
-
-    def __init__(self, root: Path, files: dict[str, bytes]) -> None:
-        self.root = root
-        root.mkdir()
-        self._generation = 0
-        self.update(files)
-
-    def path(self, name: str) -> str:
-        return str(self.root / name)
-
-    def update(self, files: dict[str, bytes]) -> None:
-        self._generation += 1
-        stamp = time.strftime("%Y_%m_%d_%H_%M_%S", time.gmtime())
-        new_dir = self.root / f"..{stamp}.{self._generation:09d}"
-        new_dir.mkdir()
-        for name, data in files.items():
-            (new_dir / name).write_bytes(data)
-        data_link = self.root / "..data"
-        old_dir = self.root / os.readlink(data_link) if data_link.is_symlink() else None
-        for name in files:  # user-visible names point through ..data, created once
-            visible = self.root / name
-            if not visible.is_symlink():
-                visible.symlink_to(Path("..data") / name)
-        tmp_link = self.root / "..data_tmp"
-        tmp_link.symlink_to(new_dir.name)
-        os.rename(tmp_link, data_link)  # the atomic swap
-        if old_dir is not None:
-            shutil.rmtree(old_dir)
+from tests.kubelet import ConfigMapDir
 
 
 class Calls:
@@ -61,7 +28,7 @@ async def watch(watcher: FileWatcher, nursery: trio.Nursery) -> None:
 
 
 async def test_a_configmap_update_by_symlink_swap_is_reported_once(tmp_path: Path, autojump_clock: object) -> None:
-    volume = KubeletVolume(tmp_path / "config", {"config.yaml": b"policies: {}\n"})
+    volume = ConfigMapDir(tmp_path / "config", {"config.yaml": b"policies: {}\n"})
     calls = Calls()
     async with trio.open_nursery() as nursery:
         await watch(FileWatcher([volume.path("config.yaml")], calls), nursery)
@@ -77,7 +44,7 @@ async def test_a_configmap_update_by_symlink_swap_is_reported_once(tmp_path: Pat
 
 
 async def test_a_swap_with_the_same_size_and_mtime_is_still_seen(tmp_path: Path, autojump_clock: object) -> None:
-    volume = KubeletVolume(tmp_path / "config", {"config.yaml": b"a: 1\n"})
+    volume = ConfigMapDir(tmp_path / "config", {"config.yaml": b"a: 1\n"})
     before = os.stat(volume.path("config.yaml"))
     calls = Calls()
     async with trio.open_nursery() as nursery:
@@ -94,7 +61,7 @@ async def test_a_swap_with_the_same_size_and_mtime_is_still_seen(tmp_path: Path,
 async def test_a_secret_rotation_of_certificate_and_key_arrives_as_one_change(
     tmp_path: Path, autojump_clock: object
 ) -> None:
-    volume = KubeletVolume(tmp_path / "tls", {"tls.crt": b"cert 1", "tls.key": b"key 1", "ca.crt": b"ca"})
+    volume = ConfigMapDir(tmp_path / "tls", {"tls.crt": b"cert 1", "tls.key": b"key 1", "ca.crt": b"ca"})
     calls = Calls()
     watched = [volume.path("tls.crt"), volume.path("tls.key"), volume.path("ca.crt")]
     async with trio.open_nursery() as nursery:
@@ -173,4 +140,28 @@ async def test_set_paths_watches_the_files_a_reload_names(tmp_path: Path, autoju
         new_cert.write_text("new, changed")
         await trio.sleep(10)
         assert calls.changes == [frozenset({str(new_cert)})]
+        nursery.cancel_scope.cancel()
+
+
+async def test_a_change_already_read_is_not_reported_again(tmp_path: Path, autojump_clock: object) -> None:
+    # A SIGHUP reload reads the edited file and marks it read: the watcher, which saw the
+    # edit too (before its poll, or while letting it settle), must not reload it once more.
+    config = tmp_path / "config.yaml"
+    config.write_text("a: 1\n")
+    calls = Calls()
+    watcher = FileWatcher([str(config)], calls)
+    async with trio.open_nursery() as nursery:
+        await watch(watcher, nursery)
+        await trio.sleep(0.5)
+        config.write_text("a: 22\n")
+        watcher.mark_read()  # before the next poll
+        await trio.sleep(10)
+        config.write_text("a: 333\n")
+        await trio.sleep(1.2)  # polled at 11 s and seen: settling until 12 s
+        watcher.mark_read()
+        await trio.sleep(10)
+        assert calls.changes == []
+        config.write_text("a: 4444\n")  # a later edit is reported
+        await trio.sleep(10)
+        assert calls.changes == [frozenset({str(config)})]
         nursery.cancel_scope.cancel()
