@@ -19,6 +19,8 @@ from kio.schema.index import api_key_map, schema_name_map
 from kio.serial import entity_reader, entity_writer
 from kio.static.primitive import i16, i32
 
+from .count_guard import check_counts
+
 Received = bytes | bytearray  # what a trio stream's receive_some gives; frames are read in place
 _HEAD = struct.Struct(">hhi")  # api_key, api_version, correlation_id: request header v1/v2 after the prefix
 _INT16 = struct.Struct(">h")
@@ -114,6 +116,7 @@ def _decode(frame: bytes, api_key: int, api_version: int, response: bool) -> tup
     what = "response" if response else "request"
     try:
         schema = (load_response_schema if response else load_request_schema)(api_key, api_version)
+        check_counts(schema.__header_schema__, schema, frame)  # before kio, which trusts them
         header, hsize = entity_reader(schema.__header_schema__)(frame, 4)
         body, _ = entity_reader(schema)(frame, 4 + hsize)
     except Exception as exc:
