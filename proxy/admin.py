@@ -13,6 +13,7 @@ import h11
 import trio
 from prometheus_client import CONTENT_TYPE_LATEST, generate_latest
 
+from .errors import BindError
 from .metrics import Metrics
 
 log = logging.getLogger("kafka_admission_proxy.admin")
@@ -30,7 +31,10 @@ class AdminServer:
     async def serve(
         self, host: str, port: int, *, task_status: trio.TaskStatus[int] = trio.TASK_STATUS_IGNORED
     ) -> None:
-        listeners = await trio.open_tcp_listeners(port, host=host)
+        try:
+            listeners = await trio.open_tcp_listeners(port, host=host)
+        except OSError as exc:
+            raise BindError("admin", host, port, exc) from exc
         bound = listeners[0].socket.getsockname()[1]
         log.info("admin listening", extra={"bind": f"{host}:{bound}"})
         task_status.started(bound)
