@@ -16,6 +16,7 @@ from .brokers import BrokerDirectory
 from .config import Listener, Policies
 from .connection import ClientConnection
 from .connection_gate import ConnectionGate
+from .errors import BindError
 from .memory import PoolGate
 from .metrics import Metrics
 from .request_admission import RequestAdmission
@@ -138,7 +139,10 @@ class ListenerRuntime:
     ) -> None:
         if not 0 < port <= 65535:
             raise OSError(f"port {port} is out of range (node_port_base + node id)")
-        listeners = await trio.open_tcp_listeners(port, host=host)
+        try:
+            listeners = await trio.open_tcp_listeners(port, host=host)
+        except OSError as exc:
+            raise BindError(f"listener {self.config.name}", host, port, exc) from exc
         with trio.CancelScope() as scope:
             self._accept_scopes.append(scope)
             log.info(
