@@ -104,7 +104,7 @@ def _kafka_bool(value: Any) -> Any:
     if isinstance(value, str) and value.strip().lower() in ("true", "false"):
         return value.strip().lower() == "true"
     if not isinstance(value, bool):
-        raise ValueError(f"must be true or false, got {value!r}")
+        raise ValueError(f"must be true or false, got {_shown(value)}")
     return value
 
 
@@ -572,6 +572,11 @@ def _unknown_key_hint(loc: tuple[int | str, ...]) -> str:
     return ""
 
 
+def _shown(value: object, limit: int = 60) -> str:
+    text = repr(value)
+    return text if len(text) <= limit else text[: limit - 3] + "..."
+
+
 def _describe(error: Any) -> str:
     loc = tuple(error["loc"])
     key = ".".join(str(p) if not isinstance(p, int) else f"[{p}]" for p in loc).replace(".[", "[")
@@ -579,7 +584,7 @@ def _describe(error: Any) -> str:
     if error["type"] == "extra_forbidden":
         message = f"unknown key{_unknown_key_hint(loc)}"
     elif error["type"] == "int_type" and isinstance(value, str):
-        message = f"must be an integer, got the string {value!r} (write numbers without quotes)"
+        message = f"must be an integer, got the string {_shown(value)} (write numbers without quotes)"
     elif error["type"] == "int_type" and isinstance(value, bool | float):
         message = f"must be an integer, got {str(value).lower() if isinstance(value, bool) else value}"
     else:

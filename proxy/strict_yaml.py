@@ -26,8 +26,9 @@ class StrictYamlError(ValueError):
     """The text is not YAML, or says something twice; one line per problem."""
 
 
-class _StrictLoader(yaml.SafeLoader):
-    """PyYAML's safe loader with YAML 1.2 core-schema booleans and integers."""
+class _StrictLoader(yaml.CSafeLoader):
+    """PyYAML's safe loader on libyaml's parser (in PyYAML's wheels; 5x faster than the
+    pure-Python one), with YAML 1.2 core-schema booleans and integers."""
 
 
 _StrictLoader.yaml_implicit_resolvers = {

@@ -71,6 +71,7 @@ class ProxyProcess:
     process: subprocess.Popen[bytes] | None = None
     returncode: int | None = None
     extra_args: list[str] = field(default_factory=list)
+    command_prefix: list[str] = field(default_factory=list)  # e.g. ["prlimit", "--as=N"]
 
     @property
     def bootstrap(self) -> str:
@@ -87,7 +88,8 @@ class ProxyProcess:
         self.config_path.write_text(yaml.safe_dump(self.config))
         self._log = self.log_path.open("ab")
         self.process = subprocess.Popen(
-            [sys.executable, "-m", "proxy.cli", "run", "--config", str(self.config_path), *self.extra_args],
+            [*self.command_prefix, sys.executable, "-m", "proxy.cli", "run", "--config", str(self.config_path),
+             *self.extra_args],
             stdout=self._log, stderr=subprocess.STDOUT, cwd=ROOT,
         )
         host, port = self.config["admin"]["bind"].rsplit(":", 1)
@@ -150,7 +152,7 @@ def start_proxy(tmp_path: Path) -> Iterator[Any]:
     def start(
         bootstrap: str | list[str], *, node_ids: tuple[int, ...] = (TansuBroker.NODE_ID,),
         listeners: list[dict[str, Any]] | None = None, extra_args: list[str] | None = None,
-        **sections: Any,
+        command_prefix: list[str] | None = None, **sections: Any,
     ) -> ProxyProcess:
         servers = [bootstrap] if isinstance(bootstrap, str) else bootstrap
         if listeners is None:
@@ -167,7 +169,7 @@ def start_proxy(tmp_path: Path) -> Iterator[Any]:
         n = len(started)
         proxy = ProxyProcess(
             config, tmp_path / f"proxy{n}.yaml", tmp_path / f"proxy{n}.log",
-            extra_args=extra_args or [],
+            extra_args=extra_args or [], command_prefix=command_prefix or [],
         )
         started.append(proxy.start())
         return proxy

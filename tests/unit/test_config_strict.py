@@ -161,9 +161,9 @@ def test_a_password_in_the_yaml_is_refused_pointing_to_file_or_environment() -> 
 
 
 def test_a_yaml_syntax_error_is_one_line_with_file_line_and_column() -> None:
-    assert errors_of(HEAD + "policies: [\n") == [
-        "proxy.yaml line 7, column 1: not valid YAML: expected the node content, but found '<stream end>'"
-    ]
+    (line,) = errors_of(HEAD + "policies: [\n")
+    assert line.startswith("proxy.yaml line 7, column 1: not valid YAML: "), line
+    assert "node content" in line  # libyaml and PyYAML word it differently
 
 
 def test_check_config_exits_2_with_every_problem_one_line_each(tmp_path: Path) -> None:
