@@ -5,7 +5,7 @@ BIN := $(VENV)/bin
 # Debian packages the tests drive for real: Prometheus (scrape), stunnel (TLS broker).
 TEST_TOOLS := prometheus stunnel4
 
-.PHONY: demo test test-tools lint bench
+.PHONY: demo test test-tools lint bench fuzz
 
 $(BIN)/.installed: pyproject.toml
 	python3 -m venv $(VENV)
@@ -29,3 +29,8 @@ test: $(BIN)/.installed test-tools
 
 bench: $(BIN)/.installed
 	$(BIN)/python bench/proxy_vs_direct.py
+
+# Over a million fuzz cases (the default suite runs a few thousand of the same targets);
+# prints a table of cases and seconds per target and writes .fuzz-report.json.
+fuzz: $(BIN)/.installed
+	FUZZ_PROFILE=million $(BIN)/pytest tests/fuzz -p no:cacheprovider -q

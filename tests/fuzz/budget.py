@@ -25,7 +25,7 @@ class Budget:
 PROFILE = os.environ.get("FUZZ_PROFILE", "ci")
 BUDGETS = {
     "ci": Budget(examples=300, config_examples=200, wire_cases=6_000, socket_frames=300),
-    "million": Budget(examples=100_000, config_examples=20_000, wire_cases=1_000_000, socket_frames=20_000),
+    "million": Budget(examples=20_000, config_examples=10_000, wire_cases=1_000_000, socket_frames=10_000),
 }
 BUDGET = BUDGETS[PROFILE]
 
