@@ -151,24 +151,34 @@ class StormResult:
 
 
 class ConnectionStorm:
-    """``rate`` connection attempts per second for ``seconds``, from a separate process
-    (this file run as a script), so the test process's own sockets are not starved."""
+    """``rate`` connection attempts per second for ``seconds``, from ``workers`` separate
+    processes (this module run as a script), so the test process's own sockets and CPU
+    are not the limit."""
 
-    def __init__(self, address: str, rate: int = 5000, seconds: float = 5.0) -> None:
-        self.address, self.rate, self.seconds = address, rate, seconds
-        self._process: subprocess.Popen[str] | None = None
+    def __init__(self, address: str, rate: int = 5000, seconds: float = 5.0, workers: int = 2) -> None:
+        self.address, self.rate, self.seconds, self.workers = address, rate, seconds, workers
+        self._processes: list[subprocess.Popen[str]] = []
 
     def start(self) -> ConnectionStorm:
-        self._process = subprocess.Popen(
-            [sys.executable, "-m", "tests.faults", "storm", self.address, str(self.rate), str(self.seconds)],
-            stdout=subprocess.PIPE, text=True, cwd=Path(__file__).resolve().parents[1],
-        )
+        share = str(self.rate // self.workers)
+        self._processes = [
+            subprocess.Popen(
+                [sys.executable, "-m", "tests.faults", "storm", self.address, share, str(self.seconds)],
+                stdout=subprocess.PIPE, text=True, cwd=Path(__file__).resolve().parents[1],
+            )
+            for _ in range(self.workers)
+        ]
         return self
 
     def result(self) -> StormResult:
-        assert self._process is not None
-        out, _ = self._process.communicate(timeout=self.seconds + 60)
-        return StormResult(**json.loads(out))
+        parts = [StormResult(**json.loads(p.communicate(timeout=self.seconds + 60)[0])) for p in self._processes]
+        return StormResult(
+            attempts=sum(p.attempts for p in parts),
+            connected=sum(p.connected for p in parts),
+            failed=sum(p.failed for p in parts),
+            issue_seconds=max(p.issue_seconds for p in parts),
+            seconds=max(p.seconds for p in parts),
+        )
 
 
 def _storm(address: str, rate: int, seconds: float) -> StormResult:
