@@ -10,6 +10,7 @@ from __future__ import annotations
 import os
 import time
 from dataclasses import dataclass
+from typing import Any
 
 from hypothesis import HealthCheck, settings
 
@@ -43,7 +44,7 @@ FUZZ_SETTINGS = settings.get_profile(f"fuzz-{PROFILE}")
 CONFIG_FUZZ_SETTINGS = settings(FUZZ_SETTINGS, max_examples=BUDGET.config_examples)
 
 
-ROWS: dict[str, list[float]] = {}  # target -> [cases, seconds]
+ROWS: dict[str, list[Any]] = {}  # target -> [cases, seconds, notes]
 
 
 class Counter:
@@ -61,7 +62,9 @@ class Counter:
             self.first = self.last
         self.cases += 1
 
-    def done(self, cases: int | None = None, seconds: float | None = None) -> None:
-        row = ROWS.setdefault(self.target, [0, 0.0])
+    def done(self, cases: int | None = None, seconds: float | None = None, note: str = "") -> None:
+        row = ROWS.setdefault(self.target, [0, 0.0, []])
         row[0] += self.cases if cases is None else cases
         row[1] += self.last - self.first if seconds is None else seconds
+        if note:
+            row[2].append(note)

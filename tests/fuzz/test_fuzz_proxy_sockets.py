@@ -166,7 +166,8 @@ def fuzz_the_running_proxy(proxy: Any, seed: int) -> dict[str, Any]:
     with ThreadPoolExecutor(16) as pool:
         outcomes = Tally(pool.map(lambda f: send_hostile(proxy.bootstrap, f), frames))
     next(run, None)
-    counter.done(len(frames) - outcomes["refused"], time.monotonic() - started)  # frames the proxy received
+    note = ", ".join(f"{n} {what}" for what, n in sorted(outcomes.items()))
+    counter.done(len(frames) - outcomes["refused"], time.monotonic() - started, note)  # frames the proxy received
     return {
         "outcomes": outcomes,
         "well_behaved": well_behaved,

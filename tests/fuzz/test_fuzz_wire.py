@@ -68,7 +68,9 @@ def run_wire_case(i: int) -> str | None:
 def wire_campaign() -> Outcome:
     wire_corpus()  # built once, before forking, so every child inherits it
     outcome = run_isolated(BUDGET.wire_cases, run_wire_case)
-    Counter("wire decoders (forked, every API and version)").done(outcome.cases, outcome.seconds)
+    killed_by = collections.Counter(wire_case(i)[0].api_key for i, _ in outcome.aborts)
+    note = f"{len(outcome.escapes)} escapes, {len(outcome.aborts)} killed the process, in {len(killed_by)} APIs"
+    Counter("wire decoders (forked, every API and version)").done(outcome.cases, outcome.seconds, note)
     return outcome
 
 
