@@ -2,8 +2,9 @@
 # Debian machine: they create .venv and install what they need.
 VENV := .venv
 BIN := $(VENV)/bin
-# Debian packages the tests drive for real: Prometheus (scrape), stunnel (TLS broker).
-TEST_TOOLS := prometheus stunnel4
+# Debian packages the tests drive for real: Prometheus (scrape), stunnel (TLS broker),
+# openssl (s_client/s_server for the TLS version tests).
+TEST_TOOLS := prometheus stunnel4 openssl
 
 .PHONY: demo test test-tools lint bench fuzz
 
@@ -17,7 +18,7 @@ demo: $(BIN)/.installed
 	$(BIN)/kafka-admission-proxy demo
 
 test-tools:
-	@missing=""; for t in prometheus promtool stunnel4; do command -v $$t >/dev/null || missing=1; done; \
+	@missing=""; for t in prometheus promtool stunnel4 openssl; do command -v $$t >/dev/null || missing=1; done; \
 	if [ -n "$$missing" ]; then \
 	  apt-get update -qq && DEBIAN_FRONTEND=noninteractive apt-get install -y -qq --no-install-recommends $(TEST_TOOLS); \
 	fi
