@@ -59,8 +59,9 @@ def _cross_field_error(message: str) -> PydanticCustomError:
 
 
 class _Frozen(BaseModel):
-    # strict: "100" is not an int and 1 is not a bool, as in Kafka's ConfigDef.
-    model_config = ConfigDict(extra="forbid", frozen=True, populate_by_name=True, strict=True)
+    # strict: "100" is not an int and 1 is not a bool, as in Kafka's ConfigDef. Keys are
+    # the file's names only (Kafka's property names), never the Python field names.
+    model_config = ConfigDict(extra="forbid", frozen=True, strict=True)
     cross_field_rules: ClassVar[tuple[CrossFieldRule, ...]] = ()
 
     @model_validator(mode="wrap")

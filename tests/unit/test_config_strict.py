@@ -179,3 +179,25 @@ def test_check_config_exits_2_with_every_problem_one_line_each(tmp_path: Path) -
         "policies.resource.identifier.limit.enable: must be true or false, got 'yes'",
         "group.max.size: unknown key at the top level; it belongs under policies:",
     ]
+
+
+def test_python_field_names_are_not_keys_kafka_names_are() -> None:
+    text = HEAD + "policies:\n  queued_max_request_bytes: 500\n  group_join_rate_per_minute: 0\n"
+    assert errors_of(text) == [
+        "policies.queued_max_request_bytes: unknown key (did you mean 'queued.max.request.bytes'?)",
+        "policies.group_join_rate_per_minute: unknown key (did you mean 'group.join.rate.per.minute'?)",
+    ]
+
+
+@pytest.mark.parametrize(
+    ("policies", "rule"),
+    [
+        ("queued.max.request.bytes: 500", "queued.max.request.bytes (500) must be <= 0 (off) or >= "),
+        ("group.join.rate.per.minute: 0", "group.join.rate.per.minute must be -1 (off) or at least 1, got 0"),
+        ("max.connections.per.ip: 0", "max.connections.per.ip can be set to zero only if"),
+        ("listener.name.external.max.connections: 0", "listener.name.external.max.connections"),
+    ],
+)
+def test_kafkas_rules_across_keys_are_applied_to_the_values_written(policies: str, rule: str) -> None:
+    (line,) = errors_of(HEAD + f"policies:\n  {policies}\n")
+    assert line.startswith("policies") and rule in line, line
