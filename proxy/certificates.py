@@ -18,8 +18,11 @@ from pathlib import Path
 
 from cryptography import x509
 from cryptography.exceptions import InvalidSignature
+from cryptography.hazmat.primitives import serialization
 from OpenSSL import SSL
 from prometheus_client import Gauge
+
+from .key_password import KeyPasswordError, read_key_password
 
 __all__ = [
     "CertificateInfo",
@@ -38,7 +41,12 @@ UPSTREAM_CERTIFICATE = "upstream"
 
 
 class CertificateProblem(ValueError):
-    """A certificate file that cannot serve; the message names the file and the rule."""
+    """A certificate file that cannot serve; the message names the file and the rule,
+    ``field`` the config key it is about (``cert_file``, ``key_file``)."""
+
+    def __init__(self, message: str, field: str = "cert_file") -> None:
+        super().__init__(message)
+        self.field = field
 
 
 @dataclass(frozen=True)
@@ -95,29 +103,49 @@ def _check_chain_order(path: str, chain: list[x509.Certificate]) -> None:
             ) from None
 
 
-def _check_key_matches(cert_file: str, key_file: str) -> None:
+def _check_key_matches(cert_file: str, key_file: str, password: bytes | None, source: str) -> None:
     context = SSL.Context(SSL.TLS_METHOD)
     try:
         context.use_certificate_chain_file(cert_file)
     except SSL.Error:
         raise CertificateProblem(f"{cert_file}: OpenSSL cannot load it as a certificate chain") from None
     try:
-        context.use_privatekey_file(key_file)
+        key = serialization.load_pem_private_key(Path(key_file).read_bytes(), password)
+    except TypeError:  # encrypted and no password, or a password for a key that has none
+        if password is None:
+            message = f"{key_file}: private key is encrypted: set key_password_file or key_password_env"
+        else:
+            message = f"{key_file}: private key is not encrypted, but a password is set ({source})"
+        raise CertificateProblem(message, "key_file") from None
+    except (ValueError, OSError):
+        with_password = f" with the password from {source} (wrong password?)" if password is not None else ""
+        raise CertificateProblem(f"{key_file}: private key cannot be opened{with_password}", "key_file") from None
+    try:
+        context.use_privatekey(key)  # type: ignore[arg-type]
         context.check_privatekey()
-    except SSL.Error as exc:
-        reason = "does not match the certificate" if "mismatch" in str(exc) else "is not a usable PEM private key"
-        raise CertificateProblem(f"{key_file}: private key {reason} in {cert_file}") from None
+    except SSL.Error:
+        raise CertificateProblem(
+            f"{key_file}: private key does not match the certificate in {cert_file}", "key_file"
+        ) from None
 
 
-def inspect_certificate(cert_file: str, key_file: str | None, *, now: dt.datetime | None = None) -> CertificateInfo:
-    """The leaf of ``cert_file``, after checking its chain, its dates and its key."""
+def inspect_certificate(
+    cert_file: str,
+    key_file: str | None,
+    *,
+    now: dt.datetime | None = None,
+    password: bytes | None = None,
+    password_source: str = "",
+) -> CertificateInfo:
+    """The leaf of ``cert_file``, after checking its chain, its dates and its key (opened with
+    ``password`` when it is encrypted)."""
     chain = _load_pem_certificates(cert_file, "certificate chain")
     moment = _now(now)
     for index, cert in enumerate(chain):
         _check_validity(cert_file, index, cert, moment)
     _check_chain_order(cert_file, chain)
     if key_file is not None:
-        _check_key_matches(cert_file, key_file)
+        _check_key_matches(cert_file, key_file, password, password_source)
     return _info(cert_file, chain[0])
 
 
@@ -141,6 +169,8 @@ class TlsFiles:
     cert_file: str | None
     key_file: str | None
     ca_file: str | None
+    key_password_file: str | None = None
+    key_password_env: str | None = None
 
 
 def certificate_files(sections: Iterable[TlsFiles]) -> list[str]:
@@ -155,9 +185,12 @@ def certificate_problems(sections: Iterable[TlsFiles], *, now: dt.datetime | Non
     for files in sections:
         if files.cert_file is not None:
             try:
-                inspect_certificate(files.cert_file, files.key_file, now=now)
+                password, source = read_key_password(files.key_password_file, files.key_password_env)
+                inspect_certificate(files.cert_file, files.key_file, now=now, password=password, password_source=source)
             except CertificateProblem as exc:
-                problems.append(f"{files.key}.cert_file: {exc}")
+                problems.append(f"{files.key}.{exc.field}: {exc}")
+            except KeyPasswordError as exc:
+                problems.append(f"{files.key}: {exc}")
         if files.ca_file is not None:
             try:
                 inspect_ca_file(files.ca_file, now=now)

@@ -549,13 +549,21 @@ class Config(_Frozen):
         """The TLS files of every section that has them (the client certificate toward brokers
         is labelled ``upstream``)."""
         sections = [
-            TlsFiles(f"listeners[{i}].tls", lst.name, lst.tls.cert_file, lst.tls.key_file, lst.tls.ca_file)
+            TlsFiles(
+                f"listeners[{i}].tls", lst.name, lst.tls.cert_file, lst.tls.key_file, lst.tls.ca_file,
+                lst.tls.key_password_file, lst.tls.key_password_env,
+            )
             for i, lst in enumerate(self.listeners)
             if lst.tls is not None
         ]
         tls = self.upstream.tls
         if tls.enabled:
-            sections.append(TlsFiles("upstream.tls", UPSTREAM_CERTIFICATE, tls.cert_file, tls.key_file, tls.ca_file))
+            sections.append(
+                TlsFiles(
+                    "upstream.tls", UPSTREAM_CERTIFICATE, tls.cert_file, tls.key_file, tls.ca_file,
+                    tls.key_password_file, tls.key_password_env,
+                )
+            )
         return sections
 
     def effective(self) -> dict[str, Any]:

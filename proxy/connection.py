@@ -62,11 +62,13 @@ _Pump = Callable[[Transport, Transport], Awaitable[None]]
 
 
 class ConnectionClosed(Exception):
-    """Ends a connection abnormally; ``cause`` is its metric label, the message its log line."""
+    """Ends a connection abnormally; ``cause`` is its metric label, the message its log line,
+    ``detail`` tells apart lines of one cause that say different things (logged apart)."""
 
-    def __init__(self, cause: str, message: str) -> None:
+    def __init__(self, cause: str, message: str, detail: str = "") -> None:
         super().__init__(message)
         self.cause = cause
+        self.detail = detail
 
 
 @dataclass(frozen=True, slots=True)
@@ -197,7 +199,9 @@ class ClientConnection:
                 await stream.do_handshake()
         except (trio.BrokenResourceError, trio.TooSlowError, ssl.SSLError, OSError) as exc:
             self.runtime.metrics.handshake_failures.labels(self.listener).inc()
-            raise ConnectionClosed("tls_handshake", f"TLS handshake failed: {exc.__cause__ or exc!r}") from None
+            cause = exc.__cause__ or exc
+            reason = str(getattr(cause, "reason", None) or type(cause).__name__)  # e.g. CERTIFICATE_VERIFY_FAILED
+            raise ConnectionClosed("tls_handshake", f"TLS handshake failed: {cause!r}", reason) from None
         self._client = StreamTransport(stream)
         return self._client
 
@@ -594,7 +598,7 @@ class ClientConnection:
         self.runtime.metrics.connection_failures.labels(self.listener, exc.cause).inc()
         _closes.log(
             logging.WARNING,
-            (self.listener, exc.cause),
+            (self.listener, exc.cause, exc.detail),
             trio.current_time(),
             "connection closed: %s",
             exc,

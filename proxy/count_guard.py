@@ -17,7 +17,7 @@ from functools import cache
 from typing import Any
 
 from kio._kio_native import read_unsigned_varint
-from kio.serial._introspect import EntityField, EntityTupleField, PrimitiveTupleField, classify_field
+from kio.serial._introspect import EntityField, EntityTupleField, PrimitiveTupleField, classify_field, is_optional
 
 
 class CountTooLarge(ValueError):
@@ -45,6 +45,7 @@ class _Field:
     kafka_type: str  # "" for an entity
     array: bool
     entity: Any  # the nested entity class, or None
+    nullable_entity: bool  # a nullable struct: an int8 marker first (-1: null)
 
 
 @cache
@@ -57,7 +58,8 @@ def _fields(cls: type) -> tuple[_Field, ...]:
         kind = classify_field(f)
         entity = kind.type_ if isinstance(kind, EntityField | EntityTupleField) else None
         array = isinstance(kind, EntityTupleField | PrimitiveTupleField)
-        out.append(_Field(f.metadata.get("kafka_type", ""), array, entity))
+        nullable_entity = entity is not None and not array and is_optional(f)
+        out.append(_Field(f.metadata.get("kafka_type", ""), array, entity, nullable_entity))
     return tuple(out)
 
 
@@ -110,6 +112,8 @@ class _Reader:
 
     def value(self, field: _Field) -> None:
         if field.entity is not None:
+            if field.nullable_entity and self.signed(1) < 0:
+                return
             self.entity(field.entity)
         elif field.kafka_type in _LENGTH_PREFIXED:
             self.length_prefixed(field.kafka_type)
@@ -129,6 +133,13 @@ class _Reader:
 
 def check_counts(header_schema: type, schema: type, frame: bytes) -> None:
     """Raise CountTooLarge if the whole frame (prefix, header, body) claims more than it holds."""
-    header = _Reader(frame, 4, len(frame), bool(getattr(header_schema, "__flexible__", False)))
-    header.entity(header_schema)
-    _Reader(frame, header.pos, len(frame), bool(getattr(schema, "__flexible__", False))).entity(schema)
+    flexible = bool(getattr(schema, "__flexible__", False))
+    reader = _Reader(frame, 4, len(frame), flexible=False)
+    # The header: a request's client id is a legacy nullable string even in header v2
+    # (Kafka keeps it readable by every broker); v2 and response v1 end in tagged fields.
+    for field in _fields(header_schema):
+        reader.value(field)
+    if flexible:
+        reader.tagged_fields()
+    reader.flexible = flexible
+    reader.entity(schema)

@@ -9,12 +9,11 @@ already open keep theirs."""
 
 from __future__ import annotations
 
-import os
 import ssl
-from pathlib import Path
 
 from .config import Config, ListenerTls, UpstreamTls
 from .errors import TlsMaterialError
+from .key_password import KeyPasswordError, read_key_password
 
 _CLIENT_AUTH = {
     "none": ssl.CERT_NONE,
@@ -25,20 +24,11 @@ _CLIENT_AUTH = {
 TLS12_CIPHERS = "ECDHE+AESGCM:ECDHE+CHACHA20:!aNULL"
 
 
-def _key_password(settings: ListenerTls | UpstreamTls) -> tuple[bytes | None, str]:
-    """The key's password and where it came from (for messages; never the password)."""
-    if settings.key_password_file is not None:
-        return Path(settings.key_password_file).read_bytes().rstrip(b"\r\n"), settings.key_password_file
-    if settings.key_password_env is not None:
-        return os.environ[settings.key_password_env].encode(), f"${settings.key_password_env}"
-    return None, ""
-
-
 def _load_cert_chain(ctx: ssl.SSLContext, cert_file: str, key_file: str, settings: ListenerTls | UpstreamTls) -> None:
     try:
-        password, source = _key_password(settings)
-    except OSError as exc:
-        raise TlsMaterialError(f"cannot read key_password_file {settings.key_password_file}: {exc.strerror}") from None
+        password, source = read_key_password(settings.key_password_file, settings.key_password_env)
+    except KeyPasswordError as exc:
+        raise TlsMaterialError(str(exc)) from None
 
     def no_password() -> bytes:
         # Without this OpenSSL would prompt on the terminal for an encrypted key.

@@ -11,6 +11,7 @@ import tempfile
 from pathlib import Path
 
 import pytest
+import trustme
 import yaml
 from hypothesis import given
 from hypothesis import strategies as st
@@ -21,8 +22,12 @@ from tests.fuzz.budget import CONFIG_FUZZ_SETTINGS, Counter
 from tests.fuzz.mutations import mutated
 
 _FILES = Path(tempfile.mkdtemp(prefix="fuzz-config-"))
-for _name in ("ca.pem", "server.pem", "server.key"):
-    (_FILES / _name).write_text("not checked here, only that it exists\n")
+# Real certificates: the loader inspects them (key matches, dates, chain order).
+_CA = trustme.CA()
+_SERVER = _CA.issue_cert("kafka.example.com")
+_CA.cert_pem.write_to_path(str(_FILES / "ca.pem"))
+_SERVER.cert_chain_pems[0].write_to_path(str(_FILES / "server.pem"))
+_SERVER.private_key_pem.write_to_path(str(_FILES / "server.key"))
 
 FULL = f"""\
 mode: cluster

@@ -201,12 +201,6 @@ def test_hostile_frames_close_only_their_connections(own_tansu: TansuBroker, sta
     assert_survived(proxy, result)
 
 
-@pytest.mark.xfail(
-    strict=True,
-    raises=AssertionError,
-    reason="kio 0.6.5 allocates an array's claimed length before checking it and aborts the proxy "
-    "(see tests/integration/test_known_defects.py)",
-)
 def test_hostile_frames_close_only_their_connections_with_every_policy_decoding(
     own_tansu: TansuBroker, start_proxy: Any,
 ) -> None:

@@ -257,7 +257,7 @@ def test_key_passwords_come_from_a_file_or_the_environment_and_never_show(
     client = ca.issue_cert("proxy@example.com")
     client.cert_chain_pems[0].write_to_path(str(tmp_path / "client.pem"))
     monkeypatch.setenv("PROXY_UPSTREAM_KEY_PASSWORD", upstream_password)
-    audit = tmp_path / "audit.jsonl"
+    audit = tmp_path / "audit"
 
     proxy = start_proxy(
         tls_upstream,
@@ -292,9 +292,10 @@ def test_key_passwords_come_from_a_file_or_the_environment_and_never_show(
 
     assert checked.returncode == 0, checked.stderr
     assert ready == "ready\n"
-    assert '"type":"protocol_mismatch"' in audit.read_text()
+    audited = "".join(path.read_text() for path in sorted(audit.iterdir()))
+    assert '"policy":"protocol"' in audited
     seen = {
-        "log": proxy.log(), "audit": audit.read_text(), "metrics": metrics,
+        "log": proxy.log(), "audit": audited, "metrics": metrics,
         "check-config": checked.stdout + checked.stderr, "config file": proxy.config_path.read_text(),
     }
     for where, text in seen.items():
@@ -329,7 +330,7 @@ def test_a_wrong_or_missing_key_password_is_one_line_naming_the_key_and_its_sour
     assert result.returncode == 2, result.stderr
     assert result.stderr.splitlines()[0] == f"config error in {config}:"
     (line,) = result.stderr.splitlines()[1:]
-    assert line.startswith("listeners[0].tls: ") and key in line
+    assert line.startswith("listeners[0].tls.key_file: ") and key in line
     if with_password_file:
         assert f"with the password from {tmp_path / 'pw'} (wrong password?)" in line
     else:

@@ -216,12 +216,12 @@ def test_policy_modes_are_enforce_or_observe() -> None:
 def test_identifier_limits_from_kafka_style_properties() -> None:
     """The one parser of the KIP-1233 keys (IdentifierLimits has no parser of its own)."""
     properties = {
-        "resource.identifier.limit.enable": "true",
-        "resource.identifier.max.length": "100",
+        "resource.identifier.limit.enable": "true",  # Kafka's properties spell booleans so
+        "resource.identifier.max.length": 100,
         "member.id.max.length": 40,
         "classic.member.id.max.length": 36,
         "topic.name.max.length": 200,
-        "offset.metadata.max.bytes": "1024",
+        "offset.metadata.max.bytes": 1024,
         "resource.identifier.limit.error.code": 42,
     }
     assert parse_config(with_(policies=properties)).policies.identifier_limits() == IdentifierLimits(
