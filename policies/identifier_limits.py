@@ -467,6 +467,22 @@ def check_request(
     header = check_client_id(client_id, limits)
     if header is not None:
         breaches.append(header)
+    for kind, path, value in _identifiers_at(api_key, api_version, body):
+        breach = _check_value(kind, path, value, limits)
+        if breach is not None:
+            breaches.append(breach)
+    return breaches
+
+
+def identifiers(api_key: int, api_version: int, body: object) -> Iterator[tuple[IdentifierKind, str]]:
+    """Every identifier of the kinds this policy checks in one request body, as (kind, value):
+    what an observation window records so that a limit never configured can be weighed."""
+    for kind, _, value in _identifiers_at(api_key, api_version, body):
+        yield kind, value
+
+
+def _identifiers_at(api_key: int, api_version: int, body: object) -> Iterator[tuple[IdentifierKind, str, str]]:
+    """(kind, path, value) of every identifier in the body, in table order."""
     for rule in IDENTIFIER_FIELDS.get(api_key, ()):
         if not rule.applies_to(api_version):
             continue
@@ -475,24 +491,7 @@ def check_request(
             continue
         for path, value in _walk(body, tuple(rule.path.split(".")), ""):
             if isinstance(value, str):
-                breach = _check_value(kind, path, value, limits)
-                if breach is not None:
-                    breaches.append(breach)
-    return breaches
-
-
-def identifiers(api_key: int, api_version: int, body: object) -> Iterator[tuple[IdentifierKind, str]]:
-    """Every identifier of the kinds this policy checks in one request body, as (kind, value):
-    what an observation window records so that a limit never configured can be weighed."""
-    for rule in IDENTIFIER_FIELDS.get(api_key, ()):
-        if not rule.applies_to(api_version):
-            continue
-        kind = _kind_for(rule, body)
-        if kind is None:
-            continue
-        for _, value in _walk(body, tuple(rule.path.split(".")), ""):
-            if isinstance(value, str):
-                yield kind, value
+                yield kind, path, value
 
 
 def decide(
