@@ -214,7 +214,7 @@ def admission_proxy_config(
     config: dict[str, Any]
     if all_policies:
         config = yaml.safe_load(PROXY_ALL_CONFIG.read_text())
-        config["audit"] = {"path": str(workdir / "audit.jsonl")}
+        config["audit"] = {"path": str(workdir / "audit")}  # a directory of rotated files
     else:
         config = {"mode": "cluster", "listeners": [{"name": "bench"}], "audit": {"path": None}}
     config["upstream"] = {"bootstrap_servers": [broker.bootstrap]}
