@@ -18,6 +18,7 @@ from __future__ import annotations
 
 import itertools
 import logging
+import math
 import socket
 import ssl
 from collections.abc import Awaitable, Callable
@@ -110,6 +111,9 @@ class ClientConnection:
         self.end_reason = "client_closed"
         self.first_client_id: str | None = None
         self._partial_ticket: int | None = None  # pool memory of the frame being read (KIP-72)
+        self._body_deadline = trio.CancelScope()  # request.body.timeout.ms, armed per partial frame
+        self._body_timeout_ms = 0
+        self._waiting_for = ""
         self._client: Transport | None = None
 
     # -- from outside: the gate and the server --------------------------------------
@@ -243,7 +247,16 @@ class ClientConnection:
     # -- client -> broker ---------------------------------------------------------------
 
     async def _pump_requests(self, client: Transport, upstream: Transport) -> None:
-        runtime, session, splitter = self.runtime, self.session, self._splitter
+        """The client -> broker direction. ``request.body.timeout.ms`` is the one deadline on
+        it: armed once per frame whose body is still to come, on one scope kept for the life
+        of the connection (a frame that arrives with its prefix needs none)."""
+        with self._body_deadline:
+            await self._take_requests(client, upstream)
+        if self._body_deadline.cancelled_caught:
+            self._body_timed_out()
+
+    async def _take_requests(self, client: Transport, upstream: Transport) -> None:
+        runtime, session, splitter, deadline = self.runtime, self.session, self._splitter, self._body_deadline
         while True:
             gen = runtime.generation
             now = trio.current_time()  # the policies' clock: one read per batch
@@ -269,6 +282,8 @@ class ClientConnection:
                 run_end = end
             if run_start >= 0:
                 out.append(memoryview(buf)[run_start:run_end])
+            if not splitter.frame_size and deadline.deadline != math.inf:
+                deadline.deadline = math.inf  # the frame it was armed for is whole
             if out:
                 await upstream.send(out[0] if len(out) == 1 else b"".join(out))
                 elapsed = perf_counter() - started
@@ -282,7 +297,14 @@ class ClientConnection:
                     return
                 await trio.sleep_forever()  # draining: the response pump ends the connection
             if splitter.frame_size:  # inside a frame whose body is still to come
-                data = await self._receive_rest_of_frame(client, gen)
+                if deadline.deadline == math.inf:
+                    deadline.deadline = trio.current_time() + gen.request_body_timeout_s
+                    self._body_timeout_ms = round(gen.request_body_timeout_s * 1000)
+                if self._partial_ticket is None:  # KIP-72: memory for the body before reading it
+                    self._waiting_for = "pool memory"
+                    self._partial_ticket = await self._reserve(splitter.frame_size, trio.current_time())
+                self._waiting_for = "its body"
+                data = await client.receive(max(RECEIVE_SIZE, min(splitter.wanted, MAX_RECEIVE)))
             else:
                 data = await client.receive(RECEIVE_SIZE)
             self.bytes_in += len(data)
@@ -390,29 +412,17 @@ class ClientConnection:
             await pool.wait_for(ticket)
         return ticket
 
-    async def _receive_rest_of_frame(self, client: Transport, gen: Generation) -> Received:
-        """More of a frame whose prefix is read and whose body is not: memory for the body
-        is reserved first (KIP-72), and both the reservation and the rest of the body must
-        come within request.body.timeout.ms, so a stalled sender holds neither memory nor a
-        place in the pool's queue for long. (The only deadline on the request path, and
-        only here: a body that arrives with its prefix needs none.)"""
-        splitter = self._splitter
-        size = splitter.frame_size
-        timeout = gen.request_body_timeout_s
-        waiting_for = "pool memory"
-        with trio.move_on_after(timeout):
-            if self._partial_ticket is None:
-                self._partial_ticket = await self._reserve(size, trio.current_time())
-            waiting_for = "its body"
-            return await client.receive(max(RECEIVE_SIZE, min(splitter.wanted, MAX_RECEIVE)))
-        timeout_ms = round(timeout * 1000)
+    def _body_timed_out(self) -> NoReturn:
+        """request.body.timeout.ms passed with a frame's memory or body still to come: a
+        stalled sender holds neither memory nor a place in the pool's queue for long."""
+        size, timeout_ms = self._splitter.frame_size, self._body_timeout_ms
         decision = Decision(
             Policy.MEMORY_POOL,
             Action.CLOSE,
             Mode.ENFORCE,
             "request.body.timeout.ms",
             f"a {size}-byte request did not complete within request.body.timeout.ms={timeout_ms} "
-            f"(waiting for {waiting_for})",
+            f"(waiting for {self._waiting_for})",
             limit=timeout_ms,
             subject={"size": size},
         )
