@@ -136,10 +136,11 @@ def check_counts(header_schema: type, schema: type, frame: bytes) -> None:
     flexible = bool(getattr(schema, "__flexible__", False))
     reader = _Reader(frame, 4, len(frame), flexible=False)
     # The header: a request's client id is a legacy nullable string even in header v2
-    # (Kafka keeps it readable by every broker); v2 and response v1 end in tagged fields.
+    # (Kafka keeps it readable by every broker); v2 and response v1 end in tagged fields,
+    # but ApiVersions responses keep header v0 even when their body is flexible.
     for field in _fields(header_schema):
         reader.value(field)
-    if flexible:
+    if getattr(header_schema, "__flexible__", False):
         reader.tagged_fields()
     reader.flexible = flexible
     reader.entity(schema)
