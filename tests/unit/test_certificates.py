@@ -115,7 +115,7 @@ def test_check_config_names_the_listener_key_and_the_rule_in_one_line(tmp_path: 
     assert result.returncode == 2
     lines = result.stderr.strip().splitlines()
     assert lines[0] == f"config error in {config_file}:"
-    assert lines[1].startswith("listeners[1].tls.cert_file: ")
+    assert lines[1].startswith("listeners[1].tls.key_file: ")
     assert "private key does not match" in lines[1]
     assert len(lines) == 2 and "Traceback" not in result.stderr
 
