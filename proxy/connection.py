@@ -52,6 +52,11 @@ log = logging.getLogger("kafka_admission_proxy.connection")
 _closes = RateLimitedLog(log)
 
 HANDSHAKE_TIMEOUT_S = 10.0
+# Requests taken from one client and not yet answered to it before the proxy stops
+# reading that client (reading resumes at half). Kafka's broker reads one request per
+# connection at a time and Java clients keep 5 in flight; this bounds what a client
+# that never reads its responses can make the proxy hold.
+MAX_PENDING_REQUESTS = 1000
 _HTTP_400_BODY = b"This is a Kafka port (kafka-admission-proxy), not HTTP.\n"
 _HTTP_400 = (
     b"HTTP/1.1 400 Bad Request\r\nContent-Type: text/plain\r\nConnection: close\r\n"
@@ -114,6 +119,7 @@ class ClientConnection:
         self._body_deadline = trio.CancelScope()  # request.body.timeout.ms, armed per partial frame
         self._body_timeout_ms = 0
         self._waiting_for = ""
+        self._room: trio.Event | None = None  # made only while MAX_PENDING_REQUESTS holds reading
         self._client: Transport | None = None
 
     # -- from outside: the gate and the server --------------------------------------
@@ -141,8 +147,8 @@ class ClientConnection:
         try:
             with self._scope:
                 await self._serve()
-        except ConnectionClosed as exc:
-            self._closed_by(exc)
+        except Exception as exc:  # e.g. a reset before the first request: this connection only
+            self._closed_by(self._ending(exc))
         finally:
             self.runtime.pool.cancel(self.conn_id)  # whatever it held or waited for goes back
             with trio.CancelScope(shield=True):
@@ -175,17 +181,8 @@ class ClientConnection:
         """Runs one direction; whatever ends it ends the connection (and only this one)."""
         try:
             await pump(source, sink)
-        except ConnectionClosed as exc:
-            self._closed_by(exc)
-        except (trio.BrokenResourceError, trio.ClosedResourceError, ssl.SSLError, OSError) as exc:
-            self._closed_by(ConnectionClosed("broken", f"connection broken: {exc.__cause__ or exc!r}"))
-        except wire.MalformedFrame as exc:
-            self._closed_by(ConnectionClosed("malformed_frame", str(exc)))
-        except UnexpectedResponse as exc:
-            self._closed_by(ConnectionClosed("unexpected_response", str(exc)))
-        except Exception as exc:  # a bug must cost one connection, not the proxy
-            log.exception("internal error on connection", extra={"peer": self.peer, "listener": self.listener})
-            self._closed_by(ConnectionClosed("internal_error", repr(exc)))
+        except Exception as exc:
+            self._closed_by(self._ending(exc))
         finally:
             nursery.cancel_scope.cancel()
 
@@ -306,6 +303,10 @@ class ClientConnection:
                 self._waiting_for = "its body"
                 data = await client.receive(max(RECEIVE_SIZE, min(splitter.wanted, MAX_RECEIVE)))
             else:
+                if session.in_flight >= MAX_PENDING_REQUESTS:
+                    self._room = trio.Event()  # the response pump sets it once half are answered
+                    await self._room.wait()
+                    self._room = None
                 data = await client.receive(RECEIVE_SIZE)
             self.bytes_in += len(data)
             if not data:
@@ -497,6 +498,8 @@ class ClientConnection:
             if out:
                 await self._send_to_client(client, out)
                 self._delivered(delivered, now, started)
+                if self._room is not None and session.in_flight <= MAX_PENDING_REQUESTS // 2:
+                    self._room.set()
             if session.state is State.DONE:
                 self.end_reason = "drained"
                 return
@@ -603,6 +606,20 @@ class ClientConnection:
         host, _, port = self.upstream_address.rpartition(":")
         return await self.runtime.connector.connect(host, int(port))
 
+    def _ending(self, exc: Exception) -> ConnectionClosed:
+        """What ended the connection, as the cause its close is counted under."""
+        if isinstance(exc, ConnectionClosed):
+            return exc
+        if isinstance(exc, (trio.BrokenResourceError, trio.ClosedResourceError, ssl.SSLError, OSError)):
+            return ConnectionClosed("broken", f"connection broken: {exc.__cause__ or exc!r}")
+        if isinstance(exc, wire.MalformedFrame):
+            return ConnectionClosed("malformed_frame", str(exc))
+        if isinstance(exc, UnexpectedResponse):
+            return ConnectionClosed("unexpected_response", str(exc))
+        # A bug must cost one connection, not the proxy.
+        log.error("internal error on connection", exc_info=exc, extra={"peer": self.peer, "listener": self.listener})
+        return ConnectionClosed("internal_error", repr(exc))
+
     def _closed_by(self, exc: ConnectionClosed) -> None:
         self.end_reason = exc.cause
         self.runtime.metrics.connection_failures.labels(self.listener, exc.cause).inc()
@@ -643,4 +660,3 @@ class ClientConnection:
                 client_id=self.first_client_id,
             )
         audit.record(record)
-

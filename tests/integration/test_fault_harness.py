@@ -107,7 +107,9 @@ def test_a_client_that_stops_reading_is_pushed_back_without_memory_growth(tansu:
     try:
         assert client.send_until_blocked(seconds=30), f"sent {client.sent_frames} frames without being pushed back"
         time.sleep(0.5)
-        assert rss_kib(proxy.process.pid) - rss_before < 32 * 1024
+        # The kernel holds ~100k of its requests in socket buffers; the proxy takes at
+        # most MAX_PENDING_REQUESTS of them (without that cap it held them all: +30-50 MB).
+        assert rss_kib(proxy.process.pid) - rss_before < 12 * 1024
         assert api_versions_through(proxy.bootstrap)  # everyone else is served meanwhile
     finally:
         client.close()

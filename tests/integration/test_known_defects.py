@@ -12,6 +12,8 @@ refuses such frames before kio reads them.
 from __future__ import annotations
 
 import re
+import socket
+import struct
 import subprocess
 import time
 
@@ -132,3 +134,20 @@ def test_a_join_group_claiming_four_billion_protocols_closes_only_that_connectio
         conn.send(api_versions_frame(2))
         assert conn.read_response(18, 3).header.correlation_id == 2
     assert proxy.metric("kafka_admission_connection_failures_total", cause="malformed_frame") == 1
+
+
+def test_clients_resetting_before_their_first_request_cost_only_their_connections(tansu, start_proxy) -> None:  # type: ignore[no-untyped-def]
+    # Found by the connection storm: a reset read before the first length prefix was
+    # complete escaped the connection and ended the proxy.
+    proxy = start_proxy(tansu.bootstrap)
+    host, port = proxy.bootstrap.rsplit(":", 1)
+    for _ in range(20):
+        sock = socket.create_connection((host, int(port)))
+        sock.setsockopt(socket.SOL_SOCKET, socket.SO_LINGER, struct.pack("ii", 1, 0))
+        sock.sendall(b"\x00\x00")  # half a length prefix, then a reset
+        sock.close()
+    wait_until(lambda: proxy.metric("kafka_admission_connection_failures_total", cause="broken") == 20)
+    with RawConnection(proxy.bootstrap) as conn:
+        conn.send(api_versions_frame(1))
+        assert conn.read_response(18, 3).header.correlation_id == 1
+    assert proxy.process.poll() is None
