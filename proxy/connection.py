@@ -44,7 +44,7 @@ from .request import Request
 from .runtime import Runtime
 from .session import Pending, Session, State, UnexpectedResponse
 from .tls import TlsTermination
-from .transport import SocketTransport, StreamTransport, Transport, stdlib_socket
+from .transport import SocketTransport, TlsTransport, Transport, stdlib_socket
 from .upstream import UpstreamLink, UpstreamUnavailable
 from .wire import Received
 
@@ -194,16 +194,15 @@ class ClientConnection:
             self._client = SocketTransport(stdlib_socket(self._tcp))
             return self._client
         await self._expect_client_hello()
-        stream = trio.SSLStream(self._tcp, termination.context, server_side=True)
         try:
             with trio.fail_after(HANDSHAKE_TIMEOUT_S):
-                await stream.do_handshake()
-        except (trio.BrokenResourceError, trio.TooSlowError, ssl.SSLError, OSError) as exc:
+                self._client = await TlsTransport.handshake(
+                    stdlib_socket(self._tcp), termination.context, server_side=True
+                )
+        except (trio.TooSlowError, OSError) as exc:  # ssl.SSLError included
             self.runtime.metrics.handshake_failures.labels(self.listener).inc()
-            cause = exc.__cause__ or exc
-            reason = str(getattr(cause, "reason", None) or type(cause).__name__)  # e.g. CERTIFICATE_VERIFY_FAILED
-            raise ConnectionClosed("tls_handshake", f"TLS handshake failed: {cause!r}", reason) from None
-        self._client = StreamTransport(stream)
+            reason = str(getattr(exc, "reason", None) or type(exc).__name__)  # e.g. CERTIFICATE_VERIFY_FAILED
+            raise ConnectionClosed("tls_handshake", f"TLS handshake failed: {exc!r}", reason) from None
         return self._client
 
     async def _expect_client_hello(self) -> None:

@@ -20,7 +20,7 @@ from .config import UpstreamTls
 from .decisions import DecisionRecorder
 from .logs import RateLimitedLog
 from .metrics import Metrics
-from .transport import SocketTransport, StreamTransport, Transport, stdlib_socket
+from .transport import SocketTransport, TlsTransport, Transport, stdlib_socket
 
 log = logging.getLogger("kafka_admission_proxy.upstream")
 _rate_limited = RateLimitedLog(log)
@@ -101,21 +101,21 @@ class UpstreamConnector:
             raise UpstreamUnavailable(f"cannot connect to broker {address}: {exc!r}") from exc
         if self._context is None:
             return UpstreamLink(SocketTransport(stdlib_socket(tcp)), address)
-        stream = trio.SSLStream(tcp, self._context, server_hostname=self._tls.server_hostname or host)
         try:
             with trio.fail_after(HANDSHAKE_TIMEOUT_S):
-                await stream.do_handshake()
-        except (trio.TooSlowError, trio.BrokenResourceError) as exc:
-            await trio.aclose_forcefully(tcp)
+                hostname = self._tls.server_hostname or host
+                transport = await TlsTransport.handshake(
+                    stdlib_socket(tcp), self._context, server_side=False, server_hostname=hostname
+                )
+        except (trio.TooSlowError, OSError) as exc:  # ssl.SSLError included; the socket is closed
             self._metrics.upstream_connect_failures.labels(address).inc()
-            cause = exc.__cause__ if isinstance(exc, trio.BrokenResourceError) else exc
-            if _not_tls(cause):
-                what = "timed out" if isinstance(cause, trio.TooSlowError) else f"failed: {cause}"
+            if _not_tls(exc):
+                what = "timed out" if isinstance(exc, trio.TooSlowError) else f"failed: {exc}"
                 description = f"does not speak TLS (handshake {what}); check upstream.tls.enabled"
                 self._record_mismatch(address, "upstream_plaintext_on_tls", description)
                 raise UpstreamUnavailable(self.mismatch(address, "plaintext_on_tls", description)) from exc
-            raise UpstreamUnavailable(f"TLS handshake with broker {address} failed: {cause!r}") from exc
-        return UpstreamLink(StreamTransport(stream), address)
+            raise UpstreamUnavailable(f"TLS handshake with broker {address} failed: {exc!r}") from exc
+        return UpstreamLink(transport, address)
 
     async def connect_any(self, addresses: list[tuple[str, int]], *, backing_off: bool = True) -> UpstreamLink:
         """The first of the bootstrap servers that answers."""
