@@ -164,6 +164,7 @@ class ApacheKafkaBroker:
         ]
 
     def start(self, timeout: float = 60.0) -> ApacheKafkaBroker:
+        """Format fresh storage and run the broker until it serves."""
         self.workdir.mkdir(parents=True, exist_ok=True)
         config = self.workdir / "server.properties"
         config.write_text("".join(f"{k}={v}\n" for k, v in self.server_properties().items()))
@@ -179,10 +180,15 @@ class ApacheKafkaBroker:
         )
         if formatted.returncode != 0:
             raise RuntimeError(f"kafka.tools.StorageTool format failed: {formatted.stdout}{formatted.stderr}")
+        return self.launch(timeout)
+
+    def launch(self, timeout: float = 60.0) -> ApacheKafkaBroker:
+        """Run the broker on the storage it has (formatted by ``start``): after a stop or a
+        kill this is a restart on the same ports, with every record it had written."""
         with self.log_path.open("ab") as log:
             self._process = subprocess.Popen(
-                self._java("kafka.Kafka", str(config)), stdout=log, stderr=subprocess.STDOUT,
-                stdin=subprocess.DEVNULL, env={**os.environ, "LOG_DIR": str(self.workdir)},
+                self._java("kafka.Kafka", str(self.workdir / "server.properties")), stdout=log,
+                stderr=subprocess.STDOUT, stdin=subprocess.DEVNULL, env={**os.environ, "LOG_DIR": str(self.workdir)},
             )
         try:
             self.wait_until_serving(timeout)

@@ -35,13 +35,16 @@ from typing import Any
 
 from confluent_kafka import KafkaException, Producer
 
+from proxy.apache_kafka import ApacheKafkaBroker
 from proxy.tansu import TansuBroker
 
 _LINGER_RESET = struct.pack("ii", 1, 0)  # SO_LINGER on, 0 s: close() sends RST, leaves no TIME_WAIT
 
 
-class FaultyTansu(TansuBroker):
-    """``TansuBroker`` that can be killed, stalled and restarted on the same port."""
+class _BrokerFaults:
+    """Kill, stall and restart for a broker run as one child process (``_process``)."""
+
+    _process: subprocess.Popen[bytes] | None
 
     def pid(self) -> int:
         assert self._process is not None, "not running"
@@ -55,23 +58,66 @@ class FaultyTansu(TansuBroker):
         self._process = None
 
     def stall(self) -> None:
-        """SIGSTOP: connections stay open, nothing is answered."""
+        """SIGSTOP: connections stay open (the kernel still accepts and acknowledges), nothing is answered."""
         os.kill(self.pid(), signal.SIGSTOP)
 
     def resume(self) -> None:
         os.kill(self.pid(), signal.SIGCONT)
 
     def restart(self, down_for: float = 0.0) -> None:
-        """Kill, stay down ``down_for`` seconds, start again on the same port (empty)."""
+        """Kill, stay down ``down_for`` seconds, start again on the same port."""
         if self._process is not None:
             self.kill()
         time.sleep(down_for)
-        self.start()
+        self._start_again()
+
+    def _start_again(self) -> None:
+        raise NotImplementedError
 
     def stop(self) -> None:
         if self._process is not None:
             self.resume()  # a stopped process would not act on SIGTERM
-        super().stop()
+        super().stop()  # type: ignore[misc]
+
+
+class FaultyTansu(_BrokerFaults, TansuBroker):
+    """Tansu that can be killed, stalled and restarted on the same port (empty: memory storage)."""
+
+    def _start_again(self) -> None:
+        self.start()
+
+
+class FaultyApacheKafka(_BrokerFaults, ApacheKafkaBroker):
+    """Apache Kafka that can be killed, stalled and restarted on the same ports with the
+    records it had written (its storage is a directory): what counts records across a
+    broker restart."""
+
+    def _start_again(self) -> None:
+        self.launch()
+
+
+def sockets_to(pid: int, port: int) -> int:
+    """TCP sockets process ``pid`` holds whose remote port is ``port`` (any state: one in
+    CLOSE_WAIT that nobody closes is a leak too), read from /proc as ``ss -tnp`` would."""
+    inodes = set()
+    for fd in Path(f"/proc/{pid}/fd").iterdir():
+        try:
+            target = os.readlink(fd)
+        except OSError:
+            continue  # closed meanwhile
+        if target.startswith("socket:["):
+            inodes.add(target[8:-1])
+    held = 0
+    for table in ("tcp", "tcp6"):
+        for line in Path(f"/proc/{pid}/net/{table}").read_text().splitlines()[1:]:
+            fields = line.split()
+            if int(fields[2].rsplit(":", 1)[1], 16) == port and fields[9] in inodes:
+                held += 1
+    return held
+
+
+def open_fds(pid: int) -> int:
+    return len(os.listdir(f"/proc/{pid}/fd"))
 
 
 @dataclass
@@ -82,10 +128,12 @@ class ProducerTraffic:
     bootstrap: str
     topic: str
     interval: float = 0.01
+    name: str = "record"  # values are name-0, name-1, ...: unique per producer when names are
     config: dict[str, Any] = field(default_factory=dict)
     acked: list[bytes] = field(default_factory=list)
     failed: list[str] = field(default_factory=list)
     latencies: list[float] = field(default_factory=list)  # produce() to acknowledgement, seconds
+    unflushed: int = -1  # records neither acknowledged nor failed when stop() gave up waiting
     _stop: threading.Event = field(default_factory=threading.Event)
     _thread: threading.Thread | None = None
 
@@ -102,7 +150,7 @@ class ProducerTraffic:
         producer = self._producer()
         sent = 0
         while not self._stop.wait(self.interval):
-            value = f"record-{sent}".encode()
+            value = f"{self.name}-{sent}".encode()
             started = time.monotonic()
 
             def delivered(err: Any, msg: Any, started: float = started) -> None:
@@ -123,12 +171,14 @@ class ProducerTraffic:
                 self.failed.append(f"fatal: {exc}")
                 producer = self._producer()
             producer.poll(0)
-        producer.flush(30)
+        self.unflushed = producer.flush(30)
 
     def stop(self) -> None:
+        """Stop producing and wait for every record to be acknowledged or failed (at most 30 s)."""
         self._stop.set()
         if self._thread is not None:
             self._thread.join(60)
+            assert not self._thread.is_alive(), "the producer thread hangs"
 
     def p99_ms(self, since: int = 0) -> float:
         """p99 of the acknowledgement latencies from index ``since`` on, in ms."""
@@ -224,13 +274,16 @@ def _storm(address: str, rate: int, seconds: float) -> StormResult:
 
 
 class Slowloris:
-    """``count`` connections, each announcing a ``size``-byte request and then sending
-    its body one byte every ``interval`` seconds, until the proxy closes it or ``stop()``."""
+    """``count`` connections, each announcing a ``size``-byte request, sending the first
+    ``prefill`` bytes of its body as fast as the proxy takes them and the rest one byte
+    every ``interval`` seconds, until the proxy closes it or ``stop()``."""
 
-    def __init__(self, address: str, count: int, size: int = 1_000_000, interval: float = 0.5) -> None:
+    def __init__(
+        self, address: str, count: int, size: int = 1_000_000, interval: float = 0.5, prefill: int = 0
+    ) -> None:
         host, port = address.rsplit(":", 1)
         self.sockets = [socket.create_connection((host, int(port)), timeout=10) for _ in range(count)]
-        self.size, self.interval = size, interval
+        self.size, self.interval, self.prefill = size, interval, prefill
         self.closed_by_peer = 0
         self._stop = threading.Event()
         self._thread = threading.Thread(target=self._dribble, daemon=True)
@@ -243,25 +296,31 @@ class Slowloris:
         return self
 
     def _dribble(self) -> None:
-        alive = list(self.sockets)
-        while alive and not self._stop.wait(self.interval):
-            for sock in list(alive):
+        alive = {sock: 4 for sock in self.sockets}  # socket -> body bytes sent
+        filler = bytes(65536)
+        while alive and not self._stop.wait(self.interval if all(n >= self.prefill for n in alive.values()) else 0.01):
+            for sock, sent in list(alive.items()):
                 try:
                     if sock.recv(1) == b"":
                         raise ConnectionResetError
                 except BlockingIOError:
                     pass  # nothing to read: still open
                 except OSError:
-                    alive.remove(sock)
+                    del alive[sock]
                     self.closed_by_peer += 1
                     continue
                 try:
-                    sock.send(b"\x00")
+                    while sent < self.prefill:  # as much as the socket takes now
+                        sent += sock.send(filler[: self.prefill - sent])
+                    if sent < self.size - 1:
+                        sent += sock.send(b"\x00")
                 except BlockingIOError:
                     pass
                 except OSError:
-                    alive.remove(sock)
+                    del alive[sock]
                     self.closed_by_peer += 1
+                    continue
+                alive[sock] = sent
 
     def stop(self) -> None:
         self._stop.set()
@@ -296,6 +355,62 @@ class NonReadingClient:
         self.sock.close()
 
 
+class StoppedClient:
+    """A client process that talks to ``address`` and then is stopped (SIGSTOP) for good:
+    its kernel keeps the connection open and acknowledges, nothing reads or sends again,
+    no FIN ever comes, the way a frozen or partitioned client looks to a server.
+
+    ``mode``: ``idle`` (one ApiVersions round trip), ``request`` (a Metadata request it
+    never reads the answer to), ``unread`` (Metadata requests until the proxy stops taking
+    them, none read)."""
+
+    def __init__(self, address: str, mode: str) -> None:
+        self.process = subprocess.Popen(
+            [sys.executable, "-m", "tests.faults", "stopped-client", address, mode],
+            stdout=subprocess.PIPE, text=True, cwd=Path(__file__).resolve().parents[1],
+        )
+        assert self.process.stdout is not None
+        self.sent = int(self.process.stdout.readline() or -1)
+        assert self.sent >= 0, f"the {mode} client failed"
+        deadline = time.monotonic() + 10
+        while Path(f"/proc/{self.process.pid}/stat").read_text().split(") ")[1][0] != "T":
+            assert time.monotonic() < deadline, "the client did not stop"
+            time.sleep(0.01)
+
+    def kill(self) -> None:
+        self.process.kill()
+        self.process.wait()
+
+
+def _stopped_client(address: str, mode: str) -> None:
+    from tests.raw_kafka import api_versions_frame, metadata_frame
+
+    host, port = address.rsplit(":", 1)
+    sock = socket.create_connection((host, int(port)), timeout=10)
+    sent = 0
+    if mode == "idle":
+        sock.sendall(api_versions_frame(1))
+        size = int.from_bytes(sock.recv(4, socket.MSG_WAITALL), "big")
+        sock.recv(size, socket.MSG_WAITALL)
+    elif mode == "request":
+        sock.sendall(metadata_frame(1))
+        sent = 1
+    else:
+        sock.settimeout(1)
+        frame = metadata_frame(1)
+        try:
+            while True:
+                sock.sendall(frame)
+                sent += 1
+        except TimeoutError:
+            pass  # the proxy stopped reading: what it has taken it cannot answer
+    print(sent, flush=True)
+    os.kill(os.getpid(), signal.SIGSTOP)
+    time.sleep(3600)
+
+
 if __name__ == "__main__" and sys.argv[1] == "storm":
     result = _storm(sys.argv[2], int(sys.argv[3]), float(sys.argv[4]))
     print(json.dumps(result.__dict__))
+elif __name__ == "__main__" and sys.argv[1] == "stopped-client":
+    _stopped_client(sys.argv[2], sys.argv[3])
