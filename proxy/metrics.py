@@ -14,7 +14,7 @@ from importlib.metadata import PackageNotFoundError, version
 
 import trio
 from prometheus_client import CollectorRegistry, Counter, Gauge, ProcessCollector
-from prometheus_client.core import CounterMetricFamily, HistogramMetricFamily
+from prometheus_client.core import CounterMetricFamily, GaugeMetricFamily, HistogramMetricFamily
 from prometheus_client.registry import Collector
 
 from .wire import api_name
@@ -138,6 +138,7 @@ class Metrics:
         self.brokers_known = Gauge("kafka_admission_brokers_known", "Broker nodes served on a proxy port", registry=r)
         self.traffic: dict[str, TrafficStats] = {}
         r.register(_TrafficCollector(self.traffic))
+        r.register(_TaskCollector())
         self.audit_events = Counter(
             "kafka_admission_audit_events", "Audit events written, by type", ("type",), registry=r
         )
@@ -213,3 +214,23 @@ class _TrafficCollector(Collector):
                 buckets.append(("+Inf" if bound == float("inf") else repr(bound), cumulative))
             latency.add_metric((listener,), buckets, stats.latency_sum)
         yield from (requests, request_bytes, response_bytes, latency)
+
+
+class _TaskCollector(Collector):
+    """``kafka_admission_trio_tasks``: every trio task alive when scraped (a few per
+    connection plus a fixed set), so a soak can tell a task leak from traffic."""
+
+    def collect(self) -> Iterator[GaugeMetricFamily]:
+        try:
+            root = trio.lowlevel.current_root_task()
+        except RuntimeError:  # collected outside the proxy's trio run (e.g. a unit test)
+            return
+        if root is None:
+            return
+        tasks, stack = 0, [root]
+        while stack:
+            task = stack.pop()
+            tasks += 1
+            for nursery in task.child_nurseries:
+                stack.extend(nursery.child_tasks)
+        yield GaugeMetricFamily("kafka_admission_trio_tasks", "trio tasks alive in the proxy now", value=tasks)
