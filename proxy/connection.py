@@ -44,7 +44,7 @@ from .request import Request
 from .runtime import Runtime
 from .session import Pending, Session, State, UnexpectedResponse
 from .tls import TlsTermination
-from .transport import SocketTransport, TlsTransport, Transport, stdlib_socket
+from .transport import SendStalled, SocketTransport, TlsTransport, Transport, stdlib_socket
 from .upstream import UpstreamLink, UpstreamUnavailable
 from .wire import Received
 
@@ -189,6 +189,17 @@ class ClientConnection:
     # -- before the first request -------------------------------------------------------
 
     async def _client_stream(self) -> Transport:
+        client = await self._open_client_stream()
+        # Kafka's idle expiry counts socket activity, not requests in flight: a client that
+        # takes no byte of its responses for connections.max.idle.ms is closed (a frozen
+        # client would otherwise hold its connection, and what it was sent, for ever).
+        quotas = self.runtime.gate.quotas
+        idle_ms = quotas.limits.connections_max_idle_ms
+        if idle_ms >= 0 and quotas.mode is Mode.ENFORCE:
+            client.stall_timeout = idle_ms / 1000
+        return client
+
+    async def _open_client_stream(self) -> Transport:
         termination = self.port.tls
         if termination is None:
             self._client = SocketTransport(stdlib_socket(self._tcp))
@@ -556,7 +567,10 @@ class ClientConnection:
         self._writing = True
         try:
             data = out[0] if len(out) == 1 else b"".join(out)
-            await client.send(data)
+            try:
+                await client.send(data)
+            except SendStalled:
+                self._send_stalled(client.stall_timeout)
             self.bytes_out += len(data)
             self.port.stats.response_bytes += len(data)
         finally:
@@ -564,6 +578,19 @@ class ClientConnection:
             if self._written is not None:
                 self._written.set()
                 self._written = None
+
+    def _send_stalled(self, seconds: float) -> NoReturn:
+        idle_ms = round(seconds * 1000)
+        decision = Decision(
+            Policy.CONNECTIONS,
+            Action.CLOSE,
+            Mode.ENFORCE,
+            "connections.max.idle.ms",
+            f"connections.max.idle.ms={idle_ms} exceeded (the client read no response byte for {seconds:g}s)",
+            limit=idle_ms,
+        )
+        self.runtime.recorder.record(decision, self.where)
+        raise ConnectionClosed("closed: connections.max.idle.ms", decision.reason)
 
     def _delivered(self, delivered: list[Pending], now: float, started: float) -> None:
         """Responses are with the client: release their memory, mark activity, time them."""

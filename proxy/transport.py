@@ -16,6 +16,7 @@ bench/instructions_per_request.py).
 
 from __future__ import annotations
 
+import math
 import socket
 import ssl
 from collections.abc import Awaitable, Callable
@@ -37,6 +38,24 @@ class Transport(Protocol):
 
     async def aclose(self) -> None: ...
 
+    # A send that waits longer than this for the peer to take a byte raises SendStalled.
+    stall_timeout: float
+
+
+class SendStalled(trio.BrokenResourceError):
+    """The peer took no byte for ``stall_timeout`` seconds while a send waited."""
+
+
+async def _wait_writable(sock: socket.socket, stall_timeout: float) -> None:
+    """Wait for room to send; only a send that would block pays for the deadline."""
+    if stall_timeout == math.inf:
+        await trio.lowlevel.wait_writable(sock)
+        return
+    with trio.move_on_after(stall_timeout) as waited:
+        await trio.lowlevel.wait_writable(sock)
+    if waited.cancelled_caught:
+        raise SendStalled(f"the peer took nothing for {stall_timeout:g}s")
+
 
 def stdlib_socket(stream: trio.SocketStream) -> socket.socket:
     """The plain socket behind a trio SocketStream, now owned by the caller."""
@@ -48,11 +67,12 @@ def stdlib_socket(stream: trio.SocketStream) -> socket.socket:
 
 
 class SocketTransport:
-    __slots__ = ("_drained", "sock")
+    __slots__ = ("_drained", "sock", "stall_timeout")
 
     def __init__(self, sock: socket.socket) -> None:
         self.sock = sock
         self._drained = False
+        self.stall_timeout = math.inf
 
     async def receive(self, max_bytes: int) -> bytes:
         sock = self.sock
@@ -81,7 +101,7 @@ class SocketTransport:
             try:
                 sent += sock.send(view[sent:])
             except BlockingIOError:
-                await trio.lowlevel.wait_writable(sock)
+                await _wait_writable(sock, self.stall_timeout)
             except OSError as exc:
                 raise trio.BrokenResourceError(f"send failed: {exc!r}") from exc
 
@@ -97,11 +117,12 @@ class TlsTransport:
     """A TLS connection on a non-blocking stdlib socket. The two pumps share it: one
     receives while the other sends, which OpenSSL allows in one thread."""
 
-    __slots__ = ("_drained", "sock")
+    __slots__ = ("_drained", "sock", "stall_timeout")
 
     def __init__(self, sock: ssl.SSLSocket) -> None:
         self.sock = sock
         self._drained = False
+        self.stall_timeout = math.inf
 
     @classmethod
     async def handshake(
@@ -161,7 +182,7 @@ class TlsTransport:
             try:
                 sent += tls.send(view[sent:])  # retried with the same bytes after a wait, as OpenSSL asks
             except ssl.SSLWantWriteError:
-                await trio.lowlevel.wait_writable(tls)
+                await _wait_writable(tls, self.stall_timeout)
             except ssl.SSLWantReadError:
                 await _wait_shared(trio.lowlevel.wait_readable, tls)
             except OSError as exc:
