@@ -169,7 +169,9 @@ class ApacheKafkaBroker:
         config = self.workdir / "server.properties"
         config.write_text("".join(f"{k}={v}\n" for k, v in self.server_properties().items()))
         (self.workdir / "log4j2.properties").write_text(LOG4J2)
-        cluster_id = base64.urlsafe_b64encode(uuid.uuid4().bytes).rstrip(b"=").decode()
+        cluster_id = "-"
+        while cluster_id.startswith("-"):  # read as an option by the storage tool (Kafka's Uuid avoids it too)
+            cluster_id = base64.urlsafe_b64encode(uuid.uuid4().bytes).rstrip(b"=").decode()
         scram = [
             arg for user, password in self.scram_users.items()
             for arg in ("--add-scram", f"SCRAM-SHA-512=[name={user},password={password}]")
