@@ -33,7 +33,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
-from confluent_kafka import KafkaException, Producer
+from confluent_kafka import OFFSET_BEGINNING, Consumer, KafkaException, Producer, TopicPartition
 
 from proxy.apache_kafka import ApacheKafkaBroker
 from proxy.tansu import TansuBroker
@@ -353,6 +353,41 @@ class NonReadingClient:
 
     def close(self) -> None:
         self.sock.close()
+
+
+def consumed_values(bootstrap: str, topic: str, expected: int, timeout: float = 30) -> list[bytes]:
+    """Every record of ``topic`` from the start (partitions assigned, no group to join),
+    read until ``expected`` have come and nothing more arrives for a second."""
+    # A group id is required; with assign() no group is joined and nothing is committed.
+    consumer = Consumer({"bootstrap.servers": bootstrap, "group.id": "count", "enable.auto.commit": False})
+    values: list[bytes] = []
+    try:
+        partitions = consumer.list_topics(topic, timeout=10).topics[topic].partitions
+        consumer.assign([TopicPartition(topic, p, OFFSET_BEGINNING) for p in partitions])
+        deadline = time.monotonic() + timeout
+        quiet_since = time.monotonic()
+        while time.monotonic() < deadline:
+            message = consumer.poll(0.2)
+            if message is None or message.error() is not None:
+                if len(values) >= expected and time.monotonic() - quiet_since > 1:
+                    break
+                continue
+            values.append(message.value())
+            quiet_since = time.monotonic()
+    finally:
+        consumer.close()
+    return values
+
+
+def assert_exactly_once(traffic: list[ProducerTraffic], values: list[bytes]) -> int:
+    """Every acknowledged record is among ``values`` exactly once, and no record is there
+    twice; returns how many were acknowledged."""
+    acked = [v for t in traffic for v in t.acked]
+    assert len(set(acked)) == len(acked)
+    duplicated = len(values) - len(set(values))
+    lost = set(acked) - set(values)
+    assert duplicated == 0 and not lost, f"{duplicated} duplicated, {len(lost)} lost of {len(acked)}"
+    return len(acked)
 
 
 class StoppedClient:

@@ -17,7 +17,6 @@ from collections.abc import Iterator
 from typing import Any
 
 import pytest
-from confluent_kafka import OFFSET_BEGINNING, Consumer, TopicPartition
 
 from proxy.framing import RECEIVE_SIZE
 from tests.clients import create_topic, unique
@@ -28,6 +27,8 @@ from tests.faults import (
     ProducerTraffic,
     Slowloris,
     StoppedClient,
+    assert_exactly_once,
+    consumed_values,
     sockets_to,
 )
 from tests.integration.test_bad_input import rss_kib
@@ -55,40 +56,6 @@ def serves(address: str) -> bool:
             return bool(conn.read_response(18, 3).header.correlation_id == 1)
     except (OSError, ConnectionError):
         return False
-
-
-def consumed_values(bootstrap: str, topic: str, expected: int, timeout: float = 30) -> list[bytes]:
-    """Every record of ``topic`` from the start (partitions assigned, no group to join),
-    read until ``expected`` have come and nothing more arrives for a second."""
-    consumer = Consumer({"bootstrap.servers": bootstrap, "group.id": unique("count"), "enable.auto.commit": False})
-    values: list[bytes] = []
-    try:
-        partitions = consumer.list_topics(topic, timeout=10).topics[topic].partitions
-        consumer.assign([TopicPartition(topic, p, OFFSET_BEGINNING) for p in partitions])
-        deadline = time.monotonic() + timeout
-        quiet_since = time.monotonic()
-        while time.monotonic() < deadline:
-            message = consumer.poll(0.2)
-            if message is None or message.error() is not None:
-                if len(values) >= expected and time.monotonic() - quiet_since > 1:
-                    break
-                continue
-            values.append(message.value())
-            quiet_since = time.monotonic()
-    finally:
-        consumer.close()
-    return values
-
-
-def assert_exactly_once(traffic: list[ProducerTraffic], values: list[bytes]) -> int:
-    """Every acknowledged record is among ``values`` exactly once, and no record is there
-    twice; returns how many were acknowledged."""
-    acked = [v for t in traffic for v in t.acked]
-    assert len(set(acked)) == len(acked)
-    duplicated = len(values) - len(set(values))
-    lost = set(acked) - set(values)
-    assert duplicated == 0 and not lost, f"{duplicated} duplicated, {len(lost)} lost of {len(acked)}"
-    return len(acked)
 
 
 def test_broker_killed_and_restarted_under_traffic(faulty_tansu: FaultyTansu, start_proxy: Any) -> None:
