@@ -20,9 +20,11 @@ BENCH_PACKAGES := haproxy stunnel4 valgrind strace default-jdk-headless
 # e.g. make bench BENCH_ARGS="--paths floor,proxy-all --rounds 3"
 BENCH_ARGS :=
 PROFILE_ARGS :=
+# How long `make soak` runs mixed traffic (seconds).
+SOAK_SECONDS := 600
 
 .PHONY: demo test test-tools deploy-tools apache-kafka test-apache-kafka lint bench bench-tools profile \
-	bench-instructions lock runtime-size fuzz
+	bench-instructions lock runtime-size fuzz soak
 
 $(BIN)/.installed: pyproject.toml requirements/dev.txt
 	python3 -m venv $(VENV)
@@ -108,3 +110,8 @@ runtime-size:
 # prints a table of cases and seconds per target and writes .fuzz-report.json.
 fuzz: $(BIN)/.installed
 	FUZZ_PROFILE=million $(BIN)/pytest tests/fuzz -p no:cacheprovider -q
+
+# Mixed traffic for SOAK_SECONDS through the proxy: RSS, open fds and trio tasks sampled
+# every 5 s, fails on growth; writes .soak-report.json (see RELIABILITY.md).
+soak: $(BIN)/.installed
+	SOAK_SECONDS=$(SOAK_SECONDS) $(BIN)/pytest -m slow tests/integration/test_soak.py -p no:cacheprovider -q -s
