@@ -37,6 +37,7 @@ from confluent_kafka import OFFSET_BEGINNING, Consumer, KafkaException, Producer
 
 from proxy.apache_kafka import ApacheKafkaBroker
 from proxy.tansu import TansuBroker
+from tests.raw_kafka import RawConnection, api_versions_frame, metadata_frame
 
 _LINGER_RESET = struct.pack("ii", 1, 0)  # SO_LINGER on, 0 s: close() sends RST, leaves no TIME_WAIT
 
@@ -60,6 +61,12 @@ class _BrokerFaults:
     def stall(self) -> None:
         """SIGSTOP: connections stay open (the kernel still accepts and acknowledges), nothing is answered."""
         os.kill(self.pid(), signal.SIGSTOP)
+        # The signal is delivered asynchronously: a broker thread on the other core may
+        # still answer a request or two. Return once every thread has stopped.
+        deadline = time.monotonic() + 5
+        while any(_state(task) not in ("T", "gone") for task in Path(f"/proc/{self.pid()}/task").iterdir()):
+            assert time.monotonic() < deadline, "the broker did not stop"
+            time.sleep(0.005)
 
     def resume(self) -> None:
         os.kill(self.pid(), signal.SIGCONT)
@@ -78,6 +85,14 @@ class _BrokerFaults:
         if self._process is not None:
             self.resume()  # a stopped process would not act on SIGTERM
         super().stop()  # type: ignore[misc]
+
+
+def _state(task: Path) -> str:
+    """A thread's state letter from /proc (T: stopped), or "gone"."""
+    try:
+        return (task / "stat").read_text().rsplit(")", 1)[1].split()[0]
+    except FileNotFoundError:
+        return "gone"
 
 
 class FaultyTansu(_BrokerFaults, TansuBroker):
@@ -114,6 +129,16 @@ def sockets_to(pid: int, port: int) -> int:
             if int(fields[2].rsplit(":", 1)[1], 16) == port and fields[9] in inodes:
                 held += 1
     return held
+
+
+def serves(address: str) -> bool:
+    """True if an ApiVersions request through ``address`` is answered within 3 s."""
+    try:
+        with RawConnection(address, timeout=3) as conn:
+            conn.send(api_versions_frame(1))
+            return bool(conn.read_response(18, 3).header.correlation_id == 1)
+    except (OSError, ConnectionError):
+        return False
 
 
 def open_fds(pid: int) -> int:
@@ -418,8 +443,6 @@ class StoppedClient:
 
 
 def _stopped_client(address: str, mode: str) -> None:
-    from tests.raw_kafka import api_versions_frame, metadata_frame
-
     host, port = address.rsplit(":", 1)
     sock = socket.create_connection((host, int(port)), timeout=10)
     sent = 0

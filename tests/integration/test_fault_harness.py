@@ -13,7 +13,7 @@ import pytest
 
 from tests.clients import create_topic, unique
 from tests.conftest import wait_until
-from tests.faults import ConnectionStorm, FaultyTansu, NonReadingClient, ProducerTraffic, Slowloris
+from tests.faults import ConnectionStorm, FaultyTansu, NonReadingClient, ProducerTraffic, Slowloris, serves
 from tests.integration.test_bad_input import rss_kib
 from tests.raw_kafka import RawConnection, api_versions_frame, metadata_frame
 
@@ -22,15 +22,6 @@ from tests.raw_kafka import RawConnection, api_versions_frame, metadata_frame
 def faulty_tansu() -> Iterator[FaultyTansu]:
     with FaultyTansu() as broker:
         yield broker
-
-
-def api_versions_through(address: str) -> bool:
-    try:
-        with RawConnection(address, timeout=3) as conn:
-            conn.send(api_versions_frame(1))
-            return bool(conn.read_response(18, 3).header.correlation_id == 1)
-    except (OSError, ConnectionError):
-        return False
 
 
 def test_faulty_tansu_is_killed_and_restarted_on_its_port_under_traffic(
@@ -46,7 +37,7 @@ def test_faulty_tansu_is_killed_and_restarted_on_its_port_under_traffic(
     wait_until(lambda: len(traffic.acked) >= 20)
 
     faulty_tansu.kill()
-    assert not api_versions_through(proxy.bootstrap)  # nothing behind the proxy now
+    assert not serves(proxy.bootstrap)  # nothing behind the proxy now
     faulty_tansu.restart(down_for=0.5)  # memory storage: the topic is gone; producing creates it again
     acked_before = len(traffic.acked)
     try:
@@ -55,7 +46,7 @@ def test_faulty_tansu_is_killed_and_restarted_on_its_port_under_traffic(
         traffic.stop()
 
     assert faulty_tansu.port == port and faulty_tansu.pid() != first_pid
-    assert api_versions_through(proxy.bootstrap)
+    assert serves(proxy.bootstrap)
     assert proxy.process.poll() is None
 
 
@@ -85,7 +76,7 @@ def test_a_connection_storm_reaches_5000_attempts_a_second(tansu: Any, start_pro
     # Once the proxy has worked through the storm in its backlog it serves a new client.
     # (Handshakes the kernel completed beyond the listen backlog are dropped unseen, so
     # fewer are accepted than connected.)
-    wait_until(lambda: api_versions_through(proxy.bootstrap), timeout=60)
+    wait_until(lambda: serves(proxy.bootstrap), timeout=60)
     assert proxy.metric("kafka_admission_connections_accepted_total") > 1000
 
 
@@ -97,7 +88,7 @@ def test_slowloris_senders_are_dropped_after_request_body_timeout(tansu: Any, st
     finally:
         senders.stop()
     assert proxy.metric("kafka_admission_connection_failures_total", cause="request_body_timeout") == 50
-    assert api_versions_through(proxy.bootstrap)
+    assert serves(proxy.bootstrap)
 
 
 def test_a_client_that_stops_reading_is_pushed_back_without_memory_growth(tansu: Any, start_proxy: Any) -> None:
@@ -110,6 +101,6 @@ def test_a_client_that_stops_reading_is_pushed_back_without_memory_growth(tansu:
         # The kernel holds ~100k of its requests in socket buffers; the proxy takes at
         # most MAX_PENDING_REQUESTS of them (without that cap it held them all: +30-50 MB).
         assert rss_kib(proxy.process.pid) - rss_before < 12 * 1024
-        assert api_versions_through(proxy.bootstrap)  # everyone else is served meanwhile
+        assert serves(proxy.bootstrap)  # everyone else is served meanwhile
     finally:
         client.close()

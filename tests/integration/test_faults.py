@@ -29,6 +29,7 @@ from tests.faults import (
     StoppedClient,
     assert_exactly_once,
     consumed_values,
+    serves,
     sockets_to,
 )
 from tests.integration.test_bad_input import rss_kib
@@ -47,15 +48,6 @@ def figures(scenario: str, **measured: Any) -> None:
     """What a scenario measured, one line (``pytest -s``), for RELIABILITY.md."""
     load = os.getloadavg()[0]
     print(f"\nFIGURES {scenario}: " + ", ".join(f"{k}={v}" for k, v in measured.items()) + f", load={load:.1f}")
-
-
-def serves(address: str) -> bool:
-    try:
-        with RawConnection(address, timeout=3) as conn:
-            conn.send(api_versions_frame(1))
-            return bool(conn.read_response(18, 3).header.correlation_id == 1)
-    except (OSError, ConnectionError):
-        return False
 
 
 def test_broker_killed_and_restarted_under_traffic(faulty_tansu: FaultyTansu, start_proxy: Any) -> None:

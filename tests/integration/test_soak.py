@@ -26,9 +26,9 @@ from confluent_kafka import Consumer
 from confluent_kafka.admin import AdminClient
 
 from tests.clients import GROUP_CONF, create_topic, unique
-from tests.faults import ProducerTraffic, open_fds
+from tests.faults import ProducerTraffic, open_fds, serves
 from tests.integration.test_bad_input import rss_kib
-from tests.integration.test_faults import figures, serves
+from tests.integration.test_faults import figures
 
 SOAK_SECONDS = float(os.environ.get("SOAK_SECONDS", "600"))
 SAMPLE_EVERY_S = 5.0
