@@ -16,21 +16,31 @@ window to window.
 
     .venv/bin/python bench/instructions_per_request.py                     # floor, epoll, proxy-all
     .venv/bin/python bench/instructions_per_request.py --paths proxy-all --round-trips 300 --windows 3
+
+``--load produce`` counts bulk produce instead: per window, ``--megabytes`` of
+1 KiB records pipelined by one producer in full 256 KiB batches (``linger.ms``
+long enough that every batch fills, so a slowed middle sees the same requests),
+and prints instructions per MB of record values.
+
+    .venv/bin/python bench/instructions_per_request.py --load produce --paths stunnel,proxy-all-tls
 """
 
 from __future__ import annotations
 
 import argparse
+import contextlib
 import random
 import re
 import subprocess
 import sys
 import tempfile
 import time
+from collections.abc import Callable, Iterator
 from pathlib import Path
+from typing import Any
 
 from harness import BenchError, load_average
-from proxy_vs_direct import middle_paths, round_trips, started
+from proxy_vs_direct import _produce_all, _producer, middle_paths, round_trips, started
 
 DEFAULT_PATHS = "floor,epoll,proxy-all"
 
@@ -58,27 +68,43 @@ def count_windows(name: str, args: argparse.Namespace, workdir: Path) -> list[fl
         f"--callgrind-out-file={out}/callgrind.out.%p",
     ]
     payload = random.randbytes(1024)
-    per_round_trip = []
+    per_unit = []
+    unit, per = ("round trip", args.round_trips) if args.load == "round-trips" else ("MB", args.megabytes)
     with started([name], wrap=wrap) as endpoints:
         endpoint = endpoints[name]
         assert endpoint.middle is not None
         pid = endpoint.middle.pid
         # one connection for all windows: its set-up (accept, ApiVersions, Metadata) is not counted
-        with round_trips(endpoint, payload) as run:
+        with load(endpoint, payload, args) as run:
             run(args.warmup)
             callgrind_control(pid, "--instr=on")
             run(args.warmup)  # code paths instrumented once
             for window in range(args.windows):
                 callgrind_control(pid, "--zero")
-                run(args.round_trips)
+                run(per)
                 callgrind_control(pid, f"--dump=window{window}")
                 dumps = sorted(out.glob("callgrind.out.*.*"), key=lambda p: p.stat().st_mtime)
                 if not dumps:
                     raise BenchError(f"{name}: callgrind wrote no dump in {out}")
-                per_round_trip.append(instructions_in(dumps[-1]) / args.round_trips)
-                print(f"{name:<14} window {window + 1}: {per_round_trip[-1]:,.0f} instructions per round trip",
-                      flush=True)
-    return per_round_trip
+                per_unit.append(instructions_in(dumps[-1]) / per)
+                print(f"{name:<14} window {window + 1}: {per_unit[-1]:,.0f} instructions per {unit}", flush=True)
+    return per_unit
+
+
+@contextlib.contextmanager
+def load(endpoint: Any, payload: bytes, args: argparse.Namespace) -> Iterator[Callable[[int], object]]:
+    """``run(n)``: n single-record round trips, or n MB of pipelined 1 KiB records."""
+    if args.load == "round-trips":
+        with round_trips(endpoint, payload) as run:
+            yield run
+        return
+    config = {"acks": "1", "linger.ms": 1000, "batch.size": 256 * 1024, "batch.num.messages": 1_000_000}
+    with _producer(endpoint, **config) as (producer, deliveries):
+        def produce(megabytes: int) -> None:
+            _produce_all(producer, payload, megabytes * 1_000_000 // len(payload), "produce")
+            deliveries.check("produce")
+
+        yield produce
 
 
 def main(argv: list[str] | None = None) -> int:
@@ -86,12 +112,18 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--paths", default=DEFAULT_PATHS, help="comma-separated paths with a middle process")
     parser.add_argument("--round-trips", type=int, default=200, help="round trips per window")
     parser.add_argument("--windows", type=int, default=2, help="windows counted per path")
-    parser.add_argument("--warmup", type=int, default=50, help="round trips before counting")
+    parser.add_argument("--warmup", type=int, default=None, help="round trips (50) or MB (2) before counting")
+    parser.add_argument("--load", choices=["round-trips", "produce"], default="round-trips")
+    parser.add_argument("--megabytes", type=int, default=20, help="MB of records per window (--load produce)")
     args = parser.parse_args(argv)
     paths = middle_paths(parser, args.paths, "valgrind", "callgrind_control")
     began = time.monotonic()
-    print(f"load average {load_average()}; {args.windows} windows of {args.round_trips} round trips per path")
-    rows = ["| path | instructions per round trip (median of windows) | windows |", "|---|---:|---|"]
+    if args.warmup is None:
+        args.warmup = 50 if args.load == "round-trips" else 2
+    what = f"{args.round_trips} round trips" if args.load == "round-trips" else f"{args.megabytes} MB produced"
+    print(f"load average {load_average()}; {args.windows} windows of {what} per path")
+    unit = "round trip" if args.load == "round-trips" else "MB produced"
+    rows = [f"| path | instructions per {unit} (median of windows) | windows |", "|---|---:|---|"]
     try:
         with tempfile.TemporaryDirectory(prefix="callgrind-") as tmp:
             for name in paths:
