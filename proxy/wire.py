@@ -8,6 +8,7 @@ peeks read it in place, as ``(buffer, start)`` with ``start`` at its prefix.
 
 from __future__ import annotations
 
+import functools
 import io
 import struct
 from dataclasses import dataclass
@@ -38,6 +39,7 @@ def api_name(api_key: int) -> str:
     return api_key_map.get(api_key, "unknown")
 
 
+@functools.cache  # asked per API entry of every ApiVersions response the proxy rewrites
 def max_known_version(api_key: int) -> int | None:
     """The newest version of an API that kio (and so this proxy) can decode."""
     name = api_key_map.get(api_key)
