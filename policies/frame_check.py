@@ -11,6 +11,9 @@ from __future__ import annotations
 import enum
 from dataclasses import dataclass
 
+from policies.decision import Action, Decision, Policy
+from policies.mode import Mode
+
 
 class FrameKind(enum.Enum):
     KAFKA = "kafka"
@@ -37,10 +40,12 @@ _HTTP_METHODS = (b"GET ", b"POST", b"PUT ", b"HEAD", b"DELE", b"OPTI", b"PATC", 
 
 
 def looks_like_tls(prefix: bytes) -> bool:
+    """The bytes start a TLS record (any TLS 1.x version)."""
     return len(prefix) >= 3 and prefix[0] in _TLS_CONTENT_TYPES and prefix[1] == 3 and prefix[2] <= 4
 
 
 def looks_like_http(prefix: bytes) -> bool:
+    """The bytes start an HTTP/1 request (or HTTP/2's preface)."""
     return prefix[:4] in _HTTP_METHODS
 
 
@@ -62,3 +67,32 @@ def check_length_prefix(prefix: bytes, max_bytes: int, *, plaintext: bool = True
     if size > max_bytes:
         return FrameVerdict(FrameKind.TOO_LARGE, size)
     return FrameVerdict(FrameKind.KAFKA, size)
+
+
+SOCKET_REQUEST_MAX_BYTES = "socket.request.max.bytes"
+
+
+def decide_request_prefix(verdict: FrameVerdict, limit: int) -> Decision:
+    """The decision on a request prefix ``check_length_prefix`` did not admit: the
+    connection is closed (a frame that is not read cannot be answered), in every mode.
+    A TLS record or an HTTP request is named as the protocol mistake it is."""
+    if verdict.admitted:
+        raise ValueError(f"a {verdict.size}-byte Kafka frame was admitted: there is nothing to decide")
+    if verdict.kind is FrameKind.TLS_RECORD:
+        reason = "client speaks TLS on a plaintext link; use TLS only on a TLS listener"
+        return Decision(Policy.PROTOCOL, Action.CLOSE, Mode.ENFORCE, "client_tls_on_plaintext", reason, subject=_CLIENT)
+    if verdict.kind is FrameKind.HTTP:
+        reason = "HTTP request on a Kafka port"
+        return Decision(Policy.PROTOCOL, Action.CLOSE, Mode.ENFORCE, "http_on_kafka_port", reason, subject=_CLIENT)
+    return Decision(
+        Policy.REQUEST_SIZE,
+        Action.CLOSE,
+        Mode.ENFORCE,
+        SOCKET_REQUEST_MAX_BYTES,
+        f"request length prefix {verdict.size} refused ({verdict.kind.value}; {SOCKET_REQUEST_MAX_BYTES}={limit})",
+        limit=limit,
+        subject={"size": verdict.size},
+    )
+
+
+_CLIENT = {"direction": "client"}

@@ -15,17 +15,33 @@ Classic groups (JoinGroup), by the coordinator's group state:
 * CompletingRebalance / Stable: admitted if the member exists, or the group has fewer than
   ``group.max.size`` members.
 * Members that only hold a pending id from ``MEMBER_ID_REQUIRED`` (KIP-394) are not counted.
+* "Exists" and "awaiting join" are asked of the request's member id (``group.hasMember(memberId)``):
+  a static member (``group.instance.id``) that restarts with an empty member id is a new member
+  for this check, so in a full Stable group it is refused until its old incarnation's session
+  ends (checked against Apache Kafka 4.4.0). Admitted, it takes over its own slot.
 
 KIP-848 consumer groups (ConsumerGroupHeartbeat): a member joining with epoch 0 is refused when
 the group already has ``group.consumer.max.size`` members and it is not one of them, with the
-message ``The consumer group has reached its maximum capacity of N members.``
+message ``The consumer group has reached its maximum capacity of N members.`` A static member
+that rejoins under its instance id takes its own slot back (KAFKA-20601).
+
+Group states. A tracked group's state moves only through ``next_state``, driven by the one table
+``TRANSITIONS`` of (state, event) -> next state, in the shape of h11's ``_state.py``. Events are
+what the coordinator did or answered (``GroupEvent``: a JoinGroup that starts a join phase, a
+JoinGroup answered with a new generation, a SyncGroup answered NONE, ...). A pair missing from
+the table raises ``InvalidTransition``: the handlers never fire one, so it is a bug here, never a
+client's doing. Where Kafka can send an answer that a state we hold does not explain (an answer
+that left the coordinator before a request we have already forwarded), the table keeps the state.
+KIP-848 groups are only Empty or Stable here (no join phase; the count is what matters).
+
+Reload. ``reconfigure`` gives the live policy new caps, join rate and mode and keeps every tracked
+group. A lowered cap applies to the next joins, as in Kafka: members already over it stay until the
+group's next rebalance, whose join phase refuses the last members to rejoin (the PreparingRebalance
+rule above); a KIP-848 group over a lowered ``group.consumer.max.size`` keeps its members and only
+refuses new ones (``throwIfConsumerGroupIsFull`` looks at joining members only).
 
 Where this policy knowingly differs from Kafka:
 
-* A static member (``group.instance.id``) that restarts with an empty member id takes over its
-  own slot and is admitted like an existing member, in classic and consumer groups alike. Kafka
-  does this for consumer groups since KAFKA-20601; its classic path still counts such a restart
-  as a new member.
 * During PreparingRebalance a static member that has not rejoined yet keeps its slot: Kafka keeps
   such members when the join phase completes, so counting only the awaiting members could end a
   rebalance over the cap. New members are admitted only while
@@ -34,6 +50,9 @@ Where this policy knowingly differs from Kafka:
   a join is admitted and given back only when a response (or a timeout) says it is free.
 * A member the policy refuses never reaches the coordinator, so a static one keeps its slot
   until its session ends (Kafka would remove it; the coordinator behind us does not).
+* Kafka starts a rebalance of a classic group found over its cap when it loads the group
+  (``GroupMetadataManager.onLoaded``, "Freshly-loaded group ... is over capacity"); the proxy cannot
+  start one, so a group over a lowered cap shrinks at its next rebalance, whatever starts it.
 * Optional ``group.join.rate.per.minute`` (not in Kafka): joins beyond that rate in one group are
   throttled (a token bucket holding one minute's worth of joins).
 
@@ -62,52 +81,34 @@ import math
 from collections import OrderedDict
 from collections.abc import Iterable, Iterator, Mapping
 from dataclasses import dataclass, field
-from typing import TypeAlias
+from typing import Final
 
+from kio.schema.errors import ErrorCode
+
+from policies.api_keys import HEARTBEAT, INT_MAX, OFFSET_COMMIT, SYNC_GROUP
+from policies.decision import Action, Decision, Policy
 from policies.mode import Mode
 
 __all__ = [
-    "COORDINATOR_LOAD_IN_PROGRESS",
-    "FENCED_INSTANCE_ID",
-    "GROUP_MAX_SIZE_REACHED",
-    "ILLEGAL_GENERATION",
-    "INT_MAX",
-    "MEMBER_ID_REQUIRED",
-    "NONE",
-    "REBALANCE_IN_PROGRESS",
-    "UNKNOWN_MEMBER_ID",
-    "Admit",
-    "ConsumerHeartbeatDecision",
-    "Decision",
+    "TRANSITIONS",
     "ExpiryReport",
+    "GroupEvent",
     "GroupKind",
     "GroupSizeConfig",
     "GroupSizePolicy",
     "GroupState",
     "GroupView",
-    "JoinDecision",
-    "Refuse",
-    "Throttle",
+    "InvalidTransition",
+    "Restore",
+    "next_state",
 ]
 
-INT_MAX = 2147483647
-
-# Kafka error codes (org.apache.kafka.common.protocol.Errors).
-NONE = 0
-COORDINATOR_LOAD_IN_PROGRESS = 14
-ILLEGAL_GENERATION = 22
-UNKNOWN_MEMBER_ID = 25
-REBALANCE_IN_PROGRESS = 27
-MEMBER_ID_REQUIRED = 79
-GROUP_MAX_SIZE_REACHED = 81
-FENCED_INSTANCE_ID = 82
-
 # ConsumerGroupHeartbeat member epochs with a meaning of their own.
-JOIN_EPOCH = 0
-LEAVE_EPOCH = -1
-STATIC_LEAVE_EPOCH = -2
+JOIN_EPOCH: Final = 0
+LEAVE_EPOCH: Final = -1
+STATIC_LEAVE_EPOCH: Final = -2
 
-_MAX_PENDING_PER_GROUP = 10_000
+_MAX_PENDING_PER_GROUP: Final = 10_000
 
 
 class GroupState(enum.Enum):
@@ -119,10 +120,160 @@ class GroupState(enum.Enum):
     STABLE = "Stable"
     DEAD = "Dead"
 
+    # Members are singletons: hash by identity in C, not by name in Python (Enum.__hash__), for
+    # the TRANSITIONS lookups.
+    __hash__ = object.__hash__
+
 
 class GroupKind(enum.Enum):
     CLASSIC = "classic"  # JoinGroup/SyncGroup/Heartbeat; capped by group.max.size
     CONSUMER = "consumer"  # KIP-848 ConsumerGroupHeartbeat; capped by group.consumer.max.size
+
+
+# Enum members compared on every group request or response, bound once: on Python 3.11 reading a
+# member off its class costs about 100 ns, a module global a third of that. Error codes are kio's
+# (org.apache.kafka.common.protocol.Errors), only named here.
+_NONE: Final = ErrorCode.none
+_REBALANCE_IN_PROGRESS: Final = ErrorCode.rebalance_in_progress
+_UNKNOWN_MEMBER_ID: Final = ErrorCode.unknown_member_id
+_MEMBER_ID_REQUIRED: Final = ErrorCode.member_id_required
+_GROUP_MAX_SIZE_REACHED: Final = ErrorCode.group_max_size_reached
+_CLASSIC: Final = GroupKind.CLASSIC
+_CONSUMER: Final = GroupKind.CONSUMER
+_ENFORCE: Final = Mode.ENFORCE
+_GROUP_SIZE: Final = Policy.GROUP_SIZE
+_REFUSE: Final = Action.REFUSE
+
+
+# ---------------------------------------------------------------------------------------------
+# The state machine: one table, one transition function
+
+
+class GroupEvent(enum.Enum):
+    """What the coordinator did or answered, as far as it moves a group's state."""
+
+    # A forwarded JoinGroup the coordinator answers by (re)starting the join phase:
+    # addMemberAndRebalance, updateMemberAndRebalance, a leader's or changed member's rejoin.
+    JOIN_STARTS_REBALANCE = enum.auto()
+    # The JoinGroup that alone started the join phase failed, or never reached the coordinator.
+    STARTING_JOIN_FAILED = enum.auto()
+    # A JoinGroup (or a later answer) shows a new generation: the join phase completed.
+    JOIN_PHASE_COMPLETED = enum.auto()
+    # SyncGroup answered NONE: the leader's assignment is in.
+    SYNC_COMPLETED = enum.auto()
+    # JoinGroup, SyncGroup or Heartbeat answered REBALANCE_IN_PROGRESS for the current generation.
+    REBALANCE_ANSWERED = enum.auto()
+    # The coordinator has a member the group did not show: a response from an untracked member,
+    # or a KIP-848 join (the coordinator adds the member at once).
+    MEMBER_ADDED = enum.auto()
+    # LeaveGroup or an expired session removed members and others remain (maybePrepareRebalance).
+    MEMBER_REMOVED = enum.auto()
+    # No member is left; or a classic member joined an empty KIP-848 group, which Kafka deletes
+    # (maybeDeleteEmptyConsumerGroup) to start an empty classic group.
+    GROUP_EMPTIED = enum.auto()
+    # A ConsumerGroupHeartbeat joined a classic group: Kafka converts it (online upgrade).
+    UPGRADED_TO_CONSUMER = enum.auto()
+    # DescribeGroups / ConsumerGroupDescribe named the state.
+    DESCRIBED_EMPTY = enum.auto()
+    DESCRIBED_PREPARING_REBALANCE = enum.auto()
+    DESCRIBED_COMPLETING_REBALANCE = enum.auto()
+    DESCRIBED_STABLE = enum.auto()
+
+    __hash__ = object.__hash__  # as GroupState's
+
+
+class Restore(enum.Enum):
+    """A table target that is not a fixed state."""
+
+    BEFORE_REBALANCE = "the state the group had when the failed join started the rebalance"
+
+
+_E = GroupState.EMPTY
+_P = GroupState.PREPARING_REBALANCE
+_C = GroupState.COMPLETING_REBALANCE
+_S = GroupState.STABLE
+_Ev = GroupEvent
+_BEFORE_REBALANCE: Final = Restore.BEFORE_REBALANCE
+
+# What the coordinator can tell in any state a tracked group is in.
+_FROM_ANY_STATE: Final[Mapping[GroupEvent, GroupState]] = {
+    _Ev.GROUP_EMPTIED: _E,
+    _Ev.DESCRIBED_EMPTY: _E,
+    _Ev.DESCRIBED_PREPARING_REBALANCE: _P,
+    _Ev.DESCRIBED_COMPLETING_REBALANCE: _C,
+    _Ev.DESCRIBED_STABLE: _S,
+}
+
+TRANSITIONS: Final[Mapping[GroupState, Mapping[GroupEvent, GroupState | Restore]]] = {
+    _E: {
+        _Ev.JOIN_STARTS_REBALANCE: _P,
+        _Ev.JOIN_PHASE_COMPLETED: _C,  # a group first seen mid-life
+        _Ev.SYNC_COMPLETED: _S,
+        _Ev.REBALANCE_ANSWERED: _E,  # no-op: older than the Empty we saw (Kafka answers Empty groups UNKNOWN_MEMBER_ID)
+        _Ev.MEMBER_ADDED: _S,
+        _Ev.MEMBER_REMOVED: _E,  # no-op: an Empty group has no generation to rebalance
+        _Ev.UPGRADED_TO_CONSUMER: _E,
+        **_FROM_ANY_STATE,
+    },
+    _P: {
+        _Ev.JOIN_STARTS_REBALANCE: _P,  # another member joins the join phase
+        _Ev.STARTING_JOIN_FAILED: _BEFORE_REBALANCE,
+        _Ev.JOIN_PHASE_COMPLETED: _C,
+        _Ev.SYNC_COMPLETED: _P,  # no-op: the answer left before a join we forwarded started this rebalance
+        _Ev.REBALANCE_ANSWERED: _P,
+        _Ev.MEMBER_ADDED: _P,
+        _Ev.MEMBER_REMOVED: _P,
+        _Ev.UPGRADED_TO_CONSUMER: _S,
+        **_FROM_ANY_STATE,
+    },
+    _C: {
+        _Ev.JOIN_STARTS_REBALANCE: _P,  # a new member, changed metadata, a static member replaced
+        _Ev.JOIN_PHASE_COMPLETED: _C,  # a newer generation than the one we saw complete
+        _Ev.SYNC_COMPLETED: _S,
+        _Ev.REBALANCE_ANSWERED: _P,
+        _Ev.MEMBER_ADDED: _C,
+        _Ev.MEMBER_REMOVED: _P,
+        _Ev.UPGRADED_TO_CONSUMER: _S,
+        **_FROM_ANY_STATE,
+    },
+    _S: {
+        _Ev.JOIN_STARTS_REBALANCE: _P,  # a new member, the leader's rejoin, changed metadata
+        _Ev.JOIN_PHASE_COMPLETED: _C,  # we missed the start of the rebalance
+        _Ev.SYNC_COMPLETED: _S,
+        _Ev.REBALANCE_ANSWERED: _P,
+        _Ev.MEMBER_ADDED: _S,
+        _Ev.MEMBER_REMOVED: _P,
+        _Ev.UPGRADED_TO_CONSUMER: _S,
+        **_FROM_ANY_STATE,
+    },
+    GroupState.DEAD: {},  # a Dead group is forgotten (forget_group), never tracked
+}
+
+_DESCRIBED: Final[Mapping[GroupState, GroupEvent]] = {
+    _E: _Ev.DESCRIBED_EMPTY,
+    _P: _Ev.DESCRIBED_PREPARING_REBALANCE,
+    _C: _Ev.DESCRIBED_COMPLETING_REBALANCE,
+    _S: _Ev.DESCRIBED_STABLE,
+}
+
+
+class InvalidTransition(RuntimeError):
+    """An event the group's state has no transition for: a bug in this module, not in the traffic."""
+
+    def __init__(self, state: GroupState, event: GroupEvent) -> None:
+        super().__init__(f"a group in state {state.value} cannot take {event.name} (not in group_size.TRANSITIONS)")
+        self.state = state
+        self.event = event
+
+
+def next_state(state: GroupState, event: GroupEvent, before_rebalance: GroupState = _E) -> GroupState:
+    """The state ``event`` moves a group to; ``before_rebalance`` is what the rebalance started from."""
+    target = TRANSITIONS[state].get(event)
+    if target is None:
+        raise InvalidTransition(state, event)
+    if target is _BEFORE_REBALANCE:
+        return before_rebalance
+    return target
 
 
 # ---------------------------------------------------------------------------------------------
@@ -145,7 +296,10 @@ def _seconds_setting(key: str, value: object) -> float:
 
 @dataclass(frozen=True, slots=True)
 class GroupSizeConfig:
-    """Settings; Kafka's keys where Kafka has one (see ``from_properties``)."""
+    """Settings, validated here; errors name Kafka's key where Kafka has one.
+
+    Built by the proxy's config (``proxy.config.Policies.group_size_config``) from the YAML keys.
+    """
 
     group_max_size: int = INT_MAX  # group.max.size
     group_consumer_max_size: int = INT_MAX  # group.consumer.max.size
@@ -172,92 +326,9 @@ class GroupSizeConfig:
         _seconds_setting("default_session_timeout_seconds", self.default_session_timeout_seconds)
         _seconds_setting("default_rebalance_timeout_seconds", self.default_rebalance_timeout_seconds)
 
-    @classmethod
-    def from_properties(cls, props: Mapping[str, object]) -> GroupSizeConfig:
-        """Build from Kafka-style keys; keys that belong to other policies are ignored.
-
-        ``group.max.size``, ``group.consumer.max.size``, ``group.join.rate.per.minute``,
-        ``group.consumer.session.timeout.ms``, and the proxy's own
-        ``group.tracking.max.groups``, ``group.tracking.idle.ms``, ``group.reconcile.interval.ms``,
-        ``group.reconcile.margin``.
-        """
-        kwargs: dict[str, object] = {}
-        plain = {
-            "group.max.size": "group_max_size",
-            "group.consumer.max.size": "group_consumer_max_size",
-            "group.join.rate.per.minute": "join_rate_per_minute",
-            "group.tracking.max.groups": "max_groups",
-            "group.reconcile.margin": "reconcile_margin",
-        }
-        millis = {
-            "group.consumer.session.timeout.ms": "consumer_session_timeout_seconds",
-            "group.tracking.idle.ms": "idle_group_seconds",
-            "group.reconcile.interval.ms": "reconcile_interval_seconds",
-        }
-        for key, name in plain.items():
-            if key in props:
-                kwargs[name] = props[key]
-        for key, name in millis.items():
-            if key in props:
-                value = _int_setting(key, props[key], 1, "must be a positive number of milliseconds")
-                kwargs[name] = value / 1000.0
-        return cls(**kwargs)  # type: ignore[arg-type]
-
 
 # ---------------------------------------------------------------------------------------------
-# Decisions
-
-
-@dataclass(frozen=True, slots=True)
-class Refuse:
-    """Answer the request with ``error_code`` (81) instead of forwarding it."""
-
-    error_code: int
-    reason: str
-
-    @property
-    def admitted(self) -> bool:
-        return False
-
-
-@dataclass(frozen=True, slots=True)
-class Throttle:
-    """Answer with a retriable ``error_code`` and ``throttle_time_ms = throttle_ms``; do not forward."""
-
-    throttle_ms: int
-    reason: str
-    error_code: int = COORDINATOR_LOAD_IN_PROGRESS
-
-    @property
-    def admitted(self) -> bool:
-        return False
-
-
-@dataclass(frozen=True, slots=True)
-class Admit:
-    """Forward the request.
-
-    In observe mode ``would_refuse`` / ``would_throttle`` say what enforce mode would have done.
-    ``ticket`` names an admitted join (JoinGroup, or ConsumerGroupHeartbeat with epoch 0): pass
-    it back with the response (``on_join_response`` / ``on_consumer_heartbeat_response``). It
-    tells a late answer to an older join from the answer to the newest one, and finds the slot
-    of a member whose id the coordinator has yet to assign. A slot whose answer never comes
-    (upstream connection lost with the join in flight: do not settle it, the coordinator may
-    have processed it) is freed when it times out.
-    """
-
-    would_refuse: Refuse | None = None
-    would_throttle: Throttle | None = None
-    ticket: int | None = None
-
-    @property
-    def admitted(self) -> bool:
-        return True
-
-
-Decision: TypeAlias = Admit | Refuse | Throttle
-JoinDecision: TypeAlias = Decision
-ConsumerHeartbeatDecision: TypeAlias = Decision
+# What the policy reports
 
 
 @dataclass(frozen=True, slots=True)
@@ -315,10 +386,11 @@ class _Slot:
 @dataclass(slots=True)
 class _Group:
     kind: GroupKind
-    state: GroupState
     last_activity: float
     tokens: float
     tokens_at: float
+    state: GroupState = GroupState.EMPTY  # written only by fire()
+    before_rebalance: GroupState = GroupState.EMPTY  # the state the current rebalance started from
     generation: int = -1
     leader: str | None = None
     slots: dict[str, _Slot] = field(default_factory=dict)
@@ -331,8 +403,18 @@ class _Group:
     reconcile_started_at: float | None = None
     scheduled: float | None = None  # earliest timer queued for this group
     rebalance_cause: int = 0  # the join (ticket) that alone started the current rebalance
-    state_before_rebalance: GroupState = GroupState.EMPTY
     hint: float = math.inf  # lower bound of deadlines changed since the last _schedule
+
+    def fire(self, event: GroupEvent) -> None:
+        """The one place a group's state changes."""
+        new = next_state(self.state, event, self.before_rebalance)
+        if new is _P and self.state is not _P:
+            self.before_rebalance = self.state
+        self.state = new
+
+    def settle_consumer_state(self) -> None:
+        """A KIP-848 group is Stable while it has members, else Empty."""
+        self.fire(_Ev.MEMBER_ADDED if self.size else _Ev.GROUP_EMPTIED)
 
     @property
     def size(self) -> int:
@@ -340,7 +422,7 @@ class _Group:
 
     @property
     def counted(self) -> int:
-        if self.kind is GroupKind.CLASSIC and self.state is GroupState.PREPARING_REBALANCE:
+        if self.kind is _CLASSIC and self.state is _P:
             return self.n_awaiting + self.n_static_idle + self.phantom
         return self.size
 
@@ -361,18 +443,25 @@ def _ticket_key(ticket: int) -> str:
     return f"t:{ticket}"
 
 
-_STATE_NAMES: dict[str, GroupState] = {
-    "empty": GroupState.EMPTY,
-    "preparingrebalance": GroupState.PREPARING_REBALANCE,
-    "completingrebalance": GroupState.COMPLETING_REBALANCE,
-    "stable": GroupState.STABLE,
+_STATE_NAMES: Final[Mapping[str, GroupState]] = {
+    "empty": _E,
+    "preparingrebalance": _P,
+    "completingrebalance": _C,
+    "stable": _S,
     "dead": GroupState.DEAD,
     # KIP-848 ConsumerGroupDescribe states
-    "assigning": GroupState.STABLE,
-    "reconciling": GroupState.STABLE,
-    "notready": GroupState.STABLE,
+    "assigning": _S,
+    "reconciling": _S,
+    "notready": _S,
 }
-_CONSUMER_STATE_NAMES = frozenset({"assigning", "reconciling", "notready"})
+_CONSUMER_STATE_NAMES: Final = frozenset({"assigning", "reconciling", "notready"})
+
+# A member awaiting its SyncGroup answer gets the assignment (NONE) or REBALANCE_IN_PROGRESS (a
+# rebalance began first); Kafka restarts its session with either (propagateAssignment).
+_SYNC_ANSWERS: Final = frozenset({_NONE, _REBALANCE_IN_PROGRESS})
+# JoinGroup answers after which Kafka has removed the member (group.remove(memberId)).
+_JOIN_REMOVED: Final = frozenset({_UNKNOWN_MEMBER_ID, _GROUP_MAX_SIZE_REACHED})
+_FORWARD: Final[tuple[None, None]] = (None, None)
 
 
 # ---------------------------------------------------------------------------------------------
@@ -389,6 +478,24 @@ class GroupSizePolicy:
         self._timers: list[tuple[float, int, str]] = []
         self._seq = itertools.count()
         self._tickets = itertools.count(1)
+
+    def reconfigure(self, config: GroupSizeConfig, mode: Mode) -> None:
+        """Apply a reloaded config and mode to the live policy; every tracked group is kept.
+
+        New caps apply from the next join (see the module docstring for groups already over a
+        lowered cap); session defaults from each member's next join; a changed join rate keeps each
+        group's tokens up to the new bucket size (a bucket switched on starts full, as a new group's).
+        """
+        old, self.config, self.mode = self.config, config, mode
+        rate = config.join_rate_per_minute
+        if rate != old.join_rate_per_minute and rate > 0:
+            for g in self._groups.values():
+                g.tokens = float(rate) if old.join_rate_per_minute < 0 else min(g.tokens, float(rate))
+        while len(self._groups) > config.max_groups:
+            self._groups.popitem(last=False)
+        if config.idle_group_seconds < old.idle_group_seconds:
+            for group_id, g in self._groups.items():
+                self._schedule(group_id, g)  # idle groups may now be due sooner
 
     # -- metrics -----------------------------------------------------------------------------
 
@@ -433,8 +540,16 @@ class GroupSizePolicy:
         rebalance_timeout_ms: int | None = None,
         require_known_member_id: bool = True,
         protocols: object = None,
-    ) -> JoinDecision:
-        """Decide on a JoinGroup request before it is forwarded.
+    ) -> tuple[Decision | None, int | None]:
+        """Decide on a JoinGroup request before it is forwarded: (decision, ticket).
+
+        ``decision`` is None for a plain admit; else a GROUP_SIZE REFUSE (81) or THROTTLE (14) in
+        the policy's mode: enforced, answer the request with it and do not forward (ticket None);
+        observed, record it and forward. ``ticket`` names a forwarded join: pass it back with the
+        response (``on_join_response``). It tells a late answer to an older join from the answer
+        to the newest one, and finds the slot of a member whose id the coordinator has yet to
+        assign. A slot whose answer never comes (upstream lost with the join in flight: do not
+        settle it, the coordinator may have processed it) is freed when it times out.
 
         ``require_known_member_id`` is ``api_version >= 4`` (KIP-394); ``protocols`` is any
         hashable fingerprint of the request's protocols (e.g. a hash of names and metadata),
@@ -442,23 +557,23 @@ class GroupSizePolicy:
         """
         g = self._groups.get(group_id)
         if g is None:
-            g = self._create(group_id, GroupKind.CLASSIC, now)
-            if member_id:
-                # A member id for a group never seen: the group predates us (restart, eviction).
-                g.state = GroupState.PREPARING_REBALANCE
-        elif g.kind is GroupKind.CONSUMER and g.size == 0:
-            g.kind, g.state = GroupKind.CLASSIC, GroupState.EMPTY
+            g = self._create(group_id, _CLASSIC, now)
+        elif g.kind is _CONSUMER and g.size == 0:
+            g.kind = _CLASSIC
+            g.fire(_Ev.GROUP_EMPTIED)
         self._touch_group(group_id, g, now)
         slot = self._find(g, member_id, group_instance_id)
 
-        refuse = self._consumer_refusal(g, slot) if g.kind is GroupKind.CONSUMER else self._classic_refusal(g, slot)
-        counts_toward_rate = not (member_id and member_id in g.pending)
-        throttle = None
-        if refuse is None and counts_toward_rate:
-            throttle = self._take_token(g, now)
+        if g.kind is _CONSUMER:
+            decision = self._consumer_refusal(g, slot, group_id, member_id)
+        else:
+            decision = self._classic_refusal(g, slot, group_id, member_id, known=slot is not None and bool(member_id))
+        # the second half of a KIP-394 join is the same join: it does not count toward the rate
+        if decision is None and not (member_id and member_id in g.pending):
+            decision = self._take_token(g, group_id, member_id, now)
 
-        if self.mode is Mode.ENFORCE:
-            if refuse is not None:
+        if decision is not None and self.mode is _ENFORCE:
+            if decision.action is _REFUSE:
                 # Kafka removes a refused member (group.remove(memberId)), pending or not. The
                 # coordinator behind us has not seen the request: it drops a dynamic member that
                 # has not rejoined when the join phase completes, but keeps a static one until
@@ -467,10 +582,8 @@ class GroupSizePolicy:
                 if slot is not None and member_id and slot.member_id == member_id and slot.instance_id is None:
                     self._drop(g, slot)
                     self._after_removal(g, rebalance=False)
-                self._schedule(group_id, g, now)
-                return refuse
-            if throttle is not None:
-                return throttle
+                self._schedule(group_id, g)
+            return decision, None
 
         session_s = self._seconds(session_timeout_ms, self.config.default_session_timeout_seconds)
         rebalance_s = self._seconds(rebalance_timeout_ms, max(session_s, self.config.default_rebalance_timeout_seconds))
@@ -487,8 +600,8 @@ class GroupSizePolicy:
             protocols,
             ticket,
         )
-        self._schedule(group_id, g, now)
-        return Admit(would_refuse=refuse, would_throttle=throttle, ticket=ticket)
+        self._schedule(group_id, g)
+        return decision, ticket
 
     def on_join_response(
         self,
@@ -513,9 +626,9 @@ class GroupSizePolicy:
         """
         g = self._groups.get(group_id)
         if g is None:
-            if error_code not in (NONE, MEMBER_ID_REQUIRED):
+            if error_code != _NONE and error_code != _MEMBER_ID_REQUIRED:
                 return
-            g = self._create(group_id, GroupKind.CLASSIC, now)
+            g = self._create(group_id, _CLASSIC, now)
         self._touch_group(group_id, g, now)
         slot = g.slots.get(_ticket_key(ticket)) if ticket is not None else None
         if slot is None:
@@ -524,44 +637,44 @@ class GroupSizePolicy:
         # An answer to an older join of a member that has joined again since (e.g. a fenced
         # static incarnation): the newest join is still in flight.
         stale = ticket is not None and slot is not None and slot.ticket != ticket
-        if stale and error_code != NONE:
+        if stale and error_code != _NONE:
             slot = None
 
-        if error_code == NONE:
+        if error_code == _NONE:
             if assigned_member_id:
                 # Kafka restarts sessions when a join phase completes, not on a rejoin it answers at once
-                touch = g.kind is GroupKind.CONSUMER or generation_id > g.generation
+                touch = g.kind is _CONSUMER or generation_id > g.generation
                 slot = self._confirm(
                     g, slot, assigned_member_id, group_instance_id, now, session_s, still_awaiting=stale, touch=touch
                 )
             elif slot is not None and not stale:
                 self._set_awaiting(g, slot, False)
-            if g.kind is GroupKind.CLASSIC:
+            if g.kind is _CLASSIC:
                 self._classic_generation(g, slot, generation_id, leader_id, now)
             else:
-                g.state = GroupState.STABLE
+                g.settle_consumer_state()
             if members is not None and leader_id is not None and assigned_member_id == leader_id:
                 if generation_id >= g.generation:
                     self._reconcile_members(g, members, now, cutoff=now)
                     g.reconciled_at = now
-        elif error_code == MEMBER_ID_REQUIRED:
+        elif error_code == _MEMBER_ID_REQUIRED:
             if slot is not None:
                 self._undo_join(g, slot)
             if assigned_member_id:
                 self._add_pending(g, assigned_member_id, now + session_s)
-        elif error_code in (UNKNOWN_MEMBER_ID, GROUP_MAX_SIZE_REACHED):
-            # Kafka removes the member (group.remove(memberId)); a static member that joined
-            # without its member id keeps its slot.
+        elif error_code in _JOIN_REMOVED:
+            # a static member that joined without its member id keeps its slot
             if slot is not None:
-                self._undo_join(g, slot, drop=error_code == UNKNOWN_MEMBER_ID or slot.member_id == request_member_id)
-        elif error_code == REBALANCE_IN_PROGRESS:
+                drop = error_code == _UNKNOWN_MEMBER_ID or slot.member_id == request_member_id
+                self._undo_join(g, slot, drop=drop)
+        elif error_code == _REBALANCE_IN_PROGRESS:
             if slot is not None:
                 self._set_awaiting(g, slot, False)
             self._begin_rebalance(g)
         elif slot is not None:
             # The join took no effect (coordinator unavailable, fenced, invalid, ...).
             self._undo_join(g, slot)
-        self._schedule(group_id, g, now)
+        self._schedule(group_id, g)
 
     def on_sync_request(
         self, group_id: str, member_id: str, now: float, *, group_instance_id: str | None = None
@@ -572,10 +685,11 @@ class GroupSizePolicy:
         if g is not None and slot is not None:
             slot.sync_sent_at = now
             self._note(g, slot)
-            self._schedule(group_id, g, now)
+            self._schedule(group_id, g)
 
-    def on_sync_response(
+    def on_member_response(
         self,
+        api_key: int,
         group_id: str,
         member_id: str,
         error_code: int,
@@ -584,79 +698,59 @@ class GroupSizePolicy:
         group_instance_id: str | None = None,
         generation_id: int | None = None,
     ) -> None:
-        """A SyncGroup response: success means the generation is Stable."""
-        g = self._groups.get(group_id)
-        slot = self._find(g, member_id, group_instance_id) if g is not None else None
-        if g is not None and slot is not None:
-            if slot.sync_sent_at is not None and error_code in (NONE, REBALANCE_IN_PROGRESS):
-                slot.last_seen = max(slot.last_seen, now)  # its session restarts with the answer
-            slot.sync_sent_at = None
-            self._note(g, slot)
-        if g is None and error_code != NONE:
-            return
-        if error_code == NONE:
-            g = self._learn(group_id, g, member_id, group_instance_id, now)
-            if g.kind is GroupKind.CLASSIC:
-                if generation_id is not None and generation_id > g.generation:
-                    # the join phase completed without us seeing it
-                    g.generation = generation_id
-                    g.state = GroupState.STABLE
-                elif g.state in (GroupState.COMPLETING_REBALANCE, GroupState.EMPTY):
-                    g.state = GroupState.STABLE
-                g.rebalance_cause = 0
-            self._schedule(group_id, g, now)
-            return
-        assert g is not None
-        self._member_error(group_id, g, member_id, group_instance_id, error_code, generation_id, now)
+        """A SyncGroup, Heartbeat or OffsetCommit response (``api_key`` says which).
 
-    def on_heartbeat_response(
-        self,
-        group_id: str,
-        member_id: str,
-        error_code: int,
-        now: float,
-        *,
-        group_instance_id: str | None = None,
-        generation_id: int | None = None,
-    ) -> None:
-        """A classic Heartbeat response: keeps the member alive, or reports a rebalance / removal."""
-        g = self._groups.get(group_id)
-        if g is None and error_code not in (NONE, REBALANCE_IN_PROGRESS):
-            return
-        if error_code in (NONE, REBALANCE_IN_PROGRESS):
-            g = self._learn(group_id, g, member_id, group_instance_id, now)
-            if error_code == NONE:
-                self._schedule(group_id, g, now)
-                return
-        assert g is not None
-        self._member_error(group_id, g, member_id, group_instance_id, error_code, generation_id, now)
-
-    def on_offset_commit_response(
-        self,
-        group_id: str,
-        member_id: str,
-        error_code: int,
-        now: float,
-        *,
-        group_instance_id: str | None = None,
-        generation_id: int | None = None,
-    ) -> None:
-        """An OffsetCommit response from a group member (first non-zero partition error, or 0).
-
-        Commits without a member id (standalone consumers) are ignored.
+        ``member_id``, ``group_instance_id`` and ``generation_id`` are the request's;
+        ``error_code`` is the response's (OffsetCommit: its first non-zero partition error, or 0).
+        Kafka validates the member id and generation before answering NONE or
+        REBALANCE_IN_PROGRESS, so either proves the member is in the group; UNKNOWN_MEMBER_ID
+        says it is not. What REBALANCE_IN_PROGRESS says about the group depends on the API:
+        SyncGroup and Heartbeat get it in PreparingRebalance, OffsetCommit only in
+        CompletingRebalance (``ClassicGroup.validateOffsetCommit``; commits are accepted while
+        the group prepares a rebalance).
         """
-        if not member_id or (generation_id is not None and generation_id < 0):
-            return
         g = self._groups.get(group_id)
-        if error_code == NONE:
-            g = self._learn(group_id, g, member_id, group_instance_id, now)
-            self._schedule(group_id, g, now)
+        if api_key == SYNC_GROUP:
+            slot = self._find(g, member_id, group_instance_id) if g is not None else None
+            if g is not None and slot is not None:
+                if slot.sync_sent_at is not None and error_code in _SYNC_ANSWERS:
+                    slot.last_seen = max(slot.last_seen, now)  # its session restarts with the answer
+                slot.sync_sent_at = None
+                self._note(g, slot)
+        elif api_key == OFFSET_COMMIT:
+            if generation_id is not None and generation_id < 0:
+                return  # a commit from outside group management (validateOffsetCommit)
+        elif api_key != HEARTBEAT:
+            raise ValueError(f"on_member_response takes SyncGroup, Heartbeat or OffsetCommit, not API key {api_key}")
+        if not member_id:
+            return  # e.g. a standalone consumer's commit: not a group member
+        if error_code == _NONE:
+            g = self._learn(group_id, g, member_id, group_instance_id, now, True)
+            if api_key == SYNC_GROUP and g.kind is _CLASSIC:
+                if generation_id is not None and generation_id > g.generation:
+                    self._new_generation(g, generation_id)  # its join phase completed unseen
+                g.fire(_Ev.SYNC_COMPLETED)
+                g.rebalance_cause = 0
+        elif error_code == _REBALANCE_IN_PROGRESS:
+            # Kafka restarts the session of a heartbeat so answered, not of a sync or commit
+            g = self._learn(group_id, g, member_id, group_instance_id, now, api_key == HEARTBEAT)
+            if api_key != OFFSET_COMMIT:
+                if generation_id is None or generation_id >= g.generation:
+                    self._begin_rebalance(g)
+            elif g.kind is _CLASSIC and generation_id is not None and generation_id > g.generation:
+                # a commit is so answered only in CompletingRebalance: news for a generation not seen yet
+                self._new_generation(g, generation_id)
+        elif g is None:
             return
-        if g is None:
-            return
-        if error_code == REBALANCE_IN_PROGRESS and g.state is GroupState.COMPLETING_REBALANCE:
-            return  # Kafka also answers commits during CompletingRebalance with this
-        self._member_error(group_id, g, member_id, group_instance_id, error_code, generation_id, now)
+        else:
+            self._touch_group(group_id, g, now)
+            if error_code == _UNKNOWN_MEMBER_ID:
+                # by member id only: a static member's new incarnation keeps the instance's slot
+                slot = self._find(g, member_id, None)
+                if slot is not None:
+                    self._drop(g, slot)
+                    self._after_removal(g, rebalance=False)
+        self._schedule(group_id, g)
 
     def on_leave_group(self, group_id: str, members: Iterable[tuple[str, str | None]], now: float) -> int:
         """Members that left (LeaveGroup response entries with error 0); returns how many were tracked."""
@@ -674,7 +768,7 @@ class GroupSizePolicy:
         if removed:
             self._after_removal(g, rebalance=True)
         self._touch_group(group_id, g, now)
-        self._schedule(group_id, g, now)
+        self._schedule(group_id, g)
         return removed
 
     # -- KIP-848 consumer protocol ---------------------------------------------------------------
@@ -686,8 +780,12 @@ class GroupSizePolicy:
         member_epoch: int,
         instance_id: str | None,
         now: float,
-    ) -> ConsumerHeartbeatDecision:
-        """Decide on a ConsumerGroupHeartbeat; only joins (epoch 0) can be refused or throttled."""
+    ) -> tuple[Decision | None, int | None]:
+        """Decide on a ConsumerGroupHeartbeat: (decision, ticket), as ``on_join_request``.
+
+        Only joins (epoch 0) can be refused or throttled, and only joins get a ticket (pass it
+        to ``on_consumer_heartbeat_response``); any other heartbeat is (None, None).
+        """
         g = self._groups.get(group_id)
         if member_epoch != JOIN_EPOCH:
             if g is not None:
@@ -695,22 +793,20 @@ class GroupSizePolicy:
                 slot = self._find(g, member_id, instance_id)
                 if slot is not None:
                     slot.last_seen = max(slot.last_seen, now)
-            return Admit()
+            return _FORWARD
         if g is None:
-            g = self._create(group_id, GroupKind.CONSUMER, now)
-        if g.kind is GroupKind.CLASSIC:
-            # A KIP-848 member joining a classic group: the coordinator converts the group.
-            g.kind = GroupKind.CONSUMER
-            g.state = GroupState.STABLE if g.size else GroupState.EMPTY
+            g = self._create(group_id, _CONSUMER, now)
+        if g.kind is _CLASSIC:
+            g.kind = _CONSUMER
+            g.fire(_Ev.UPGRADED_TO_CONSUMER)
+            g.settle_consumer_state()
         self._touch_group(group_id, g, now)
         slot = self._find(g, member_id, instance_id)
-        refuse = self._consumer_refusal(g, slot)
-        throttle = self._take_token(g, now) if refuse is None else None
-        if self.mode is Mode.ENFORCE:
-            if refuse is not None:
-                return refuse
-            if throttle is not None:
-                return throttle
+        decision = self._consumer_refusal(g, slot, group_id, member_id)
+        if decision is None:
+            decision = self._take_token(g, group_id, member_id, now)
+        if decision is not None and self.mode is _ENFORCE:
+            return decision, None
         ticket = next(self._tickets)
         session_s = self.config.consumer_session_timeout_seconds
         if slot is None:
@@ -729,9 +825,9 @@ class GroupSizePolicy:
         slot.ticket = ticket
         slot.join_sent_at = now
         self._set_awaiting(g, slot, True)
-        g.state = GroupState.STABLE
-        self._schedule(group_id, g, now)
-        return Admit(would_refuse=refuse, would_throttle=throttle, ticket=ticket)
+        g.fire(_Ev.MEMBER_ADDED)  # KIP-848 has no join phase: the coordinator adds the member at once
+        self._schedule(group_id, g)
+        return decision, ticket
 
     def on_consumer_heartbeat_response(
         self,
@@ -748,18 +844,17 @@ class GroupSizePolicy:
         """A ConsumerGroupHeartbeat response; ``member_id`` is the request's, ``member_epoch`` the response's."""
         g = self._groups.get(group_id)
         if g is None:
-            if error_code != NONE or member_epoch < 0:
+            if error_code != _NONE or member_epoch < 0:
                 return
-            g = self._create(group_id, GroupKind.CONSUMER, now)
-            g.state = GroupState.STABLE
+            g = self._create(group_id, _CONSUMER, now)
         self._touch_group(group_id, g, now)
         slot = g.slots.get(_ticket_key(ticket)) if ticket is not None else None
         if slot is None:
             slot = self._find(g, member_id, instance_id)
         stale = ticket is not None and slot is not None and slot.ticket != ticket
-        if stale and error_code != NONE:
+        if stale and error_code != _NONE:
             slot = None
-        if error_code == NONE:
+        if error_code == _NONE:
             if member_epoch == LEAVE_EPOCH:
                 if slot is not None:
                     self._drop(g, slot)
@@ -774,15 +869,15 @@ class GroupSizePolicy:
                 if new_id:
                     session_s = self.config.consumer_session_timeout_seconds
                     self._confirm(g, slot, new_id, instance_id, now, session_s, still_awaiting=stale)
-                if g.kind is GroupKind.CONSUMER:
-                    g.state = GroupState.STABLE
+                if g.kind is _CONSUMER:
+                    g.settle_consumer_state()
         elif slot is not None:
-            if error_code in (UNKNOWN_MEMBER_ID, GROUP_MAX_SIZE_REACHED):
+            if error_code in _JOIN_REMOVED:
                 self._drop(g, slot)
                 self._after_removal(g, rebalance=False)
             elif ticket is not None and slot.awaiting:
                 self._undo_join(g, slot)  # a join that failed; other heartbeat errors leave members be
-        self._schedule(group_id, g, now)
+        self._schedule(group_id, g)
 
     # -- reconciliation ------------------------------------------------------------------------------
 
@@ -807,7 +902,7 @@ class GroupSizePolicy:
             name = state.replace("_", "").replace(" ", "").lower()
             state_value = _STATE_NAMES.get(name)
             if kind is None and name in _CONSUMER_STATE_NAMES:
-                kind = GroupKind.CONSUMER
+                kind = _CONSUMER
         else:
             state_value = state
         if state_value is GroupState.DEAD:
@@ -815,7 +910,7 @@ class GroupSizePolicy:
             return
         g = self._groups.get(group_id)
         if g is None:
-            g = self._create(group_id, kind or GroupKind.CLASSIC, now)
+            g = self._create(group_id, kind or _CLASSIC, now)
         elif kind is not None:
             g.kind = kind
         self._touch_group(group_id, g, now)
@@ -823,16 +918,20 @@ class GroupSizePolicy:
             g.phantom = max(0, members - len(g.slots))
         else:
             self._reconcile_members(g, members, now, cutoff=now if sent_at is None else sent_at)
-        if state_value is not None:
-            g.state = state_value
-        if g.kind is GroupKind.CONSUMER or g.size == 0:
-            g.state = GroupState.STABLE if g.size else GroupState.EMPTY
-        elif g.state is GroupState.EMPTY:
-            # joins admitted after the describe was sent: the group is rebalancing again
-            g.state = GroupState.PREPARING_REBALANCE if g.n_awaiting else GroupState.STABLE
+        if g.kind is _CONSUMER:
+            # ConsumerGroupDescribe's assigning / reconciling are Stable for counting
+            g.fire(_Ev.DESCRIBED_STABLE if g.size else _Ev.DESCRIBED_EMPTY)
+        else:
+            if state_value is not None:
+                g.fire(_DESCRIBED[state_value])
+            if g.size == 0:
+                g.fire(_Ev.GROUP_EMPTIED)
+            elif g.state is _E:
+                # members that joined after the describe was sent: joins in flight rebalance it again
+                g.fire(_Ev.JOIN_STARTS_REBALANCE if g.n_awaiting else _Ev.MEMBER_ADDED)
         g.reconciled_at = now
         g.reconcile_started_at = None
-        self._schedule(group_id, g, now)
+        self._schedule(group_id, g)
 
     def needs_reconcile(self, group_id: str, now: float) -> bool:
         """Whether the shell should ask the coordinator about this group now.
@@ -894,7 +993,7 @@ class GroupSizePolicy:
                 del self._groups[group_id]
                 dropped += 1
                 continue
-            self._schedule(group_id, g, now)
+            self._schedule(group_id, g)
         if len(self._timers) > 4 * len(self._groups) + 1024:
             self._rebuild_timers()
         return ExpiryReport(expired, dropped)
@@ -903,17 +1002,17 @@ class GroupSizePolicy:
     # internals
 
     def _cap(self, g: _Group) -> int:
-        if g.kind is GroupKind.CONSUMER:
+        if g.kind is _CONSUMER:
             return self.config.group_consumer_max_size
         return self.config.group_max_size
 
     def _default_session(self, g: _Group) -> float:
-        if g.kind is GroupKind.CONSUMER:
+        if g.kind is _CONSUMER:
             return self.config.consumer_session_timeout_seconds
         return self.config.default_session_timeout_seconds
 
     def _default_rebalance(self, g: _Group) -> float:
-        return self.config.default_rebalance_timeout_seconds if g.kind is GroupKind.CLASSIC else 0.0
+        return self.config.default_rebalance_timeout_seconds if g.kind is _CLASSIC else 0.0
 
     @staticmethod
     def _seconds(ms: int | None, default: float) -> float:
@@ -921,7 +1020,7 @@ class GroupSizePolicy:
 
     def _create(self, group_id: str, kind: GroupKind, now: float) -> _Group:
         rate = self.config.join_rate_per_minute
-        g = _Group(kind, GroupState.EMPTY, now, float(max(rate, 0)), now)
+        g = _Group(kind, now, float(max(rate, 0)), now)
         self._groups[group_id] = g
         while len(self._groups) > self.config.max_groups:
             self._groups.popitem(last=False)
@@ -931,7 +1030,7 @@ class GroupSizePolicy:
         g.last_activity = max(g.last_activity, now)
         self._groups.move_to_end(group_id)
 
-    def _schedule(self, group_id: str, g: _Group, now: float) -> None:
+    def _schedule(self, group_id: str, g: _Group) -> None:
         """Make sure a timer fires no later than the group's earliest deadline.
 
         Deadlines only move later except where ``_note`` records them, so the timer already
@@ -952,7 +1051,52 @@ class GroupSizePolicy:
         ]
         heapq.heapify(self._timers)
 
-    def _take_token(self, g: _Group, now: float) -> Throttle | None:
+    # -- decisions --------------------------------------------------------------------------------
+
+    def _refuse(self, limit_key: str, cap: int, reason: str, group_id: str, member_id: str) -> Decision:
+        return Decision(
+            policy=_GROUP_SIZE,
+            action=_REFUSE,
+            mode=self.mode,
+            limit_key=limit_key,
+            reason=reason,
+            limit=cap,
+            error_code=_GROUP_MAX_SIZE_REACHED,
+            subject={"group_id": group_id, "member_id": member_id},
+        )
+
+    def _classic_refusal(
+        self, g: _Group, slot: _Slot | None, group_id: str, member_id: str, *, known: bool
+    ) -> Decision | None:
+        """``slot`` is the member's place if it has one (by member or instance id); ``known``
+        says whether the request named it by its member id (Kafka's ``group.hasMember``)."""
+        cap = self.config.group_max_size
+        state = g.state
+        if state is _E or state is GroupState.DEAD:
+            return None
+        if state is _P:
+            if known and slot is not None and slot.awaiting:
+                return None
+            if slot is not None and slot.instance_id is not None:
+                if g.n_awaiting < cap:
+                    return None
+            elif g.counted < cap:
+                return None
+            reason = f"group.max.size={cap} reached: {g.counted} members rejoining while the group rebalances"
+            return self._refuse("group.max.size", cap, reason, group_id, member_id)
+        if known or g.size < cap:
+            return None
+        reason = f"group.max.size={cap} reached: the group has {g.size} members"
+        return self._refuse("group.max.size", cap, reason, group_id, member_id)
+
+    def _consumer_refusal(self, g: _Group, slot: _Slot | None, group_id: str, member_id: str) -> Decision | None:
+        cap = self.config.group_consumer_max_size
+        if slot is not None or g.size < cap:
+            return None
+        reason = f"The consumer group has reached its maximum capacity of {cap} members."
+        return self._refuse("group.consumer.max.size", cap, reason, group_id, member_id)
+
+    def _take_token(self, g: _Group, group_id: str, member_id: str, now: float) -> Decision | None:
         rate = self.config.join_rate_per_minute
         if rate < 0:
             return None
@@ -964,9 +1108,16 @@ class GroupSizePolicy:
             g.tokens -= 1.0
             return None
         wait_ms = math.ceil((1.0 - g.tokens) / per_second * 1000.0)
-        return Throttle(
-            throttle_ms=min(max(wait_ms, 1), INT_MAX),
+        return Decision(
+            policy=_GROUP_SIZE,
+            action=Action.THROTTLE,
+            mode=self.mode,
+            limit_key="group.join.rate.per.minute",
             reason=f"group.join.rate.per.minute={rate} exceeded",
+            limit=rate,
+            error_code=ErrorCode.coordinator_load_in_progress,
+            throttle_ms=min(max(wait_ms, 1), INT_MAX),
+            subject={"group_id": group_id, "member_id": member_id},
         )
 
     # -- slots ------------------------------------------------------------------------------------
@@ -1035,6 +1186,13 @@ class GroupSizePolicy:
         self._add(g, slot)
         return slot
 
+    def _new_slot(self, g: _Group, member_id: str, instance_id: str | None, now: float, session_s: float) -> _Slot:
+        """A member the coordinator named that the policy did not track."""
+        key = _static_key(instance_id) if instance_id is not None else _member_key(member_id)
+        slot = _Slot(key, member_id, instance_id, now, now, session_s, self._default_rebalance(g), now)
+        self._add(g, slot)
+        return slot
+
     def _confirm(
         self,
         g: _Group,
@@ -1050,9 +1208,7 @@ class GroupSizePolicy:
         if slot is None:
             slot = self._find(g, member_id, instance_id)
         if slot is None:
-            key = _static_key(instance_id) if instance_id is not None else _member_key(member_id)
-            slot = _Slot(key, member_id, instance_id, now, now, session_s, self._default_rebalance(g), now)
-            self._add(g, slot)
+            slot = self._new_slot(g, member_id, instance_id, now, session_s)
             if g.phantom:
                 g.phantom -= 1
         else:
@@ -1064,32 +1220,21 @@ class GroupSizePolicy:
         self._set_awaiting(g, slot, still_awaiting)
         return slot
 
-    def _learn(self, group_id: str, g: _Group | None, member_id: str, instance_id: str | None, now: float) -> _Group:
-        """A response that proves ``member_id`` is in the group (heartbeat, sync, commit)."""
+    def _learn(
+        self, group_id: str, g: _Group | None, member_id: str, instance_id: str | None, now: float, alive: bool
+    ) -> _Group:
+        """A response that proves ``member_id`` is in the group; ``alive``: its session restarts."""
         if g is None:
-            g = self._create(group_id, GroupKind.CLASSIC, now)
-            g.state = GroupState.STABLE
+            g = self._create(group_id, _CLASSIC, now)
         self._touch_group(group_id, g, now)
-        if member_id:
-            slot = self._find(g, member_id, instance_id)
-            if slot is None:
-                slot = _Slot(
-                    _static_key(instance_id) if instance_id is not None else _member_key(member_id),
-                    member_id,
-                    instance_id,
-                    now,
-                    now,
-                    self._default_session(g),
-                    self._default_rebalance(g),
-                    now,
-                )
-                self._add(g, slot)
-                if g.phantom:
-                    g.phantom -= 1
-                if g.state is GroupState.EMPTY:
-                    g.state = GroupState.STABLE
-            else:
-                slot.last_seen = max(slot.last_seen, now)
+        slot = self._find(g, member_id, instance_id)
+        if slot is None:
+            self._new_slot(g, member_id, instance_id, now, self._default_session(g))
+            if g.phantom:
+                g.phantom -= 1
+            g.fire(_Ev.MEMBER_ADDED)
+        elif alive:
+            slot.last_seen = max(slot.last_seen, now)
         return g
 
     def _undo_join(self, g: _Group, slot: _Slot, *, drop: bool = False) -> None:
@@ -1101,8 +1246,8 @@ class GroupSizePolicy:
         else:
             slot.ticket, awaiting = slot.prior
             self._set_awaiting(g, slot, awaiting)
-        if g.rebalance_cause == failed and g.state is GroupState.PREPARING_REBALANCE:
-            g.state = g.state_before_rebalance
+        if g.rebalance_cause == failed and g.state is _P:
+            g.fire(_Ev.STARTING_JOIN_FAILED)
             g.rebalance_cause = 0
         self._after_removal(g, rebalance=False)
 
@@ -1113,55 +1258,7 @@ class GroupSizePolicy:
         while len(g.pending) > _MAX_PENDING_PER_GROUP:
             del g.pending[next(iter(g.pending))]
 
-    def _member_error(
-        self,
-        group_id: str,
-        g: _Group,
-        member_id: str,
-        instance_id: str | None,
-        error_code: int,
-        generation_id: int | None,
-        now: float,
-    ) -> None:
-        self._touch_group(group_id, g, now)
-        if error_code == UNKNOWN_MEMBER_ID:
-            slot = self._find(g, member_id, None)
-            if slot is not None:
-                self._drop(g, slot)
-                self._after_removal(g, rebalance=False)
-        elif error_code == REBALANCE_IN_PROGRESS:
-            if generation_id is None or generation_id >= g.generation:
-                self._begin_rebalance(g)
-        self._schedule(group_id, g, now)
-
-    # -- classic state machine ----------------------------------------------------------------------
-
-    def _classic_refusal(self, g: _Group, slot: _Slot | None) -> Refuse | None:
-        cap = self.config.group_max_size
-        state = g.state
-        if state in (GroupState.EMPTY, GroupState.DEAD):
-            return None
-        if state is GroupState.PREPARING_REBALANCE:
-            if slot is not None and slot.awaiting:
-                return None
-            if slot is not None and slot.instance_id is not None:
-                if g.n_awaiting < cap:
-                    return None
-            elif g.counted < cap:
-                return None
-            return Refuse(
-                GROUP_MAX_SIZE_REACHED,
-                f"group.max.size={cap} reached: {g.counted} members rejoining while the group rebalances",
-            )
-        if slot is not None or g.size < cap:
-            return None
-        return Refuse(GROUP_MAX_SIZE_REACHED, f"group.max.size={cap} reached: the group has {g.size} members")
-
-    def _consumer_refusal(self, g: _Group, slot: _Slot | None) -> Refuse | None:
-        cap = self.config.group_consumer_max_size
-        if slot is not None or g.size < cap:
-            return None
-        return Refuse(GROUP_MAX_SIZE_REACHED, f"The consumer group has reached its maximum capacity of {cap} members.")
+    # -- classic protocol: what the coordinator does -------------------------------------------------
 
     def _apply_classic_join(
         self,
@@ -1193,12 +1290,12 @@ class GroupSizePolicy:
             rebalance = True  # addMemberAndRebalance
         else:
             changed = protocols is not None and slot.protocols is not None and protocols != slot.protocols
-            if g.state is GroupState.STABLE:
+            if g.state is _S:
                 # a rejoining leader or changed metadata forces a rebalance; a static member
                 # replacing itself (no member id) does not
                 is_leader = bool(member_id) and member_id == slot.member_id == g.leader
                 rebalance = is_leader or changed
-            elif g.state is GroupState.COMPLETING_REBALANCE:
+            elif g.state is _C:
                 # unchanged metadata gets the current generation back, but a static member
                 # replacing itself does force a rebalance (updateStaticMemberAndRebalance)
                 rebalance = changed or not member_id
@@ -1212,15 +1309,16 @@ class GroupSizePolicy:
             slot.prior = (slot.ticket, slot.awaiting)
             slot.ticket = ticket
         self._set_awaiting(g, slot, True)
-        if g.kind is GroupKind.CONSUMER:
-            g.state = GroupState.STABLE
+        if g.kind is _CONSUMER:
+            g.fire(_Ev.MEMBER_ADDED)  # a classic member of a KIP-848 group: no join phase
             return
         # A join that fails before reaching the coordinator undoes the rebalance it started,
         # unless another join has joined that rebalance since.
         g.rebalance_cause = 0
-        if rebalance and g.state is not GroupState.PREPARING_REBALANCE:
-            g.rebalance_cause, g.state_before_rebalance = ticket, g.state
-            g.state = GroupState.PREPARING_REBALANCE
+        if rebalance:
+            if g.state is not _P:
+                g.rebalance_cause = ticket
+            g.fire(_Ev.JOIN_STARTS_REBALANCE)
 
     def _classic_generation(
         self, g: _Group, slot: _Slot | None, generation_id: int, leader_id: str | None, now: float
@@ -1228,32 +1326,37 @@ class GroupSizePolicy:
         if generation_id > g.generation:
             # The join phase completed: Kafka drops the dynamic members that did not rejoin.
             # Every remaining member's session restarts then (rescheduleHeartbeat).
-            g.generation = generation_id
-            g.state = GroupState.COMPLETING_REBALANCE
-            g.rebalance_cause = 0
+            self._new_generation(g, generation_id)
             for other in list(g.slots.values()):
                 if other is not slot and not other.awaiting and other.instance_id is None:
                     self._drop(g, other)
                 else:
                     other.last_seen = max(other.last_seen, now)
-            if not g.slots and not g.phantom:
-                g.state = GroupState.EMPTY
+            if g.size == 0:
+                g.fire(_Ev.GROUP_EMPTIED)
         if leader_id and generation_id >= g.generation:
             g.leader = leader_id
 
-    def _begin_rebalance(self, g: _Group) -> None:
+    @staticmethod
+    def _new_generation(g: _Group, generation_id: int) -> None:
+        g.generation = generation_id
+        g.fire(_Ev.JOIN_PHASE_COMPLETED)
+        g.rebalance_cause = 0
+
+    @staticmethod
+    def _begin_rebalance(g: _Group) -> None:
         g.rebalance_cause = 0  # the coordinator says so: no join can undo it
-        if g.kind is GroupKind.CLASSIC and g.state in (GroupState.STABLE, GroupState.COMPLETING_REBALANCE):
-            g.state = GroupState.PREPARING_REBALANCE
+        if g.kind is _CLASSIC:
+            g.fire(_Ev.REBALANCE_ANSWERED)
 
     def _after_removal(self, g: _Group, *, rebalance: bool) -> None:
-        if g.kind is GroupKind.CONSUMER:
-            g.state = GroupState.STABLE if g.size else GroupState.EMPTY
-            return
-        if not g.slots and not g.phantom:
-            g.state = GroupState.EMPTY
+        if g.kind is _CONSUMER:
+            g.settle_consumer_state()
+        elif g.size == 0:
+            g.fire(_Ev.GROUP_EMPTIED)
         elif rebalance:
-            self._begin_rebalance(g)
+            g.rebalance_cause = 0
+            g.fire(_Ev.MEMBER_REMOVED)
 
     def _reconcile_members(
         self, g: _Group, members: Iterable[tuple[str, str | None]], now: float, *, cutoff: float
@@ -1271,18 +1374,7 @@ class GroupSizePolicy:
         for member_id, instance_id in listed:
             slot = self._find(g, member_id, instance_id)
             if slot is None:
-                slot = _Slot(
-                    _static_key(instance_id) if instance_id is not None else _member_key(member_id),
-                    member_id,
-                    instance_id,
-                    now,
-                    now,
-                    self._default_session(g),
-                    self._default_rebalance(g),
-                    now,
-                )
-                self._add(g, slot)
-            else:
-                if slot.member_id != member_id or (instance_id is not None and slot.instance_id != instance_id):
-                    slot = self._rekey(g, slot, member_id, instance_id)
+                self._new_slot(g, member_id, instance_id, now, self._default_session(g))
+            elif slot.member_id != member_id or (instance_id is not None and slot.instance_id != instance_id):
+                self._rekey(g, slot, member_id, instance_id)
         g.phantom = 0

@@ -2,9 +2,11 @@
 
 Sans-I/O and codec-agnostic: a request body is walked with ``getattr`` along
 the field paths in :data:`IDENTIFIER_FIELDS` (names as the kio schemas spell
-them), so any object with those attributes works. The policy only reports
-:class:`Breach` es; the shell decides per mode (enforce: answer with an error
-response, observe: count and let through).
+them), so any object with those attributes works. The checks report
+:class:`Breach` es; :func:`decide` turns a request's breaches into one
+:class:`policies.decision.Decision` (REFUSE with the error code Kafka would
+answer, or CLOSE when no answer is expected), which the shell carries out in
+enforce mode and only records in observe mode.
 
 Lengths are Java's ``String.length()``, i.e. UTF-16 code units: a character
 outside the Basic Multilingual Plane (an emoji) counts 2. Kafka counts the
@@ -45,9 +47,46 @@ from collections.abc import Iterator, Mapping
 from dataclasses import dataclass, field
 from typing import Final
 
-INVALID_REQUEST: Final = 42
-INVALID_TOPIC_EXCEPTION: Final = 17
-OFFSET_METADATA_TOO_LARGE: Final = 12
+from kio.schema.errors import ErrorCode
+
+from policies.api_keys import (
+    ADD_OFFSETS_TO_TXN,
+    ADD_PARTITIONS_TO_TXN,
+    ALTER_CONFIGS,
+    CONSUMER_GROUP_DESCRIBE,
+    CONSUMER_GROUP_HEARTBEAT,
+    CREATE_ACLS,
+    CREATE_TOPICS,
+    DELETE_ACLS,
+    DELETE_GROUPS,
+    DESCRIBE_ACLS,
+    DESCRIBE_CONFIGS,
+    DESCRIBE_GROUPS,
+    DESCRIBE_TRANSACTIONS,
+    END_TXN,
+    FIND_COORDINATOR,
+    HEARTBEAT,
+    INCREMENTAL_ALTER_CONFIGS,
+    INIT_PRODUCER_ID,
+    INT_MAX,
+    JOIN_GROUP,
+    LEAVE_GROUP,
+    OFFSET_COMMIT,
+    OFFSET_DELETE,
+    OFFSET_FETCH,
+    PRODUCE,
+    SHARE_GROUP_DESCRIBE,
+    SHARE_GROUP_HEARTBEAT,
+    SYNC_GROUP,
+    TXN_OFFSET_COMMIT,
+)
+from policies.decision import Action, Decision, Policy
+from policies.mode import Mode
+
+# The Kafka error codes this policy answers with (kio's, as plain ints: they go on the wire and in events).
+INVALID_REQUEST: Final = ErrorCode.invalid_request.value
+INVALID_TOPIC_EXCEPTION: Final = ErrorCode.invalid_topic_exception.value
+OFFSET_METADATA_TOO_LARGE: Final = ErrorCode.offset_metadata_too_large.value
 
 
 class IdentifierKind(enum.Enum):
@@ -63,6 +102,9 @@ class IdentifierKind(enum.Enum):
     PRINCIPAL = "ACL principal"
     HOST = "ACL host"
     OFFSET_METADATA = "offset commit metadata"
+
+
+IDENTIFIER_KEPT: Final = 300  # characters of a breaching identifier an audit event keeps
 
 
 class BreachReason(enum.Enum):
@@ -92,7 +134,7 @@ LIMIT_KEYS: Final[Mapping[IdentifierKind, str]] = {
     },
 }
 
-# Property name -> IdentifierLimits attribute.
+# Property name -> IdentifierLimits attribute (proxy/config.py parses the properties; these name them in errors).
 CONFIG_KEYS: Final[Mapping[str, str]] = {
     "resource.identifier.limit.enable": "enabled",
     "resource.identifier.max.length": "max_length",
@@ -102,8 +144,6 @@ CONFIG_KEYS: Final[Mapping[str, str]] = {
     "offset.metadata.max.bytes": "offset_metadata_max_bytes",
     "resource.identifier.limit.error.code": "error_code",
 }
-
-_INT_MAX: Final = 2**31 - 1
 
 
 @dataclass(frozen=True, slots=True)
@@ -125,31 +165,22 @@ class IdentifierLimits:
             "offset_metadata_max_bytes",
         ):
             value = getattr(self, name)
-            if isinstance(value, bool) or not isinstance(value, int) or not 0 <= value <= _INT_MAX:
-                raise ValueError(f"{_key_of(name)} must be an integer 0-{_INT_MAX}, got {value!r}")
+            if isinstance(value, bool) or not isinstance(value, int) or not 0 <= value <= INT_MAX:
+                raise ValueError(f"{_key_of(name)} must be an integer 0-{INT_MAX}, got {value!r}")
         code = self.error_code
         if isinstance(code, bool) or not isinstance(code, int) or not 1 <= code <= 32767:
             raise ValueError(f"resource.identifier.limit.error.code must be a Kafka error code 1-32767, got {code!r}")
         if not isinstance(self.enabled, bool):
             raise ValueError(f"resource.identifier.limit.enable must be a boolean, got {self.enabled!r}")
 
-    @classmethod
-    def from_properties(cls, properties: Mapping[str, object]) -> IdentifierLimits:
-        """Limits from Kafka-style properties; unknown keys are an error, missing keys take defaults."""
-        values: dict[str, object] = {}
-        for key, raw in properties.items():
-            attr = CONFIG_KEYS.get(key)
-            if attr is None:
-                raise ValueError(f"unknown identifier limit property {key!r}; known: {', '.join(CONFIG_KEYS)}")
-            values[attr] = _parse_bool(key, raw) if attr == "enabled" else _parse_int(key, raw)
-        return cls(**values)  # type: ignore[arg-type]
-
     def limit_for(self, kind: IdentifierKind) -> int:
+        """The length limit for identifiers of ``kind``."""
         # A dict, not a chain of enum comparisons: on Python 3.11 each enum attribute
         # access costs most of a microsecond, and this runs for every request.
         return int(getattr(self, _LIMIT_ATTRIBUTE.get(kind, "max_length")))
 
     def error_code_for(self, kind: IdentifierKind) -> int:
+        """The Kafka error code a breach of ``kind`` is answered with."""
         return _FIXED_ERROR_CODE.get(kind, self.error_code)
 
 
@@ -171,24 +202,6 @@ def _key_of(attr: str) -> str:
     return next(key for key, name in CONFIG_KEYS.items() if name == attr)
 
 
-def _parse_bool(key: str, raw: object) -> bool:
-    if isinstance(raw, bool):
-        return raw
-    if isinstance(raw, str) and raw.strip().lower() in ("true", "false"):
-        return raw.strip().lower() == "true"
-    raise ValueError(f"{key} must be true or false, got {raw!r}")
-
-
-def _parse_int(key: str, raw: object) -> int:
-    if isinstance(raw, bool):
-        raise ValueError(f"{key} must be an integer, got {raw!r}")
-    if isinstance(raw, int):
-        return raw
-    if isinstance(raw, str) and re.fullmatch(r"\s*-?\d+\s*", raw):
-        return int(raw)
-    raise ValueError(f"{key} must be an integer, got {raw!r}")
-
-
 @dataclass(frozen=True, slots=True)
 class FieldRule:
     """One identifier-carrying request field.
@@ -207,6 +220,7 @@ class FieldRule:
     selector: tuple[str, Mapping[int, IdentifierKind]] | None = None
 
     def applies_to(self, api_version: int) -> bool:
+        """Whether the field exists in this version of the request."""
         return self.min_version <= api_version and (self.max_version is None or api_version <= self.max_version)
 
 
@@ -224,35 +238,6 @@ def _rule(
 ) -> FieldRule:
     return FieldRule(path, kind, min_version, max_version, selector)
 
-
-PRODUCE: Final = 0
-OFFSET_COMMIT: Final = 8
-OFFSET_FETCH: Final = 9
-FIND_COORDINATOR: Final = 10
-JOIN_GROUP: Final = 11
-HEARTBEAT: Final = 12
-LEAVE_GROUP: Final = 13
-SYNC_GROUP: Final = 14
-DESCRIBE_GROUPS: Final = 15
-CREATE_TOPICS: Final = 19
-INIT_PRODUCER_ID: Final = 22
-ADD_PARTITIONS_TO_TXN: Final = 24
-ADD_OFFSETS_TO_TXN: Final = 25
-END_TXN: Final = 26
-TXN_OFFSET_COMMIT: Final = 28
-DESCRIBE_ACLS: Final = 29
-CREATE_ACLS: Final = 30
-DELETE_ACLS: Final = 31
-DESCRIBE_CONFIGS: Final = 32
-ALTER_CONFIGS: Final = 33
-DELETE_GROUPS: Final = 42
-INCREMENTAL_ALTER_CONFIGS: Final = 44
-OFFSET_DELETE: Final = 47
-DESCRIBE_TRANSACTIONS: Final = 65
-CONSUMER_GROUP_HEARTBEAT: Final = 68
-CONSUMER_GROUP_DESCRIBE: Final = 69
-SHARE_GROUP_HEARTBEAT: Final = 76
-SHARE_GROUP_DESCRIBE: Final = 77
 
 # Per API key, the request fields that carry identifiers (field names and
 # version ranges as in Kafka's message JSON / kio; checked against kio in tests).
@@ -367,6 +352,7 @@ class Breach:
     error_code: int
     reason: BreachReason = BreachReason.TOO_LONG
     message: str = field(default="", compare=False)
+    value: str = field(default="", compare=False)  # the identifier itself (the audit names it)
 
     @property
     def element_path(self) -> str:
@@ -404,18 +390,20 @@ def _check_value(kind: IdentifierKind, path: str, value: str, limits: Identifier
         # Kafka's Topic.validate order: empty, "." / "..", length, characters.
         if value in ("", ".", ".."):
             message = f"topic name ({path}) {value!r} is illegal: it cannot be empty, '.' or '..'"
-            return Breach(kind, path, length, limit, code, BreachReason.ILLEGAL_NAME, message)
+            return Breach(kind, path, length, limit, code, BreachReason.ILLEGAL_NAME, message, value)
         if length > limit:
-            return Breach(kind, path, length, limit, code, BreachReason.TOO_LONG, _message(kind, path, length, limit))
+            message = _message(kind, path, length, limit)
+            return Breach(kind, path, length, limit, code, BreachReason.TOO_LONG, message, value)
         if not _LEGAL_TOPIC.fullmatch(value):
             message = (
                 f"topic name ({path}) is illegal: it contains a character other than "
                 "ASCII alphanumerics, '.', '_' and '-'"
             )
-            return Breach(kind, path, length, limit, code, BreachReason.INVALID_CHARACTERS, message)
+            return Breach(kind, path, length, limit, code, BreachReason.INVALID_CHARACTERS, message, value)
         return None
     if length > limit:
-        return Breach(kind, path, length, limit, code, BreachReason.TOO_LONG, _message(kind, path, length, limit))
+        message = _message(kind, path, length, limit)
+        return Breach(kind, path, length, limit, code, BreachReason.TOO_LONG, message, value)
     return None
 
 
@@ -479,6 +467,22 @@ def check_request(
     header = check_client_id(client_id, limits)
     if header is not None:
         breaches.append(header)
+    for kind, path, value in _identifiers_at(api_key, api_version, body):
+        breach = _check_value(kind, path, value, limits)
+        if breach is not None:
+            breaches.append(breach)
+    return breaches
+
+
+def identifiers(api_key: int, api_version: int, body: object) -> Iterator[tuple[IdentifierKind, str]]:
+    """Every identifier of the kinds this policy checks in one request body, as (kind, value):
+    what an observation window records so that a limit never configured can be weighed."""
+    for kind, _, value in _identifiers_at(api_key, api_version, body):
+        yield kind, value
+
+
+def _identifiers_at(api_key: int, api_version: int, body: object) -> Iterator[tuple[IdentifierKind, str, str]]:
+    """(kind, path, value) of every identifier in the body, in table order."""
     for rule in IDENTIFIER_FIELDS.get(api_key, ()):
         if not rule.applies_to(api_version):
             continue
@@ -487,10 +491,56 @@ def check_request(
             continue
         for path, value in _walk(body, tuple(rule.path.split(".")), ""):
             if isinstance(value, str):
-                breach = _check_value(kind, path, value, limits)
-                if breach is not None:
-                    breaches.append(breach)
-    return breaches
+                yield kind, path, value
+
+
+def decide(
+    breaches: list[Breach],
+    mode: Mode,
+    *,
+    expects_response: bool = True,
+) -> Decision | None:
+    """The decision on a request with these breaches (None: admit).
+
+    Kafka answers such a request with an error response for the breaching elements
+    (their own codes; the rest of the request gets the first breach's). A client id
+    over the limit taints every later request of the connection, so the connection is
+    closed once the answer is written; a request that expects no response (Produce
+    with acks=0) cannot be answered, so its connection is closed at once.
+    """
+    if not breaches:
+        return None
+    first = breaches[0]
+    subject = {
+        "identifier_kind": first.kind.name.lower(),
+        "identifier_length": first.length,
+        "identifier": first.value[:IDENTIFIER_KEPT],
+        "breaches": [
+            {"kind": b.kind.name.lower(), "path": b.path, "length": b.length, "limit": b.limit} for b in breaches
+        ],
+    }
+    if not expects_response:
+        return Decision(
+            Policy.IDENTIFIER_LIMITS,
+            Action.CLOSE,
+            mode,
+            LIMIT_KEYS[first.kind],
+            first.message,
+            limit=first.limit,
+            subject=subject,
+        )
+    return Decision(
+        Policy.IDENTIFIER_LIMITS,
+        Action.REFUSE,
+        mode,
+        LIMIT_KEYS[first.kind],
+        first.message,
+        limit=first.limit,
+        error_code=first.error_code,
+        close_after=any(b.kind is IdentifierKind.CLIENT_ID for b in breaches),
+        element_errors={b.element_path: (b.error_code, b.message) for b in breaches if b.element_path},
+        subject=subject,
+    )
 
 
 def checked_api_keys() -> frozenset[int]:
@@ -514,5 +564,7 @@ __all__ = [
     "check_request",
     "check_transactional_id",
     "checked_api_keys",
+    "decide",
+    "identifiers",
     "java_length",
 ]

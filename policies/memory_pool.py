@@ -22,6 +22,10 @@ of waiters and is granted by a later ``release``/``cancel``: no busy loop, and
 a waiter refused by the pool blocks every waiter behind it, so the queue order
 is the grant order.
 
+``reserve`` answers a ticket and None (granted) or a WAIT
+:class:`policies.decision.Decision` (``Policy.MEMORY_POOL``); ``release`` and
+``cancel`` answer the queued tickets they granted, in grant order.
+
 Beyond Kafka, ``queued.max.request.bytes.per.connection`` (default -1 = off;
 only meaningful with the pool on) is a fair share: one connection may hold at
 most that many bytes of the pool, and a request that would take it over waits
@@ -31,22 +35,24 @@ waiter held back only by its connection's share stays queued without blocking
 waiters of other connections behind it (no head-of-line blocking), while the
 connection's own later requests stay behind it (per-connection order).
 
-In ``Mode.OBSERVE`` every request is granted at once; the grant says
-``would_wait=True`` where enforcing would have queued it.
+In ``Mode.OBSERVE`` every request is granted at once; where enforcing would
+have queued it, ``reserve`` still answers the WAIT decision (``mode=OBSERVE``).
 
 ``depleted_seconds`` is the total time ``available <= 0`` (Kafka's
 ``MemoryPoolDepletedTimeTotal``; Kafka times from the first refusal instead).
+``high_water_mark`` is the most bytes ever in use; ``reset_window_high_water_mark``
+the most in use since its last call (the audit's observation windows).
 Time is passed in as ``now``, seconds from a monotonic clock; a ``now`` earlier
 than one seen before counts as no time passing.
 """
 
 from __future__ import annotations
 
-import enum
 import itertools
 from collections.abc import Hashable
 from dataclasses import dataclass, field
 
+from policies.decision import Action, Decision, Policy
 from policies.mode import Mode
 
 QUEUED_MAX_REQUEST_BYTES = "queued.max.request.bytes"
@@ -59,32 +65,6 @@ DEFAULT_QUEUED_MAX_REQUEST_BYTES_PER_CONNECTION = -1
 
 # What ``available`` reports while the pool is off (Kafka's MemoryPool.NONE: Long.MAX_VALUE).
 UNBOUNDED = 2**63 - 1
-
-
-class WaitReason(enum.Enum):
-    POOL_DEPLETED = "pool_depleted"
-    CONNECTION_SHARE = "connection_share"
-
-
-@dataclass(frozen=True, slots=True)
-class Grant:
-    """The bytes are the caller's until it gives ``ticket`` back to ``release``."""
-
-    ticket: int
-    conn_id: Hashable
-    size: int
-    would_wait: bool = False
-    waited_seconds: float = 0.0
-
-
-@dataclass(frozen=True, slots=True)
-class Wait:
-    """Queued: a later ``release``/``cancel`` returns a ``Grant`` with the same ``ticket``."""
-
-    ticket: int
-    conn_id: Hashable
-    size: int
-    reason: WaitReason
 
 
 def validate_settings(
@@ -132,9 +112,9 @@ class MemoryPool:
         self._tickets = itertools.count(1)
         self._used = 0
         self._high_water_mark = 0
-        self._held: dict[int, Grant] = {}
-        # Insertion order is FIFO order; the float is when the wait began.
-        self._queue: dict[int, tuple[Wait, float]] = {}
+        self._window_high_water_mark = 0
+        self._held: dict[int, tuple[Hashable, int]] = {}  # ticket -> (conn_id, size)
+        self._queue: dict[int, tuple[Hashable, int]] = {}  # the same, for waiters; insertion order is FIFO order
         self._conns: dict[Hashable, _Conn] = {}
         self._depleted_total = 0.0
         self._depleted_since: float | None = None
@@ -144,6 +124,7 @@ class MemoryPool:
 
     @property
     def enabled(self) -> bool:
+        """Whether the pool limits anything (``queued.max.request.bytes > 0``)."""
         return self._capacity > 0
 
     @property
@@ -153,14 +134,17 @@ class MemoryPool:
 
     @property
     def max_request(self) -> int:
+        """``socket.request.max.bytes``."""
         return self._max_request
 
     @property
     def per_connection(self) -> int:
+        """``queued.max.request.bytes.per.connection`` (``<= 0``: off)."""
         return self._per_connection
 
     @property
     def mode(self) -> Mode:
+        """Enforce (queue waiters) or observe (grant, and report the WAIT)."""
         return self._mode
 
     @property
@@ -175,7 +159,18 @@ class MemoryPool:
 
     @property
     def high_water_mark(self) -> int:
+        """The most bytes ever in use at once."""
         return self._high_water_mark
+
+    def reset_window_high_water_mark(self, now: float) -> int:
+        """The most bytes in use at once since the last call (or since the pool was made).
+
+        A new window starts at ``now``, from the bytes in use now (they are in use in it too).
+        """
+        self._advance(now)
+        peak = self._window_high_water_mark
+        self._window_high_water_mark = self._used
+        return peak
 
     @property
     def waiting(self) -> int:
@@ -196,105 +191,162 @@ class MemoryPool:
 
     # -- decisions --------------------------------------------------------------
 
-    def reserve(self, conn_id: Hashable, size: int, now: float) -> Grant | Wait:
-        """Ask for ``size`` bytes for one request read from ``conn_id``."""
+    def reconfigure(self, max_request: int, mode: Mode, now: float) -> list[int]:
+        """A config reload: ``socket.request.max.bytes`` and the mode, for the requests to
+        come (the budget itself is sized at start). Switching to OBSERVE lets whoever waits
+        go: returns the queued tickets granted by it."""
+        validate_settings(self._capacity, max_request, self._per_connection)
+        self._max_request = max_request
+        self._mode = mode
+        if mode is not Mode.OBSERVE:
+            return []
+        granted = list(self._queue)
+        for ticket in granted:
+            conn_id, size = self._queue.pop(ticket)
+            self._conns[conn_id].queued.discard(ticket)
+            self._grant(ticket, conn_id, size)
+        self._settle(self._advance(now))
+        return granted
+
+    def reserve(self, conn_id: Hashable, size: int, now: float) -> tuple[int, Decision | None]:
+        """Ask for ``size`` bytes for one request read from ``conn_id``: its ticket, and None if granted now.
+
+        Otherwise a WAIT decision: enforced, the ticket is queued and a later
+        ``release``/``cancel`` grants it; in OBSERVE it is granted now all the same.
+        """
         if not 1 <= size <= self._max_request:
             raise ValueError(f"request size {size} is outside 1..{SOCKET_REQUEST_MAX_BYTES} ({self._max_request})")
         now = self._advance(now)
         ticket = next(self._tickets)
-        reason = self._blocked_by(conn_id, size) if self.enabled else None
-        if reason is not None and self._mode is Mode.ENFORCE:
-            wait = Wait(ticket, conn_id, size, reason)
-            self._queue[ticket] = (wait, now)
-            self._conns.setdefault(conn_id, _Conn()).queued.add(ticket)
-            return wait
-        grant = self._grant(ticket, conn_id, size, would_wait=reason is not None, waited=0.0)
+        if self._capacity <= 0:  # off: only counted (the common case costs nothing more)
+            self._grant(ticket, conn_id, size)
+            return ticket, None
+        decision = self._wait_decision(conn_id, size)
+        if decision is not None and decision.enforced:
+            self._queue[ticket] = (conn_id, size)
+            self._conn(conn_id).queued.add(ticket)
+            return ticket, decision
+        self._grant(ticket, conn_id, size)
         self._settle(now)
-        return grant
+        return ticket, decision
 
-    def release(self, ticket: int, now: float) -> list[Grant]:
-        """Give back a granted ticket's bytes (or withdraw a queued one); returns waiters now granted, FIFO.
+    def release(self, ticket: int, now: float) -> list[int]:
+        """Give back a granted ticket's bytes (or withdraw a queued one); returns the queued tickets now granted, FIFO.
 
         A ticket is given back once: one never issued, already released, or
         dropped by ``cancel`` raises ``ValueError``.
         """
         now = self._advance(now)
         if ticket in self._held:
-            grant = self._held.pop(ticket)
-            self._used -= grant.size
-            conn = self._conns[grant.conn_id]
-            conn.held_bytes -= grant.size
+            conn_id, size = self._held.pop(ticket)
+            self._used -= size
+            conn = self._conns[conn_id]
+            conn.held_bytes -= size
             conn.held.discard(ticket)
-            self._forget_if_idle(grant.conn_id, conn)
+            self._forget_if_idle(conn_id, conn)
         elif ticket in self._queue:
-            wait, _ = self._queue.pop(ticket)
-            conn = self._conns[wait.conn_id]
+            conn_id, _ = self._queue.pop(ticket)
+            conn = self._conns[conn_id]
             conn.queued.discard(ticket)
-            self._forget_if_idle(wait.conn_id, conn)
+            self._forget_if_idle(conn_id, conn)
         else:
             raise ValueError(f"ticket {ticket} is not outstanding (never issued, released already, or cancelled)")
-        granted = self._grant_waiters(now)
+        if not self._queue:
+            if self._capacity > 0:
+                self._settle(now)
+            return []
+        granted = self._grant_waiters()
         self._settle(now)
         return granted
 
-    def cancel(self, conn_id: Hashable, now: float) -> list[Grant]:
-        """The connection is gone: free all it holds, drop its waits; returns waiters now granted, FIFO."""
+    def cancel(self, conn_id: Hashable, now: float) -> list[int]:
+        """The connection is gone: free all it holds, drop its waits; returns the queued tickets now granted, FIFO."""
         now = self._advance(now)
         conn = self._conns.pop(conn_id, None)
         if conn is None:
             return []
         for ticket in conn.held:
-            self._used -= self._held.pop(ticket).size
+            self._used -= self._held.pop(ticket)[1]
         for ticket in conn.queued:
             del self._queue[ticket]
-        granted = self._grant_waiters(now)
+        granted = self._grant_waiters()
         self._settle(now)
         return granted
 
     # -- internals ------------------------------------------------------------
 
-    def _blocked_by(self, conn_id: Hashable, size: int) -> WaitReason | None:
+    def _wait_decision(self, conn_id: Hashable, size: int) -> Decision | None:
+        """Why this request must wait (the pool is exhausted, or its connection's share), if it must."""
         if self._used >= self._capacity:
-            return WaitReason.POOL_DEPLETED
-        conn = self._conns.get(conn_id)
-        if conn is not None and (conn.queued or self._over_share(conn, size)):
-            return WaitReason.CONNECTION_SHARE
-        return None
+            key, limit = QUEUED_MAX_REQUEST_BYTES, self._capacity
+            reason = f"{key}={limit} exhausted ({self._used} bytes in use): a request of {size} bytes waits for memory"
+        else:
+            conn = self._conns.get(conn_id)
+            if conn is None:
+                return None
+            # Holding queued requests implies a share is set: with room in the pool only a share holds one back.
+            key, limit = QUEUED_MAX_REQUEST_BYTES_PER_CONNECTION, self._per_connection
+            if conn.queued:
+                reason = f"{key}={limit}: a request of {size} bytes waits behind its connection's earlier one"
+            elif self._over_share(conn, size):
+                reason = (
+                    f"{key}={limit}: the connection holds {conn.held_bytes} bytes; "
+                    f"a request of {size} bytes waits for them"
+                )
+            else:
+                return None
+        return Decision(
+            Policy.MEMORY_POOL,
+            Action.WAIT,
+            self._mode,
+            key,
+            reason,
+            limit=limit,
+            subject={"size": size, "used": self._used, "capacity": self._capacity},
+        )
 
     def _over_share(self, conn: _Conn, size: int) -> bool:
         return 0 < self._per_connection < conn.held_bytes + size and conn.held_bytes > 0
 
-    def _grant_waiters(self, now: float) -> list[Grant]:
-        granted: list[Grant] = []
+    def _grant_waiters(self) -> list[int]:
+        granted: list[int] = []
         held_back: set[Hashable] = set()
-        for ticket, (wait, since) in list(self._queue.items()):
+        for ticket, (conn_id, size) in list(self._queue.items()):
             if self._used >= self._capacity:
                 break  # the pool refuses the head of the queue: everyone behind waits too
-            conn = self._conns[wait.conn_id]
-            if wait.conn_id in held_back or self._over_share(conn, wait.size):
-                held_back.add(wait.conn_id)  # its later requests stay behind it; others go ahead
+            conn = self._conns[conn_id]
+            if conn_id in held_back or self._over_share(conn, size):
+                held_back.add(conn_id)  # its later requests stay behind it; others go ahead
                 continue
             del self._queue[ticket]
             conn.queued.discard(ticket)
-            granted.append(self._grant(ticket, wait.conn_id, wait.size, would_wait=False, waited=now - since))
+            self._grant(ticket, conn_id, size)
+            granted.append(ticket)
         return granted
 
-    def _grant(self, ticket: int, conn_id: Hashable, size: int, *, would_wait: bool, waited: float) -> Grant:
-        grant = Grant(ticket, conn_id, size, would_wait=would_wait, waited_seconds=waited)
-        self._held[ticket] = grant
-        conn = self._conns.setdefault(conn_id, _Conn())
+    def _conn(self, conn_id: Hashable) -> _Conn:
+        conn = self._conns.get(conn_id)
+        if conn is None:
+            conn = self._conns[conn_id] = _Conn()
+        return conn
+
+    def _grant(self, ticket: int, conn_id: Hashable, size: int) -> None:
+        self._held[ticket] = (conn_id, size)
+        conn = self._conn(conn_id)
         conn.held.add(ticket)
         conn.held_bytes += size
         self._used += size
-        self._high_water_mark = max(self._high_water_mark, self._used)
-        return grant
+        if self._used > self._window_high_water_mark:
+            self._window_high_water_mark = self._used
+            self._high_water_mark = max(self._high_water_mark, self._used)
 
     def _forget_if_idle(self, conn_id: Hashable, conn: _Conn) -> None:
         if not conn.held and not conn.queued:
             del self._conns[conn_id]
 
     def _advance(self, now: float) -> float:
-        self._last_now = max(self._last_now, now)
+        if now > self._last_now:
+            self._last_now = now
         return self._last_now
 
     def _settle(self, now: float) -> None:

@@ -1,45 +1,95 @@
-"""Back off from an upstream broker that speaks the wrong protocol (KIP-498's
-"fail fast" case): after a mismatch, new client connections to that broker are
-refused at once for a while instead of hammering it, with the wait doubling
-per repeated mismatch up to a cap, and forgotten after a healthy exchange."""
+"""Back off from an upstream broker that cannot be used: one that speaks the
+wrong protocol (KIP-498's "fail fast" case) or one that cannot be reached at
+all (connection refused, connect timeout). While a broker is backed off, new
+client connections to it fail at once instead of each trying it, as Kafka's own
+clients back off per node (``ClusterConnectionStates``: ``reconnect.backoff.ms``
+doubling up to ``reconnect.backoff.max.ms``). The wait doubles per repeated
+failure up to a cap, separately for each cause, and both are forgotten after a
+healthy exchange.
+"""
 
 from __future__ import annotations
 
+import enum
 from dataclasses import dataclass
 
 
+class Cause(enum.Enum):
+    MISMATCH = "mismatch"  # reached, but speaks the other protocol (TLS vs plaintext)
+    UNREACHABLE = "unreachable"  # connection refused, connect timeout
+
+
 @dataclass(frozen=True, slots=True)
-class Mismatch:
+class Blocked:
+    """Connecting to ``upstream`` is refused until ``retry_at``."""
+
     upstream: str
-    description: str  # e.g. "speaks TLS; set upstream.tls.enabled"
+    description: str  # e.g. "speaks TLS; set upstream.tls.enabled", "cannot connect: ConnectionRefusedError(...)"
     retry_at: float
+    cause: Cause
+    failures: int  # consecutive failures of this cause, 1 for the first
 
 
 class UpstreamBackoff:
-    def __init__(self, initial_seconds: float = 1.0, max_seconds: float = 30.0) -> None:
+    """Per upstream ``host:port``: what blocks connecting to it, and until when."""
+
+    def __init__(
+        self,
+        initial_seconds: float = 1.0,
+        max_seconds: float = 30.0,
+        *,
+        unreachable_initial_seconds: float = 0.2,
+        unreachable_max_seconds: float = 10.0,
+    ) -> None:
         if not 0 < initial_seconds <= max_seconds:
             raise ValueError("backoff needs 0 < initial_seconds <= max_seconds")
-        self._initial = initial_seconds
-        self._max = max_seconds
-        self._delay: dict[str, float] = {}
-        self._mismatches: dict[str, Mismatch] = {}
+        if not 0 < unreachable_initial_seconds <= unreachable_max_seconds:
+            raise ValueError("backoff needs 0 < unreachable_initial_seconds <= unreachable_max_seconds")
+        self._bounds = {
+            Cause.MISMATCH: (initial_seconds, max_seconds),
+            Cause.UNREACHABLE: (unreachable_initial_seconds, unreachable_max_seconds),
+        }
+        # per cause: upstream -> (the delay of its last block, that block)
+        self._blocks: dict[Cause, dict[str, tuple[float, Blocked]]] = {cause: {} for cause in Cause}
 
-    def on_mismatch(self, upstream: str, description: str, now: float) -> Mismatch:
-        delay = min(self._delay.get(upstream, self._initial / 2) * 2, self._max)
-        self._delay[upstream] = delay
-        mismatch = Mismatch(upstream, description, now + delay)
-        self._mismatches[upstream] = mismatch
-        return mismatch
+    def on_mismatch(self, upstream: str, description: str, now: float) -> Blocked:
+        """``upstream`` answered in the wrong protocol: block it, for twice as long as last time."""
+        return self._back_off(Cause.MISMATCH, upstream, description, now)
+
+    def on_unreachable(self, upstream: str, description: str, now: float) -> Blocked | None:
+        """``upstream`` could not be connected to: the new block (log it), or None if it is blocked already.
+
+        A failure while a block is in effect is an attempt that began before the
+        block: it neither lengthens the block nor needs reporting again, so the
+        shell logs one line per backoff period, not one per client connection.
+        """
+        current = self._blocks[Cause.UNREACHABLE].get(upstream)
+        if current is not None and now < current[1].retry_at:
+            return None
+        return self._back_off(Cause.UNREACHABLE, upstream, description, now)
 
     def on_healthy(self, upstream: str) -> None:
-        self._delay.pop(upstream, None)
-        self._mismatches.pop(upstream, None)
+        """A healthy exchange with ``upstream``: forget its mismatches and unreachability."""
+        for blocks in self._blocks.values():
+            blocks.pop(upstream, None)
 
-    def blocked(self, upstream: str, now: float) -> Mismatch | None:
-        """The mismatch that still blocks connecting to ``upstream`` at ``now``, if any."""
-        mismatch = self._mismatches.get(upstream)
-        return mismatch if mismatch is not None and now < mismatch.retry_at else None
+    def blocked(self, upstream: str, now: float) -> Blocked | None:
+        """What still blocks connecting to ``upstream`` at ``now`` (the longer block if both causes do), if any."""
+        found: Blocked | None = None
+        for blocks in self._blocks.values():
+            entry = blocks.get(upstream)
+            if entry is not None and now < entry[1].retry_at and (found is None or entry[1].retry_at > found.retry_at):
+                found = entry[1]
+        return found
 
-    def known_mismatches(self) -> list[Mismatch]:
+    def known_mismatches(self) -> list[Blocked]:
         """Every upstream whose last exchange was a mismatch (for /readyz)."""
-        return list(self._mismatches.values())
+        return [block for _, block in self._blocks[Cause.MISMATCH].values()]
+
+    def _back_off(self, cause: Cause, upstream: str, description: str, now: float) -> Blocked:
+        initial, maximum = self._bounds[cause]
+        last = self._blocks[cause].get(upstream)
+        delay = initial if last is None else min(last[0] * 2, maximum)
+        block = Blocked(upstream, description, now + delay, cause, 1 if last is None else last[1].failures + 1)
+        self._blocks[cause][upstream] = (delay, block)
+        return block

@@ -13,6 +13,7 @@ import h11
 import trio
 from prometheus_client import CONTENT_TYPE_LATEST, generate_latest
 
+from .errors import BindError
 from .metrics import Metrics
 
 log = logging.getLogger("kafka_admission_proxy.admin")
@@ -20,6 +21,7 @@ log = logging.getLogger("kafka_admission_proxy.admin")
 ReadinessCheck = Callable[[], Awaitable[list[str]]]
 _REQUEST_TIMEOUT_S = 10.0
 _MAX_REQUEST_BYTES = 16384
+_DRAIN_TIMEOUT_S = 1.0
 
 
 class AdminServer:
@@ -30,7 +32,10 @@ class AdminServer:
     async def serve(
         self, host: str, port: int, *, task_status: trio.TaskStatus[int] = trio.TASK_STATUS_IGNORED
     ) -> None:
-        listeners = await trio.open_tcp_listeners(port, host=host)
+        try:
+            listeners = await trio.open_tcp_listeners(port, host=host)
+        except OSError as exc:
+            raise BindError("admin", host, port, exc) from exc
         bound = listeners[0].socket.getsockname()[1]
         log.info("admin listening", extra={"bind": f"{host}:{bound}"})
         task_status.started(bound)
@@ -50,12 +55,27 @@ class AdminServer:
                         continue
                     if isinstance(event, h11.Request):
                         status, content_type, body = await self._route(event)
+                        if event.method == b"HEAD":
+                            body = b""  # h11 sends no body in an answer to HEAD
                         await self._send(stream, conn, status, content_type, body)
+                        await self._drain(stream)
                     return
         except (h11.RemoteProtocolError, trio.BrokenResourceError, trio.ClosedResourceError):
             return
+        except Exception:  # a bug here must cost one admin request, not the proxy
+            log.exception("admin request failed")
         finally:
             await trio.aclose_forcefully(stream)
+
+    @staticmethod
+    async def _drain(stream: trio.SocketStream) -> None:
+        """Read what the client still sends (a request body we do not want) before closing:
+        closing with unread bytes would reset the connection and lose our answer."""
+        await stream.send_eof()
+        received = 0
+        with trio.move_on_after(_DRAIN_TIMEOUT_S):
+            while received < _MAX_REQUEST_BYTES and (chunk := await stream.receive_some(4096)):
+                received += len(chunk)
 
     async def _route(self, request: h11.Request) -> tuple[int, bytes, bytes]:
         path = request.target.split(b"?", 1)[0]
@@ -81,6 +101,8 @@ class AdminServer:
             (b"content-length", str(len(body)).encode()),
             (b"connection", b"close"),
         ]
+        if status == 405:
+            headers.append((b"allow", b"GET"))
         data = conn.send(h11.Response(status_code=status, headers=headers))
         data += conn.send(h11.Data(data=body))
         data += conn.send(h11.EndOfMessage())

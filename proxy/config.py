@@ -8,27 +8,111 @@ with Kafka's defaults and validation rules. Errors name the key and the rule.
 from __future__ import annotations
 
 import difflib
+import os
 import socket
+import tempfile
+from collections.abc import Callable, Mapping
+from dataclasses import dataclass
 from pathlib import Path
-from typing import Any, Literal
+from typing import Annotated, Any, ClassVar, Literal
 
-import yaml
-from pydantic import BaseModel, ConfigDict, Field, ValidationError, field_validator, model_validator
+from pydantic import (
+    BaseModel,
+    BeforeValidator,
+    ConfigDict,
+    Field,
+    ValidationError,
+    ValidationInfo,
+    ValidatorFunctionWrapHandler,
+    field_validator,
+    model_validator,
+)
+from pydantic_core import PydanticCustomError
 
 from policies.connections import ConnectionLimits
 from policies.group_size import GroupSizeConfig
 from policies.identifier_limits import IdentifierLimits
 from policies.memory_pool import validate_settings as validate_pool_settings
 
-__all__ = ["Config", "ConfigError", "load_config", "parse_config"]
+from .certificates import UPSTREAM_CERTIFICATE, TlsFiles, certificate_problems
+from .strict_yaml import StrictYamlError, read_yaml
+
+__all__ = ["Config", "ConfigError", "load_config", "parse_config", "parse_config_text"]
 
 
 class ConfigError(Exception):
     """A config that cannot be used; the message names the key and the rule."""
 
 
+@dataclass(frozen=True)
+class CrossFieldRule:
+    """A rule over several keys of one section, raising ``ValueError`` naming them.
+
+    It reads the section as written, defaults filled in (strict types make a valid
+    value as written the value parsed), and runs whenever none of ``keys`` has an
+    error of its own, whatever else is wrong: one pass reports every problem.
+    A rule that reads other parts tolerantly (as raw YAML) lists no keys."""
+
+    keys: tuple[str, ...]
+    check: Callable[[Mapping[str, Any]], object]
+
+
+def _cross_field_error(message: str) -> PydanticCustomError:
+    return PydanticCustomError("cross_field", "{rule}", {"rule": message})
+
+
 class _Frozen(BaseModel):
-    model_config = ConfigDict(extra="forbid", frozen=True, populate_by_name=True)
+    # strict: "100" is not an int and 1 is not a bool, as in Kafka's ConfigDef. Keys are
+    # the file's names only (Kafka's property names), never the Python field names.
+    model_config = ConfigDict(extra="forbid", frozen=True, strict=True)
+    cross_field_rules: ClassVar[tuple[CrossFieldRule, ...]] = ()
+
+    @model_validator(mode="wrap")
+    @classmethod
+    def _every_error_in_one_pass(cls, data: Any, handler: ValidatorFunctionWrapHandler) -> Any:
+        errors: list[Any] = []
+        model = None
+        try:
+            model = handler(data)
+        except ValidationError as exc:
+            errors = [
+                {"type": _cross_field_error(e["msg"]) if e["type"] == "cross_field" else e["type"]}
+                | {k: e[k] for k in ("loc", "input", "ctx") if k in e}
+                for e in exc.errors()
+            ]
+        if isinstance(data, Mapping) and cls.cross_field_rules:
+            invalid = {e["loc"][0] for e in errors if e["loc"]}
+            values = {**cls._defaults(), **data}
+            for rule in cls.cross_field_rules:
+                if invalid.isdisjoint(rule.keys):
+                    try:
+                        rule.check(values)
+                    except ValueError as exc:
+                        errors.append({"type": _cross_field_error(str(exc)), "loc": (), "input": data})
+        if errors:
+            raise ValidationError.from_exception_data(cls.__name__, errors)
+        return model
+
+    @classmethod
+    def _defaults(cls) -> dict[str, Any]:
+        return {
+            f.alias or name: f.get_default(call_default_factory=True)
+            for name, f in cls.model_fields.items()
+            if not f.is_required()
+        }
+
+
+def _kafka_bool(value: Any) -> Any:
+    """Kafka's ConfigDef BOOLEAN: true or false, also as a string in any case (as a
+    value copied from server.properties or quoted by a template is); never yes/on/1."""
+    if isinstance(value, str) and value.strip().lower() in ("true", "false"):
+        return value.strip().lower() == "true"
+    if not isinstance(value, bool):
+        raise ValueError(f"must be true or false, got {_shown(value)}")
+    return value
+
+
+KafkaBool = Annotated[bool, BeforeValidator(_kafka_bool)]
 
 
 def _host_port(value: str, key: str) -> tuple[str, int]:
@@ -44,24 +128,44 @@ def _existing_file(value: str | None) -> str | None:
     return value
 
 
+def _set_env_var(value: str | None) -> str | None:
+    if value is not None and value not in os.environ:
+        raise ValueError(f"environment variable {value!r} is not set")
+    return value
+
+
+def _one_password_source(v: Mapping[str, Any]) -> None:
+    # Key passwords come from a file or the environment, never from this YAML file.
+    if v["key_password_file"] is not None and v["key_password_env"] is not None:
+        raise ValueError("set key_password_file or key_password_env, not both")
+    if (v["key_password_file"] is not None or v["key_password_env"] is not None) and v["key_file"] is None:
+        raise ValueError("a key password needs key_file")
+
+
+_PASSWORD_RULE = CrossFieldRule(("key_password_file", "key_password_env", "key_file"), _one_password_source)
+
+
+def _cert_and_key_together(v: Mapping[str, Any]) -> None:
+    if (v["cert_file"] is None) != (v["key_file"] is None):
+        raise ValueError("cert_file and key_file must be set together (client certificate)")
+
+
 class UpstreamTls(_Frozen):
-    enabled: bool = False
+    enabled: KafkaBool = False
     ca_file: str | None = None
     cert_file: str | None = None
     key_file: str | None = None
+    key_password_file: str | None = None
+    key_password_env: str | None = None
     server_hostname: str | None = None
 
-    _files = field_validator("ca_file", "cert_file", "key_file")(_existing_file)
-
-    @model_validator(mode="after")
-    def _cert_and_key_together(self) -> UpstreamTls:
-        if (self.cert_file is None) != (self.key_file is None):
-            raise ValueError("cert_file and key_file must be set together (client certificate)")
-        return self
+    _files = field_validator("ca_file", "cert_file", "key_file", "key_password_file")(_existing_file)
+    _env = field_validator("key_password_env")(_set_env_var)
+    cross_field_rules = (CrossFieldRule(("cert_file", "key_file"), _cert_and_key_together), _PASSWORD_RULE)
 
 
 class Upstream(_Frozen):
-    bootstrap_servers: tuple[str, ...] = Field(min_length=1)
+    bootstrap_servers: tuple[str, ...] = Field(min_length=1, strict=False)  # a YAML list
     tls: UpstreamTls = UpstreamTls()
 
     @field_validator("bootstrap_servers")
@@ -75,19 +179,22 @@ class Upstream(_Frozen):
         return [_host_port(s, "bootstrap_servers") for s in self.bootstrap_servers]
 
 
+def _ca_for_client_auth(v: Mapping[str, Any]) -> None:
+    if v["client_auth"] != "none" and v["ca_file"] is None:
+        raise ValueError(f"client_auth: {v['client_auth']} needs ca_file to verify clients")
+
+
 class ListenerTls(_Frozen):
     cert_file: str
     key_file: str
+    key_password_file: str | None = None
+    key_password_env: str | None = None
     ca_file: str | None = None
     client_auth: Literal["none", "optional", "required"] = "none"
 
-    _files = field_validator("cert_file", "key_file", "ca_file")(_existing_file)
-
-    @model_validator(mode="after")
-    def _ca_for_client_auth(self) -> ListenerTls:
-        if self.client_auth != "none" and self.ca_file is None:
-            raise ValueError(f"client_auth: {self.client_auth} needs ca_file to verify clients")
-        return self
+    _files = field_validator("cert_file", "key_file", "ca_file", "key_password_file")(_existing_file)
+    _env = field_validator("key_password_env")(_set_env_var)
+    cross_field_rules = (CrossFieldRule(("client_auth", "ca_file"), _ca_for_client_auth), _PASSWORD_RULE)
 
 
 def parse_ip_overrides(value: str) -> dict[str, int]:
@@ -118,7 +225,7 @@ class Listener(_Frozen):
     advertised_host: str = "127.0.0.1"
     node_port_base: int = Field(default=29100, ge=1, le=65535)
     tls: ListenerTls | None = None
-    protected: bool = False
+    protected: KafkaBool = False
 
     _bind = field_validator("bind")(_check_bind)
 
@@ -140,6 +247,55 @@ class Admin(_Frozen):
 PolicyMode = Literal["enforce", "observe"]
 _INT_MAX = 2147483647
 _LISTENER_PREFIX = "listener.name."
+
+
+def _listener_key(key: object) -> tuple[str, str] | None:
+    """(listener, property) of a ``listener.name.<listener>.<property>`` key."""
+    if not isinstance(key, str) or not key.startswith(_LISTENER_PREFIX):
+        return None
+    listener, _, prop = key.removeprefix(_LISTENER_PREFIX).partition(".")
+    return (listener, prop) if listener and prop else None
+
+
+def _per_listener(flat: Mapping[str, Any]) -> dict[str, dict[str, Any]]:
+    """``listener.name.<l>.<prop>: v`` keys -> ``{<l>: {<prop>: v}}``."""
+    overrides: dict[str, dict[str, Any]] = {}
+    for key, value in flat.items():
+        parts = _listener_key(key)
+        if parts is not None:
+            overrides.setdefault(parts[0], {})[parts[1]] = value
+    return overrides
+
+
+def _connection_limits(flat: Mapping[str, Any]) -> ConnectionLimits:
+    """Kafka's connection quota settings from the policies as written (Kafka names)."""
+    return ConnectionLimits(
+        max_connections=flat["max.connections"],
+        max_connections_per_ip=flat["max.connections.per.ip"],
+        max_connections_per_ip_overrides=parse_ip_overrides(flat["max.connections.per.ip.overrides"]),
+        max_ssl_connections=flat["max.ssl.connections"],
+        listener_max_connections={
+            name: props["max.connections"] for name, props in _per_listener(flat).items() if "max.connections" in props
+        },
+        connections_max_idle_ms=flat["connections.max.idle.ms"],
+    )
+
+
+def _group_size_config(flat: Mapping[str, Any]) -> GroupSizeConfig:
+    return GroupSizeConfig(
+        group_max_size=flat["group.max.size"],
+        group_consumer_max_size=flat["group.consumer.max.size"],
+        join_rate_per_minute=flat["group.join.rate.per.minute"],
+        reconcile_interval_seconds=flat["group.reconcile.interval.ms"] / 1000,
+    )
+
+
+def _pool_fits_the_largest_request(flat: Mapping[str, Any]) -> None:
+    validate_pool_settings(
+        flat["queued.max.request.bytes"],
+        flat["socket.request.max.bytes"],
+        flat["queued.max.request.bytes.per.connection"],
+    )
 
 
 class ListenerPolicies(_Frozen):
@@ -182,7 +338,7 @@ class Policies(_Frozen):
     request_body_timeout_ms: int = Field(default=10000, ge=1, le=_INT_MAX, alias="request.body.timeout.ms")
     memory_pool_mode: PolicyMode | None = Field(default=None, alias="memory.pool.mode")
     # KIP-1233 identifier lengths (limits are UTF-16 code units, as Java counts).
-    resource_identifier_limit_enable: bool = Field(default=False, alias="resource.identifier.limit.enable")
+    resource_identifier_limit_enable: KafkaBool = Field(default=False, alias="resource.identifier.limit.enable")
     resource_identifier_max_length: int = Field(default=249, ge=0, le=_INT_MAX, alias="resource.identifier.max.length")
     member_id_max_length: int = Field(default=36, ge=0, le=_INT_MAX, alias="member.id.max.length")
     classic_member_id_max_length: int = Field(default=286, ge=0, le=_INT_MAX, alias="classic.member.id.max.length")
@@ -194,50 +350,44 @@ class Policies(_Frozen):
     resource_identifier_limit_mode: PolicyMode | None = Field(default=None, alias="resource.identifier.limit.mode")
     listener_overrides: dict[str, ListenerPolicies] = Field(default_factory=dict, alias="listener.name")
 
+    # Kafka's rules over several keys (KafkaConfig, ConnectionQuotas, the memory pool's).
+    cross_field_rules = (
+        CrossFieldRule(
+            ("group.max.size", "group.consumer.max.size", "group.join.rate.per.minute", "group.reconcile.interval.ms"),
+            _group_size_config,
+        ),
+        CrossFieldRule(
+            (
+                "max.connections",
+                "max.connections.per.ip",
+                "max.connections.per.ip.overrides",
+                "max.ssl.connections",
+                "connections.max.idle.ms",
+                "listener.name",
+            ),
+            _connection_limits,
+        ),
+        CrossFieldRule(
+            ("queued.max.request.bytes", "socket.request.max.bytes", "queued.max.request.bytes.per.connection"),
+            _pool_fits_the_largest_request,
+        ),
+    )
+
     @model_validator(mode="before")
     @classmethod
     def _gather_listener_keys(cls, raw: Any) -> Any:
         """``listener.name.<l>.<prop>: v`` -> ``listener.name: {<l>: {<prop>: v}}``."""
         if not isinstance(raw, dict):
             return raw
-        flat = {k: v for k, v in raw.items() if not (isinstance(k, str) and k.startswith(_LISTENER_PREFIX))}
-        overrides: dict[str, dict[str, Any]] = {}
-        for key, value in raw.items():
-            if isinstance(key, str) and key.startswith(_LISTENER_PREFIX):
-                listener, _, prop = key.removeprefix(_LISTENER_PREFIX).partition(".")
-                if not listener or not prop:
-                    raise ValueError(f"{key}: write per-listener keys as listener.name.<listener>.<property>")
-                overrides.setdefault(listener, {})[prop] = value
+        overrides = _per_listener(raw)
+        # A malformed listener.name.* key stays, to be reported as an unknown key.
+        flat = {k: v for k, v in raw.items() if _listener_key(k) is None}
         if overrides:
             flat["listener.name"] = overrides
         return flat
 
     def group_size_config(self) -> GroupSizeConfig:
-        return GroupSizeConfig(
-            group_max_size=self.group_max_size,
-            group_consumer_max_size=self.group_consumer_max_size,
-            join_rate_per_minute=self.group_join_rate_per_minute,
-            reconcile_interval_seconds=self.group_reconcile_interval_ms / 1000,
-        )
-
-    @model_validator(mode="after")
-    def _group_settings_valid(self) -> Policies:
-        self.group_size_config()  # e.g. group.join.rate.per.minute 0; raises naming the key
-        return self
-
-    @model_validator(mode="after")
-    def _connection_limits_valid(self) -> Policies:
-        self.connection_limits()  # Kafka's rules (e.g. per.ip 0 needs overrides); raises naming the key
-        return self
-
-    @model_validator(mode="after")
-    def _pool_fits_the_largest_request(self) -> Policies:
-        validate_pool_settings(
-            self.queued_max_request_bytes,
-            self.socket_request_max_bytes,
-            self.queued_max_request_bytes_per_connection,
-        )
-        return self
+        return _group_size_config(self.flat())
 
     @field_validator("max_connections_per_ip_overrides")
     @classmethod
@@ -246,19 +396,7 @@ class Policies(_Frozen):
         return value
 
     def connection_limits(self) -> ConnectionLimits:
-        listeners = {
-            name: props.max_connections
-            for name, props in self.listener_overrides.items()
-            if props.max_connections is not None
-        }
-        return ConnectionLimits(
-            max_connections=self.max_connections,
-            max_connections_per_ip=self.max_connections_per_ip,
-            max_connections_per_ip_overrides=parse_ip_overrides(self.max_connections_per_ip_overrides),
-            max_ssl_connections=self.max_ssl_connections,
-            listener_max_connections=listeners,
-            connections_max_idle_ms=self.connections_max_idle_ms,
-        )
+        return _connection_limits(self.flat())
 
     def identifier_limits(self) -> IdentifierLimits:
         return IdentifierLimits(
@@ -293,37 +431,140 @@ class Policies(_Frozen):
         return out
 
 
-class Audit(_Frozen):
-    path: str | None = None
+class AuditWindow(_Frozen):
+    seconds: float = Field(default=60, gt=0, le=86400)
 
-    @field_validator("path")
+
+def _writable_directory(value: str | None) -> str | None:
+    """``audit.path``: a directory this process can write (created if missing)."""
+    if value is None:
+        return None
+    path = Path(value)
+    try:
+        path.mkdir(parents=True, exist_ok=True)
+    except FileExistsError:
+        raise ValueError(f"must be a directory; {value!r} is a file") from None
+    except OSError as exc:
+        raise ValueError(f"cannot create directory {value!r}: {exc.strerror}") from None
+    try:
+        # A real write, not os.access: root passes access checks on read-only mounts.
+        tempfile.TemporaryFile(dir=path).close()
+    except OSError as exc:
+        raise ValueError(f"directory {value!r} is not writable: {exc.strerror}") from None
+    return value
+
+
+class Audit(_Frozen):
+    """The evidence sink (proxy/audit.py): rotated JSON-line files in ``path``, or the log when null."""
+
+    path: str | None = None
+    # Names this proxy's files and events; default the hostname. Safe in a file name.
+    instance_id: str | None = Field(default=None, pattern=r"^[A-Za-z0-9_.-]{1,128}$")
+    max_file_bytes: int = Field(default=67108864, ge=4096, le=2**40)
+    max_file_seconds: float = Field(default=3600, gt=0, le=7 * 86400)
+    max_total_bytes: int = Field(default=1073741824, ge=4096, le=2**50)
+    queue_events: int = Field(default=65536, ge=1, le=16777216)
+    window: AuditWindow = AuditWindow()
+
+    _path = field_validator("path")(_writable_directory)
+
+    @field_validator("max_total_bytes")
     @classmethod
-    def _parent_exists(cls, value: str | None) -> str | None:
-        if value is not None and not Path(value).parent.is_dir():
-            raise ValueError(f"directory of the audit file does not exist: {value!r}")
+    def _a_file_fits_the_total(cls, value: int, info: ValidationInfo) -> int:
+        file_bytes = info.data.get("max_file_bytes")
+        if file_bytes is not None and value < file_bytes:
+            raise ValueError(f"must be >= max_file_bytes ({file_bytes}), got {value}")
         return value
+
+    @property
+    def instance(self) -> str:
+        return self.instance_id or socket.gethostname()
+
+
+def _raw_listeners(v: Mapping[str, Any]) -> list[Mapping[str, Any]]:
+    items = v.get("listeners")
+    return [item for item in items if isinstance(item, Mapping)] if isinstance(items, list) else []
+
+
+def _raw_listener_names(v: Mapping[str, Any]) -> list[str]:
+    return [item["name"] for item in _raw_listeners(v) if isinstance(item.get("name"), str)]
+
+
+def _distinct(items: list[str]) -> list[str]:
+    return list(dict.fromkeys(items))
+
+
+def _repeated(items: list[Any]) -> list[Any]:
+    return sorted({item for item in items if items.count(item) > 1}, key=str)
+
+
+def _listener_names_unique(v: Mapping[str, Any]) -> None:
+    repeated = _repeated(_raw_listener_names(v))
+    if repeated:
+        raise ValueError(f"listener names must be unique: {', '.join(repeated)} more than once")
+
+
+def _listener_binds_unique(v: Mapping[str, Any]) -> None:
+    binds = []
+    for item in _raw_listeners(v):
+        try:
+            binds.append(_host_port(item["bind"], "bind"))
+        except (KeyError, TypeError, ValueError, AttributeError):
+            continue  # a missing or malformed bind has its own error
+    repeated = _repeated(binds)
+    if repeated:
+        where = ", ".join(f"{host}:{port}" for host, port in repeated)
+        raise ValueError(f"listener bind addresses must be unique: {where} more than once")
+
+
+def _per_listener_keys_name_listeners(v: Mapping[str, Any]) -> None:
+    policies = v.get("policies")
+    if not isinstance(policies, Mapping):
+        return
+    names = _distinct(_raw_listener_names(v))
+    unknown = sorted({parts[0] for key in policies if (parts := _listener_key(key)) and parts[0] not in names})
+    if unknown:
+        keys = ", ".join(f"listener.name.{name}.*" for name in unknown)
+        verb = "names" if len(unknown) == 1 else "name"
+        raise ValueError(f"policies: {keys} {verb} no configured listener (have: {names})")
 
 
 class Config(_Frozen):
     mode: Literal["cluster", "sidecar"] = "cluster"
     upstream: Upstream
-    listeners: tuple[Listener, ...] = Field(min_length=1)
+    listeners: tuple[Listener, ...] = Field(min_length=1, strict=False)  # a YAML list
     admin: Admin = Admin()
     policies: Policies = Policies()
     audit: Audit = Audit()
 
-    @model_validator(mode="after")
-    def _distinct_listeners(self) -> Config:
-        names = [lst.name for lst in self.listeners]
-        if len(set(names)) != len(names):
-            raise ValueError("listener names must be unique")
-        for name in self.policies.listener_overrides:
-            if name not in names:
-                raise ValueError(f"policies: listener.name.{name}.* names no configured listener (have: {names})")
-        binds = [lst.bind_address for lst in self.listeners]
-        if len(set(binds)) != len(binds):
-            raise ValueError("listener bind addresses must be unique")
-        return self
+    # Read from the YAML as written, so they are reported even when a listener or a
+    # policy has errors of its own.
+    cross_field_rules = (
+        CrossFieldRule((), _listener_names_unique),
+        CrossFieldRule((), _per_listener_keys_name_listeners),
+        CrossFieldRule((), _listener_binds_unique),
+    )
+
+    def tls_files(self) -> list[TlsFiles]:
+        """The TLS files of every section that has them (the client certificate toward brokers
+        is labelled ``upstream``)."""
+        sections = [
+            TlsFiles(
+                f"listeners[{i}].tls", lst.name, lst.tls.cert_file, lst.tls.key_file, lst.tls.ca_file,
+                lst.tls.key_password_file, lst.tls.key_password_env,
+            )
+            for i, lst in enumerate(self.listeners)
+            if lst.tls is not None
+        ]
+        tls = self.upstream.tls
+        if tls.enabled:
+            sections.append(
+                TlsFiles(
+                    "upstream.tls", UPSTREAM_CERTIFICATE, tls.cert_file, tls.key_file, tls.ca_file,
+                    tls.key_password_file, tls.key_password_env,
+                )
+            )
+        return sections
 
     def effective(self) -> dict[str, Any]:
         """The config with every default filled in, under the file's own key names."""
@@ -367,18 +608,51 @@ def _model_of(annotation: Any) -> type[BaseModel] | None:
     return None
 
 
+def _sections_knowing(key: str) -> list[str]:
+    """The top-level sections in which ``key`` is a valid key."""
+    sections = []
+    for section, field in Config.model_fields.items():
+        model = _model_of(field.annotation)
+        if model is not None and (key in _known_keys(model) or (model is Policies and _listener_key(key))):
+            sections.append(f"{section}:")
+    return sections
+
+
+def _unknown_key_hint(loc: tuple[int | str, ...]) -> str:
+    key = str(loc[-1])
+    if "password" in key:
+        return "; passwords are never written in the config: use key_password_file or key_password_env"
+    if len(loc) == 1:
+        sections = _sections_knowing(key)
+        if sections:
+            return f" at the top level; it belongs under {' or '.join(sections)}"
+    if key.startswith(_LISTENER_PREFIX) and _listener_key(key) is None:
+        return "; write per-listener keys as listener.name.<listener>.<property>"
+    model = _model_at(loc)
+    if model is not None:
+        close = difflib.get_close_matches(key, _known_keys(model), n=1)
+        if close:
+            return f" (did you mean {close[0]!r}?)"
+    return ""
+
+
+def _shown(value: object, limit: int = 60) -> str:
+    text = repr(value)
+    return text if len(text) <= limit else text[: limit - 3] + "..."
+
+
 def _describe(error: Any) -> str:
     loc = tuple(error["loc"])
     key = ".".join(str(p) if not isinstance(p, int) else f"[{p}]" for p in loc).replace(".[", "[")
+    value = error.get("input")
     if error["type"] == "extra_forbidden":
-        model = _model_at(loc)
-        hint = ""
-        if model is not None:
-            close = difflib.get_close_matches(str(loc[-1]), _known_keys(model), n=1)
-            if close:
-                hint = f" (did you mean {close[0]!r}?)"
-        return f"{key}: unknown key{hint}"
-    message = str(error["msg"]).removeprefix("Value error, ")
+        message = f"unknown key{_unknown_key_hint(loc)}"
+    elif error["type"] == "int_type" and isinstance(value, str):
+        message = f"must be an integer, got the string {_shown(value)} (write numbers without quotes)"
+    elif error["type"] == "int_type" and isinstance(value, bool | float):
+        message = f"must be an integer, got {str(value).lower() if isinstance(value, bool) else value}"
+    else:
+        message = str(error["msg"]).removeprefix("Value error, ")
     return f"{key}: {message}" if key else message
 
 
@@ -386,7 +660,7 @@ def parse_config(raw: Any) -> Config:
     if not isinstance(raw, dict):
         raise ConfigError("the config must be a YAML mapping")
     try:
-        return Config.model_validate(raw)
+        config = Config.model_validate(raw)
     except ValidationError as exc:
         errors = exc.errors()
         # A list whose items failed also reports itself as too short: say the cause only.
@@ -399,15 +673,30 @@ def parse_config(raw: Any) -> Config:
             )
         ]
         raise ConfigError("\n".join(_describe(e) for e in shown)) from None
+    _check_certificates(config)
+    return config
+
+
+def _check_certificates(config: Config) -> None:
+    """TLS files that exist but cannot serve (key mismatch, chain order, dates): one line each."""
+    problems = certificate_problems(config.tls_files())
+    if problems:
+        raise ConfigError("\n".join(problems))
+
+
+def parse_config_text(text: str, source: str = "<config>") -> Config:
+    """A config from YAML text; ``source`` (its file name) is named in YAML errors."""
+    try:
+        raw = read_yaml(text, source)
+    except StrictYamlError as exc:
+        raise ConfigError(str(exc)) from None
+    return parse_config(raw)
 
 
 def load_config(path: str | Path) -> Config:
     try:
         text = Path(path).read_text()
-    except OSError as exc:
-        raise ConfigError(f"cannot read config file {str(path)!r}: {exc.strerror}") from None
-    try:
-        raw = yaml.safe_load(text)
-    except yaml.YAMLError as exc:
-        raise ConfigError(f"{path}: not valid YAML: {exc}") from None
-    return parse_config(raw)
+    except (OSError, UnicodeDecodeError) as exc:
+        reason = exc.strerror if isinstance(exc, OSError) else "not UTF-8 text"
+        raise ConfigError(f"cannot read config file {str(path)!r}: {reason}") from None
+    return parse_config_text(text, str(path))

@@ -1,36 +1,55 @@
-"""One client connection: a TLS handshake if the listener has TLS, one upstream
-connection, and two pumps in one nursery.
+"""One client connection: TLS if its listener has it, one upstream connection, and
+two pumps, one per direction.
 
-client -> broker: length prefix checked before the body is read, header peeked,
-Produce/Fetch bodies forwarded as bytes. broker -> client: responses arrive in
-request order (a broker answers one request per connection at a time); the few
-that carry broker addresses or API versions are decoded and rewritten.
+Each pump reads what the socket has, takes every whole frame in it, and writes
+what goes on in one send: in the common case a receive holds whole frames that
+all go on, and they are sent as a slice of the very bytes received. Per request
+the work is O(1) and touches nothing outside this connection but timestamps in
+the connection quotas and the memory pool: the header is peeked in place, and a
+body is decoded only for the APIs a policy reads (the config generation's plan).
+
+Answers the proxy gives itself (a refused group join, an identifier over its
+limit) keep their place in the connection's response order (``Session``); they
+are written by whichever pump finds them at the head of the line, and the
+client socket's one writer at a time is made explicit by ``_send_to_client``.
 """
 
 from __future__ import annotations
 
-import collections
 import itertools
 import logging
+import math
 import socket
 import ssl
+from collections.abc import Awaitable, Callable
 from dataclasses import dataclass
-from typing import TYPE_CHECKING
+from time import perf_counter
+from typing import NoReturn
 
 import trio
 
-from policies.frame_check import FrameKind, FrameVerdict, looks_like_http, looks_like_tls
+from policies.api_keys import PRODUCE
+from policies.decision import Action, Decision, Policy
+from policies.frame_check import FrameKind, decide_request_prefix, looks_like_http, looks_like_tls
+from policies.mode import Mode
+from policies.response_size import decide_response_prefix
 
-from . import rewrite, wire
-from .framing import FrameReader, TruncatedFrame
-from .group_tracking import GroupRequest
-from .request_admission import Answer
+from . import wire
+from .decisions import Where
+from .framing import MAX_RECEIVE, RECEIVE_SIZE, FrameRefused, FrameSplitter
+from .generation import Generation
+from .logs import RateLimitedLog
+from .metrics import TrafficStats
+from .request import Request
+from .runtime import Runtime
+from .session import Pending, Session, State, UnexpectedResponse
+from .tls import TlsTermination
+from .transport import SocketTransport, StreamTransport, Transport, stdlib_socket
 from .upstream import UpstreamLink, UpstreamUnavailable
-
-if TYPE_CHECKING:
-    from .listener import ListenerRuntime, Route
+from .wire import Received
 
 log = logging.getLogger("kafka_admission_proxy.connection")
+_closes = RateLimitedLog(log)
 
 HANDSHAKE_TIMEOUT_S = 10.0
 _HTTP_400_BODY = b"This is a Kafka port (kafka-admission-proxy), not HTTP.\n"
@@ -38,132 +57,157 @@ _HTTP_400 = (
     b"HTTP/1.1 400 Bad Request\r\nContent-Type: text/plain\r\nConnection: close\r\n"
     b"Content-Length: %d\r\n\r\n%s" % (len(_HTTP_400_BODY), _HTTP_400_BODY)
 )
-
-
 _ids = itertools.count(1)
+_CLIENT_SIDE = {"direction": "client"}
+_Pump = Callable[[Transport, Transport], Awaitable[None]]
 
 
 class ConnectionClosed(Exception):
-    """Ends a connection; ``cause`` is its metric label, the message its log line."""
+    """Ends a connection abnormally; ``cause`` is its metric label, the message its log line,
+    ``detail`` tells apart lines of one cause that say different things (logged apart)."""
 
-    def __init__(self, cause: str, message: str) -> None:
+    def __init__(self, cause: str, message: str, detail: str = "") -> None:
         super().__init__(message)
         self.cause = cause
+        self.detail = detail
 
 
-@dataclass(slots=True)
-class InFlight:
-    """A request awaiting its answer, in the order the client sent it."""
+@dataclass(frozen=True, slots=True)
+class Port:
+    """What a connection needs from the port it was accepted on."""
 
-    correlation_id: int
-    api_key: int
-    api_version: int
-    proxy_seconds: float = 0.0  # time the request spent inside the proxy
-    answer: Answer | None = None  # the proxy's own answer: the broker never saw the request
-    ticket: int | None = None  # its bytes in the memory pool, released once answered
-    group_request: GroupRequest | None = None  # a group API: its response updates the group tracker
+    listener: str
+    tls: TlsTermination | None
+    upstream_name: str
+    connect: Callable[[], Awaitable[UpstreamLink]]
+    stats: TrafficStats
 
 
 class ClientConnection:
-    def __init__(self, listener: ListenerRuntime, route: Route, stream: trio.SocketStream) -> None:
-        self.listener = listener
-        self.route = route
+    def __init__(self, port: Port, runtime: Runtime, stream: trio.SocketStream) -> None:
+        self.port = port
+        self.runtime = runtime
         self._tcp = stream
         try:
-            host, port = stream.socket.getpeername()[:2]
-            self.peer, self.peer_ip = f"{host}:{port}", str(host)
+            host, peer_port = stream.socket.getpeername()[:2]
+            self.peer, self.peer_ip = f"{host}:{peer_port}", str(host)
         except OSError:
             self.peer, self.peer_ip = "unknown", "unknown"
-        self.conn_id = f"{listener.config.name}-{next(_ids)}"
-        self.tls = listener.ssl_context is not None
-        self._scope = trio.CancelScope()  # cancelled to close the connection from outside
-        # Requests awaiting an answer, in the order the client sent them.
-        self._pending: collections.deque[InFlight] = collections.deque()
-        self._requests_done = False
-        self.in_flight = 0
-        self._unanswered: collections.deque[int] = collections.deque(maxlen=64)  # acks=0 Produce ids
-        self._stopping = False
-        self._idle_scope: trio.CancelScope | None = None
-        self._nursery: trio.Nursery | None = None
+        self.listener = port.listener
+        self.conn_id = f"{port.listener}-{next(_ids)}"
+        self.tls = port.tls is not None
+        self.where = Where(port.listener, self.peer, self.conn_id, self.tls)
+        self.session = Session()
         self.upstream_address = "unconnected"
+        self._scope = trio.CancelScope()  # cancelled to close the connection from outside
+        self._splitter = FrameSplitter(sniff=not self.tls)
+        self._stopping = False
+        self._writing = False  # a pump is writing to the client
+        self._written: trio.Event | None = None  # made only when a second writer has to wait
+        self._opened = trio.current_time()
+        self.requests = 0
+        self.bytes_in = 0
+        self.bytes_out = 0
+        self.end_reason = "client_closed"
+        self.first_client_id: str | None = None
+        self._partial_ticket: int | None = None  # pool memory of the frame being read (KIP-72)
+        self._body_deadline = trio.CancelScope()  # request.body.timeout.ms, armed per partial frame
+        self._body_timeout_ms = 0
+        self._waiting_for = ""
+        self._client: Transport | None = None
 
-    @property
-    def busy(self) -> bool:
-        return self.in_flight > 0
+    # -- from outside: the gate and the server --------------------------------------
 
     def close_now(self, cause: str, reason: str) -> None:
-        """Close from outside (eviction, idle expiry, a lowered limit; the gate counts it)."""
+        """Close from outside (eviction, idle expiry, a lowered limit; the gate records it)."""
         if not self._scope.cancel_called:
-            log.info(
-                "connection closed: %s",
-                reason,
-                extra={"peer": self.peer, "listener": self.listener.config.name, "cause": cause},
-            )
+            self.end_reason = cause
+            log.info("connection closed: %s", reason, extra={"peer": self.peer, "listener": self.listener})
             self._scope.cancel()
 
     def stop_reading(self) -> None:
         """Graceful shutdown: finish the frame being read, answer what is in flight, close."""
         self._stopping = True
-        if self._idle_scope is not None:
-            self._idle_scope.cancel()
+        if self._splitter.idle:
+            self.session.stop()
+            if self.session.state is State.DONE:
+                self.end_reason = "drained"
+                self._scope.cancel()
+
+    # -- the connection's life ----------------------------------------------------------
 
     async def run(self) -> None:
-        with self._scope:
-            await self._serve()
-
-    async def _serve(self) -> None:
-        cfg = self.listener.config
+        self._lifecycle("open")
         try:
-            await self._connect_and_pump()
-        finally:
-            with trio.CancelScope(shield=True):
-                await trio.aclose_forcefully(self._tcp)  # closed already on most paths; harmless twice
-            log.debug("connection closed", extra={"peer": self.peer, "listener": cfg.name})
-
-    async def _connect_and_pump(self) -> None:
-        try:
-            client = await self._client_stream()
-            link = await self.route.connect()
+            with self._scope:
+                await self._serve()
         except ConnectionClosed as exc:
             self._closed_by(exc)
+        finally:
+            self.runtime.pool.cancel(self.conn_id)  # whatever it held or waited for goes back
+            with trio.CancelScope(shield=True):
+                if self._client is not None:
+                    await self._client.aclose()
+                await trio.aclose_forcefully(self._tcp)  # a no-op once the client transport owns the socket
+            self._lifecycle("close")
+
+    async def _serve(self) -> None:
+        client = await self._client_stream()
+        # The first request decides what this is before any broker is involved: an HTTP
+        # probe is answered even while the broker is down, and a client that never
+        # speaks never costs an upstream connection.
+        if not await self._first_bytes(client):
             return
+        try:
+            link = await self.port.connect()
         except UpstreamUnavailable as exc:
-            self._closed_by(ConnectionClosed("upstream_unavailable", str(exc)))
-            return
-        upstream = link.stream
+            raise ConnectionClosed("upstream_unavailable", str(exc)) from None
         self.upstream_address = link.address
         try:
             async with trio.open_nursery() as nursery:
-                self._nursery = nursery
-                nursery.start_soon(self._guard, self._pump_requests, client, upstream)
-                nursery.start_soon(self._guard, self._pump_responses, upstream, client)
+                nursery.start_soon(self._pump, self._pump_responses, link.transport, client, nursery)
+                await self._pump(self._pump_requests, client, link.transport, nursery)
         finally:
-            if self.listener.pool.enabled:
-                self.listener.pool.cancel(self)  # whatever it held or waited for goes back
-            # Shielded: when the connection is closed from outside (eviction, idle expiry)
-            # its scope is cancelled, and an unshielded close would be cancelled too.
             with trio.CancelScope(shield=True):
-                await trio.aclose_forcefully(upstream)
-                await trio.aclose_forcefully(client)
+                await link.transport.aclose()
 
-    async def _client_stream(self) -> trio.abc.Stream:
-        context = self.listener.ssl_context
-        if context is None:
-            return self._tcp
+    async def _pump(self, pump: _Pump, source: Transport, sink: Transport, nursery: trio.Nursery) -> None:
+        """Runs one direction; whatever ends it ends the connection (and only this one)."""
+        try:
+            await pump(source, sink)
+        except ConnectionClosed as exc:
+            self._closed_by(exc)
+        except (trio.BrokenResourceError, trio.ClosedResourceError, ssl.SSLError, OSError) as exc:
+            self._closed_by(ConnectionClosed("broken", f"connection broken: {exc.__cause__ or exc!r}"))
+        except wire.MalformedFrame as exc:
+            self._closed_by(ConnectionClosed("malformed_frame", str(exc)))
+        except UnexpectedResponse as exc:
+            self._closed_by(ConnectionClosed("unexpected_response", str(exc)))
+        except Exception as exc:  # a bug must cost one connection, not the proxy
+            log.exception("internal error on connection", extra={"peer": self.peer, "listener": self.listener})
+            self._closed_by(ConnectionClosed("internal_error", repr(exc)))
+        finally:
+            nursery.cancel_scope.cancel()
+
+    # -- before the first request -------------------------------------------------------
+
+    async def _client_stream(self) -> Transport:
+        termination = self.port.tls
+        if termination is None:
+            self._client = SocketTransport(stdlib_socket(self._tcp))
+            return self._client
         await self._expect_client_hello()
-        stream = trio.SSLStream(self._tcp, context, server_side=True)
+        stream = trio.SSLStream(self._tcp, termination.context, server_side=True)
         try:
             with trio.fail_after(HANDSHAKE_TIMEOUT_S):
                 await stream.do_handshake()
-        except TruncatedFrame as exc:
-            self._closed_by(ConnectionClosed("truncated_frame", str(exc)))
-        except wire.MalformedFrame as exc:
-            self._closed_by(ConnectionClosed("malformed_frame", str(exc)))
         except (trio.BrokenResourceError, trio.TooSlowError, ssl.SSLError, OSError) as exc:
-            self.listener.metrics.handshake_failures.labels(self.listener.config.name).inc()
+            self.runtime.metrics.handshake_failures.labels(self.listener).inc()
             cause = exc.__cause__ or exc
-            raise ConnectionClosed("tls_handshake", f"TLS handshake failed: {cause!r}") from None
-        return stream
+            reason = str(getattr(cause, "reason", None) or type(cause).__name__)  # e.g. CERTIFICATE_VERIFY_FAILED
+            raise ConnectionClosed("tls_handshake", f"TLS handshake failed: {cause!r}", reason) from None
+        self._client = StreamTransport(stream)
+        return self._client
 
     async def _expect_client_hello(self) -> None:
         """On a TLS listener, name a client that speaks plaintext before the TLS
@@ -177,354 +221,426 @@ class ClientConnection:
         if not head or looks_like_tls(head) or head[0] == 0x16:  # 0x16: a ClientHello begins
             return
         what = "an HTTP request" if looks_like_http(head) else f"plaintext (first bytes {head.hex()})"
-        self._mismatch("client", "plaintext_on_tls")
-        raise ConnectionClosed("client_plaintext_on_tls", f"client sent {what} to a TLS listener; it needs TLS")
-
-    def _mismatch(self, direction: str, kind: str) -> None:
-        self.listener.metrics.protocol_mismatches.labels(direction, kind).inc()
-        self.listener.audit.emit(
-            "protocol_mismatch", direction=direction, kind=kind, listener=self.listener.config.name, peer=self.peer
+        reason = f"client sent {what} to a TLS listener; it needs TLS"
+        decision = Decision(
+            Policy.PROTOCOL, Action.CLOSE, Mode.ENFORCE, "client_plaintext_on_tls", reason, subject=_CLIENT_SIDE
         )
+        self.runtime.recorder.record(decision, self.where)
+        raise ConnectionClosed("client_plaintext_on_tls", reason)
 
-    async def _guard(self, pump, source: trio.abc.Stream, sink: trio.abc.Stream) -> None:  # type: ignore[no-untyped-def]
-        """Runs a pump; whatever ends it ends this connection only."""
-        assert self._nursery is not None
+    async def _first_bytes(self, client: Transport) -> bool:
+        """Read until the first length prefix is here and check it (TLS or HTTP on a
+        plaintext port is named; HTTP gets a 400). False when the client left first."""
+        splitter = self._splitter
+        while not splitter.prefix_ready:
+            data = await client.receive(RECEIVE_SIZE)
+            if not data:
+                return False
+            self.bytes_in += len(data)
+            splitter.feed(data)
         try:
-            await pump(source, sink)
-        except _Done:
-            pass
-        except ConnectionClosed as exc:
-            self._closed_by(exc)
-        except TruncatedFrame as exc:
-            self._closed_by(ConnectionClosed("truncated_frame", str(exc)))
-        except wire.MalformedFrame as exc:
-            self._closed_by(ConnectionClosed("malformed_frame", str(exc)))
-        except (trio.BrokenResourceError, trio.ClosedResourceError, ssl.SSLError, OSError) as exc:
-            cause = exc.__cause__ or exc
-            self._closed_by(ConnectionClosed("broken", f"connection broken: {cause!r}"))
-        except Exception as exc:  # a bug must cost one connection, not the proxy
-            log.exception(
-                "internal error on connection", extra={"peer": self.peer, "listener": self.listener.config.name}
-            )
-            self._closed_by(ConnectionClosed("internal_error", repr(exc)))
-        self._nursery.cancel_scope.cancel()
+            splitter.check_prefix(self.runtime.generation.socket_request_max_bytes)
+        except FrameRefused as exc:
+            await self._refuse_prefix(client, exc)
+        return True
 
-    def _closed_by(self, exc: ConnectionClosed) -> None:
-        name = self.listener.config.name
-        self.listener.metrics.connection_failures.labels(name, exc.cause).inc()
-        log.warning(
-            "connection closed: %s",
-            exc,
-            extra={"peer": self.peer, "listener": name, "cause": exc.cause},
-        )
+    # -- client -> broker ---------------------------------------------------------------
 
-    def _refuse_request(self, verdict: FrameVerdict, head: bytes) -> ConnectionClosed:
-        """One decision, one count: a frame no Kafka request starts with."""
-        if verdict.kind is FrameKind.TLS_RECORD:
-            self._mismatch("client", "tls_on_plaintext")
-            return ConnectionClosed(
-                "client_tls_on_plaintext", "client speaks TLS on a plaintext link; use TLS only on a TLS listener"
-            )
-        if verdict.kind is FrameKind.HTTP:
-            self._mismatch("client", "http_on_kafka_port")
-            return ConnectionClosed("client_http_on_kafka_port", "HTTP request on a Kafka port")
-        name = self.listener.config.name
-        kind = verdict.kind.value
-        self.listener.metrics.frames_rejected.labels(name, "request", kind).inc()
-        self.listener.audit.emit(
-            "frame_rejected",
-            listener=name,
-            peer=self.peer,
-            direction="request",
-            kind=kind,
-            size=verdict.size,
-            head=head.hex(),
-        )
-        limit = self.listener.policies.socket_request_max_bytes
-        return ConnectionClosed(
-            f"request_{kind}", f"request length prefix {verdict.size} refused (socket.request.max.bytes={limit})"
-        )
+    async def _pump_requests(self, client: Transport, upstream: Transport) -> None:
+        """The client -> broker direction. ``request.body.timeout.ms`` is the one deadline on
+        it: armed once per frame whose body is still to come, on one scope kept for the life
+        of the connection (a frame that arrives with its prefix needs none)."""
+        with self._body_deadline:
+            await self._take_requests(client, upstream)
+        if self._body_deadline.cancelled_caught:
+            self._body_timed_out()
 
-    def _refuse_response(self, verdict: FrameVerdict, head: bytes, request: InFlight | None) -> ConnectionClosed | None:
-        """A response length the proxy must not read; None when observe mode lets it through."""
-        if verdict.kind is FrameKind.TLS_RECORD:
-            message = self.listener.connector.mismatch(
-                self.upstream_address, "tls_on_plaintext", "speaks TLS; set upstream.tls.enabled"
-            )
-            return ConnectionClosed("upstream_tls_on_plaintext", message)
-        about = (
-            f"response to {wire.api_name(request.api_key)} v{request.api_version} "
-            f"correlation id {request.correlation_id}"
-            if request is not None
-            else "unsolicited response"
-        )
-        if verdict.kind is FrameKind.INVALID_SIZE:
-            return ConnectionClosed("response_invalid_size", f"{about}: invalid length prefix {verdict.size}")
-        policies = self.listener.policies
-        limit = policies.max_response_size_for(self.listener.config.name)
-        mode = policies.mode_of(policies.response_size_mode)
-        name = self.listener.config.name
-        self.listener.metrics.responses_oversized.labels(name, mode).inc()
-        self.listener.audit.emit(
-            "response_oversized",
-            listener=name,
-            peer=self.peer,
-            upstream=self.upstream_address,
-            mode=mode,
-            api=wire.api_name(request.api_key) if request else None,
-            correlation_id=request.correlation_id if request else None,
-            size=verdict.size,
-            limit=limit,
-        )
-        message = f"{about} is {verdict.size} bytes, over max.response.size={limit}"
-        if mode == "observe":
-            log.warning("would close: %s (observe mode)", message, extra={"peer": self.peer, "listener": name})
-            return None
-        return ConnectionClosed("response_too_large", message)
-
-    async def _wait_for_next_request(self, reader: FrameReader) -> bool:
-        """Wait for a next frame to begin; False when the client is gone or we are stopping."""
-        if not reader.idle:
-            return True
-        if self._stopping:
-            return False
-        arrived = False
-        with trio.CancelScope() as scope:
-            self._idle_scope = scope
-            arrived = await reader.fill(1)
-        self._idle_scope = None
-        return arrived and not scope.cancelled_caught
-
-    async def _pump_requests(self, client: trio.abc.Stream, upstream: trio.abc.Stream) -> None:
-        listener = self.listener
-        name = listener.config.name
-        admission = listener.admission
-        pool = listener.pool
-        count = listener.request_counter
-        request_bytes = listener.metrics.request_bytes.labels(name)
-        max_bytes = listener.policies.socket_request_max_bytes
-        reader = FrameReader(client, plaintext=listener.ssl_context is None)
-        while await self._wait_for_next_request(reader):
-            verdict = await reader.next_prefix(max_bytes)
-            if verdict is None:
-                break
-            if not verdict.admitted:
-                refusal = self._refuse_request(verdict, reader.head)
-                if verdict.kind is FrameKind.HTTP:
-                    await client.send_all(_HTTP_400)
-                raise refusal
-            ticket, frame = await self._read_body(reader, verdict.size)
-            started = trio.current_time()
-            header = wire.peek_request_header(frame)
-            count(header.api_key)
-            if not self._codec_reads(header):
-                raise ConnectionClosed(
-                    "unreadable_version",
-                    f"{wire.api_name(header.api_key)} v{header.api_version} is newer than the proxy can read; "
-                    "the client ignored the versions it was offered",
-                )
-            if header.api_key in admission.groups.decoded_api_keys:
-                await admission.groups.reconcile(header.api_key, header.api_version, frame, self._coordinator_link)
-            answer, group_request = admission.check(header, frame, name, self.peer)
-            if answer is not None:
-                if answer.frame is None:
-                    raise ConnectionClosed(answer.cause, answer.message)
-                self._expect(
-                    InFlight(header.correlation_id, header.api_key, header.api_version, answer=answer, ticket=ticket)
-                )
-                if len(self._pending) == 1:  # nothing before it: the answer goes out now
-                    await self._deliver_answers(client)
-                if answer.close_after:
+    async def _take_requests(self, client: Transport, upstream: Transport) -> None:
+        runtime, session, splitter, deadline = self.runtime, self.session, self._splitter, self._body_deadline
+        while True:
+            gen = runtime.generation
+            now = trio.current_time()  # the policies' clock: one read per batch
+            started = perf_counter()  # the added-latency clock (a cheaper read)
+            buf = splitter.buffer
+            out: list[memoryview | bytes] = []
+            run_start = run_end = -1  # the run of frames that go on as one slice of buf
+            sent: list[Pending] = []
+            while session.taking_requests:
+                try:
+                    span = splitter.next_frame(gen.socket_request_max_bytes)
+                except FrameRefused as exc:
+                    await self._refuse_prefix(client, exc)
+                if span is None:
                     break
-                continue
-            if header.api_key == wire.PRODUCE and wire.produce_acks(frame, header.api_version) == 0:
-                self._unanswered.append(header.correlation_id)
-                listener.gate.on_request(self)  # activity, with nothing left in flight after it
-                listener.gate.on_response(self)
-                await upstream.send_all(frame)
-                if ticket is not None:
-                    pool.release(ticket)  # acks=0: nothing more to wait for once the broker has it
+                start, end = span
+                if not await self._take_request(gen, client, buf, start, end, now, sent):
+                    continue  # answered by the proxy: the broker never sees it
+                if run_end != start:
+                    if run_start >= 0:
+                        out.append(memoryview(buf)[run_start:run_end])
+                    run_start = start
+                run_end = end
+            if run_start >= 0:
+                out.append(memoryview(buf)[run_start:run_end])
+            if not splitter.frame_size and deadline.deadline != math.inf:
+                deadline.deadline = math.inf  # the frame it was armed for is whole
+            if out:
+                await upstream.send(out[0] if len(out) == 1 else b"".join(out))
+                elapsed = perf_counter() - started
+                for pending in sent:
+                    pending.request_seconds = elapsed  # the response adds its own
+            if self._stopping and splitter.idle:
+                session.stop()
+            if not session.taking_requests:
+                if session.state is State.DONE:
+                    self.end_reason = "drained"
+                    return
+                await trio.sleep_forever()  # draining: the response pump ends the connection
+            if splitter.frame_size:  # inside a frame whose body is still to come
+                if deadline.deadline == math.inf:
+                    deadline.deadline = trio.current_time() + gen.request_body_timeout_s
+                    self._body_timeout_ms = round(gen.request_body_timeout_s * 1000)
+                if self._partial_ticket is None:  # KIP-72: memory for the body before reading it
+                    self._waiting_for = "pool memory"
+                    self._partial_ticket = await self._reserve(splitter.frame_size, trio.current_time())
+                self._waiting_for = "its body"
+                data = await client.receive(max(RECEIVE_SIZE, min(splitter.wanted, MAX_RECEIVE)))
             else:
-                # Time inside the proxy ends here: waiting for the broker to read is not ours.
-                self._expect(
-                    InFlight(
-                        header.correlation_id,
-                        header.api_key,
-                        header.api_version,
-                        ticket=ticket,
-                        proxy_seconds=trio.current_time() - started,
-                        group_request=group_request,
-                    )
-                )
-                await upstream.send_all(frame)
-            request_bytes.inc(len(frame))
-        if reader.eof:
-            raise _Done()  # the client left; what it still awaited is not ours to deliver
-        self._requests_done = True
-        if not self._pending:
-            raise _Done()
-        await trio.sleep_forever()  # the response pump answers what is pending, then ends the connection
+                data = await client.receive(RECEIVE_SIZE)
+            self.bytes_in += len(data)
+            if not data:
+                if not splitter.idle:
+                    raise ConnectionClosed("truncated_frame", splitter.truncated())
+                session.client_left()
+                return
+            splitter.feed(data)
 
-    def _codec_reads(self, header: wire.RequestHeader) -> bool:
-        """False for a version of an API the proxy must decode that the codec does not know."""
-        decodes = (
-            self.listener.rewrites and rewrite.carries_addresses(header.api_key, header.api_version)
-        ) or header.api_key in self.listener.admission.decoded_api_keys
-        return not decodes or rewrite.codec_knows(header.api_key, header.api_version)
+    async def _take_request(
+        self,
+        gen: Generation,
+        client: Transport,
+        buf: Received,
+        start: int,
+        end: int,
+        now: float,
+        sent: list[Pending],
+    ) -> bool:
+        """Take one request frame; True when it goes on to the broker (its Pending, when
+        a response is to come, is added to ``sent``), False when the proxy answered it."""
+        api_key, api_version, correlation_id = wire.peek_head(buf, start)
+        size = end - start
+        self.requests += 1
+        stats = self.port.stats
+        stats.requests[api_key] = stats.requests.get(api_key, 0) + 1
+        stats.request_bytes += size
+        plan = gen.plan(api_key, api_version)
+        if not plan.readable:
+            raise ConnectionClosed(
+                "unreadable_version",
+                f"{wire.api_name(api_key)} v{api_version} is newer than the proxy can read; "
+                "the client ignored the versions it was offered",
+            )
+        ticket = self._partial_ticket  # reserved before its body was read
+        if ticket is None:
+            ticket, granted = self.runtime.pool.reserve(self.conn_id, size - 4, now, self.where)
+            if not granted:  # the pool makes this connection wait: its socket is not read meanwhile
+                await self.runtime.pool.wait_for(ticket)
+        self._partial_ticket = None
+        request = None
+        if plan.request_hooks or plan.response_hooks:
+            request = Request(buf, start, end, api_key, api_version, correlation_id, self.where, self._coordinator, now)
+        client_id = None
+        window = self.runtime.window
+        if window is not None:  # the audit's observation windows: sizes per client id and API
+            client_id = request.client_id if request is not None else wire.peek_client_id(buf, start)
+            window.on_request(self.listener, client_id, wire.api_name(api_key), size)
+            if self.requests == 1:
+                self.first_client_id = client_id  # names the client in the connection's close event
+        if request is not None and plan.request_hooks:
+            if plan.prepare_hooks:
+                await gen.prepare(request, plan.prepare_hooks)
+            decision = gen.check_request(request, plan.request_hooks)
+            if decision is not None:
+                await self._answer(client, gen, request, decision, ticket)
+                return False
+        gate = self.runtime.gate
+        if api_key == PRODUCE and (
+            request.produce_head() if request is not None else wire.produce_head(buf, start, api_version)
+        )[1] == 0:
+            # acks=0: no response will come; the bytes are in hand and go out in this batch.
+            self.session.forwarded_without_answer(correlation_id)
+            gate.touched(self.conn_id, now)
+            self.runtime.pool.release(ticket, now)
+            return True
+        pending = Pending(correlation_id, api_key, api_version, size, ticket, client_id=client_id)
+        if plan.response_hooks:
+            pending.on_response = (request, plan.response_hooks)
+        self.session.forwarded(pending)
+        gate.on_request(self.conn_id, now)
+        sent.append(pending)
+        return True
 
-    def _expect(self, request: InFlight) -> None:
-        self._pending.append(request)
-        self.in_flight += 1
-        self.listener.gate.on_request(self)
+    async def _answer(
+        self, client: Transport, gen: Generation, request: Request, decision: Decision, ticket: int
+    ) -> None:
+        """Carry out an enforced decision on a request: the proxy's own answer, in order;
+        or, when no answer can be given, the end of the connection."""
+        if decision.action is Action.CLOSE:
+            raise ConnectionClosed(decision.policy.value, decision.reason)
+        pending = Pending(
+            request.correlation_id,
+            request.api_key,
+            request.api_version,
+            request.end - request.start,
+            ticket,
+            answer=gen.answer(request, decision),
+            client_id=request.client_id,
+            close_after=decision.close_after,
+            close_cause=decision.policy.value,
+            close_reason=decision.reason,
+        )
+        self.runtime.gate.on_request(self.conn_id, request.now)
+        if self.session.answered_by_proxy(pending):  # nothing ahead of it: it goes out now
+            await self._write_answers(client)
 
-    async def _deliver_answers(self, client: trio.abc.Stream) -> None:
-        """Write the proxy's own answers now at the head of the line, in order.
+    async def _reserve(self, size: int, now: float) -> int:
+        """Memory for a request body from the pool (KIP-72): at once, unless the pool makes
+        the connection wait (then this socket is not read meanwhile: TCP backpressure)."""
+        pool = self.runtime.pool
+        ticket, granted = pool.reserve(self.conn_id, size, now, self.where)
+        if not granted:
+            await pool.wait_for(ticket)
+        return ticket
 
-        Only one task writes at a time: the request pump calls this when its answer
-        is alone in line, the response pump after each broker response it wrote.
-        """
-        while self._pending and self._pending[0].answer is not None:
-            request = self._pending[0]
-            answer = request.answer
-            assert answer is not None and answer.frame is not None
-            await client.send_all(answer.frame)
-            self._pending.popleft()
-            self._answered(request)
-            if answer.close_after:
-                raise ConnectionClosed(answer.cause, f"{answer.message}; closed after the answer")
-        if self._requests_done and not self._pending:
-            raise _Done()  # drained: every request read before the shutdown was answered
+    def _body_timed_out(self) -> NoReturn:
+        """request.body.timeout.ms passed with a frame's memory or body still to come: a
+        stalled sender holds neither memory nor a place in the pool's queue for long."""
+        size, timeout_ms = self._splitter.frame_size, self._body_timeout_ms
+        decision = Decision(
+            Policy.MEMORY_POOL,
+            Action.CLOSE,
+            Mode.ENFORCE,
+            "request.body.timeout.ms",
+            f"a {size}-byte request did not complete within request.body.timeout.ms={timeout_ms} "
+            f"(waiting for {self._waiting_for})",
+            limit=timeout_ms,
+            subject={"size": size},
+        )
+        self.runtime.recorder.record(decision, self.where)
+        raise ConnectionClosed("request_body_timeout", decision.reason)
 
-    async def _pump_responses(self, upstream: trio.abc.Stream, client: trio.abc.Stream) -> None:
-        """Broker responses arrive in request order (a broker answers one request per
-        connection at a time); each goes to the client with the answers queued behind it."""
-        listener = self.listener
-        name = listener.config.name
-        response_bytes = listener.metrics.response_bytes.labels(name)
-        latency = listener.metrics.proxy_latency.labels(name)
-        reader = FrameReader(upstream, plaintext=not listener.connector.tls_enabled)
-        limit = listener.policies.max_response_size_for(name)
+    # -- broker -> client ---------------------------------------------------------------
+
+    async def _pump_responses(self, upstream: Transport, client: Transport) -> None:
+        runtime, session = self.runtime, self.session
+        splitter = FrameSplitter(sniff=not runtime.connector.tls_enabled)
+        rewritten = runtime.metrics.responses_rewritten
         healthy = False
         while True:
-            frame = await self._next_response(reader, limit)
-            started = trio.current_time()
+            data = await upstream.receive(max(RECEIVE_SIZE, min(splitter.wanted, MAX_RECEIVE)))
+            if not data:
+                raise ConnectionClosed("upstream_closed", f"broker {self.upstream_address} closed the connection")
             if not healthy:
-                listener.connector.healthy(self.upstream_address)
+                runtime.connector.healthy(self.upstream_address)
                 healthy = True
-            correlation_id = wire.response_correlation_id(frame)
-            request = self._awaiting_broker()
-            if request is None or correlation_id != request.correlation_id:
-                if correlation_id in self._unanswered:
-                    # Some brokers (Tansu) answer acks=0 Produce anyway; the client expects nothing.
-                    self._unanswered.remove(correlation_id)
+            splitter.feed(data)
+            gen = runtime.generation
+            limit = gen.max_response_size[self.listener]
+            now = trio.current_time()
+            started = perf_counter()
+            buf = splitter.buffer
+            out: list[memoryview | bytes] = []
+            run_start = run_end = -1
+            delivered: list[Pending] = []
+            while True:
+                try:
+                    span = splitter.next_frame(limit)
+                except FrameRefused as exc:
+                    self._refuse_response(exc, gen, limit)  # observe mode: let it through
+                    splitter.admit(exc.verdict.size)
                     continue
-                expected = request.correlation_id if request is not None else "none"
-                raise ConnectionClosed(
-                    "unexpected_response", f"broker answered correlation id {correlation_id}, expected {expected}"
-                )
-            if (request.api_key == wire.API_VERSIONS and listener.decoded_api_keys) or (
-                listener.rewrites and rewrite.carries_addresses(request.api_key, request.api_version)
-            ):
-                frame = await self._rewritten(frame, request)
-            if request.group_request is not None:
-                self._track_group(request, frame)
-            await client.send_all(frame)
-            self._pending.popleft()
-            self._answered(request)
-            response_bytes.inc(len(frame))
-            latency.observe(request.proxy_seconds + trio.current_time() - started)
-            await self._deliver_answers(client)
+                if span is None:
+                    break
+                start, end = span
+                pending = session.on_response(wire.response_correlation_id(buf, start))
+                if pending is not None:
+                    pending.response_size = end - start
+                if pending is not None and pending.on_response is None:
+                    if run_end != start:
+                        if run_start >= 0:
+                            out.append(memoryview(buf)[run_start:run_end])
+                        run_start = start
+                    run_end = end
+                else:
+                    if run_start >= 0:
+                        out.append(memoryview(buf)[run_start:run_end])
+                    run_start = run_end = -1
+                    if pending is None:
+                        continue  # an answer to acks=0 Produce (Tansu sends them): the client expects none
+                    request, hooks = pending.on_response
+                    frame = bytes(buf[start:end])
+                    changed = await gen.on_response(request, hooks, frame)
+                    if changed is not None:
+                        rewritten.labels(self.listener, wire.api_name(pending.api_key)).inc()
+                        pending.response_size = len(changed)
+                    out.append(changed if changed is not None else frame)
+                delivered.append(session.delivered())
+                while session.answers_ready():  # the proxy's own answers queued behind it
+                    answered = session.delivered()
+                    delivered.append(answered)
+                    if run_start >= 0:
+                        out.append(memoryview(buf)[run_start:run_end])
+                    run_start = run_end = -1
+                    out.append(answered.answer)  # type: ignore[arg-type]
+            if run_start >= 0:
+                out.append(memoryview(buf)[run_start:run_end])
+            if out:
+                await self._send_to_client(client, out)
+                self._delivered(delivered, now, started)
+            if session.state is State.DONE:
+                self.end_reason = "drained"
+                return
 
-    def _answered(self, request: InFlight) -> None:
-        self.in_flight -= 1
-        self.listener.gate.on_response(self)
-        if request.ticket is not None:
-            self.listener.pool.release(request.ticket)
-
-    async def _read_body(self, reader: FrameReader, size: int) -> tuple[int | None, bytes]:
-        """Memory for the frame from the pool (KIP-72), then its body; both within
-        request.body.timeout.ms, so a stalled sender holds neither memory nor a place
-        in the pool's queue for long. Returns (pool ticket or None, whole frame)."""
-        listener = self.listener
-        timeout_ms = listener.policies.request_body_timeout_ms
-        ticket = None
-        with trio.move_on_after(timeout_ms / 1000):
-            if listener.pool.enabled:
-                ticket = await listener.pool.reserve(self, size, listener.config.name, self.peer)
-            return ticket, await reader.read_frame(size)
-        waited_for = "its body" if ticket is not None or not listener.pool.enabled else "pool memory"
-        listener.audit.emit(
-            "request_body_timeout",
-            listener=listener.config.name,
-            peer=self.peer,
-            size=size,
-            timeout_ms=timeout_ms,
-            waiting_for=waited_for,
+    def _refuse_response(self, refused: FrameRefused, gen: Generation, limit: int) -> None:
+        """A response length the proxy must not read: recorded; enforced, it ends the connection."""
+        verdict = refused.verdict
+        head = self.session.pending[0] if self.session.pending else None
+        about = (
+            f"response to {wire.api_name(head.api_key)} v{head.api_version} correlation id {head.correlation_id}"
+            if head is not None
+            else "unsolicited response"
         )
-        raise ConnectionClosed(
-            "request_body_timeout",
-            f"a {size}-byte request did not complete within request.body.timeout.ms={timeout_ms} "
-            f"(waiting for {waited_for})",
+        decision = decide_response_prefix(verdict, limit, gen.response_size_mode, about)
+        if decision.policy is Policy.PROTOCOL and verdict.kind is FrameKind.TLS_RECORD:
+            message = self.runtime.connector.mismatch(self.upstream_address, decision.limit_key, decision.reason)
+            self.runtime.recorder.record(decision, self.where, upstream=self.upstream_address)
+            raise ConnectionClosed("upstream_tls_on_plaintext", message)
+        self.runtime.recorder.record(
+            decision,
+            self.where,
+            upstream=self.upstream_address,
+            api_key=head.api_key if head else None,
+            api_version=head.api_version if head else None,
+            correlation_id=head.correlation_id if head else None,
         )
+        if decision.enforced:
+            cause = "response_too_large" if decision.policy is Policy.RESPONSE_SIZE else "response_invalid_size"
+            raise ConnectionClosed(cause, decision.reason)
 
-    async def _coordinator_link(self) -> UpstreamLink:
+    # -- writing to the client ----------------------------------------------------------
+
+    async def _write_answers(self, client: Transport) -> None:
+        """Write the proxy's own answers now at the head of the line."""
+        delivered: list[Pending] = []
+        out: list[memoryview | bytes] = []
+        while self.session.answers_ready():
+            answered = self.session.delivered()
+            delivered.append(answered)
+            out.append(answered.answer)  # type: ignore[arg-type]
+        if out:
+            now, started = trio.current_time(), perf_counter()
+            await self._send_to_client(client, out)
+            self._delivered(delivered, now, started)
+
+    async def _send_to_client(self, client: Transport, out: list[memoryview | bytes]) -> None:
+        """The one way bytes reach the client. Both pumps may write (the response pump
+        broker responses, the request pump the proxy's own answers when nothing is
+        ahead of them), so a second writer waits for the first: order is kept because
+        each pump takes its frames off the session's line before it waits."""
+        while self._writing:
+            if self._written is None:
+                self._written = trio.Event()
+            await self._written.wait()
+        self._writing = True
+        try:
+            data = out[0] if len(out) == 1 else b"".join(out)
+            await client.send(data)
+            self.bytes_out += len(data)
+            self.port.stats.response_bytes += len(data)
+        finally:
+            self._writing = False
+            if self._written is not None:
+                self._written.set()
+                self._written = None
+
+    def _delivered(self, delivered: list[Pending], now: float, started: float) -> None:
+        """Responses are with the client: release their memory, mark activity, time them."""
+        response_time = perf_counter() - started
+        stats, gate, pool, window = self.port.stats, self.runtime.gate, self.runtime.pool, self.runtime.window
+        close_after: Pending | None = None
+        for pending in delivered:
+            stats.observe_latency(pending.request_seconds + response_time)
+            if window is not None:
+                size = pending.response_size or len(pending.answer or b"")
+                window.on_response(self.listener, pending.client_id, wire.api_name(pending.api_key), size)
+            gate.on_response(self.conn_id, now)
+            pool.release(pending.ticket, now)
+            if pending.close_after and close_after is None:
+                close_after = pending
+        if close_after is not None:
+            raise ConnectionClosed(close_after.close_cause, f"{close_after.close_reason}; closed after the answer")
+
+    # -- helpers ------------------------------------------------------------------------
+
+    async def _refuse_prefix(self, client: Transport, refused: FrameRefused) -> NoReturn:
+        """A request length prefix no Kafka request has: recorded, then the connection ends
+        (HTTP is told, in HTTP, that this is a Kafka port)."""
+        verdict = refused.verdict
+        limit = self.runtime.generation.socket_request_max_bytes
+        decision = decide_request_prefix(verdict, limit)
+        self.runtime.recorder.record(decision, self.where, size=verdict.size)
+        if verdict.kind is FrameKind.HTTP:
+            with trio.move_on_after(HANDSHAKE_TIMEOUT_S):
+                await client.send(_HTTP_400)
+            raise ConnectionClosed("client_http_on_kafka_port", decision.reason)
+        if verdict.kind is FrameKind.TLS_RECORD:
+            raise ConnectionClosed("client_tls_on_plaintext", decision.reason)
+        raise ConnectionClosed(f"request_{verdict.kind.value}", f"{decision.reason} (first bytes {refused.head.hex()})")
+
+    async def _coordinator(self) -> UpstreamLink:
         """A second connection to this connection's broker: the group's coordinator
         (clients send group requests to the coordinator)."""
         host, _, port = self.upstream_address.rpartition(":")
-        return await self.listener.connector.connect(host, int(port))
+        return await self.runtime.connector.connect(host, int(port))
 
-    def _track_group(self, request: InFlight, frame: bytes) -> None:
-        """Tell the group tracker what the coordinator answered, before the client hears it."""
-        assert request.group_request is not None
-        try:
-            self.listener.admission.groups.on_response(
-                request.api_key, request.api_version, request.group_request, frame
+    def _closed_by(self, exc: ConnectionClosed) -> None:
+        self.end_reason = exc.cause
+        self.runtime.metrics.connection_failures.labels(self.listener, exc.cause).inc()
+        _closes.log(
+            logging.WARNING,
+            (self.listener, exc.cause, exc.detail),
+            trio.current_time(),
+            "connection closed: %s",
+            exc,
+            extra={"peer": self.peer, "listener": self.listener, "cause": exc.cause},
+        )
+
+    def _lifecycle(self, event: str) -> None:
+        """Connection open and close, for the audit (only when it writes files)."""
+        audit, window = self.runtime.audit, self.runtime.window
+        if window is not None:
+            if event == "open":
+                window.on_connection_open(self.listener, self.tls)
+            else:
+                window.on_connection_close(self.listener, self.tls)
+        if not audit.writes_files:
+            return
+        record: dict[str, object] = {
+            "type": "connection",
+            "event": event,
+            "conn_id": self.conn_id,
+            "listener": self.listener,
+            "client_address": self.peer,
+            "tls": self.tls,
+        }
+        if event == "close":
+            record.update(
+                reason=self.end_reason,
+                duration_seconds=trio.current_time() - self._opened,
+                requests=self.requests,
+                bytes_in=self.bytes_in,
+                bytes_out=self.bytes_out,
+                client_id=self.first_client_id,
             )
-        except wire.MalformedFrame as exc:
-            log.warning("group response not tracked: %s", exc, extra={"peer": self.peer})
+        audit.record(record)
 
-    def _awaiting_broker(self) -> InFlight | None:
-        """The request the broker's next response answers (None if the head is the proxy's own)."""
-        return self._pending[0] if self._pending and self._pending[0].answer is None else None
-
-    async def _next_response(self, reader: FrameReader, limit: int) -> bytes:
-        """The broker's next frame, its length checked before it is read (KIP-498)."""
-        verdict = await reader.next_prefix(limit)
-        if verdict is None:
-            raise ConnectionClosed("upstream_closed", f"broker {self.upstream_address} closed the connection")
-        if not verdict.admitted:
-            refusal = self._refuse_response(verdict, reader.head, self._awaiting_broker())
-            if refusal is not None:
-                raise refusal
-        return await reader.read_frame(verdict.size)
-
-    async def _rewritten(self, frame: bytes, request: InFlight) -> bytes:
-        api_key, version = request.api_key, request.api_version
-        try:
-            response = wire.decode_response(frame, api_key, version)
-        except wire.MalformedFrame:
-            if api_key == wire.API_VERSIONS:
-                # An UNSUPPORTED_VERSION answer is encoded as v0; the client retries lower.
-                return frame
-            raise
-        body = response.body
-        if api_key == wire.API_VERSIONS:
-            if body.error_code != 0:
-                return frame
-            body = rewrite.cap_api_versions(
-                body, hot_path=self.listener.rewrites, decoded=self.listener.decoded_api_keys
-            )
-            if body == response.body:
-                return frame
-        else:
-            await self.listener.directory.learn(rewrite.brokers_in(body, api_key, version))
-            body = rewrite.rewrite_addresses(body, api_key, version, self.listener.address_of)
-        self.listener.metrics.responses_rewritten.labels(self.listener.config.name, wire.api_name(api_key)).inc()
-        return wire.encode_frame(response.header, body)
-
-
-class _Done(ConnectionClosed):
-    """The connection ended normally (client left, or drained at shutdown)."""
-
-    def __init__(self) -> None:
-        super().__init__("done", "done")

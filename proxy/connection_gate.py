@@ -1,175 +1,181 @@
-"""The trio side of the connection quotas (policies.connections): decides at
-accept, before any TLS handshake; closes the connections the policy names
-(LRU eviction, idle expiry, lowered limits); and, when a cap is full with
-nothing idle to close, blocks the listener's accept loop (connections wait in
-the kernel backlog, as Kafka's acceptor does) until a slot frees."""
+"""The trio side of the connection quotas (policies.connections, Kafka's
+ConnectionQuotas and KIP-1015): decides at accept, before any TLS handshake;
+closes the connections the policy names (LRU eviction, idle expiry, lowered
+limits); and, when a cap is full with nothing idle to close, blocks the
+listener's accept loop (connections wait in the kernel backlog, as Kafka's
+acceptor does) until a slot frees.
+
+Per request it only hands the policy a timestamp. The tasks that wait on the
+quotas are woken only when their condition can have changed: accept waiters
+when a connection closes or turns idle while they wait, the idle reaper when
+the first connection turns idle while it has nothing to time.
+"""
 
 from __future__ import annotations
 
 import logging
 from collections.abc import Iterator
-from typing import TYPE_CHECKING
+from typing import Protocol
 
 import trio
 from prometheus_client.core import GaugeMetricFamily
 from prometheus_client.registry import Collector
 
-from policies.connections import Admit, Close, ConnectionLimits, ConnectionQuotas, EvictThenAdmit, Refuse, Wait
+from policies.connections import ConnectionLimits, ConnectionQuotas
+from policies.decision import Action, Decision, Policy
+from policies.mode import Mode
 
-from .audit import AuditSink
+from .decisions import DecisionRecorder, Where
 from .metrics import Metrics
-
-if TYPE_CHECKING:
-    from .connection import ClientConnection
 
 log = logging.getLogger("kafka_admission_proxy.connections")
 
-# One label per decision, whichever mode made it (observe reports ENFORCE's decision).
-_VERBS: dict[type, str] = {Refuse: "refuse", Wait: "wait", EvictThenAdmit: "evict"}
+
+class Closable(Protocol):
+    """What the gate needs of a connection."""
+
+    conn_id: str
+    listener: str
+    peer_ip: str
+    tls: bool
+    where: Where
+
+    def close_now(self, cause: str, reason: str) -> None: ...
 
 
 class ConnectionGate:
-    def __init__(self, quotas: ConnectionQuotas, metrics: Metrics, audit: AuditSink, wait_ms: int) -> None:
+    def __init__(self, quotas: ConnectionQuotas, metrics: Metrics, recorder: DecisionRecorder, wait_ms: int) -> None:
         self.quotas = quotas
         self._metrics = metrics
-        self._audit = audit
+        self._recorder = recorder
         self.wait_seconds = wait_ms / 1000
-        self._open: dict[str, ClientConnection] = {}
-        self._slot_freed = trio.Event()  # set (and replaced) whenever a wait might now succeed
-        self._idle_changed = trio.Event()
+        self._open: dict[str, Closable] = {}
+        self._accept_waiters = 0
+        self._slot_freed = trio.Event()  # set (and replaced) when a waiting accept may now succeed
+        self._reaper_rearm: trio.Event | None = None  # set when the idle reaper must look again
+        self._reaper_idle = True  # the reaper has no deadline: wake it when a connection turns idle
+        # Per request the quotas only take a timestamp: the connection calls them directly.
+        self.on_request = quotas.on_request
+        self.touched = quotas.on_response  # activity with nothing left in flight (acks=0 Produce)
         metrics.registry.register(_CountsCollector(quotas))
 
-    @property
-    def mode(self) -> str:
-        return self.quotas.mode.value
+    # -- at accept ------------------------------------------------------------------------
 
-    async def admit(self, conn: ClientConnection) -> bool:
-        """At accept: True to serve ``conn``; False when it was refused (it is not counted)."""
-        listener = conn.listener.config.name
+    async def admit(self, conn: Closable) -> bool:
+        """True to serve ``conn`` (it is counted from now on); False when it was refused."""
+        quotas, listener = self.quotas, conn.listener
         blocked_since: float | None = None
         deadline = trio.current_time() + self.wait_seconds
         while True:
-            decision = self.quotas.on_accept(
-                conn.conn_id, listener=listener, ip=conn.peer_ip, tls=conn.tls, now=trio.current_time()
-            )
-            if not isinstance(decision, Wait):
+            now = trio.current_time()
+            decision = quotas.on_accept(conn.conn_id, listener=listener, ip=conn.peer_ip, tls=conn.tls, now=now)
+            if decision is None or decision.action is not Action.WAIT or not decision.enforced:
                 break
             if blocked_since is None:
                 blocked_since = trio.current_time()
-                self._decided(conn, "wait", decision.limit_key, decision.reason)
-            with trio.move_on_at(deadline):
-                await self._slot_freed.wait()
-                continue
+                self._recorder.record(decision, conn.where)
+            self._accept_waiters += 1
+            try:
+                with trio.move_on_at(deadline):
+                    await self._slot_freed.wait()
+                    continue
+            finally:
+                self._accept_waiters -= 1
             self._blocked(listener, blocked_since)
-            self._decided(conn, "refuse", "max.connections.wait.ms", f"waited {self.wait_seconds:g}s for a slot")
+            waited = Decision(
+                Policy.CONNECTIONS,
+                Action.REFUSE,
+                Mode.ENFORCE,
+                "max.connections.wait.ms",
+                f"waited {self.wait_seconds:g}s for a slot ({decision.reason})",
+                limit=round(self.wait_seconds * 1000),
+            )
+            self._recorder.record(waited, conn.where)
             return False
         if blocked_since is not None:
             self._blocked(listener, blocked_since)
-        if isinstance(decision, Refuse):
-            self._decided(conn, "refuse", decision.limit_key, decision.reason)
-            return False
+        if decision is not None:
+            self._recorder.record(decision, conn.where)
+            if decision.enforced and decision.action is Action.REFUSE:
+                return False
         self._open[conn.conn_id] = conn
-        self._idle_changed.set()
-        if isinstance(decision, EvictThenAdmit):
-            self._decided(conn, "evict", decision.limit_key, decision.reason)
-            for victim in decision.evict:
-                self._close(victim, decision.limit_key, f"evicted (LRU idle) to admit a connection: {decision.reason}")
-        elif isinstance(decision, Admit) and decision.observed is not None:
-            self._decided(conn, _VERBS[type(decision.observed)], decision.limit_key or "", decision.reason)
+        self._rearm_reaper()  # a new connection is idle until its first request
+        if decision is not None and decision.enforced and decision.action is Action.EVICT:
+            for victim in decision.victims:
+                self._close(victim, decision)
         return True
 
-    def on_request(self, conn: ClientConnection) -> None:
-        self.quotas.on_request(conn.conn_id, trio.current_time())
+    # -- per request: timestamps only ---------------------------------------------------------
 
-    def on_response(self, conn: ClientConnection) -> None:
-        self.quotas.on_response(conn.conn_id, trio.current_time())
-        if not conn.busy:
-            self._wake()  # an idle connection can be evicted for a waiting one
-            self._idle_changed.set()  # and it now has an idle deadline the reaper must see
-            for close in self.quotas.reclaim_excess():
-                self._carry_out(close)
+    def on_response(self, conn_id: str, now: float) -> None:
+        quotas = self.quotas
+        quotas.on_response(conn_id, now)
+        if (self._accept_waiters or self._reaper_idle or quotas.over_cap) and not quotas.in_flight(conn_id):
+            # It turned idle: it can be evicted for a waiting accept, the reaper must time
+            # it, and a cap lowered below the busy connections can be met now.
+            self._wake_accepts()
+            self._rearm_reaper()
+            for decision in quotas.reclaim_excess():
+                self._carry_out(decision)
 
-    def on_closed(self, conn: ClientConnection) -> None:
+    def on_closed(self, conn: Closable) -> None:
         self.quotas.on_closed(conn.conn_id)
         self._open.pop(conn.conn_id, None)
-        self._wake()
+        self._wake_accepts()
 
-    def update_limits(self, limits: ConnectionLimits) -> None:
+    # -- reload and idle expiry ---------------------------------------------------------------
+
+    def reconfigure(self, limits: ConnectionLimits, mode: Mode, wait_ms: int) -> None:
         """A reload: raising takes effect at once; lowering closes the excess, LRU-first."""
-        for close in self.quotas.update_limits(limits, trio.current_time()):
-            self._carry_out(close)
-        self._wake()
-        self._idle_changed.set()
+        self.quotas.mode = mode
+        self.wait_seconds = wait_ms / 1000
+        for decision in self.quotas.update_limits(limits, trio.current_time()):
+            self._carry_out(decision)
+        self._wake_accepts()
+        self._rearm_reaper(force=True)  # connections.max.idle.ms may have changed
 
     async def reap_idle(self) -> None:
-        """Close connections idle for more than connections.max.idle.ms, for ever."""
+        """Close connections idle for more than connections.max.idle.ms, for ever. Sleeps
+        until the oldest idle connection's deadline: later activity only moves it later."""
         while True:
             deadline = self.quotas.next_idle_deadline()
-            if deadline is None:
-                await self._idle_changed.wait()
-            else:
-                with trio.move_on_at(deadline):
-                    await self._idle_changed.wait()
-            self._idle_changed = trio.Event()
-            for close in self.quotas.idle_expired(trio.current_time()):
-                self._carry_out(close)
+            self._reaper_idle = deadline is None
+            self._reaper_rearm = trio.Event()
+            with trio.move_on_at(deadline if deadline is not None else float("inf")):
+                await self._reaper_rearm.wait()
+            for decision in self.quotas.idle_expired(trio.current_time()):
+                self._carry_out(decision)
 
-    def _carry_out(self, close: Close) -> None:
-        if close.observed:
-            self._metrics.connections_evicted.labels(self._listener_of(close.conn_id), close.limit_key, "observe").inc()
-            self._audit.emit(
-                "connection_close", conn=close.conn_id, limit=close.limit_key, reason=close.reason, mode="observe"
-            )
+    def _rearm_reaper(self, *, force: bool = False) -> None:
+        if (self._reaper_idle or force) and self._reaper_rearm is not None:
+            self._reaper_rearm.set()
+
+    # -- carrying decisions out -----------------------------------------------------------------
+
+    def _carry_out(self, decision: Decision) -> None:
+        victim = self._open.get(decision.victims[0]) if decision.victims else None
+        self._recorder.record(decision, victim.where if victim is not None else Where())
+        if decision.enforced:
+            for conn_id in decision.victims:
+                self._close(conn_id, decision)
+
+    def _close(self, conn_id: str, decision: Decision) -> None:
+        conn = self._open.get(conn_id)
+        if conn is None:
             return
-        self._close(close.conn_id, close.limit_key, close.reason)
-
-    def _close(self, conn_id: str, limit_key: str, reason: str) -> None:
-        conn = self._open.get(conn_id)
-        listener = self._listener_of(conn_id)
-        self._metrics.connections_evicted.labels(listener, limit_key, "enforce").inc()
-        self._audit.emit(
-            "connection_close",
-            conn=conn_id,
-            listener=listener,
-            limit=limit_key,
-            reason=reason,
-            peer=conn.peer if conn else None,
-            mode="enforce",
-        )
-        if conn is not None:
-            conn.close_now(limit_key, reason)
-
-    def _listener_of(self, conn_id: str) -> str:
-        conn = self._open.get(conn_id)
-        return conn.listener.config.name if conn is not None else "unknown"
-
-    def _decided(self, conn: ClientConnection, decision: str, limit_key: str, reason: str) -> None:
-        listener = conn.listener.config.name
-        self._metrics.connections_rejected.labels(listener, decision, limit_key, self.mode).inc()
-        self._audit.emit(
-            "connection_admission",
-            listener=listener,
-            peer=conn.peer,
-            tls=conn.tls,
-            decision=decision,
-            limit=limit_key,
-            reason=reason,
-            mode=self.mode,
-        )
-        if decision in ("refuse", "evict", "wait"):
-            log.warning(
-                "%s connection: %s",
-                decision,
-                reason,
-                extra={"peer": conn.peer, "listener": listener, "cause": limit_key},
-            )
+        if decision.action is Action.EVICT:
+            reason = f"evicted (LRU idle) to admit a connection: {decision.reason}"
+            conn.close_now(f"evicted: {decision.limit_key}", reason)
+        else:
+            conn.close_now(f"closed: {decision.limit_key}", decision.reason)
 
     def _blocked(self, listener: str, since: float) -> None:
         self._metrics.acceptor_blocked.labels(listener).inc(trio.current_time() - since)
 
-    def _wake(self) -> None:
-        self._slot_freed.set()
-        self._slot_freed = trio.Event()
+    def _wake_accepts(self) -> None:
+        if self._accept_waiters:
+            self._slot_freed.set()
+            self._slot_freed = trio.Event()
 
 
 class _CountsCollector(Collector):

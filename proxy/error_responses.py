@@ -45,6 +45,7 @@ from kio.index import load_response_schema
 from kio.schema.errors import ErrorCode
 from kio.static.primitive import f64, i32, i32Timedelta, i64Timedelta
 
+from policies.api_keys import JOIN_GROUP
 from proxy.wire import encode_frame
 
 __all__ = [
@@ -89,6 +90,11 @@ _MINUS_ONE_FIELDS = frozenset(
         "log_start_offset",
     }
 )
+
+# Fields an API's error response sets whatever the request said (Kafka's getErrorResponse).
+_ERROR_RESPONSE_FIELDS: Mapping[int, Mapping[str, Any]] = {
+    JOIN_GROUP: {"member_id": ""},  # JoinGroup: a refused member gets no member id (UNKNOWN_MEMBER_ID)
+}
 
 # Name words that say "collection of" rather than what is in it.
 _FILLER_WORDS = frozenset(
@@ -360,7 +366,9 @@ def build_error_response(
     if not _can_carry_error(response_cls):
         raise UnsupportedErrorResponse(f"{response_cls.__name__} has no error code field")
     ctx = _Context(api_key, error_code, message, element_errors or {})
-    return _build(response_cls, request, "", ctx, top=True)
+    response = _build(response_cls, request, "", ctx, top=True)
+    fixed = _ERROR_RESPONSE_FIELDS.get(api_key)
+    return dataclasses.replace(response, **fixed) if fixed else response
 
 
 def response_header_for(api_key: int, api_version: int, correlation_id: int) -> Any:
@@ -376,6 +384,7 @@ def build_error_frame(
     message: str | None = None,
     *,
     element_errors: Mapping[str, ElementError] | None = None,
+    throttle_ms: int = 0,
 ) -> bytes:
     """A whole response frame (length prefix, header, body) refusing the request.
 
@@ -384,6 +393,8 @@ def build_error_frame(
     response at all: Kafka closes the connection instead, and so should the caller.
     """
     response = build_error_response(request_body, error_code, message, element_errors=element_errors)
+    if throttle_ms and hasattr(response, "throttle_time"):
+        response = dataclasses.replace(response, throttle_time=datetime.timedelta(milliseconds=throttle_ms))
     header_key = getattr(request_header, "api_key", getattr(request_header, "request_api_key", None))
     header_version = getattr(request_header, "api_version", getattr(request_header, "request_api_version", None))
     if (header_key, header_version) not in ((None, None), (response.__api_key__, response.__version__)):

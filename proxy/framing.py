@@ -1,67 +1,139 @@
-"""The one Kafka frame reader: length prefix first, checked before the body is
-read or any room is made for it (Kafka's ``NetworkReceive`` with
-``socket.request.max.bytes``)."""
+"""The one Kafka frame splitter, sans-I/O: bytes in, whole frames out.
+
+Each 4-byte length prefix is checked before its body is buffered (Kafka's
+``NetworkReceive`` with ``socket.request.max.bytes``); only the first prefix of a
+stream is also sniffed for a TLS record or an HTTP request (KIP-498), since a
+later prefix is a length whatever its bytes look like.
+
+Frames come out as ``(start, end)`` offsets into :attr:`FrameSplitter.buffer`, so
+the caller can send a run of frames as one slice of what it received: in the
+common case a receive holds whole frames and nothing is copied at all. A frame
+that spans receives is gathered in a list and joined once, when complete.
+"""
 
 from __future__ import annotations
 
-import trio
+import struct
 
 from policies.frame_check import FrameVerdict, check_length_prefix
 
-_CHUNK = 65536
+from .wire import Received
+
+_PREFIX = struct.Struct(">i")
 # recv(n) allocates n bytes up front: never ask for more than this at once.
-_MAX_RECEIVE = 1 << 20
+MAX_RECEIVE = 1 << 20
+RECEIVE_SIZE = 65536
 
 
-class TruncatedFrame(Exception):
-    """The stream ended inside a frame."""
+class FrameRefused(Exception):
+    """A length prefix no Kafka frame may have; ``head`` is what the stream began with."""
+
+    def __init__(self, verdict: FrameVerdict, head: bytes) -> None:
+        super().__init__(f"{verdict.kind.value} length prefix {verdict.size}")
+        self.verdict = verdict
+        self.head = head
 
 
-class FrameReader:
-    def __init__(self, stream: trio.abc.ReceiveStream, *, plaintext: bool) -> None:
-        self._stream = stream
-        self._plaintext = plaintext
-        self._buffer = bytearray()
-        self.eof = False
+class FrameSplitter:
+    __slots__ = ("_buf", "_held", "_need", "_parts", "_pos", "_sniff", "frame_size")
+
+    def __init__(self, *, sniff: bool) -> None:
+        self._buf: Received = b""
+        self._pos = 0
+        self._parts: list[Received] = []  # a frame that spans receives, joined when complete
+        self._held = 0  # bytes in _parts
+        self._need = 4  # bytes the frame being gathered needs in all (prefix included)
+        self._sniff = sniff
+        # Body size of the frame whose prefix has been read and checked and whose body
+        # has not all arrived (0: none). The caller reserves memory for it before reading
+        # on (KIP-72) and bounds the wait for the rest (request.body.timeout.ms).
+        self.frame_size = 0
+
+    @property
+    def buffer(self) -> Received:
+        """What ``next_frame`` offsets point into; valid until the next ``feed``."""
+        return self._buf
 
     @property
     def idle(self) -> bool:
-        """No byte of a next frame has arrived yet."""
-        return not self._buffer
-
-    async def fill(self, want: int) -> bool:
-        """Receive until ``want`` bytes are buffered; False at end of stream."""
-        while len(self._buffer) < want:
-            chunk = await self._stream.receive_some(min(max(_CHUNK, want - len(self._buffer)), _MAX_RECEIVE))
-            if not chunk:
-                self.eof = True
-                return False
-            self._buffer += chunk
-        return True
-
-    async def next_prefix(self, max_bytes: int) -> FrameVerdict | None:
-        """The verdict on the next frame's length prefix; None at a clean end of stream."""
-        if not await self.fill(4):
-            if self._buffer:
-                raise TruncatedFrame(f"stream closed mid-frame ({len(self._buffer)} bytes of a length prefix)")
-            return None
-        return check_length_prefix(bytes(self._buffer[:4]), max_bytes, plaintext=self._plaintext)
+        """No byte of a next frame has arrived."""
+        return not self._parts and self._pos == len(self._buf)
 
     @property
-    def head(self) -> bytes:
-        """The first bytes buffered (to name what a rejected frame looked like)."""
-        return bytes(self._buffer[:16])
+    def wanted(self) -> int:
+        """Bytes still missing for the frame being gathered (a hint for the read size)."""
+        return self._need - self._held if self._parts else 0
 
-    async def read_frame(self, size: int) -> bytes:
-        """The whole frame (prefix included) whose admitted length is ``size``."""
-        if not await self.fill(4 + size):
-            raise TruncatedFrame(f"stream closed mid-frame ({len(self._buffer) - 4} of {size} bytes)")
-        end = 4 + size
-        if len(self._buffer) == end:  # the common case: nothing of the next frame yet
-            frame = bytes(self._buffer)
-            self._buffer.clear()
-            return frame
-        with memoryview(self._buffer) as view:  # one copy, not slice-then-copy
-            frame = bytes(view[:end])
-        del self._buffer[:end]
-        return frame
+    def truncated(self) -> str:
+        """What is held of an incomplete frame, for the line that says the stream ended in it."""
+        held = self._held if self._parts else len(self._buf) - self._pos
+        if self.frame_size:
+            return f"stream closed mid-frame ({held - 4} of {self.frame_size} bytes)"
+        return f"stream closed mid-frame ({held} bytes of a length prefix)"
+
+    def head(self) -> bytes:
+        """The first bytes buffered (to name what a refused frame looked like)."""
+        if self._parts:
+            return b"".join(self._parts)[:16]
+        return bytes(self._buf[self._pos : self._pos + 16])
+
+    def feed(self, data: Received) -> None:
+        if not self._parts:
+            if self._pos == len(self._buf):
+                self._buf, self._pos = data, 0  # the common case: no copy
+                return
+            rest = self._buf[self._pos :]
+            self._buf, self._pos = b"", 0
+            self._parts, self._held = [rest], len(rest)
+        self._parts.append(data)
+        self._held += len(data)
+        if self._held >= self._need:
+            self._buf, self._parts, self._held = b"".join(self._parts), [], 0
+
+    @property
+    def prefix_ready(self) -> bool:
+        """The next frame's length prefix has arrived."""
+        return not self._parts and len(self._buf) - self._pos >= 4
+
+    def check_prefix(self, max_bytes: int) -> None:
+        """Check the next prefix now (sniffing it if it is the stream's first) without
+        taking its frame: before a connection commits to anything, say what it is."""
+        if self.prefix_ready and not self.frame_size:
+            self._checked_size(self._buf, self._pos, max_bytes)
+
+    def admit(self, size: int) -> None:
+        """Take the refused frame anyway (observe mode): ``next_frame`` returns it next."""
+        self.frame_size = size
+
+    def next_frame(self, max_bytes: int) -> tuple[int, int] | None:
+        """``(start, end)`` of the next whole frame (prefix included) in :attr:`buffer`,
+        or None until more bytes are fed. Raises :class:`FrameRefused` on a prefix over
+        ``max_bytes``, not positive, or (first frame only) a TLS record or HTTP."""
+        if self._parts:
+            return None
+        buf, pos = self._buf, self._pos
+        if len(buf) - pos < 4:
+            self._need = 4
+            return None
+        size = self.frame_size  # a prefix already checked, whose body was still to come
+        if not size:
+            (size,) = _PREFIX.unpack_from(buf, pos)
+            if self._sniff or not 0 < size <= max_bytes:
+                size = self._checked_size(buf, pos, max_bytes)
+        end = pos + 4 + size
+        if end > len(buf):
+            self._need = 4 + size
+            self.frame_size = size  # checked once: the body is still to come
+            return None
+        self._pos = end
+        self.frame_size = 0
+        return pos, end
+
+    def _checked_size(self, buf: Received, pos: int, max_bytes: int) -> int:
+        (size,) = _PREFIX.unpack_from(buf, pos)
+        if self._sniff or not 0 < size <= max_bytes:
+            verdict = check_length_prefix(bytes(buf[pos : pos + 4]), max_bytes, plaintext=self._sniff)
+            self._sniff = False
+            if not verdict.admitted:
+                raise FrameRefused(verdict, self.head())
+        return int(size)

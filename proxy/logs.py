@@ -47,3 +47,33 @@ def setup_logging(fmt: str = "text", level: str = "INFO") -> None:
     root = logging.getLogger()
     root.handlers[:] = [handler]
     root.setLevel(level.upper())
+
+
+class RateLimitedLog:
+    """At most one line per key every ``interval`` seconds; the lines held back are
+    counted and named on the next line that goes out. A flood (a client reconnecting
+    in a loop, a broker that is down) then costs a few lines, not thousands."""
+
+    def __init__(self, logger: logging.Logger, interval: float = 10.0, max_keys: int = 1024) -> None:
+        self._logger = logger
+        self._interval = interval
+        self._max_keys = max_keys
+        self._next: dict[object, float] = {}
+        self._held: dict[object, int] = {}
+
+    def log(
+        self, level: int, key: object, now: float, msg: str, *args: Any, extra: dict[str, Any] | None = None
+    ) -> None:
+        if now < self._next.get(key, float("-inf")):
+            self._held[key] = self._held.get(key, 0) + 1
+            return
+        if len(self._next) >= self._max_keys:  # bounded: forget the oldest key
+            oldest = next(iter(self._next))
+            del self._next[oldest]
+            self._held.pop(oldest, None)
+        self._next.pop(key, None)  # re-inserted last: the dict stays in order of last line
+        self._next[key] = now + self._interval
+        held = self._held.pop(key, 0)
+        if held:
+            msg += f" ({held} more like this in the last {self._interval:g}s not logged)"
+        self._logger.log(level, msg, *args, extra=extra)

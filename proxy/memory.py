@@ -1,6 +1,7 @@
-"""The trio side of the KIP-72 memory pool: a connection that needs memory the
-pool cannot grant waits on an Event (no busy loop, no reading from its socket:
-TCP backpressure) until a release grants it, in the pool's FIFO order."""
+"""The trio side of the KIP-72 memory pool: a request is granted its bytes at once
+in the common case (no await); a connection that needs memory the pool cannot
+grant waits on an Event (no busy loop, no reading from its socket: TCP
+backpressure) until a release grants it, in the pool's FIFO order."""
 
 from __future__ import annotations
 
@@ -11,70 +12,67 @@ import trio
 from prometheus_client.core import CounterMetricFamily, GaugeMetricFamily
 from prometheus_client.registry import Collector
 
-from policies.memory_pool import Grant, MemoryPool
+from policies.memory_pool import MemoryPool
 from policies.mode import Mode
 
-from .audit import AuditSink
+from .decisions import DecisionRecorder, Where
 from .metrics import Metrics
+from .observation_window import ObservationWindow
 
 log = logging.getLogger("kafka_admission_proxy.memory")
 
 
 class PoolGate:
-    def __init__(self, pool: MemoryPool, metrics: Metrics, audit: AuditSink) -> None:
+    def __init__(
+        self, pool: MemoryPool, metrics: Metrics, recorder: DecisionRecorder, window: ObservationWindow | None
+    ) -> None:
         self.pool = pool
-        self._metrics = metrics
-        self._audit = audit
+        self._recorder = recorder
+        self._window = window
         self._woken: dict[int, trio.Event] = {}
         metrics.registry.register(_PoolCollector(pool))
 
-    @property
-    def enabled(self) -> bool:
-        return self.pool.enabled
+    def reserve(self, conn_id: Hashable, size: int, now: float, where: Where) -> tuple[int, bool]:
+        """(ticket, granted): a ticket for ``size`` bytes; when not granted yet, wait
+        with ``wait_for`` (the pool grants in FIFO order as memory is released)."""
+        ticket, decision = self.pool.reserve(conn_id, size, now)
+        if decision is None:
+            return ticket, True
+        self._recorder.record(decision, where, size=size)
+        if self._window is not None:
+            self._window.on_pool(self.pool.used, waited=True)
+        if not decision.enforced:
+            return ticket, True
+        self._woken[ticket] = trio.Event()
+        return ticket, False
 
-    async def reserve(self, conn_id: Hashable, size: int, listener: str, peer: str) -> int:
-        """A ticket for ``size`` bytes, once the pool grants them."""
-        decision = self.pool.reserve(conn_id, size, trio.current_time())
-        mode = self.pool.mode.value
-        if isinstance(decision, Grant):
-            if decision.would_wait:
-                self._decided(listener, peer, size, mode, "pool_depleted")
-            return decision.ticket
-        self._decided(listener, peer, size, mode, decision.reason.value)
-        event = self._woken[decision.ticket] = trio.Event()
+    async def wait_for(self, ticket: int) -> None:
+        event = self._woken.get(ticket)
+        if event is None:
+            return  # granted since
         try:
             await event.wait()
-        except BaseException:
+        finally:
             # Cancelled (the connection is ending): its cancel() drops the queued wait.
-            self._woken.pop(decision.ticket, None)
-            raise
-        return decision.ticket
+            self._woken.pop(ticket, None)
 
-    def release(self, ticket: int) -> None:
-        self._wake(self.pool.release(ticket, trio.current_time()))
+    def release(self, ticket: int | None, now: float) -> None:
+        if ticket is not None:
+            self._wake(self.pool.release(ticket, now))
+
+    def reconfigure(self, max_request: int, mode: Mode) -> None:
+        """A reload: socket.request.max.bytes and the mode (observe lets waiters go)."""
+        self._wake(self.pool.reconfigure(max_request, mode, trio.current_time()))
 
     def cancel(self, conn_id: Hashable) -> None:
         """The connection is gone: its bytes return, its waits are dropped."""
         self._wake(self.pool.cancel(conn_id, trio.current_time()))
 
-    def _wake(self, granted: list[Grant]) -> None:
-        for grant in granted:
-            event = self._woken.pop(grant.ticket, None)
+    def _wake(self, granted: list[int]) -> None:
+        for ticket in granted:
+            event = self._woken.pop(ticket, None)
             if event is not None:
                 event.set()
-
-    def _decided(self, listener: str, peer: str, size: int, mode: str, reason: str) -> None:
-        self._metrics.memory_pool_waits.labels(reason, mode).inc()
-        self._audit.emit(
-            "memory_pool_wait",
-            listener=listener,
-            peer=peer,
-            size=size,
-            mode=mode,
-            reason=reason,
-            used=self.pool.used,
-            capacity=self.pool.capacity,
-        )
 
 
 class _PoolCollector(Collector):

@@ -6,7 +6,18 @@ names, API names, causes; never client or group ids.
 
 from __future__ import annotations
 
-from prometheus_client import CollectorRegistry, Counter, Gauge, Histogram
+import platform
+import time
+from bisect import bisect_left
+from collections.abc import Iterator
+from importlib.metadata import PackageNotFoundError, version
+
+import trio
+from prometheus_client import CollectorRegistry, Counter, Gauge, ProcessCollector
+from prometheus_client.core import CounterMetricFamily, HistogramMetricFamily
+from prometheus_client.registry import Collector
+
+from .wire import api_name
 
 _LATENCY_BUCKETS = (
     0.00005,
@@ -24,10 +35,59 @@ _LATENCY_BUCKETS = (
 )
 
 
+# Outcomes of a config reload, exported from the start (at 0) so alerts see them.
+RELOAD_OUTCOMES = ("success", "invalid", "restart_required", "error")
+
+
+def package_version() -> str:
+    """This distribution's version, as ``--version`` and ``kafka_admission_build_info`` show it."""
+    try:
+        return version("kafka-admission-proxy")
+    except PackageNotFoundError:  # run from a source tree that was never installed
+        return "0+unknown"
+
+
 class Metrics:
+    def traffic_of(self, listener: str) -> TrafficStats:
+        """The listener's traffic counters (made once, shared by its connections)."""
+        stats = self.traffic.get(listener)
+        if stats is None:
+            stats = self.traffic[listener] = TrafficStats()
+        return stats
+
     def __init__(self) -> None:
         self.registry = CollectorRegistry()
         r = self.registry
+        # Operators' basics: what runs, and the standard process_* metrics (RSS, fds, CPU).
+        ProcessCollector(registry=r)
+        self.build_info = Gauge(
+            "kafka_admission_build_info",
+            "Always 1; the labels say which build runs",
+            ("version", "python", "trio"),
+            registry=r,
+        )
+        self.build_info.labels(package_version(), platform.python_version(), trio.__version__).set(1)
+        self.config_reloads = Counter(
+            "kafka_admission_config_reloads",
+            "Config reloads (SIGHUP or a changed file), by outcome: success, invalid, restart_required, error",
+            ("outcome",),
+            registry=r,
+        )
+        for outcome in RELOAD_OUTCOMES:
+            self.config_reloads.labels(outcome)
+        self.config_last_reload_success = Gauge(
+            "kafka_admission_config_last_reload_success_timestamp_seconds",
+            "When the running config was last loaded in full (start, or a reload counted success), Unix time",
+            registry=r,
+        )
+        self.config_last_reload_success.set(time.time())
+        self.certificate_expiry = Gauge(
+            "kafka_admission_tls_certificate_expiry_timestamp_seconds",
+            "notAfter of the certificate a TLS listener presents (listener 'upstream': the client "
+            "certificate presented to brokers), Unix time",
+            ("listener",),
+            registry=r,
+        )
         conn = ("listener", "tls")
         self.connections_active = Gauge(
             "kafka_admission_connections_active", "Client connections open now", conn, registry=r
@@ -38,16 +98,11 @@ class Metrics:
         self.connections_closed = Counter(
             "kafka_admission_connections_closed", "Client connections closed", conn, registry=r
         )
-        self.connections_rejected = Counter(
-            "kafka_admission_connections_rejected",
-            "Connection admission decisions other than admit: refuse, wait, evict (by the limit key behind them)",
-            ("listener", "decision", "limit", "mode"),
-            registry=r,
-        )
-        self.connections_evicted = Counter(
-            "kafka_admission_connections_evicted",
-            "Connections closed by the quotas: LRU eviction, idle expiry, lowered limits",
-            ("listener", "limit", "mode"),
+        self.decisions = Counter(
+            "kafka_admission_decisions",
+            "Policy decisions other than a plain admit (observe mode: what would have been done), "
+            "by policy, action (refuse, throttle, wait, evict, close) and the Kafka property behind it",
+            ("listener", "policy", "action", "limit", "mode"),
             registry=r,
         )
         self.acceptor_blocked = Counter(
@@ -68,57 +123,6 @@ class Metrics:
             ("listener",),
             registry=r,
         )
-        self.frames_rejected = Counter(
-            "kafka_admission_frames_rejected",
-            "Request frames refused at their length prefix (too_large, invalid_size)",
-            ("listener", "direction", "kind"),
-            registry=r,
-        )
-        self.protocol_mismatches = Counter(
-            "kafka_admission_protocol_mismatches",
-            "A peer speaking the other protocol (TLS vs plaintext, HTTP), by direction (client, upstream) and kind",
-            ("direction", "kind"),
-            registry=r,
-        )
-        self.responses_oversized = Counter(
-            "kafka_admission_responses_oversized",
-            "Broker responses over max.response.size (enforce: connection closed; observe: forwarded)",
-            ("listener", "mode"),
-            registry=r,
-        )
-        self.memory_pool_waits = Counter(
-            "kafka_admission_memory_pool_waits",
-            "Requests that waited (enforce) or would have waited (observe) for pool memory, by reason",
-            ("reason", "mode"),
-            registry=r,
-        )
-        self.group_refusals = Counter(
-            "kafka_admission_group_refusals",
-            "Group joins refused (GROUP_MAX_SIZE_REACHED) or throttled, by API",
-            ("api", "decision", "mode"),
-            registry=r,
-        )
-        self.identifier_breaches = Counter(
-            "kafka_admission_identifier_breaches",
-            "Identifiers over their KIP-1233 limit, by API and identifier kind",
-            ("api", "kind", "mode"),
-            registry=r,
-        )
-        self.requests = Counter(
-            "kafka_admission_requests", "Requests forwarded, by API", ("listener", "api"), registry=r
-        )
-        self.request_bytes = Counter(
-            "kafka_admission_request_bytes",
-            "Request bytes forwarded to brokers",
-            ("listener",),
-            registry=r,
-        )
-        self.response_bytes = Counter(
-            "kafka_admission_response_bytes",
-            "Response bytes returned to clients",
-            ("listener",),
-            registry=r,
-        )
         self.responses_rewritten = Counter(
             "kafka_admission_responses_rewritten",
             "Responses whose broker addresses or API versions were rewritten",
@@ -131,14 +135,81 @@ class Metrics:
             ("upstream",),
             registry=r,
         )
-        self.proxy_latency = Histogram(
-            "kafka_admission_proxy_added_latency_seconds",
-            "Time a request and its response spent inside the proxy (not at the broker)",
-            ("listener",),
-            buckets=_LATENCY_BUCKETS,
-            registry=r,
-        )
         self.brokers_known = Gauge("kafka_admission_brokers_known", "Broker nodes served on a proxy port", registry=r)
+        self.traffic: dict[str, TrafficStats] = {}
+        r.register(_TrafficCollector(self.traffic))
         self.audit_events = Counter(
             "kafka_admission_audit_events", "Audit events written, by type", ("type",), registry=r
         )
+        self.audit_events_dropped = Counter(
+            "kafka_admission_audit_events_dropped",
+            "Audit events lost: the queue was full (the writer fell behind) or the disk refused the write",
+            registry=r,
+        )
+        self.audit_files_deleted = Counter(
+            "kafka_admission_audit_files_deleted",
+            "Finished audit files of this instance deleted, oldest first, to stay within audit.max_total_bytes",
+            registry=r,
+        )
+        self.audit_bytes_written = Counter(
+            "kafka_admission_audit_bytes_written", "Bytes of audit JSON lines written to files", registry=r
+        )
+        self.audit_queue_events = Gauge(
+            "kafka_admission_audit_queue_events", "Audit events queued for the writer now", registry=r
+        )
+
+
+class TrafficStats:
+    """Per-listener request counts, bytes and added latency, kept as plain numbers.
+
+    The request path only adds to ints and a list (no lock, no label lookup);
+    :class:`_TrafficCollector` turns them into metrics when Prometheus scrapes.
+    Everything runs on the one trio thread, so the scrape sees consistent values.
+    """
+
+    __slots__ = ("latency_buckets", "latency_count", "latency_sum", "request_bytes", "requests", "response_bytes")
+
+    def __init__(self) -> None:
+        self.requests: dict[int, int] = {}  # api key -> requests read
+        self.request_bytes = 0
+        self.response_bytes = 0
+        self.latency_buckets = [0] * (len(_LATENCY_BUCKETS) + 1)  # the last one is +Inf
+        self.latency_count = 0
+        self.latency_sum = 0.0
+
+    def observe_latency(self, seconds: float) -> None:
+        self.latency_buckets[bisect_left(_LATENCY_BUCKETS, seconds)] += 1
+        self.latency_count += 1
+        self.latency_sum += seconds
+
+
+class _TrafficCollector(Collector):
+    def __init__(self, stats: dict[str, TrafficStats]) -> None:
+        self._stats = stats
+
+    def collect(self) -> Iterator[CounterMetricFamily | HistogramMetricFamily]:
+        requests = CounterMetricFamily(
+            "kafka_admission_requests", "Requests read from clients, by API", labels=("listener", "api")
+        )
+        request_bytes = CounterMetricFamily(
+            "kafka_admission_request_bytes", "Request bytes read from clients", labels=("listener",)
+        )
+        response_bytes = CounterMetricFamily(
+            "kafka_admission_response_bytes", "Response bytes written to clients", labels=("listener",)
+        )
+        latency = HistogramMetricFamily(
+            "kafka_admission_proxy_added_latency_seconds",
+            "Time a request and its response spent inside the proxy (not at the broker)",
+            labels=("listener",),
+        )
+        for listener, stats in self._stats.items():
+            for api_key, count in stats.requests.items():
+                requests.add_metric((listener, api_name(api_key)), count)
+            request_bytes.add_metric((listener,), stats.request_bytes)
+            response_bytes.add_metric((listener,), stats.response_bytes)
+            cumulative, buckets = 0, []
+            for bound, count in zip((*_LATENCY_BUCKETS, float("inf")), stats.latency_buckets, strict=True):
+                cumulative += count
+                buckets.append(("+Inf" if bound == float("inf") else repr(bound), cumulative))
+            latency.add_metric((listener,), buckets, stats.latency_sum)
+        yield from (requests, request_bytes, response_bytes, latency)

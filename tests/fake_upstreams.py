@@ -98,7 +98,7 @@ class OversizeRelay(_Server):
             while True:
                 size = int.from_bytes(_read_exactly(conn, 4), "big")
                 frame = size.to_bytes(4, "big") + _read_exactly(conn, size)
-                if wire.peek_request_header(frame).client_id == self.victim_client_id:
+                if wire.peek_client_id(frame, 0) == self.victim_client_id:
                     conn.sendall(self.announced.to_bytes(4, "big") + b"\0" * 4096)
                     conn.recv(1)  # hold the connection until the proxy drops it
                     return

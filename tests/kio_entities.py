@@ -41,8 +41,8 @@ def unwrap_optional(tp: Any) -> tuple[Any, bool]:
 
 
 def _scalar(kafka_type: str, base: Any, nullable: bool) -> Any:
-    if kafka_type in ("int8", "int16", "int32", "int64", "uint16"):
-        return base(0)
+    if kafka_type in ("int8", "int16", "int32", "int64", "uint16", "error_code"):
+        return base(0)  # error_code: ErrorCode.none
     if kafka_type == "string":
         return "x"
     if kafka_type == "bool":

@@ -9,6 +9,7 @@ from typing import Any
 
 from kio.index import load_request_schema
 
+from policies.api_keys import API_VERSIONS, FETCH, METADATA
 from proxy import wire
 
 
@@ -17,14 +18,14 @@ def frame(api_key: int, version: int, correlation_id: int, body: Any, client_id:
 
 
 def api_versions_frame(correlation_id: int, version: int = 3, client_id: str = "raw-test") -> bytes:
-    schema = load_request_schema(wire.API_VERSIONS, version)
-    return frame(wire.API_VERSIONS, version, correlation_id,
+    schema = load_request_schema(API_VERSIONS, version)
+    return frame(API_VERSIONS, version, correlation_id,
                  schema(client_software_name="raw", client_software_version="1"), client_id)
 
 
 def metadata_frame(correlation_id: int, version: int = 12) -> bytes:
-    schema = load_request_schema(wire.METADATA, version)
-    return frame(wire.METADATA, version, correlation_id,
+    schema = load_request_schema(METADATA, version)
+    return frame(METADATA, version, correlation_id,
                  schema(topics=None, allow_auto_topic_creation=False,
                         include_topic_authorized_operations=False))
 
@@ -43,22 +44,27 @@ def fetch_frame(
         topics=(m.FetchTopic(topic_id=topic_id, partitions=(partition,)),),
         forgotten_topics_data=(), rack_id="",
     )
-    return frame(wire.FETCH, version, correlation_id, body)
+    return frame(FETCH, version, correlation_id, body)
 
 
 class RawConnection:
-    """One Kafka connection with exact bytes on the wire; ``ca_file`` makes it TLS,
-    ``source`` picks the client address (e.g. 127.0.0.2 for per-IP limits)."""
+    """One Kafka connection with exact bytes on the wire; ``ca_file`` makes it TLS (``cert``:
+    a client certificate and key for mTLS), ``source`` picks the client address (e.g.
+    127.0.0.2 for per-IP limits)."""
 
     def __init__(
-        self, address: str, timeout: float = 10.0, *, ca_file: str | None = None, source: str | None = None
+        self, address: str, timeout: float = 10.0, *, ca_file: str | None = None,
+        cert: tuple[str, str] | None = None, source: str | None = None,
     ) -> None:
         host, port = address.rsplit(":", 1)
         sock = socket.create_connection(
             (host, int(port)), timeout=timeout, source_address=(source, 0) if source else None
         )
         if ca_file is not None:
-            sock = ssl.create_default_context(cafile=ca_file).wrap_socket(sock, server_hostname=host)
+            context = ssl.create_default_context(cafile=ca_file)
+            if cert is not None:
+                context.load_cert_chain(*cert)
+            sock = context.wrap_socket(sock, server_hostname=host)
         self.sock = sock
 
     def send(self, data: bytes) -> None:

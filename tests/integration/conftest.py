@@ -1,4 +1,5 @@
-"""Fixtures for the integration tests: librdkafka's mock cluster and stunnel."""
+"""Fixtures for the integration tests: librdkafka's mock cluster, stunnel, and how a
+reload reaches the proxy."""
 
 from __future__ import annotations
 
@@ -22,3 +23,10 @@ def stunnel_bin() -> str:
     if binary is None:
         pytest.skip("stunnel4 not installed")
     return binary
+
+
+@pytest.fixture(params=[False, True], ids=["sighup", "configmap"])
+def configmap(request: pytest.FixtureRequest) -> bool:
+    """How a test's reloads reach the proxy: an edit and SIGHUP, or (True: pass it as
+    ``start_proxy(configmap=...)``) a ConfigMap update as kubelet makes it, no signal."""
+    return bool(request.param)

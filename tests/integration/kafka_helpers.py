@@ -21,7 +21,7 @@ from types import TracebackType
 
 from confluent_kafka import Producer
 
-from proxy.tansu import free_port, wait_for_port
+from proxy.tansu import free_port, stop_process, wait_for_port
 
 
 def host_port(address: str) -> tuple[str, int]:
@@ -131,12 +131,7 @@ class Stunnel:
     def _stop(self) -> str:
         if self._process is None:
             return ""
-        self._process.terminate()
-        try:
-            self._process.wait(timeout=10)
-        except subprocess.TimeoutExpired:
-            self._process.kill()
-            self._process.wait()
+        stop_process(self._process)
         self._process = None
         return self.output_path.read_text(errors="replace")
 

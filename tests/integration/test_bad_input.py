@@ -39,7 +39,7 @@ def test_garbage_bytes_close_only_that_connection(proxy) -> None:  # type: ignor
         # The other connection, opened before, is untouched.
         healthy.send(api_versions_frame(2))
         assert healthy.read_response(18, 3).header.correlation_id == 2
-    assert proxy.metric("kafka_admission_frames_rejected_total", direction="request", kind="too_large") == 1
+    assert proxy.metric("kafka_admission_decisions_total", policy="request_size", limit="socket.request.max.bytes") == 1
     assert "socket.request.max.bytes=104857600" in proxy.log()
     assert_still_serving(proxy.bootstrap)
 
@@ -50,7 +50,7 @@ def test_a_length_prefix_of_max_int_is_refused_without_allocating(proxy) -> None
         with RawConnection(proxy.bootstrap) as conn:
             conn.send((2**31 - 1).to_bytes(4, "big") + b"\0" * 64)
             assert conn.closed_by_peer()
-    assert proxy.metric("kafka_admission_frames_rejected_total", kind="too_large") == 20
+    assert proxy.metric("kafka_admission_decisions_total", policy="request_size", action="close") == 20
     assert rss_kib(proxy.process.pid) - before < 20 * 1024  # 20 x 2 GiB were never allocated
     assert_still_serving(proxy.bootstrap)
 

@@ -55,6 +55,7 @@ def test_acks_zero_produce_gets_no_response_and_keeps_the_connection_in_step(tan
 
 
 def test_api_versions_through_the_proxy_cap_produce_fetch_and_rewritten_apis(tansu, start_proxy) -> None:
+    from policies.api_keys import DESCRIBE_CLUSTER, FETCH, FIND_COORDINATOR, METADATA, PRODUCE
     from proxy import wire
     from tests.raw_kafka import RawConnection, api_versions_frame
 
@@ -65,8 +66,8 @@ def test_api_versions_through_the_proxy_cap_produce_fetch_and_rewritten_apis(tan
     with RawConnection(proxy.bootstrap) as conn:
         conn.send(api_versions_frame(1))
         offered = {k.api_key: k.max_version for k in conn.read_response(18, 3).body.api_keys}
-    assert broker[wire.PRODUCE] >= 10 and broker[wire.FETCH] >= 16  # Tansu offers NodeEndpoints versions
-    assert offered[wire.PRODUCE] == 9 and offered[wire.FETCH] == 15
-    assert offered[wire.METADATA] == min(broker[wire.METADATA], wire.max_known_version(wire.METADATA))
-    unchanged = set(broker) - {wire.PRODUCE, wire.FETCH, wire.METADATA, wire.FIND_COORDINATOR, wire.DESCRIBE_CLUSTER}
+    assert broker[PRODUCE] >= 10 and broker[FETCH] >= 16  # Tansu offers NodeEndpoints versions
+    assert offered[PRODUCE] == 9 and offered[FETCH] == 15
+    assert offered[METADATA] == min(broker[METADATA], wire.max_known_version(METADATA))
+    unchanged = set(broker) - {PRODUCE, FETCH, METADATA, FIND_COORDINATOR, DESCRIBE_CLUSTER}
     assert {k: offered[k] for k in unchanged} == {k: broker[k] for k in unchanged}

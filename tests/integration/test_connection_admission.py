@@ -7,8 +7,9 @@ closes the least recently used *idle* connection of its class (and only that
 one); with nothing idle the listener stops accepting until a slot frees, and
 gives up after ``max.connections.wait.ms``; ``max.connections.per.ip`` (and its
 overrides) closes the new connection at once; ``connections.max.idle.ms``
-closes idle connections only; lowering a cap at runtime (SIGHUP) closes the
-excess LRU-first; observe mode counts all of it and closes nothing.
+closes idle connections only; lowering a cap at runtime (by SIGHUP, or by a
+ConfigMap update alone) closes the excess LRU-first; observe mode counts all of
+it and closes nothing.
 
 The idle connections held by the tests are raw sockets (TLS ones through
 ``ssl``) that each completed one ApiVersions exchange with the broker through
@@ -32,17 +33,16 @@ import contextlib
 import logging
 import random
 import select
-import signal
 import ssl
 import time
 from collections.abc import Iterator
+from concurrent.futures import ThreadPoolExecutor
 from typing import Any
 
 import pytest
-import yaml
 from confluent_kafka import OFFSET_BEGINNING, Consumer, Producer, TopicPartition
 
-from proxy import wire
+from policies.api_keys import API_VERSIONS, FETCH, METADATA
 from proxy.tansu import TansuBroker, free_port
 from tests.clients import GROUP_CONF, consume, create_topic, produce_values, unique
 from tests.conftest import wait_until
@@ -69,14 +69,14 @@ class KafkaSocket(RawConnection):
         """One ApiVersions round trip with the broker: this connection was just active."""
         self._correlation_id += 1
         self.send(api_versions_frame(self._correlation_id))
-        response = self.read_response(wire.API_VERSIONS, 3)
+        response = self.read_response(API_VERSIONS, 3)
         assert response.header.correlation_id == self._correlation_id
         assert response.body.error_code == 0
 
     def topic_id(self, topic: str) -> Any:
         self._correlation_id += 1
         self.send(metadata_frame(self._correlation_id))
-        body = self.read_response(wire.METADATA, 12).body
+        body = self.read_response(METADATA, 12).body
         return next(t.topic_id for t in body.topics if t.name == topic)
 
     def park_fetch(self, topic_id: Any, max_wait_ms: int) -> int:
@@ -154,7 +154,7 @@ def closed(conns: list[KafkaSocket]) -> list[int]:
 def not_seen_closed(proxy: Any, conns: list[KafkaSocket]) -> str:
     """Why a test waited in vain for a close: what the proxy says it closed, what the clients saw."""
     return (
-        f"the proxy counted {proxy.metric('kafka_admission_connections_evicted_total'):g} closings "
+        f"the proxy counted {closings(proxy):g} closings "
         f"(connections counted now: {proxy.metric('kafka_admission_connections_counted'):g}), "
         f"but the clients saw {len(closed(conns))} of {len(conns)} connections closed"
     )
@@ -170,9 +170,22 @@ def explained(why: Any) -> Iterator[None]:
 
 
 def decisions(proxy: Any) -> list[str]:
-    """Every kafka_admission_connections_rejected_total sample, as text."""
+    """Every connection decision counted, as text."""
     _, text = proxy.get("/metrics")
-    return [line for line in text.splitlines() if line.startswith("kafka_admission_connections_rejected_total")]
+    return [
+        line
+        for line in text.splitlines()
+        if line.startswith("kafka_admission_decisions_total") and 'policy="connections"' in line
+    ]
+
+
+def decided(proxy: Any, **labels: str) -> float:
+    return float(proxy.metric("kafka_admission_decisions_total", policy="connections", **labels))
+
+
+def closings(proxy: Any, **labels: str) -> float:
+    """Connections the quotas decided to close: LRU evictions, idle expiry, lowered caps."""
+    return decided(proxy, action="evict", **labels) + decided(proxy, action="close", **labels)
 
 
 def tls_listener(certs: Any, name: str = "tls", **extra: Any) -> dict[str, Any]:
@@ -184,12 +197,7 @@ def confluent_tls(certs: Any) -> dict[str, Any]:
 
 
 def set_policies(proxy: Any, **changes: Any) -> None:
-    """Rewrite the proxy's config file with changed policies and SIGHUP it."""
-    reloads = proxy.log().count("config reloaded: policies applied")
-    proxy.config.setdefault("policies", {}).update(changes)
-    proxy.config_path.write_text(yaml.safe_dump(proxy.config))
-    proxy.signal(signal.SIGHUP)
-    wait_until(lambda: proxy.log().count("config reloaded: policies applied") > reloads, timeout=5)
+    proxy.reload(**changes)
 
 
 def broker_connects(stats: dict[str, Any]) -> dict[int, tuple[int, int]]:
@@ -246,13 +254,8 @@ def test_full_tls_cap_evicts_exactly_the_least_recently_used_idle_connection_for
         assert held[lru].wait_closed(timeout=5), not_seen_closed(proxy, held)
         time.sleep(0.3)
         assert closed(held) == [lru]
-        assert proxy.metric(
-            "kafka_admission_connections_evicted_total", listener="tls", limit=MAX_SSL, mode="enforce"
-        ) == 1
-        assert proxy.metric(
-            "kafka_admission_connections_rejected_total", listener="tls", decision="evict", limit=MAX_SSL,
-        ) == 1
-        assert proxy.metric("kafka_admission_connections_evicted_total") == 1
+        assert decided(proxy, listener="tls", action="evict", limit=MAX_SSL, mode="enforce") == 1
+        assert closings(proxy) == 1
         assert proxy.metric("kafka_admission_tls_handshake_failures_total") == 0
         # The 49 others are still served.
         for i, conn in enumerate(held):
@@ -265,7 +268,7 @@ def test_full_tls_cap_evicts_exactly_the_least_recently_used_idle_connection_for
         sockets.append(plain)
         plain.api_versions()
         assert plain.topic_id(topic) is not None  # Metadata from the broker, through the proxy
-        assert proxy.metric("kafka_admission_connections_rejected_total", listener="plain") == 0
+        assert decided(proxy, listener="plain") == 0
         assert closed(held) == [lru]
 
 
@@ -287,8 +290,7 @@ def test_plaintext_listener_serves_real_clients_while_the_tls_cap_is_full(
     assert proxy.metric("kafka_admission_connections_accepted_total", listener="plain") >= 3
     assert closed(held) == []
     assert proxy.metric("kafka_admission_connections_counted_tls") == 50
-    assert proxy.metric("kafka_admission_connections_evicted_total") == 0
-    assert proxy.metric("kafka_admission_connections_rejected_total") == 0
+    assert decided(proxy) == 0
     # And the TLS cap is still enforced: one more TLS connection costs the oldest idle one.
     newcomer = KafkaSocket(proxy.listener_bind("tls"), ca_file=certs.ca_file)
     sockets.append(newcomer)
@@ -369,7 +371,7 @@ def test_evicted_idempotent_producer_reconnects_and_delivers_every_record_exactl
             before = disconnects()
             for _ in range(2):
                 knock(sockets, proxy.bootstrap)
-            evicted_now = proxy.metric("kafka_admission_connections_evicted_total", limit=MAX_CONNECTIONS)
+            evicted_now = decided(proxy, action="evict", limit=MAX_CONNECTIONS)
             assert evicted_now > evicted, f"batch {batch}: nothing was evicted"
             evicted = evicted_now
             # The client saw it: its connection was one of those evicted.
@@ -443,20 +445,20 @@ def test_with_every_connection_busy_a_new_connection_waits_and_is_admitted_when_
     with pytest.raises(TimeoutError):
         waiting.read_frame()
     waiting.sock.settimeout(SOCKET_TIMEOUT_S)
-    assert proxy.metric("kafka_admission_connections_rejected_total", decision="wait", limit=MAX_CONNECTIONS) == 1
+    assert decided(proxy, action="wait", limit=MAX_CONNECTIONS) == 1
     assert proxy.metric("kafka_admission_connections_counted") == 2
-    assert proxy.metric("kafka_admission_connections_evicted_total") == 0
+    assert closings(proxy) == 0
 
     first.close()  # a slot frees
     released = time.monotonic()
-    response = waiting.read_response(wire.API_VERSIONS, 3)
+    response = waiting.read_response(API_VERSIONS, 3)
     assert response.header.correlation_id == 1
     assert time.monotonic() - released < 1.0  # admitted at the close, not when a Fetch ended
     assert proxy.metric("kafka_admission_acceptor_blocked_seconds_total", listener="external") >= 1.5
     # The other busy connection was never touched: its Fetch is answered.
-    fetched = second.read_response(wire.FETCH, 13)
+    fetched = second.read_response(FETCH, 13)
     assert fetched.header.correlation_id == second_fetch
-    assert proxy.metric("kafka_admission_connections_evicted_total") == 0
+    assert closings(proxy) == 0
 
 
 def test_a_connection_that_waits_longer_than_max_connections_wait_ms_is_closed(
@@ -473,11 +475,9 @@ def test_a_connection_that_waits_longer_than_max_connections_wait_ms_is_closed(
     waited = time.monotonic() - started
 
     assert 0.9 <= waited < 3.5, waited
-    assert proxy.metric(
-        "kafka_admission_connections_rejected_total", decision="refuse", limit="max.connections.wait.ms"
-    ) == 1
+    assert decided(proxy, action="refuse", limit="max.connections.wait.ms") == 1
     for conn, correlation_id in busy:  # the busy ones keep their requests
-        assert conn.read_response(wire.FETCH, 13).header.correlation_id == correlation_id
+        assert conn.read_response(FETCH, 13).header.correlation_id == correlation_id
 
 
 # --- 4. per-IP limit and its override -----------------------------------------
@@ -507,15 +507,13 @@ def test_per_ip_limit_closes_the_third_connection_at_once_and_the_override_allow
         over.send(api_versions_frame(1))
         assert over.wait_closed(timeout=2), f"{source}: over its limit but not closed"
         assert time.monotonic() - started < 1.0
-        assert proxy.metric(
-            "kafka_admission_connections_rejected_total", decision="refuse", limit=limit_key, mode="enforce"
-        ) == 1
+        assert decided(proxy, action="refuse", limit=limit_key, mode="enforce") == 1
 
     # Nobody paid for the refused connections, and they did not count.
     assert closed(ones + twos) == []
     for conn in ones + twos:
         conn.api_versions()
-    assert proxy.metric("kafka_admission_connections_evicted_total") == 0
+    assert closings(proxy) == 0
     assert proxy.metric("kafka_admission_connections_counted") == 6
     # A freed slot is available to the same address again.
     ones[0].close()
@@ -526,17 +524,17 @@ def test_per_ip_limit_closes_the_third_connection_at_once_and_the_override_allow
 # --- 5. lowering the TLS cap at runtime ---------------------------------------
 
 
-def test_lowering_max_ssl_connections_on_sighup_closes_the_40_least_recently_used(
-    tansu: TansuBroker, start_proxy: Any, certs: Any, sockets: list[KafkaSocket],
+def test_lowering_max_ssl_connections_closes_the_40_least_recently_used_then_newcomers_evict_or_wait(
+    tansu: TansuBroker, start_proxy: Any, certs: Any, sockets: list[KafkaSocket], configmap: bool,
 ) -> None:
-    proxy = start_proxy(tansu.bootstrap, listeners=[tls_listener(certs)], policies={MAX_SSL: 50})
+    proxy = start_proxy(tansu.bootstrap, listeners=[tls_listener(certs)], policies={MAX_SSL: 50}, configmap=configmap)
     held = hold(sockets, proxy.bootstrap, 50, ca_file=certs.ca_file)
     order = list(range(50))
     random.Random(1015).shuffle(order)
     for i in order:  # activity in an order unrelated to the opening order
         held[i].api_versions()
 
-    set_policies(proxy, **{MAX_SSL: 10})
+    set_policies(proxy, **{MAX_SSL: 10})  # SIGHUP, or a ConfigMap update alone
 
     wait_until(lambda: proxy.metric("kafka_admission_connections_counted_tls") == 10, timeout=5)
     expected = sorted(order[:40])
@@ -544,7 +542,7 @@ def test_lowering_max_ssl_connections_on_sighup_closes_the_40_least_recently_use
         wait_until(lambda: len(closed(held)) >= 40, timeout=5)
     time.sleep(0.2)
     assert closed(held) == expected
-    assert proxy.metric("kafka_admission_connections_evicted_total", limit=MAX_SSL, mode="enforce") == 40
+    assert decided(proxy, action="close", limit=MAX_SSL, mode="enforce") == 40
     for i in order[40:]:
         held[i].api_versions()
     # The new cap holds for newcomers too: one more costs the least recently used survivor.
@@ -553,6 +551,23 @@ def test_lowering_max_ssl_connections_on_sighup_closes_the_40_least_recently_use
     newcomer.api_versions()
     assert held[order[40]].wait_closed(timeout=5)
     assert proxy.metric("kafka_admission_connections_counted_tls") == 10
+
+    # With all ten busy (a Fetch parked at the broker on each), nothing is evicted: the next
+    # newcomer waits, its TLS handshake too (the decision comes first), until one closes.
+    busy = [held[i] for i in order[41:]] + [newcomer]
+    topic = unique("tls-busy")
+    create_topic(tansu.bootstrap, topic)
+    for conn in busy:
+        conn.park_fetch(conn.topic_id(topic), max_wait_ms=5000)
+    wait_until(lambda: proxy.metric("kafka_admission_connections_counted_busy") == 10, timeout=5)
+    with ThreadPoolExecutor(1) as pool:
+        waiting = pool.submit(hold, sockets, proxy.bootstrap, 1, ca_file=certs.ca_file)
+        wait_until(lambda: decided(proxy, action="wait", limit=MAX_SSL) == 1, timeout=5)
+        time.sleep(1.0)
+        assert not waiting.done()
+        busy[0].close()
+        waiting.result(timeout=5)  # handshake and ApiVersions, once a slot was free
+    assert closings(proxy) == 41  # the 40 over the lowered cap, and the one evicted above
 
 
 # --- 6. observe mode ------------------------------------------------------------
@@ -576,21 +591,19 @@ def test_observe_mode_over_the_cap_closes_nothing_and_counts_the_would_be_evicti
     assert closed(held) == []
     for conn in held:
         conn.api_versions()
-    assert proxy.metric("kafka_admission_connections_evicted_total", mode="enforce") == 0
+    assert closings(proxy, mode="enforce") == 0
     assert proxy.metric("kafka_admission_connections_counted_tls") >= 3
     # The third held connection, then each of the producer's: what enforce would have evicted.
-    would_evict = proxy.metric(
-        "kafka_admission_connections_rejected_total", listener="tls", decision="evict", limit=MAX_SSL, mode="observe"
-    )
+    would_evict = decided(proxy, listener="tls", action="evict", limit=MAX_SSL, mode="observe")
     assert would_evict >= 2, f"decisions counted: {decisions(proxy)}"
-    assert proxy.metric("kafka_admission_connections_rejected_total", mode="enforce") == 0
+    assert decided(proxy, mode="enforce") == 0
 
     # A lowered cap in observe mode: counted as closings, nothing closed.
     set_policies(proxy, **{MAX_SSL: 1})
-    wait_until(lambda: proxy.metric("kafka_admission_connections_evicted_total", limit=MAX_SSL, mode="observe") == 2)
+    wait_until(lambda: decided(proxy, action="close", limit=MAX_SSL, mode="observe") == 2)
     time.sleep(0.3)
     assert closed(held) == []
-    assert proxy.metric("kafka_admission_connections_evicted_total", mode="enforce") == 0
+    assert closings(proxy, mode="enforce") == 0
 
 
 # --- 7. idle expiry ---------------------------------------------------------------
@@ -616,13 +629,11 @@ def test_idle_connection_closes_after_connections_max_idle_ms_but_a_busy_one_sta
 
     assert 0.95 <= idle_for < 2.5, idle_for  # more than 1 s after its last answer (as seen here)
     assert not busy.closed_by_peer()
-    response = busy.read_response(wire.FETCH, 13)  # held by the broker for 3 s, well past 1 s
+    response = busy.read_response(FETCH, 13)  # held by the broker for 3 s, well past 1 s
     answered = time.monotonic()
     assert response.header.correlation_id == fetch
     assert answered - last_activity >= 2.5
     # Once answered it is idle too, and goes the same way.
     assert busy.wait_closed(timeout=5), not_seen_closed(proxy, [busy])
     assert 0.95 <= time.monotonic() - answered < 2.5
-    assert proxy.metric(
-        "kafka_admission_connections_evicted_total", limit="connections.max.idle.ms", mode="enforce"
-    ) == 2
+    assert decided(proxy, action="close", limit="connections.max.idle.ms", mode="enforce") == 2

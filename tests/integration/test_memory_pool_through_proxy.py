@@ -67,7 +67,10 @@ def test_twenty_producers_of_900_kb_batches_all_deliver_within_the_pool_bound(ta
     high_water = proxy.metric("kafka_admission_memory_pool_high_water_mark_bytes")
     assert MIB < high_water <= 3 * MIB  # the pool was used, and never beyond pool + largest request
     assert proxy.metric("kafka_admission_memory_pool_used_bytes") == 0  # everything returned
-    assert proxy.metric("kafka_admission_memory_pool_waits_total", reason="pool_depleted", mode="enforce") > 0
+    assert proxy.metric(
+        "kafka_admission_decisions_total", policy="memory_pool", action="wait", limit="queued.max.request.bytes",
+        mode="enforce",
+    ) > 0
 
 
 def slow_sender(address: str, announced: int) -> socket.socket:
@@ -155,7 +158,7 @@ def test_observe_mode_never_blocks_but_counts_would_be_waits(tansu, start_proxy,
     socks = [socket.create_connection((host, int(port))) for _ in range(4)]
     for sock in socks:
         sock.sendall(MIB.to_bytes(4, "big") + b"\0" * 100)
-    wait_until(lambda: proxy.metric("kafka_admission_memory_pool_waits_total", mode="observe") >= 1)
+    wait_until(lambda: proxy.metric("kafka_admission_decisions_total", policy="memory_pool", mode="observe") >= 1)
     assert proxy.metric("kafka_admission_memory_pool_waiting_requests") == 0
     for sock in socks:
         sock.close()

@@ -54,7 +54,7 @@ def test_a_broker_answering_with_a_tls_alert_is_named_and_clients_fail_fast(
     assert expected in proxy.log()
     status, body = proxy.get("/readyz")
     assert status == 503 and expected in body
-    assert proxy.metric("kafka_admission_protocol_mismatches_total", direction="upstream", kind="tls_on_plaintext") >= 1
+    assert proxy.metric("kafka_admission_decisions_total", policy="protocol", limit="upstream_tls_on_plaintext") >= 1
     # Backoff: far fewer upstream connections than client attempts.
     failures = proxy.metric("kafka_admission_connection_failures_total", cause="upstream_unavailable")
     assert failures >= 1
@@ -72,7 +72,7 @@ def test_a_200_mb_response_closes_that_client_only_and_allocates_nothing(start_p
                 victim.send(api_versions_frame(5, client_id="victim"))
                 assert victim.closed_by_peer()
             assert rss_kib(proxy.process.pid) - rss_before < 20 * 1024
-            assert proxy.metric("kafka_admission_responses_oversized_total", mode="enforce") == 1
+            assert proxy.metric("kafka_admission_decisions_total", policy="response_size", mode="enforce") == 1
             assert (
                 "response to api_versions v3 correlation id 5 is 209715200 bytes, over max.response.size=104857600"
                 in proxy.log()
@@ -90,7 +90,7 @@ def test_observe_mode_counts_an_oversized_response_and_forwards_it(tansu, start_
     with RawConnection(proxy.bootstrap) as conn:
         conn.send(api_versions_frame(3))  # Tansu's answer is a few hundred bytes
         assert conn.read_response(18, 3).body.error_code == 0
-    assert proxy.metric("kafka_admission_responses_oversized_total", mode="observe") == 1
+    assert proxy.metric("kafka_admission_decisions_total", policy="response_size", mode="observe") == 1
     assert "(observe mode)" in proxy.log()
 
 
@@ -106,8 +106,8 @@ def test_a_per_listener_limit_applies_to_that_listener_only(tansu, start_proxy) 
     with RawConnection(proxy.listener_bind("big")) as conn:
         conn.send(api_versions_frame(1))
         assert conn.read_response(18, 3).body.error_code == 0
-    assert proxy.metric("kafka_admission_responses_oversized_total", listener="small") == 1
-    assert proxy.metric("kafka_admission_responses_oversized_total", listener="big") == 0
+    assert proxy.metric("kafka_admission_decisions_total", policy="response_size", listener="small") == 1
+    assert proxy.metric("kafka_admission_decisions_total", policy="response_size", listener="big") == 0
 
 
 def test_a_tls_client_on_the_plaintext_listener_fails_fast_and_is_named(tansu, start_proxy) -> None:
@@ -120,7 +120,7 @@ def test_a_tls_client_on_the_plaintext_listener_fails_fast_and_is_named(tansu, s
     errors: list[KafkaError] = []
     Producer({"bootstrap.servers": proxy.bootstrap, "security.protocol": "SSL", "error_cb": errors.append}).poll(3)
     assert errors
-    assert proxy.metric("kafka_admission_protocol_mismatches_total", direction="client", kind="tls_on_plaintext") >= 2
+    assert proxy.metric("kafka_admission_decisions_total", policy="protocol", limit="client_tls_on_plaintext") >= 2
     assert "client speaks TLS on a plaintext link; use TLS only on a TLS listener" in proxy.log()
 
 
@@ -134,7 +134,7 @@ def test_a_plaintext_client_on_the_tls_listener_gets_no_alert_bytes(tansu, start
     errors: list[KafkaError] = []
     Producer({"bootstrap.servers": proxy.bootstrap, "error_cb": errors.append}).poll(3)
     assert errors
-    assert proxy.metric("kafka_admission_protocol_mismatches_total", direction="client", kind="plaintext_on_tls") >= 2
+    assert proxy.metric("kafka_admission_decisions_total", policy="protocol", limit="client_plaintext_on_tls") >= 2
     assert "client sent plaintext (first bytes" in proxy.log()
     assert "to a TLS listener; it needs TLS" in proxy.log()
 
@@ -147,7 +147,7 @@ def test_curl_on_the_kafka_port_gets_a_400_saying_so(tansu, start_proxy) -> None
     assert result.returncode == 0, result.stderr
     assert result.stdout.startswith("HTTP/1.1 400 Bad Request")
     assert "This is a Kafka port (kafka-admission-proxy), not HTTP." in result.stdout
-    assert proxy.metric("kafka_admission_protocol_mismatches_total", direction="client", kind="http_on_kafka_port") == 1
+    assert proxy.metric("kafka_admission_decisions_total", policy="protocol", limit="http_on_kafka_port") == 1
     assert "HTTP request on a Kafka port" in proxy.log()
 
 
@@ -166,7 +166,7 @@ def test_a_legitimate_50_mb_fetch_response_passes_with_the_default_limit(tansu, 
         conn.send(fetch_frame(2, topic_id, max_wait_ms=500, max_bytes=64 * 1024 * 1024))
         response = conn.read_frame()
     assert len(response) > 50 * 1024 * 1024
-    assert proxy.metric("kafka_admission_responses_oversized_total") == 0
+    assert proxy.metric("kafka_admission_decisions_total", policy="response_size") == 0
 
 
 def test_tls_toward_a_plaintext_broker_is_named_in_readyz(tansu, start_proxy, certs) -> None:
@@ -176,4 +176,4 @@ def test_tls_toward_a_plaintext_broker_is_named_in_readyz(tansu, start_proxy, ce
     status, body = proxy.get("/readyz")
     assert status == 503
     assert f"upstream {tansu.bootstrap} does not speak TLS (handshake timed out); check upstream.tls.enabled" in body
-    assert proxy.metric("kafka_admission_protocol_mismatches_total", direction="upstream", kind="plaintext_on_tls") >= 1
+    assert proxy.metric("kafka_admission_decisions_total", policy="protocol", limit="upstream_plaintext_on_tls") >= 1

@@ -7,6 +7,7 @@ from pathlib import Path
 import pytest
 import yaml
 
+from policies.identifier_limits import CONFIG_KEYS, IdentifierLimits
 from proxy.config import ConfigError, load_config, parse_config
 
 MINIMAL = {
@@ -40,7 +41,15 @@ def test_only_bootstrap_servers_and_listeners_are_required() -> None:
         "resource.identifier.max.length": 249,
     }
     assert {k: effective["policies"][k] for k in defaults} == defaults
-    assert effective["audit"] == {"path": None}
+    assert effective["audit"] == {
+        "path": None,
+        "instance_id": None,
+        "max_file_bytes": 67108864,
+        "max_file_seconds": 3600,
+        "max_total_bytes": 1073741824,
+        "queue_events": 65536,
+        "window": {"seconds": 60},
+    }
     assert effective["upstream"]["tls"]["enabled"] is False
     listener = effective["listeners"][0]
     assert listener["advertised_host"] == "127.0.0.1"
@@ -98,8 +107,40 @@ def test_listener_names_must_be_unique() -> None:
     assert "unique" in error_of(raw)
 
 
-def test_audit_directory_must_exist(tmp_path: Path) -> None:
-    assert "audit.path" in error_of(with_(audit={"path": str(tmp_path / "no" / "audit.jsonl")}))
+def test_a_missing_audit_directory_is_created(tmp_path: Path) -> None:
+    parse_config(with_(audit={"path": str(tmp_path / "new" / "audit")}))
+    assert (tmp_path / "new" / "audit").is_dir()
+
+
+def test_audit_path_must_be_a_directory(tmp_path: Path) -> None:
+    (tmp_path / "events.jsonl").write_text("")
+    message = error_of(with_(audit={"path": str(tmp_path / "events.jsonl")}))
+    assert message.startswith("audit.path: must be a directory") and "\n" not in message
+
+
+def test_audit_path_that_cannot_be_created_is_named() -> None:
+    message = error_of(with_(audit={"path": "/proc/self/audit"}))
+    assert message.startswith("audit.path: cannot create directory '/proc/self/audit'")
+
+
+def test_audit_total_must_hold_one_file() -> None:
+    message = error_of(with_(audit={"max_file_bytes": 10_000_000, "max_total_bytes": 5_000_000}))
+    assert message == "audit.max_total_bytes: must be >= max_file_bytes (10000000), got 5000000"
+
+
+def test_audit_instance_id_must_be_safe_in_a_file_name() -> None:
+    assert error_of(with_(audit={"instance_id": "../etc"})).startswith("audit.instance_id:")
+
+
+def test_audit_window_seconds_must_be_positive() -> None:
+    assert error_of(with_(audit={"window": {"seconds": 0}})).startswith("audit.window.seconds:")
+
+
+def test_audit_instance_defaults_to_the_hostname() -> None:
+    import socket
+
+    assert parse_config(MINIMAL).audit.instance == socket.gethostname()
+    assert parse_config(with_(audit={"instance_id": "proxy-7"})).audit.instance == "proxy-7"
 
 
 def test_invalid_yaml_is_reported_with_the_file(tmp_path: Path) -> None:
@@ -170,3 +211,39 @@ def test_policy_modes_are_enforce_or_observe() -> None:
     assert message == "policies.response.size.mode: Input should be 'enforce' or 'observe'"
     config = parse_config(with_(policies={"mode": "observe"}))
     assert config.policies.mode_of(config.policies.response_size_mode) == "observe"
+
+
+def test_identifier_limits_from_kafka_style_properties() -> None:
+    """The one parser of the KIP-1233 keys (IdentifierLimits has no parser of its own)."""
+    properties = {
+        "resource.identifier.limit.enable": "true",  # Kafka's properties spell booleans so
+        "resource.identifier.max.length": 100,
+        "member.id.max.length": 40,
+        "classic.member.id.max.length": 36,
+        "topic.name.max.length": 200,
+        "offset.metadata.max.bytes": 1024,
+        "resource.identifier.limit.error.code": 42,
+    }
+    assert parse_config(with_(policies=properties)).policies.identifier_limits() == IdentifierLimits(
+        True, 100, 40, 36, 200, 1024, 42
+    )
+    assert parse_config(MINIMAL).policies.identifier_limits() == IdentifierLimits()
+
+
+def test_every_identifier_limit_property_reaches_its_attribute() -> None:
+    values = {key: True if attr == "enabled" else 100 + i for i, (key, attr) in enumerate(CONFIG_KEYS.items())}
+    limits = parse_config(with_(policies=values)).policies.identifier_limits()
+    assert {key: getattr(limits, attr) for key, attr in CONFIG_KEYS.items()} == values
+
+
+@pytest.mark.parametrize(
+    ("properties", "key"),
+    [
+        ({"resource.identifier.max.length": -1}, "resource.identifier.max.length"),
+        ({"member.id.max.length": "36.5"}, "member.id.max.length"),
+        ({"resource.identifier.limit.error.code": 0}, "resource.identifier.limit.error.code"),
+        ({"resource.identifier.max.lenght": 1}, "resource.identifier.max.lenght"),
+    ],
+)
+def test_bad_identifier_limit_properties_name_the_key(properties: dict[str, object], key: str) -> None:
+    assert error_of(with_(policies=properties)).startswith(f"policies.{key}:")

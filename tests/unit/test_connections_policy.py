@@ -10,23 +10,18 @@ from hypothesis import HealthCheck, settings
 from hypothesis import strategies as st
 from hypothesis.stateful import RuleBasedStateMachine, initialize, invariant, rule
 
+from policies.api_keys import INT_MAX
 from policies.connections import (
     CONNECTIONS_MAX_IDLE_MS,
-    INT_MAX,
     MAX_CONNECTIONS,
     MAX_CONNECTIONS_PER_IP,
     MAX_CONNECTIONS_PER_IP_OVERRIDES,
     MAX_SSL_CONNECTIONS,
-    AcceptDecision,
-    Admit,
-    Close,
     ConnectionLimits,
     ConnectionQuotas,
-    EvictThenAdmit,
-    Refuse,
-    Wait,
     listener_max_connections_key,
 )
+from policies.decision import Action, Decision, Policy
 from policies.mode import Mode
 
 TLS = "external_tls"
@@ -46,15 +41,51 @@ def accept(
     ip: str = "10.0.0.1",
     tls: bool | None = None,
     now: float = 0.0,
-) -> AcceptDecision:
+) -> Decision | None:
     return q.on_accept(conn_id, listener=listener, ip=ip, tls=(listener != PLAIN) if tls is None else tls, now=now)
+
+
+def admitted(decision: Decision | None) -> bool:
+    """What the shell does with on_accept's answer: admit, or not (yet)."""
+    return decision is None or decision.action is Action.EVICT or not decision.enforced
+
+
+def decided(decision: Decision | None, action: Action, mode: Mode = Mode.ENFORCE) -> Decision:
+    assert decision is not None, f"admitted plainly, expected {action}"
+    assert (decision.policy, decision.action, decision.mode) == (Policy.CONNECTIONS, action, mode), decision
+    return decision
+
+
+def evicts(decision: Decision | None) -> tuple[str, ...]:
+    """The victims of an enforced EVICT."""
+    return decided(decision, Action.EVICT).victims
+
+
+def waits(decision: Decision | None) -> Decision:
+    return decided(decision, Action.WAIT)
+
+
+def refuses(decision: Decision | None) -> Decision:
+    return decided(decision, Action.REFUSE)
+
+
+def closed(closes: list[Decision], mode: Mode = Mode.ENFORCE) -> list[str]:
+    """The connections a list of CLOSE decisions names, one each, in order."""
+    for close in closes:
+        assert (close.policy, close.action, close.mode, len(close.victims)) == (
+            Policy.CONNECTIONS,
+            Action.CLOSE,
+            mode,
+            1,
+        )
+    return [c.victims[0] for c in closes]
 
 
 def fill_tls(q: ConnectionQuotas, n: int, *, start: float = 0.0) -> list[str]:
     """n idle TLS connections, accepted one second apart: tls-0 is the least recently used."""
     ids = [f"tls-{i}" for i in range(n)]
     for i, conn_id in enumerate(ids):
-        assert accept(q, conn_id, ip=f"10.0.{i // 250}.{i % 250}", now=start + i) == Admit()
+        assert accept(q, conn_id, ip=f"10.0.{i // 250}.{i % 250}", now=start + i) is None
     return ids
 
 
@@ -75,8 +106,8 @@ def test_the_51st_tls_connection_evicts_exactly_the_least_recently_used_idle_one
 
     decision = accept(q, "tls-50", now=102.0)
 
-    assert isinstance(decision, EvictThenAdmit)
-    assert decision.evict == ("tls-1",)
+    assert evicts(decision) == ("tls-1",)
+    assert decision is not None
     assert decision.limit_key == MAX_SSL_CONNECTIONS == "max.ssl.connections"
     assert decision.limit == 50
     assert "max.ssl.connections=50 reached" in decision.reason
@@ -92,8 +123,8 @@ def test_a_closing_connection_makes_room_first_and_is_never_named_twice() -> Non
     fill_tls(q, 50)
     first = accept(q, "new-1", now=60.0)
     second = accept(q, "new-2", now=61.0)  # tls-0 not yet closed by the shell
-    assert isinstance(first, EvictThenAdmit) and first.evict == ("tls-0",)
-    assert isinstance(second, EvictThenAdmit) and second.evict == ("tls-1",)
+    assert evicts(first) == ("tls-0",)
+    assert evicts(second) == ("tls-1",)
     assert q.counts().ssl == 52 and q.counts().closing == 2
     q.on_closed("tls-0")
     q.on_closed("tls-1")
@@ -104,20 +135,20 @@ def test_a_plaintext_connection_is_admitted_while_the_tls_cap_is_full() -> None:
     q = quotas(max_ssl_connections=50)
     fill_tls(q, 50)
     make_busy(q, [f"tls-{i}" for i in range(50)], 60.0)
-    assert isinstance(accept(q, "tls-50", now=61.0), Wait)
+    waits(accept(q, "tls-50", now=61.0))
 
-    assert accept(q, "plain-0", listener=PLAIN, now=62.0) == Admit()
+    assert accept(q, "plain-0", listener=PLAIN, now=62.0) is None
     assert q.counts().ssl == 50 and q.counts().broker == 51
 
 
 def test_plaintext_connections_are_never_evicted_for_the_tls_cap() -> None:
     q = quotas(max_ssl_connections=1)
-    assert accept(q, "plain-old", listener=PLAIN, now=0.0) == Admit()
-    assert accept(q, "tls-0", now=1.0) == Admit()
+    assert accept(q, "plain-old", listener=PLAIN, now=0.0) is None
+    assert accept(q, "tls-0", now=1.0) is None
     q.on_request("tls-0", 2.0)
 
     decision = accept(q, "tls-1", now=3.0)
-    assert isinstance(decision, Wait) and decision.limit_key == MAX_SSL_CONNECTIONS
+    assert waits(decision).limit_key == MAX_SSL_CONNECTIONS
     assert "plain-old" in q and not q.is_closing("plain-old")
 
 
@@ -128,7 +159,7 @@ def test_busy_connections_are_never_evicted_even_when_least_recently_used() -> N
 
     decision = accept(q, "tls-50", now=61.0)
 
-    assert isinstance(decision, EvictThenAdmit) and decision.evict == ("tls-49",)
+    assert evicts(decision) == ("tls-49",)
     assert not any(q.is_closing(f"tls-{i}") for i in range(49))
 
 
@@ -137,18 +168,18 @@ def test_when_every_tls_connection_is_busy_the_next_waits_and_is_admitted_after_
     fill_tls(q, 50)
     make_busy(q, [f"tls-{i}" for i in range(50)], 60.0)
 
-    decision = accept(q, "tls-50", now=61.0)
+    decision = waits(accept(q, "tls-50", now=61.0))
 
-    assert isinstance(decision, Wait)
-    assert decision.limit_key == MAX_SSL_CONNECTIONS and decision.listener == TLS and decision.limit == 50
-    assert "max.ssl.connections=50 reached" in decision.reason
+    assert decision.limit_key == MAX_SSL_CONNECTIONS and decision.limit == 50
+    assert decision.reason == "max.ssl.connections=50 reached; no idle TLS connection to close"
+    assert not decision.victims
     assert "tls-50" not in q and q.counts().ssl == 50  # a waiting connection is not counted
-    assert not q.can_admit(listener=TLS, tls=True)
-    assert q.can_admit(listener=PLAIN, tls=False)
+    waits(accept(q, "tls-50", now=61.5))  # asked again: still waiting, still not counted
+    assert "tls-50" not in q and q.counts().ssl == 50
+    assert accept(q, "plain-0", listener=PLAIN, now=61.6) is None  # plaintext is not held up
 
     q.on_closed("tls-17")
-    assert q.can_admit(listener=TLS, tls=True)
-    assert accept(q, "tls-50", now=62.0) == Admit()  # the shell retries the same connection
+    assert accept(q, "tls-50", now=62.0) is None  # the shell retries the same connection
     assert q.counts().ssl == 50
 
 
@@ -156,12 +187,11 @@ def test_a_waiting_connection_is_admitted_by_evicting_one_that_turned_idle() -> 
     q = quotas(max_ssl_connections=3)
     fill_tls(q, 3)
     make_busy(q, ["tls-0", "tls-1", "tls-2"], 10.0)
-    assert isinstance(accept(q, "tls-3", now=11.0), Wait)
+    waits(accept(q, "tls-3", now=11.0))
 
     q.on_response("tls-1", 12.0)
 
-    decision = accept(q, "tls-3", now=13.0)
-    assert isinstance(decision, EvictThenAdmit) and decision.evict == ("tls-1",)
+    assert evicts(accept(q, "tls-3", now=13.0)) == ("tls-1",)
 
 
 def test_pipelined_requests_keep_a_connection_busy_until_the_last_response() -> None:
@@ -170,10 +200,17 @@ def test_pipelined_requests_keep_a_connection_busy_until_the_last_response() -> 
     q.on_request("a", 1.0)
     q.on_request("a", 1.0)
     q.on_response("a", 2.0)
-    assert q.in_flight("a") == 1 and isinstance(accept(q, "b", now=3.0), Wait)
+    assert q.in_flight("a") == 1
+    waits(accept(q, "b", now=3.0))
     q.on_response("a", 4.0)
-    assert q.in_flight("a") == 0 and accept(q, "b", now=5.0) == EvictThenAdmit(
-        evict=("a",), limit_key=MAX_SSL_CONNECTIONS, reason=q_reason(MAX_SSL_CONNECTIONS, 1), limit=1
+    assert q.in_flight("a") == 0 and accept(q, "b", now=5.0) == Decision(
+        Policy.CONNECTIONS,
+        Action.EVICT,
+        Mode.ENFORCE,
+        MAX_SSL_CONNECTIONS,
+        q_reason(MAX_SSL_CONNECTIONS, 1),
+        limit=1,
+        victims=("a",),
     )
 
 
@@ -187,54 +224,56 @@ def q_reason(key: str, limit: int) -> str:
 
 def test_a_connection_over_max_connections_per_ip_is_refused_at_once() -> None:
     q = quotas(max_connections_per_ip=2)
-    assert accept(q, "a", ip="127.0.0.1") == Admit()
-    assert accept(q, "b", ip="127.0.0.1") == Admit()
+    assert accept(q, "a", ip="127.0.0.1") is None
+    assert accept(q, "b", ip="127.0.0.1") is None
 
     decision = accept(q, "c", ip="127.0.0.1")
 
-    assert decision == Refuse(
-        limit_key=MAX_CONNECTIONS_PER_IP,
-        reason="max.connections.per.ip=2 reached for 127.0.0.1",
-        ip="127.0.0.1",
+    assert decision == Decision(
+        Policy.CONNECTIONS,
+        Action.REFUSE,
+        Mode.ENFORCE,
+        MAX_CONNECTIONS_PER_IP,
+        "max.connections.per.ip=2 reached for 127.0.0.1",
         limit=2,
+        subject={"ip": "127.0.0.1"},
     )
-    assert not decision.admitted and "c" not in q and q.ip_count("127.0.0.1") == 2
-    assert accept(q, "d", ip="127.0.0.3") == Admit()  # other addresses are unaffected
+    assert not admitted(decision) and "c" not in q and q.ip_count("127.0.0.1") == 2
+    assert accept(q, "d", ip="127.0.0.3") is None  # other addresses are unaffected
 
 
 def test_an_override_raises_the_limit_for_one_address() -> None:
     q = quotas(max_connections_per_ip=1, max_connections_per_ip_overrides={"127.0.0.2": 3})
-    assert accept(q, "a1", ip="127.0.0.1") == Admit()
-    assert isinstance(accept(q, "a2", ip="127.0.0.1"), Refuse)
+    assert accept(q, "a1", ip="127.0.0.1") is None
+    refuses(accept(q, "a2", ip="127.0.0.1"))
     for i in range(3):
-        assert accept(q, f"b{i}", ip="127.0.0.2") == Admit()
+        assert accept(q, f"b{i}", ip="127.0.0.2") is None
 
-    decision = accept(q, "b3", ip="127.0.0.2")
+    decision = refuses(accept(q, "b3", ip="127.0.0.2"))
 
-    assert isinstance(decision, Refuse)
     assert decision.limit_key == MAX_CONNECTIONS_PER_IP_OVERRIDES and decision.limit == 3
     assert decision.reason == "max.connections.per.ip.overrides[127.0.0.2]=3 reached for 127.0.0.2"
 
 
 def test_an_override_of_zero_refuses_an_address_entirely() -> None:
     q = quotas(max_connections_per_ip_overrides={"192.0.2.9": 0})
-    assert isinstance(accept(q, "x", ip="192.0.2.9"), Refuse)
-    assert accept(q, "y", ip="192.0.2.10") == Admit()
+    refuses(accept(q, "x", ip="192.0.2.9"))
+    assert accept(q, "y", ip="192.0.2.10") is None
 
 
 def test_the_per_ip_limit_never_evicts_idle_connections_of_that_address() -> None:
     q = quotas(max_connections_per_ip=1)
     accept(q, "old-idle", ip="127.0.0.1", now=0.0)
-    assert isinstance(accept(q, "new", ip="127.0.0.1", now=1000.0), Refuse)
+    refuses(accept(q, "new", ip="127.0.0.1", now=1000.0))
     assert not q.is_closing("old-idle") and q.counts().closing == 0
     q.on_closed("old-idle")
-    assert accept(q, "new", ip="127.0.0.1", now=1001.0) == Admit()
+    assert accept(q, "new", ip="127.0.0.1", now=1001.0) is None
 
 
 def test_the_per_ip_limit_is_checked_before_evicting_for_a_cap() -> None:
     q = quotas(max_ssl_connections=1, max_connections_per_ip=1)
     accept(q, "a", ip="127.0.0.1")
-    assert isinstance(accept(q, "b", ip="127.0.0.1"), Refuse)  # not EvictThenAdmit(a)
+    refuses(accept(q, "b", ip="127.0.0.1"))  # not EVICT a
     assert not q.is_closing("a")
 
 
@@ -242,9 +281,9 @@ def test_the_per_ip_limit_counts_protected_listeners_and_closing_connections() -
     q = quotas(protected=(INTERNAL,), max_connections_per_ip=2, max_ssl_connections=1)
     accept(q, "r", listener=INTERNAL, ip="10.1.1.1", tls=False)
     accept(q, "a", ip="10.1.1.1")
-    assert isinstance(accept(q, "b", ip="10.1.1.1"), Refuse)
-    assert isinstance(accept(q, "c", ip="10.9.9.9"), EvictThenAdmit)  # a is closing but still counted
-    assert isinstance(accept(q, "d", ip="10.1.1.1"), Refuse)
+    refuses(accept(q, "b", ip="10.1.1.1"))
+    assert evicts(accept(q, "c", ip="10.9.9.9")) == ("a",)  # a is closing but still counted
+    refuses(accept(q, "d", ip="10.1.1.1"))
     q.on_closed("a")
     assert q.ip_count("10.1.1.1") == 1
 
@@ -261,10 +300,10 @@ def test_a_full_listener_evicts_its_own_least_recently_used_idle_connection() ->
 
     decision = accept(q, "l-2", now=3.0)
 
-    assert isinstance(decision, EvictThenAdmit) and decision.evict == ("l-0",)
+    assert evicts(decision) == ("l-0",) and decision is not None
     assert decision.limit_key == listener_max_connections_key(TLS) == f"listener.name.{TLS}.max.connections"
     assert decision.reason.startswith(f"listener.name.{TLS}.max.connections=2 reached")
-    assert accept(q, "p", listener=PLAIN, now=4.0) == Admit()  # other listeners are unaffected
+    assert accept(q, "p", listener=PLAIN, now=4.0) is None  # other listeners are unaffected
 
 
 def test_a_full_listener_waits_when_its_connections_are_busy_though_others_are_idle() -> None:
@@ -274,17 +313,17 @@ def test_a_full_listener_waits_when_its_connections_are_busy_though_others_are_i
     accept(q, "l-1", now=2.0)
     make_busy(q, ["l-0", "l-1"], 3.0)
 
-    decision = accept(q, "l-2", now=4.0)
+    decision = waits(accept(q, "l-2", now=4.0))
 
-    assert isinstance(decision, Wait) and decision.limit_key == listener_max_connections_key(TLS)
+    assert decision.limit_key == listener_max_connections_key(TLS) and decision.limit == 2
+    assert decision.reason == f"listener.name.{TLS}.max.connections=2 reached; no idle {TLS} connection to close"
     assert not q.is_closing("other-idle")
 
 
 def test_the_listener_cap_applies_to_a_protected_listener_too() -> None:
     q = quotas(protected=(INTERNAL,), listener_max_connections={INTERNAL: 1})
     accept(q, "r-0", listener=INTERNAL, tls=False, now=0.0)
-    decision = accept(q, "r-1", listener=INTERNAL, tls=False, now=1.0)
-    assert isinstance(decision, EvictThenAdmit) and decision.evict == ("r-0",)
+    assert evicts(accept(q, "r-1", listener=INTERNAL, tls=False, now=1.0)) == ("r-0",)
 
 
 def test_the_broker_wide_cap_evicts_across_listeners_but_never_a_protected_connection() -> None:
@@ -296,7 +335,7 @@ def test_the_broker_wide_cap_evicts_across_listeners_but_never_a_protected_conne
 
     decision = accept(q, "tls-1", now=3.0)
 
-    assert isinstance(decision, EvictThenAdmit) and decision.evict == ("plain-0",)
+    assert evicts(decision) == ("plain-0",) and decision is not None
     assert decision.limit_key == MAX_CONNECTIONS and "max.connections=2 reached" in decision.reason
     assert not q.is_closing("replica-oldest")
 
@@ -305,10 +344,10 @@ def test_a_protected_listener_is_exempt_from_the_broker_wide_and_tls_caps() -> N
     q = quotas(protected=(INTERNAL,), max_connections=1, max_ssl_connections=1)
     accept(q, "client", now=0.0)
     q.on_request("client", 0.5)
-    assert isinstance(accept(q, "client-2", now=1.0), Wait)
+    waits(accept(q, "client-2", now=1.0))
 
     for i in range(5):
-        assert accept(q, f"replica-{i}", listener=INTERNAL, tls=True, now=2.0 + i) == Admit()
+        assert accept(q, f"replica-{i}", listener=INTERNAL, tls=True, now=2.0 + i) is None
     counts = q.counts()
     assert counts.total == 6 and counts.broker == 1 and counts.ssl == 1
     assert counts.listeners == {TLS: 1, INTERNAL: 5}
@@ -323,7 +362,7 @@ def test_when_two_caps_are_full_one_connection_in_both_is_evicted() -> None:
     decision = accept(q, "l-2", now=3.0)
 
     # other-tls-oldest is the LRU TLS connection, but l-0 relieves both caps at once
-    assert isinstance(decision, EvictThenAdmit) and decision.evict == ("l-0",)
+    assert evicts(decision) == ("l-0",) and decision is not None
     assert decision.limit_key == listener_max_connections_key(TLS)
     assert "max.ssl.connections=3 reached" in decision.reason
 
@@ -337,14 +376,15 @@ def test_when_two_caps_are_full_and_nothing_is_in_both_one_of_each_is_evicted() 
 
     decision = accept(q, "l-1", now=4.0)
 
-    assert isinstance(decision, EvictThenAdmit) and sorted(decision.evict) == ["other-tls", "plain"]
+    assert sorted(evicts(decision)) == ["other-tls", "plain"] and decision is not None
+    assert decision.reason.endswith("closing the 2 least recently used idle connections")
 
 
 def test_a_cap_of_zero_admits_nothing_but_protected_listeners() -> None:
     q = quotas(protected=(INTERNAL,), max_connections=0, max_ssl_connections=0)
-    assert isinstance(accept(q, "a"), Wait)
-    assert isinstance(accept(q, "b", listener=PLAIN), Wait)
-    assert accept(q, "r", listener=INTERNAL, tls=True) == Admit()
+    waits(accept(q, "a"))
+    waits(accept(q, "b", listener=PLAIN))
+    assert accept(q, "r", listener=INTERNAL, tls=True) is None
 
 
 # ---------------------------------------------------------------------------
@@ -362,12 +402,13 @@ def test_lowering_max_ssl_connections_from_50_to_10_closes_the_40_least_recently
 
     closes = q.update_limits(ConnectionLimits(max_ssl_connections=10), now=200.0)
 
-    assert [c.conn_id for c in closes] == lru_order[:40]
-    assert all(c.limit_key == MAX_SSL_CONNECTIONS and not c.observed for c in closes)
+    assert closed(closes) == lru_order[:40]
+    assert all(c.limit_key == MAX_SSL_CONNECTIONS and c.limit == 10 for c in closes)
     assert all("max.ssl.connections=10 exceeded" in c.reason for c in closes)
-    assert all(q.is_closing(c.conn_id) for c in closes)
-    for c in closes:
-        q.on_closed(c.conn_id)
+    assert all(q.is_closing(conn_id) for conn_id in closed(closes))
+    assert not q.over_cap  # nothing busy was left over the cap
+    for conn_id in closed(closes):
+        q.on_closed(conn_id)
     assert q.counts().ssl == 10 and sorted(q.counts().listeners.items()) == [(TLS, 10)]
 
 
@@ -378,22 +419,57 @@ def test_lowering_below_the_busy_connections_leaves_them_and_reclaims_them_when_
 
     closes = q.update_limits(ConnectionLimits(max_ssl_connections=2), now=21.0)
 
-    assert [c.conn_id for c in closes] == ids[6:]  # only the idle ones
-    for c in closes:
-        q.on_closed(c.conn_id)
+    assert closed(closes) == ids[6:]  # only the idle ones
+    for conn_id in closed(closes):
+        q.on_closed(conn_id)
     assert q.counts().ssl == 6  # over the new cap until the busy ones finish
-    assert isinstance(accept(q, "new", now=22.0), Wait)
+    assert q.over_cap
+    waits(accept(q, "new", now=22.0))
     assert q.reclaim_excess() == []  # nothing idle to reclaim
 
     q.on_response(ids[0], 23.0)
     reclaimed = q.reclaim_excess()
-    assert [c.conn_id for c in reclaimed] == [ids[0]] and reclaimed[0].limit_key == MAX_SSL_CONNECTIONS
+    assert closed(reclaimed) == [ids[0]] and reclaimed[0].limit_key == MAX_SSL_CONNECTIONS
+    assert reclaimed[0].reason == "max.ssl.connections=2 exceeded: closing the least recently used idle connection"
+    assert q.over_cap  # ids[1:6], busy, are still 5 over a cap of 2
     q.on_closed(ids[0])
-    for conn_id in ids[1:5]:
+    for conn_id in ids[1:4]:
         q.on_closed(conn_id)  # clients go away
+    assert q.counts().ssl == 2 and not q.over_cap  # at the cap, no longer over it
+    q.on_closed(ids[4])
     assert q.counts().ssl == 1
-    assert accept(q, "new", now=24.0) == Admit()
+    assert accept(q, "new", now=24.0) is None
     assert q.counts().ssl == 2
+
+
+def test_over_cap_holds_only_while_busy_connections_keep_a_lowered_cap_exceeded() -> None:
+    q = quotas(listener_max_connections={TLS: 3})
+    for i in range(3):
+        accept(q, f"l-{i}", now=float(i))
+    assert not q.over_cap  # at a cap is not over it
+    make_busy(q, ["l-0", "l-1"], 5.0)
+
+    closes = q.update_limits(ConnectionLimits(listener_max_connections={TLS: 1}), now=6.0)
+
+    assert closed(closes) == ["l-2"] and q.over_cap  # l-0 and l-1 are busy: 2 live over 1
+    q.on_closed("l-2")
+    assert q.over_cap
+    assert q.update_limits(ConnectionLimits(listener_max_connections={TLS: 2}), now=7.0) == []
+    assert not q.over_cap  # raised to the busy count
+    assert q.update_limits(ConnectionLimits(listener_max_connections={TLS: 1}), now=8.0) == []
+    assert q.over_cap
+    q.on_response("l-1", 9.0)
+    assert closed(q.reclaim_excess()) == ["l-1"]
+    assert not q.over_cap  # l-1 is closing: it no longer counts against the cap
+    assert q.reclaim_excess() == []
+
+
+def test_over_cap_is_false_in_observe_mode_though_caps_are_exceeded() -> None:
+    q = quotas(Mode.OBSERVE, max_ssl_connections=1)
+    accept(q, "a")
+    accept(q, "b")
+    assert q.counts().ssl == 2 and not q.over_cap
+    assert q.reclaim_excess() == []
 
 
 def test_a_new_connection_over_a_lowered_cap_evicts_enough_to_land_at_the_cap() -> None:
@@ -406,7 +482,7 @@ def test_a_new_connection_over_a_lowered_cap_evicts_enough_to_land_at_the_cap() 
 
     decision = accept(q, "new", now=20.0)
 
-    assert isinstance(decision, EvictThenAdmit) and decision.evict == tuple(ids[:3])
+    assert evicts(decision) == tuple(ids[:3])
     assert q.counts().ssl - q.counts().closing == 2
 
 
@@ -414,12 +490,11 @@ def test_raising_a_limit_takes_effect_at_once() -> None:
     q = quotas(max_ssl_connections=1)
     accept(q, "a", now=0.0)
     q.on_request("a", 0.0)
-    assert isinstance(accept(q, "b", now=1.0), Wait)
+    waits(accept(q, "b", now=1.0))
 
     assert q.update_limits(ConnectionLimits(max_ssl_connections=2), now=2.0) == []
 
-    assert q.can_admit(listener=TLS, tls=True)
-    assert accept(q, "b", now=3.0) == Admit()
+    assert accept(q, "b", now=3.0) is None
 
 
 def test_lowering_a_listener_cap_closes_only_that_listeners_excess() -> None:
@@ -428,7 +503,7 @@ def test_lowering_a_listener_cap_closes_only_that_listeners_excess() -> None:
         accept(q, f"p-{i}", listener=PLAIN, now=float(i))
         accept(q, f"t-{i}", now=10.0 + i)
     closes = q.update_limits(ConnectionLimits(listener_max_connections={TLS: 1}), now=20.0)
-    assert [c.conn_id for c in closes] == ["t-0", "t-1"]
+    assert closed(closes) == ["t-0", "t-1"]
     assert {c.limit_key for c in closes} == {listener_max_connections_key(TLS)}
 
 
@@ -437,7 +512,7 @@ def test_lowering_a_per_ip_limit_closes_nothing() -> None:
     for i in range(3):
         accept(q, f"c{i}", ip="127.0.0.1")
     assert q.update_limits(ConnectionLimits(max_connections_per_ip=1), now=1.0) == []
-    assert isinstance(accept(q, "c3", ip="127.0.0.1", now=2.0), Refuse)
+    assert refuses(accept(q, "c3", ip="127.0.0.1", now=2.0)).limit == 1
 
 
 def test_lowering_connections_max_idle_ms_expires_connections_at_once() -> None:
@@ -445,7 +520,17 @@ def test_lowering_connections_max_idle_ms_expires_connections_at_once() -> None:
     accept(q, "a", now=0.0)
     accept(q, "b", now=5.0)
     closes = q.update_limits(ConnectionLimits(connections_max_idle_ms=2000), now=6.0)
-    assert closes == [Close("a", CONNECTIONS_MAX_IDLE_MS, "connections.max.idle.ms=2000 exceeded (idle 6.000s)")]
+    assert closes == [
+        Decision(
+            Policy.CONNECTIONS,
+            Action.CLOSE,
+            Mode.ENFORCE,
+            CONNECTIONS_MAX_IDLE_MS,
+            "connections.max.idle.ms=2000 exceeded (idle 6.000s)",
+            limit=2000,
+            victims=("a",),
+        )
+    ]
 
 
 # ---------------------------------------------------------------------------
@@ -461,16 +546,16 @@ def test_idle_connections_expire_after_connections_max_idle_ms_lru_first() -> No
 
     assert q.idle_expired(1.0) == []  # exactly max idle is not more than it (Kafka: strictly greater)
     assert q.next_idle_deadline() == 1.0
-    assert [c.conn_id for c in q.idle_expired(1.2)] == ["a"]
+    assert closed(q.idle_expired(1.2)) == ["a"]
     assert q.next_idle_deadline() == 1.5
     closes = q.idle_expired(60.0)
-    assert [c.conn_id for c in closes] == ["b"]  # a is already closing, busy is busy
+    assert closed(closes) == ["b"]  # a is already closing, busy is busy
     assert closes[0].limit_key == CONNECTIONS_MAX_IDLE_MS and "connections.max.idle.ms=1000" in closes[0].reason
     assert q.next_idle_deadline() is None
 
     q.on_response("busy", 61.0)
     assert q.idle_expired(61.9) == []
-    assert [c.conn_id for c in q.idle_expired(62.1)] == ["busy"]
+    assert closed(q.idle_expired(62.1)) == ["busy"]
 
 
 def test_activity_postpones_idle_expiry() -> None:
@@ -479,7 +564,7 @@ def test_activity_postpones_idle_expiry() -> None:
     q.on_request("a", 0.9)
     q.on_response("a", 0.95)
     assert q.idle_expired(1.5) == []
-    assert [c.conn_id for c in q.idle_expired(2.0)] == ["a"]
+    assert closed(q.idle_expired(2.0)) == ["a"]
 
 
 def test_a_negative_connections_max_idle_ms_disables_idle_expiry() -> None:
@@ -492,10 +577,9 @@ def test_an_idle_expired_connection_is_closing_and_not_evicted_again() -> None:
     q = quotas(connections_max_idle_ms=1000, max_ssl_connections=2)
     accept(q, "a", now=0.0)
     accept(q, "b", now=5.0)
-    assert [c.conn_id for c in q.idle_expired(5.5)] == ["a"]
-    assert accept(q, "c", now=6.0) == Admit()  # a's slot is already free
-    decision = accept(q, "d", now=7.0)
-    assert isinstance(decision, EvictThenAdmit) and decision.evict == ("b",)
+    assert closed(q.idle_expired(5.5)) == ["a"]
+    assert accept(q, "c", now=6.0) is None  # a's slot is already free
+    assert evicts(accept(q, "d", now=7.0)) == ("b",)
 
 
 # ---------------------------------------------------------------------------
@@ -504,27 +588,28 @@ def test_an_idle_expired_connection_is_closing_and_not_evicted_again() -> None:
 
 def test_observe_mode_admits_everything_and_reports_what_enforce_would_have_done() -> None:
     q = quotas(Mode.OBSERVE, max_ssl_connections=2, max_connections_per_ip=3)
-    assert accept(q, "a", now=0.0) == Admit()
+    assert accept(q, "a", now=0.0) is None
     accept(q, "b", now=1.0)
     q.on_request("b", 2.0)
 
-    evicting = accept(q, "c", now=3.0)
-    assert isinstance(evicting, Admit) and isinstance(evicting.observed, EvictThenAdmit)
-    assert evicting.observed.evict == ("a",) and evicting.limit_key == MAX_SSL_CONNECTIONS
-    assert evicting.reason.startswith("observe: would evict a: max.ssl.connections=2 reached")
+    evicting = decided(accept(q, "c", now=3.0), Action.EVICT, Mode.OBSERVE)
+    assert admitted(evicting) and not evicting.enforced
+    assert evicting.victims == ("a",) and evicting.limit_key == MAX_SSL_CONNECTIONS
+    assert evicting.reason.startswith("max.ssl.connections=2 reached")
     assert not q.is_closing("a") and q.counts().closing == 0
 
-    refused = accept(q, "d", now=4.0)  # 4th from 10.0.0.1
-    assert isinstance(refused, Admit) and isinstance(refused.observed, Refuse)
-    assert refused.limit_key == MAX_CONNECTIONS_PER_IP
+    refused = decided(accept(q, "d", now=4.0), Action.REFUSE, Mode.OBSERVE)  # 4th from 10.0.0.1
+    assert admitted(refused) and "d" in q
+    assert refused.limit_key == MAX_CONNECTIONS_PER_IP and refused.limit == 3
 
     for conn_id in ("a", "c", "d"):
         q.on_request(conn_id, 5.0)
-    waiting = accept(q, "e", ip="10.0.0.2", now=6.0)
-    assert isinstance(waiting, Admit) and isinstance(waiting.observed, Wait)
+    waiting = decided(accept(q, "e", ip="10.0.0.2", now=6.0), Action.WAIT, Mode.OBSERVE)
+    assert admitted(waiting) and "e" in q
 
     assert q.counts().ssl == 5 and q.ip_count("10.0.0.1") == 4  # real connections, over the caps
-    assert q.can_admit(listener=TLS, tls=True)
+    assert not q.over_cap  # exceeding caps is expected in a dry run: nothing to reclaim
+    assert admitted(decided(accept(q, "f", ip="10.0.0.3", now=7.0), Action.WAIT, Mode.OBSERVE)) and "f" in q
 
 
 def test_observe_mode_reports_closings_without_closing() -> None:
@@ -533,20 +618,21 @@ def test_observe_mode_reports_closings_without_closing() -> None:
         accept(q, f"c{i}", now=float(i))
 
     lowered = q.update_limits(ConnectionLimits(max_ssl_connections=1, connections_max_idle_ms=1000), now=3.5)
-    assert [(c.conn_id, c.limit_key, c.observed) for c in lowered] == [
-        ("c0", MAX_SSL_CONNECTIONS, True),
-        ("c1", MAX_SSL_CONNECTIONS, True),
-        ("c2", MAX_SSL_CONNECTIONS, True),
+    assert [(c.victims, c.limit_key, c.mode) for c in lowered] == [
+        (("c0",), MAX_SSL_CONNECTIONS, Mode.OBSERVE),
+        (("c1",), MAX_SSL_CONNECTIONS, Mode.OBSERVE),
+        (("c2",), MAX_SSL_CONNECTIONS, Mode.OBSERVE),
     ]
+    assert closed(lowered, Mode.OBSERVE) == ["c0", "c1", "c2"]
     assert q.counts().closing == 0 and q.reclaim_excess() == []
 
     idle = q.idle_expired(10.0)
-    assert [c.conn_id for c in idle] == ["c0", "c1", "c2", "c3"] and all(c.observed for c in idle)
+    assert closed(idle, Mode.OBSERVE) == ["c0", "c1", "c2", "c3"]
     assert q.idle_expired(20.0) == []  # each idle period is reported once
     assert q.next_idle_deadline() is None
     q.on_request("c2", 21.0)
     q.on_response("c2", 21.0)
-    assert [c.conn_id for c in q.idle_expired(30.0)] == ["c2"]
+    assert closed(q.idle_expired(30.0), Mode.OBSERVE) == ["c2"]
     assert len(q) == 4
 
 
@@ -594,10 +680,11 @@ def test_limits_and_decisions_are_frozen_values() -> None:
         limits.listener_max_connections["external"] = 1  # type: ignore[index]
     with pytest.raises(dataclasses.FrozenInstanceError):
         limits.max_connections = 1  # type: ignore[misc]
+    q = quotas(max_connections=1)
+    accept(q, "a")
+    decision = decided(accept(q, "b"), Action.EVICT)
     with pytest.raises(dataclasses.FrozenInstanceError):
-        Admit().reason = "x"  # type: ignore[misc]
-    with pytest.raises(dataclasses.FrozenInstanceError):
-        Close("a", MAX_CONNECTIONS, "r").conn_id = "b"  # type: ignore[misc]
+        decision.victims = ("b",)  # type: ignore[misc]
 
 
 def test_update_limits_accepts_only_connection_limits() -> None:
@@ -629,11 +716,10 @@ def test_ten_thousand_connections_at_the_tls_cap_evict_in_lru_order() -> None:
     ids = fill_tls(q, n)
     make_busy(q, ids[: n // 2], float(n))  # the older half is busy
     for i in range(n):
-        decision = accept(q, f"new-{i}", ip="10.9.9.9", now=float(n + 1 + i))
-        assert isinstance(decision, EvictThenAdmit)
+        victims = evicts(accept(q, f"new-{i}", ip="10.9.9.9", now=float(n + 1 + i)))
         # the older half is busy: the LRU idle ones are the newer half, then the new ones, in order
         expected = ids[n // 2 + i] if i < n // 2 else f"new-{i - n // 2}"
-        assert decision.evict == (expected,)
+        assert victims == (expected,)
         q.on_closed(expected)
     assert q.counts().ssl == n and q.counts().busy == n // 2
 
@@ -727,18 +813,18 @@ class ConnectionQuotasMachine(RuleBasedStateMachine):
         limit, member = over[0]
         return self.lru_idle(member)[: self.live(member) - limit]
 
-    def take_closes(self, closes: list[Close]) -> None:
+    def take_closes(self, closes: list[Decision]) -> None:
+        self.take_victims(closed(closes, self.MODE))
+
+    def take_victims(self, victims: list[str]) -> None:
         seen: set[str] = set()
-        for close in closes:
-            assert close.conn_id not in seen, "a connection is named twice"
-            seen.add(close.conn_id)
-            conn = self.model[close.conn_id]
+        for conn_id in victims:
+            assert conn_id not in seen, "a connection is named twice"
+            seen.add(conn_id)
+            conn = self.model[conn_id]
             assert conn.in_flight == 0, "a busy connection is in a close list"
             assert not conn.closing, "a closing connection is named again"
-            if self.MODE is Mode.OBSERVE:
-                assert close.observed
-            else:
-                assert not close.observed
+            if self.MODE is Mode.ENFORCE:
                 conn.closing = True
 
     def assert_no_idle_excess(self) -> None:
@@ -780,32 +866,30 @@ class ConnectionQuotasMachine(RuleBasedStateMachine):
 
         decision = self.q.on_accept(conn_id, listener=listener, ip=ip, tls=tls, now=self.now)
 
-        enforced: AcceptDecision = decision
-        if self.MODE is Mode.OBSERVE:
-            assert isinstance(decision, Admit)
-            enforced = decision.observed if decision.observed is not None else decision
-            if decision.observed is not None:
-                assert decision.limit_key == decision.observed.limit_key
-        if isinstance(enforced, Refuse):
-            assert ip_count >= ip_limit
+        action = None if decision is None else decided(decision, decision.action, self.MODE).action
+        if action is Action.REFUSE:
+            assert decision is not None and decision.limit == ip_limit == self.q.limits.per_ip_limit(ip)[0]
+            assert ip_count >= ip_limit and decision.subject == {"ip": ip} and not decision.victims
         else:
             assert ip_count < ip_limit
-        if isinstance(enforced, Admit):
+        if action is None:
             assert not full
-        if isinstance(enforced, Wait):
-            limit, member = full[enforced.limit_key]
+        if action is Action.WAIT:
+            assert decision is not None and not decision.victims
+            limit, member = full[decision.limit_key]
+            assert decision.limit == limit
             assert self.idle_in(member) < self.live(member) - limit + 1
-            assert enforced.listener == listener
-        if isinstance(enforced, EvictThenAdmit):
-            assert full and enforced.limit_key in full
+        if action is Action.EVICT:
+            assert decision is not None and full and decision.limit_key in full
+            assert decision.limit == full[decision.limit_key][0]
             for limit, member in full.values():
-                relieved = sum(1 for v in enforced.evict if member(self.model[v]))
+                relieved = sum(1 for v in decision.victims if member(self.model[v]))
                 assert self.live(member) - relieved + 1 <= limit
             if len(full) == 1:
                 [(limit, member)] = full.values()
-                assert list(enforced.evict) == self.lru_idle(member)[: self.live(member) - limit + 1]
-            self.take_closes([Close(v, enforced.limit_key, "", self.MODE is Mode.OBSERVE) for v in enforced.evict])
-        if decision.admitted:
+                assert list(decision.victims) == self.lru_idle(member)[: self.live(member) - limit + 1]
+            self.take_victims(list(decision.victims))
+        if admitted(decision):
             self.model[conn_id] = new
             self.activity += 1
             if self.MODE is Mode.ENFORCE:
@@ -871,10 +955,10 @@ class ConnectionQuotasMachine(RuleBasedStateMachine):
         closes = self.q.idle_expired(self.now)
         max_idle_ms = self.q.limits.connections_max_idle_ms
         for close in closes:
-            conn = self.model[close.conn_id]
-            assert close.limit_key == CONNECTIONS_MAX_IDLE_MS
+            conn = self.model[close.victims[0]]
+            assert close.limit_key == CONNECTIONS_MAX_IDLE_MS and close.limit == max_idle_ms
             assert max_idle_ms >= 0 and self.now - conn.last > max_idle_ms / 1000
-        seqs = [self.model[c.conn_id].seq for c in closes]
+        seqs = [self.model[conn_id].seq for conn_id in closed(closes, self.MODE)]
         assert seqs == sorted(seqs), "idle expiry is not least recently used first"
         self.take_closes(closes)
         if self.MODE is Mode.ENFORCE and max_idle_ms >= 0:
@@ -887,7 +971,7 @@ class ConnectionQuotasMachine(RuleBasedStateMachine):
         expected = self.expected_excess_closes(limits)
         closes = self.q.update_limits(limits, self.now)
         if expected is not None:
-            assert [c.conn_id for c in closes if c.limit_key != CONNECTIONS_MAX_IDLE_MS] == expected
+            assert [c.victims[0] for c in closes if c.limit_key != CONNECTIONS_MAX_IDLE_MS] == expected
         self.take_closes(closes)
         self.allowed = {}
         self.assert_no_idle_excess()
@@ -913,7 +997,7 @@ class ConnectionQuotasMachine(RuleBasedStateMachine):
         expected = self.expected_excess_closes(self.q.limits)
         closes = self.q.reclaim_excess()
         if expected is not None and self.MODE is Mode.ENFORCE:
-            assert [c.conn_id for c in closes] == expected
+            assert closed(closes) == expected
         self.take_closes(closes)
         self.assert_no_idle_excess()
 
@@ -937,6 +1021,11 @@ class ConnectionQuotasMachine(RuleBasedStateMachine):
         for conn_id, conn in self.model.items():
             assert self.q.is_closing(conn_id) == conn.closing
             assert self.q.in_flight(conn_id) == conn.in_flight >= 0
+
+    @invariant()
+    def over_cap_says_whether_a_cap_is_exceeded(self) -> None:
+        exceeded = any(self.live(member) > limit for limit, member in self.caps().values())
+        assert self.q.over_cap == (exceeded and self.MODE is Mode.ENFORCE)
 
     @invariant()
     def live_counts_never_rise_above_a_cap(self) -> None:

@@ -273,9 +273,9 @@ def test_header_and_body_must_agree() -> None:
 def test_the_proxys_peeked_header_works_too() -> None:
     request = make_request(12, 4)
     frame = wire.encode_frame(wire.request_header_for(12, 4, 99, "c"), request)
-    peeked = wire.peek_request_header(frame)
+    peeked = wire.read_request_header(frame)
     response_frame = build_error_frame(peeked, request, 42)
-    assert wire.response_correlation_id(response_frame) == 99
+    assert wire.response_correlation_id(response_frame, 0) == 99
     assert wire.decode_response(response_frame, 12, 4).body.error_code == 42
 
 

@@ -4,7 +4,9 @@ import pytest
 from hypothesis import given
 from hypothesis import strategies as st
 
-from policies.frame_check import FrameKind, check_length_prefix
+from policies.decision import Action, Decision, Policy
+from policies.frame_check import FrameKind, check_length_prefix, decide_request_prefix
+from policies.mode import Mode
 
 LIMIT = 104857600
 
@@ -62,3 +64,55 @@ def test_an_admitted_frame_is_never_larger_than_the_limit(data: bytes, limit: in
     verdict = check_length_prefix(data, limit)
     if verdict.admitted:
         assert 0 < verdict.size <= limit
+
+
+# -- the decision on a prefix that is not admitted (always enforced: an unread frame cannot be forwarded)
+
+
+@pytest.mark.parametrize("size", [LIMIT + 1, 2**31 - 1])
+def test_a_request_over_socket_request_max_bytes_closes_the_connection(size: int) -> None:
+    decision = decide_request_prefix(check_length_prefix(prefix(size), LIMIT), LIMIT)
+    assert decision == Decision(
+        Policy.REQUEST_SIZE,
+        Action.CLOSE,
+        Mode.ENFORCE,
+        "socket.request.max.bytes",
+        f"request length prefix {size} refused (too_large; socket.request.max.bytes={LIMIT})",
+        limit=LIMIT,
+        subject={"size": size},
+    )
+
+
+def test_a_negative_request_length_closes_the_connection_naming_it_invalid() -> None:
+    decision = decide_request_prefix(check_length_prefix(prefix(-1), LIMIT), LIMIT)
+    assert (decision.policy, decision.action, decision.mode) == (Policy.REQUEST_SIZE, Action.CLOSE, Mode.ENFORCE)
+    assert decision.reason == f"request length prefix -1 refused (invalid_size; socket.request.max.bytes={LIMIT})"
+    assert decision.subject == {"size": -1} and decision.limit == LIMIT
+
+
+def test_tls_on_a_plaintext_port_is_a_protocol_decision_about_the_client() -> None:
+    decision = decide_request_prefix(check_length_prefix(bytes.fromhex("16030100"), LIMIT), LIMIT)
+    assert decision == Decision(
+        Policy.PROTOCOL,
+        Action.CLOSE,
+        Mode.ENFORCE,
+        "client_tls_on_plaintext",
+        "client speaks TLS on a plaintext link; use TLS only on a TLS listener",
+        subject={"direction": "client"},
+    )
+    assert decision.limit is None and decision.error_code is None
+
+
+def test_http_on_a_kafka_port_is_a_protocol_decision_about_the_client() -> None:
+    decision = decide_request_prefix(check_length_prefix(b"GET ", LIMIT), LIMIT)
+    assert (decision.policy, decision.action, decision.limit_key) == (
+        Policy.PROTOCOL,
+        Action.CLOSE,
+        "http_on_kafka_port",
+    )
+    assert decision.reason == "HTTP request on a Kafka port" and decision.subject == {"direction": "client"}
+
+
+def test_an_admitted_prefix_has_no_decision_to_make() -> None:
+    with pytest.raises(ValueError, match="admitted"):
+        decide_request_prefix(check_length_prefix(b"\x00\x00\x00\x10", 100), 100)

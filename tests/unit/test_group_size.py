@@ -12,43 +12,77 @@ from __future__ import annotations
 import itertools
 import re
 from dataclasses import dataclass, field
+from typing import TypeAlias
 
 import pytest
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 from hypothesis.stateful import RuleBasedStateMachine, invariant, rule
+from kio.schema.errors import ErrorCode
 
+from policies.api_keys import HEARTBEAT, INT_MAX, JOIN_GROUP, OFFSET_COMMIT, SYNC_GROUP
+from policies.decision import Action, Decision, Policy
 from policies.group_size import (
-    FENCED_INSTANCE_ID,
-    GROUP_MAX_SIZE_REACHED,
-    ILLEGAL_GENERATION,
-    MEMBER_ID_REQUIRED,
-    NONE,
-    REBALANCE_IN_PROGRESS,
-    UNKNOWN_MEMBER_ID,
-    Admit,
+    TRANSITIONS,
+    GroupEvent,
     GroupKind,
     GroupSizeConfig,
     GroupSizePolicy,
     GroupState,
     GroupView,
-    Refuse,
-    Throttle,
+    InvalidTransition,
+    next_state,
 )
 from policies.mode import Mode
 
 G = "group-id"
-INT_MAX = 2147483647
 SESSION_MS = 10_000
 REBALANCE_MS = 30_000
-COORDINATOR_NOT_AVAILABLE = 15
-FENCED_MEMBER_EPOCH = 110
-UNRELEASED_INSTANCE_ID = 111
+
+NONE = ErrorCode.none
+COORDINATOR_NOT_AVAILABLE = ErrorCode.coordinator_not_available
+ILLEGAL_GENERATION = ErrorCode.illegal_generation
+UNKNOWN_MEMBER_ID = ErrorCode.unknown_member_id
+REBALANCE_IN_PROGRESS = ErrorCode.rebalance_in_progress
+MEMBER_ID_REQUIRED = ErrorCode.member_id_required
+GROUP_MAX_SIZE_REACHED = ErrorCode.group_max_size_reached
+FENCED_INSTANCE_ID = ErrorCode.fenced_instance_id
+FENCED_MEMBER_EPOCH = ErrorCode.fenced_member_epoch
+UNRELEASED_INSTANCE_ID = ErrorCode.unreleased_instance_id
 
 EMPTY = GroupState.EMPTY
 PREPARING = GroupState.PREPARING_REBALANCE
 COMPLETING = GroupState.COMPLETING_REBALANCE
 STABLE = GroupState.STABLE
+DEAD = GroupState.DEAD
+
+Answer: TypeAlias = tuple[Decision | None, int | None]
+
+
+def forwarded(answer: Answer) -> int:
+    """A plain admit: no decision, and the ticket to settle the forwarded join's answer with."""
+    decision, ticket = answer
+    assert decision is None, decision
+    assert ticket is not None
+    return ticket
+
+
+def refused(answer: Answer) -> Decision:
+    """An enforced GROUP_MAX_SIZE_REACHED: the proxy answers it, the coordinator never sees it."""
+    decision, ticket = answer
+    assert decision is not None and ticket is None
+    assert (decision.action, decision.mode, decision.error_code) == (Action.REFUSE, Mode.ENFORCE, 81)
+    assert decision.enforced and decision.policy is Policy.GROUP_SIZE
+    return decision
+
+
+def throttled(answer: Answer) -> Decision:
+    """An enforced join-rate throttle: COORDINATOR_LOAD_IN_PROGRESS (retriable) with a throttle time."""
+    decision, ticket = answer
+    assert decision is not None and ticket is None
+    assert (decision.action, decision.mode, decision.error_code) == (Action.THROTTLE, Mode.ENFORCE, 14)
+    assert decision.limit_key == "group.join.rate.per.minute" and decision.throttle_ms > 0
+    return decision
 
 
 # ---------------------------------------------------------------------------------------------
@@ -353,12 +387,14 @@ class FakeCoordinator:
         return NONE, out + self._after_removal()
 
     def commit(self, member_id: str, instance_id: str | None, generation: int, now: float) -> int:
+        """ClassicGroup.validateOffsetCommit: REBALANCE_IN_PROGRESS only in CompletingRebalance;
+        a commit in Stable or PreparingRebalance is accepted and keeps the session alive."""
         error = self._validate(member_id, instance_id)
         if error != NONE:
             return error
         if generation != self.generation:
             return ILLEGAL_GENERATION
-        if self.state is not STABLE:
+        if self.state is COMPLETING:
             return REBALANCE_IN_PROGRESS
         self.members[member_id].last_hb = now
         return NONE
@@ -408,7 +444,7 @@ class Proxy:
         self.coordinator = FakeCoordinator()
         self.now = 0.0
         self.refused: set[str] = set()  # member ids the policy refused (and dropped)
-        self.decisions: list[Admit | Refuse | Throttle] = []
+        self.answers: list[Answer] = []
 
     def join(
         self,
@@ -420,7 +456,7 @@ class Proxy:
         lost: bool = False,
     ) -> JoinResult:
         result = JoinResult()
-        decision = self.policy.on_join_request(
+        answer = self.policy.on_join_request(
             self.group_id,
             member_id,
             instance_id,
@@ -430,17 +466,16 @@ class Proxy:
             require_known_member_id=require_known,
             protocols=protocols,
         )
-        self.decisions.append(decision)
-        if isinstance(decision, Refuse):
-            result.error, result.reason = decision.error_code, decision.reason
-            if member_id:
+        self.answers.append(answer)
+        decision, ticket = answer
+        if decision is not None and decision.enforced:
+            assert ticket is None and decision.error_code is not None
+            result.error, result.reason, result.throttle_ms = decision.error_code, decision.reason, decision.throttle_ms
+            if member_id and decision.action is Action.REFUSE:
                 self.refused.add(member_id)
             return result
-        if isinstance(decision, Throttle):
-            result.error, result.throttle_ms = decision.error_code, decision.throttle_ms
-            return result
         responses = self.coordinator.join(
-            member_id, instance_id, require_known, protocols, self.now, decision.ticket, None if lost else result
+            member_id, instance_id, require_known, protocols, self.now, ticket, None if lost else result
         )
         self.deliver(responses)
         return result
@@ -448,7 +483,8 @@ class Proxy:
     def deliver(self, responses: list[_JoinResp | _SyncResp]) -> None:
         for r in responses:
             if isinstance(r, _SyncResp):
-                self.policy.on_sync_response(
+                self.policy.on_member_response(
+                    SYNC_GROUP,
                     self.group_id,
                     r.member_id,
                     r.error,
@@ -481,10 +517,7 @@ class Proxy:
 
     def heartbeat(self, member_id: str, instance_id: str | None, generation: int) -> int:
         error = self.coordinator.heartbeat(member_id, instance_id, generation, self.now)
-        self.policy.on_heartbeat_response(
-            self.group_id, member_id, error, self.now, group_instance_id=instance_id, generation_id=generation
-        )
-        return error
+        return self.answered(HEARTBEAT, member_id, instance_id, generation, error)
 
     def sync(self, member_id: str, instance_id: str | None, generation: int) -> None:
         self.policy.on_sync_request(self.group_id, member_id, self.now, group_instance_id=instance_id)
@@ -492,8 +525,12 @@ class Proxy:
 
     def commit(self, member_id: str, instance_id: str | None, generation: int) -> int:
         error = self.coordinator.commit(member_id, instance_id, generation, self.now)
-        self.policy.on_offset_commit_response(
-            self.group_id, member_id, error, self.now, group_instance_id=instance_id, generation_id=generation
+        return self.answered(OFFSET_COMMIT, member_id, instance_id, generation, error)
+
+    def answered(self, api_key: int, member_id: str, instance_id: str | None, generation: int, error: int) -> int:
+        """The shell feeds a Heartbeat or OffsetCommit answer to the policy."""
+        self.policy.on_member_response(
+            api_key, self.group_id, member_id, error, self.now, group_instance_id=instance_id, generation_id=generation
         )
         return error
 
@@ -665,12 +702,11 @@ def test_new_member_is_rejected_with_maximum_members_is_reached() -> None:
     with epoch 0."""
     policy = GroupSizePolicy(GroupSizeConfig(group_consumer_max_size=2))
     policy.observe_group_size(G, [("member-1", None), ("member-2", None)], 0.0, kind=GroupKind.CONSUMER)
-    decision = policy.on_consumer_heartbeat_request(G, "member-3", 0, None, 1.0)
-    assert isinstance(decision, Refuse)
+    decision = refused(policy.on_consumer_heartbeat_request(G, "member-3", 0, None, 1.0))
     assert decision.error_code == GROUP_MAX_SIZE_REACHED == 81
     # existing members keep heartbeating and may rejoin
-    assert policy.on_consumer_heartbeat_request(G, "member-1", 10, None, 1.0).admitted
-    assert policy.on_consumer_heartbeat_request(G, "member-2", 0, None, 1.0).admitted
+    assert policy.on_consumer_heartbeat_request(G, "member-1", 10, None, 1.0) == (None, None)
+    forwarded(policy.on_consumer_heartbeat_request(G, "member-2", 0, None, 1.0))
 
 
 def test_joining_consumer_group_throws_exception_if_group_over_max_size() -> None:
@@ -678,9 +714,9 @@ def test_joining_consumer_group_throws_exception_if_group_over_max_size() -> Non
     classic JoinGroup into a KIP-848 group is held to group.consumer.max.size."""
     policy = GroupSizePolicy(GroupSizeConfig(group_consumer_max_size=1))
     policy.observe_group_size(G, [("member-1", None)], 0.0, kind=GroupKind.CONSUMER)
-    decision = policy.on_join_request(G, "", None, 1.0)
-    assert isinstance(decision, Refuse)
+    decision = refused(policy.on_join_request(G, "", None, 1.0))
     assert decision.reason == "The consumer group has reached its maximum capacity of 1 members."
+    assert (decision.limit_key, decision.limit) == ("group.consumer.max.size", 1)
 
 
 # ---------------------------------------------------------------------------------------------
@@ -713,21 +749,44 @@ def test_a_leave_frees_a_slot() -> None:
     assert newcomer.error is None  # admitted, parked in the rebalance
 
 
-def test_a_restarting_static_member_is_not_counted_twice() -> None:
+def test_a_static_member_restarting_in_a_full_stable_group_is_refused_until_its_old_session_ends() -> None:
+    """As Apache Kafka 4.4.0 does (tests/apache_kafka conformance): Kafka asks
+    ``group.hasMember`` of the request's empty member id, so a restart is a new member."""
     proxy = Proxy(2)
+    a = proxy.join("", "instance-a")
+    b = proxy.join("", "instance-b")
+    proxy.complete_join()
+    proxy.sync(a.leader or "", "instance-a" if a.leader == a.member_id else "instance-b", 1)
+    assert proxy.view().state is STABLE and proxy.view().members == 2
+
+    # instance-a restarts without its member id: refused while its old incarnation holds the slot
+    assert proxy.join("", "instance-a").error == GROUP_MAX_SIZE_REACHED
+    assert proxy.view().members == 2 and proxy.policy.has_member(G, a.member_id, "instance-a")
+    # b stays alive; a's old incarnation sends nothing and its session ends
+    for _ in range(SESSION_MS // 1000 + 1):
+        proxy.advance(1)
+        proxy.heartbeat(b.member_id, "instance-b", 1)
+    assert not proxy.policy.has_member(G, a.member_id)
+    restarted = proxy.join("", "instance-a")
+    assert restarted.error is None or restarted.error == NONE
+    assert proxy.join("", "instance-c").error == GROUP_MAX_SIZE_REACHED
+
+
+def test_a_restarting_static_member_below_the_cap_takes_its_own_slot() -> None:
+    proxy = Proxy(3)
     a = proxy.join("", "instance-a")
     proxy.join("", "instance-b")
     proxy.complete_join()
     proxy.sync(a.leader or "", "instance-a" if a.leader == a.member_id else "instance-b", 1)
     assert proxy.view().state is STABLE and proxy.view().members == 2
 
-    # instance-a restarts without its member id: it takes over its own slot
-    restarted = proxy.join("", "instance-a")
+    restarted = proxy.join("", "instance-a")  # not counted twice: a takes over its own slot
     assert restarted.error == NONE
     assert restarted.member_id != a.member_id
     assert proxy.view().members == 2
     assert proxy.policy.has_member(G, restarted.member_id, "instance-a")
-    assert proxy.join("", "instance-c").error == GROUP_MAX_SIZE_REACHED
+    proxy.join("", "instance-c")
+    assert proxy.join("", "instance-d").error == GROUP_MAX_SIZE_REACHED
 
 
 def test_a_static_member_that_has_not_rejoined_keeps_its_slot_during_a_rebalance() -> None:
@@ -749,10 +808,11 @@ def test_observe_mode_admits_but_says_it_would_refuse() -> None:
     proxy = Proxy(2, Mode.OBSERVE)
     proxy.join(), proxy.join()
     third = proxy.join()
-    decision = proxy.decisions[-1]
-    assert isinstance(decision, Admit)
-    assert decision.would_refuse is not None
-    assert decision.would_refuse.error_code == GROUP_MAX_SIZE_REACHED
+    decision, ticket = proxy.answers[-1]
+    assert ticket is not None  # forwarded
+    assert decision is not None and not decision.enforced and decision.mode is Mode.OBSERVE
+    assert (decision.action, decision.error_code) == (Action.REFUSE, GROUP_MAX_SIZE_REACHED)
+    assert (decision.limit_key, decision.limit) == ("group.max.size", 2)
     proxy.complete_join()
     assert third.error == NONE
     assert proxy.view().members == 3  # tracking follows what the coordinator does
@@ -778,71 +838,77 @@ def test_pending_member_ids_expire_with_the_session_timeout() -> None:
 def test_kip_848_heartbeat_refusal_message_is_exact() -> None:
     policy = GroupSizePolicy(GroupSizeConfig(group_consumer_max_size=3))
     for i in range(3):
-        decision = policy.on_consumer_heartbeat_request(G, f"m{i}", 0, None, 0.0)
-        assert isinstance(decision, Admit)
-        policy.on_consumer_heartbeat_response(G, f"m{i}", NONE, f"m{i}", 1, 0.0, ticket=decision.ticket)
-    refused = policy.on_consumer_heartbeat_request(G, "", 0, None, 1.0)
-    assert refused == Refuse(81, "The consumer group has reached its maximum capacity of 3 members.")
+        ticket = forwarded(policy.on_consumer_heartbeat_request(G, f"m{i}", 0, None, 0.0))
+        policy.on_consumer_heartbeat_response(G, f"m{i}", NONE, f"m{i}", 1, 0.0, ticket=ticket)
+    answer = policy.on_consumer_heartbeat_request(G, "", 0, None, 1.0)
+    assert answer == (
+        Decision(
+            policy=Policy.GROUP_SIZE,
+            action=Action.REFUSE,
+            mode=Mode.ENFORCE,
+            limit_key="group.consumer.max.size",
+            reason="The consumer group has reached its maximum capacity of 3 members.",
+            limit=3,
+            error_code=81,
+            subject={"group_id": G, "member_id": ""},
+        ),
+        None,
+    )
 
 
 def test_kip_848_joins_in_flight_hold_their_slot() -> None:
     policy = GroupSizePolicy(GroupSizeConfig(group_consumer_max_size=1))
-    first = policy.on_consumer_heartbeat_request(G, "", 0, None, 0.0)
-    assert isinstance(first, Admit) and first.ticket is not None
-    assert not policy.on_consumer_heartbeat_request(G, "", 0, None, 0.0).admitted
-    policy.on_consumer_heartbeat_response(G, "", NONE, "server-id", 1, 0.0, ticket=first.ticket)
+    first = forwarded(policy.on_consumer_heartbeat_request(G, "", 0, None, 0.0))
+    refused(policy.on_consumer_heartbeat_request(G, "", 0, None, 0.0))
+    policy.on_consumer_heartbeat_response(G, "", NONE, "server-id", 1, 0.0, ticket=first)
     assert policy.has_member(G, "server-id")
-    assert policy.on_consumer_heartbeat_request(G, "server-id", 1, None, 1.0).admitted
+    assert policy.on_consumer_heartbeat_request(G, "server-id", 1, None, 1.0) == (None, None)
 
 
 def test_kip_848_a_refused_or_failed_join_gives_its_slot_back() -> None:
     policy = GroupSizePolicy(GroupSizeConfig(group_consumer_max_size=1))
-    first = policy.on_consumer_heartbeat_request(G, "a", 0, None, 0.0)
-    assert isinstance(first, Admit)
-    policy.on_consumer_heartbeat_response(G, "a", COORDINATOR_NOT_AVAILABLE, None, 0, 0.0, ticket=first.ticket)
-    assert policy.on_consumer_heartbeat_request(G, "b", 0, None, 0.0).admitted
+    first = forwarded(policy.on_consumer_heartbeat_request(G, "a", 0, None, 0.0))
+    policy.on_consumer_heartbeat_response(G, "a", COORDINATOR_NOT_AVAILABLE, None, 0, 0.0, ticket=first)
+    forwarded(policy.on_consumer_heartbeat_request(G, "b", 0, None, 0.0))
 
 
 def test_kip_848_leave_frees_a_slot_and_a_static_leave_keeps_it() -> None:
     policy = GroupSizePolicy(GroupSizeConfig(group_consumer_max_size=2))
     for member_id, instance_id in (("a", None), ("s", "instance-s")):
-        decision = policy.on_consumer_heartbeat_request(G, member_id, 0, instance_id, 0.0)
-        assert isinstance(decision, Admit)
+        ticket = forwarded(policy.on_consumer_heartbeat_request(G, member_id, 0, instance_id, 0.0))
         policy.on_consumer_heartbeat_response(
-            G, member_id, NONE, member_id, 1, 0.0, instance_id=instance_id, ticket=decision.ticket
+            G, member_id, NONE, member_id, 1, 0.0, instance_id=instance_id, ticket=ticket
         )
     # static leave (epoch -2): Kafka keeps the member until its session times out
     policy.on_consumer_heartbeat_request(G, "s", -2, "instance-s", 1.0)
     policy.on_consumer_heartbeat_response(G, "s", NONE, "s", -2, 1.0, instance_id="instance-s")
-    assert not policy.on_consumer_heartbeat_request(G, "x", 0, None, 2.0).admitted
+    refused(policy.on_consumer_heartbeat_request(G, "x", 0, None, 2.0))
     # ... and its next incarnation takes its slot back even though the group is full
-    assert policy.on_consumer_heartbeat_request(G, "s2", 0, "instance-s", 2.0).admitted
+    forwarded(policy.on_consumer_heartbeat_request(G, "s2", 0, "instance-s", 2.0))
     # a dynamic leave (epoch -1) frees a slot
     policy.on_consumer_heartbeat_request(G, "a", -1, None, 3.0)
     policy.on_consumer_heartbeat_response(G, "a", NONE, "a", -1, 3.0)
-    assert policy.on_consumer_heartbeat_request(G, "x", 0, None, 3.0).admitted
+    forwarded(policy.on_consumer_heartbeat_request(G, "x", 0, None, 3.0))
 
 
 def test_kip_848_members_expire_after_the_consumer_session_timeout() -> None:
     policy = GroupSizePolicy(GroupSizeConfig(group_consumer_max_size=1, consumer_session_timeout_seconds=45))
-    decision = policy.on_consumer_heartbeat_request(G, "a", 0, None, 0.0)
-    assert isinstance(decision, Admit)
-    policy.on_consumer_heartbeat_response(G, "a", NONE, "a", 1, 0.0, ticket=decision.ticket)
+    ticket = forwarded(policy.on_consumer_heartbeat_request(G, "a", 0, None, 0.0))
+    policy.on_consumer_heartbeat_response(G, "a", NONE, "a", 1, 0.0, ticket=ticket)
     assert policy.expire(45.0).members_expired == 0
-    assert not policy.on_consumer_heartbeat_request(G, "b", 0, None, 45.0).admitted
+    refused(policy.on_consumer_heartbeat_request(G, "b", 0, None, 45.0))
     assert policy.expire(45.5).members_expired == 1
-    assert policy.on_consumer_heartbeat_request(G, "b", 0, None, 45.5).admitted
+    forwarded(policy.on_consumer_heartbeat_request(G, "b", 0, None, 45.5))
 
 
 def test_kip_848_heartbeat_errors_other_than_unknown_member_keep_the_member() -> None:
     policy = GroupSizePolicy(GroupSizeConfig(group_consumer_max_size=1))
-    decision = policy.on_consumer_heartbeat_request(G, "a", 0, None, 0.0)
-    assert isinstance(decision, Admit)
-    policy.on_consumer_heartbeat_response(G, "a", NONE, "a", 1, 0.0, ticket=decision.ticket)
+    ticket = forwarded(policy.on_consumer_heartbeat_request(G, "a", 0, None, 0.0))
+    policy.on_consumer_heartbeat_response(G, "a", NONE, "a", 1, 0.0, ticket=ticket)
     policy.on_consumer_heartbeat_request(G, "a", 3, None, 1.0)
     policy.on_consumer_heartbeat_response(G, "a", FENCED_MEMBER_EPOCH, None, 0, 1.0)
     assert policy.has_member(G, "a")
-    assert not policy.on_consumer_heartbeat_request(G, "b", 0, None, 1.0).admitted
+    refused(policy.on_consumer_heartbeat_request(G, "b", 0, None, 1.0))
     policy.on_consumer_heartbeat_response(G, "a", UNKNOWN_MEMBER_ID, None, 0, 2.0)
     assert not policy.has_member(G, "a")
 
@@ -901,10 +967,10 @@ def test_a_join_that_fails_before_the_coordinator_undoes_the_rebalance_it_starte
     leader = a if a.member_id == a.leader else b
     proxy.sync(leader.member_id, None, 1)
     assert proxy.view().state is STABLE
-    decision = proxy.policy.on_join_request(G, leader.member_id, None, proxy.now)  # a leader rejoin
-    assert isinstance(decision, Admit) and proxy.view().state is PREPARING
+    ticket = forwarded(proxy.policy.on_join_request(G, leader.member_id, None, proxy.now))  # a leader rejoin
+    assert proxy.view().state is PREPARING
     proxy.policy.on_join_response(
-        G, leader.member_id, None, COORDINATOR_NOT_AVAILABLE, "", -1, proxy.now, ticket=decision.ticket
+        G, leader.member_id, None, COORDINATOR_NOT_AVAILABLE, "", -1, proxy.now, ticket=ticket
     )
     assert proxy.view().state is STABLE and proxy.view().members == 2
 
@@ -912,18 +978,23 @@ def test_a_join_that_fails_before_the_coordinator_undoes_the_rebalance_it_starte
 def test_unknown_member_id_answers_remove_the_member() -> None:
     policy = GroupSizePolicy(GroupSizeConfig(group_max_size=5))
     policy.observe_group_size(G, [("a", None), ("b", None)], 0.0, state="Stable")
-    policy.on_heartbeat_response(G, "a", UNKNOWN_MEMBER_ID, 1.0)
-    policy.on_offset_commit_response(G, "b", UNKNOWN_MEMBER_ID, 1.0, generation_id=3)
+    policy.on_member_response(HEARTBEAT, G, "a", UNKNOWN_MEMBER_ID, 1.0)
+    policy.on_member_response(OFFSET_COMMIT, G, "b", UNKNOWN_MEMBER_ID, 1.0, generation_id=3)
     view = policy.view(G)
     assert view is not None and view.members == 0 and view.state is EMPTY
 
 
-def test_rebalance_in_progress_answers_start_a_rebalance() -> None:
+@pytest.mark.parametrize("api_key", [HEARTBEAT, SYNC_GROUP])
+@pytest.mark.parametrize(("member_id", "members"), [("a", 2), ("c", 3)])
+def test_rebalance_in_progress_answers_start_a_rebalance(api_key: int, member_id: str, members: int) -> None:
+    """Kafka validates the member and generation before answering REBALANCE_IN_PROGRESS: the
+    answer also proves a member the policy did not track."""
     policy = GroupSizePolicy(GroupSizeConfig(group_max_size=5))
     policy.observe_group_size(G, [("a", None), ("b", None)], 0.0, state="Stable")
-    policy.on_heartbeat_response(G, "a", REBALANCE_IN_PROGRESS, 1.0)
+    policy.on_member_response(api_key, G, member_id, REBALANCE_IN_PROGRESS, 1.0)
     view = policy.view(G)
     assert view is not None and view.state is PREPARING and view.counted == 0
+    assert view.members == members and policy.has_member(G, member_id)
 
 
 def test_a_stale_rebalance_in_progress_from_an_older_generation_is_ignored() -> None:
@@ -931,24 +1002,23 @@ def test_a_stale_rebalance_in_progress_from_an_older_generation_is_ignored() -> 
     a, _ = proxy.join(), proxy.join()
     proxy.complete_join()
     assert proxy.view().generation == 1
-    proxy.policy.on_heartbeat_response(G, a.member_id, REBALANCE_IN_PROGRESS, proxy.now, generation_id=0)
+    proxy.policy.on_member_response(HEARTBEAT, G, a.member_id, REBALANCE_IN_PROGRESS, proxy.now, generation_id=0)
     assert proxy.view().state is COMPLETING
 
 
 def test_commits_without_a_member_id_are_ignored() -> None:
     policy = GroupSizePolicy()
-    policy.on_offset_commit_response(G, "", NONE, 0.0, generation_id=-1)
+    policy.on_member_response(OFFSET_COMMIT, G, "", NONE, 0.0, generation_id=-1)
     assert policy.groups_tracked == 0
 
 
 def test_old_clients_without_member_ids_are_tracked_by_ticket() -> None:
     policy = GroupSizePolicy(GroupSizeConfig(group_max_size=2))
-    one = policy.on_join_request(G, "", None, 0.0, require_known_member_id=False)
-    two = policy.on_join_request(G, "", None, 0.0, require_known_member_id=False)
-    assert isinstance(one, Admit) and isinstance(two, Admit)
-    assert not policy.on_join_request(G, "", None, 0.0, require_known_member_id=False).admitted
-    policy.on_join_response(G, "", None, NONE, "m2", 1, 0.1, leader_id="m2", ticket=two.ticket)
-    policy.on_join_response(G, "", None, NONE, "m1", 1, 0.1, leader_id="m2", ticket=one.ticket)
+    one = forwarded(policy.on_join_request(G, "", None, 0.0, require_known_member_id=False))
+    two = forwarded(policy.on_join_request(G, "", None, 0.0, require_known_member_id=False))
+    refused(policy.on_join_request(G, "", None, 0.0, require_known_member_id=False))
+    policy.on_join_response(G, "", None, NONE, "m2", 1, 0.1, leader_id="m2", ticket=two)
+    policy.on_join_response(G, "", None, NONE, "m1", 1, 0.1, leader_id="m2", ticket=one)
     assert policy.has_member(G, "m1") and policy.has_member(G, "m2")
     view = policy.view(G)
     assert view is not None and (view.members, view.awaiting_join, view.state) == (2, 0, COMPLETING)
@@ -956,17 +1026,15 @@ def test_old_clients_without_member_ids_are_tracked_by_ticket() -> None:
 
 def test_a_join_that_never_reached_the_coordinator_gives_its_slot_back() -> None:
     proxy = Proxy(1)
-    decision = proxy.policy.on_join_request(G, "", None, 0.0, require_known_member_id=False)
-    assert isinstance(decision, Admit)
-    proxy.policy.on_join_response(G, "", None, COORDINATOR_NOT_AVAILABLE, "", -1, 0.0, ticket=decision.ticket)
+    ticket = forwarded(proxy.policy.on_join_request(G, "", None, 0.0, require_known_member_id=False))
+    proxy.policy.on_join_response(G, "", None, COORDINATOR_NOT_AVAILABLE, "", -1, 0.0, ticket=ticket)
     assert proxy.view().members == 0
     assert proxy.join().error is None
 
 
 def test_the_leaders_member_list_reconciles_the_group() -> None:
     policy = GroupSizePolicy(GroupSizeConfig(group_max_size=10))
-    decision = policy.on_join_request(G, "leader", None, 0.0)  # a group first seen mid-life
-    assert isinstance(decision, Admit)
+    forwarded(policy.on_join_request(G, "leader", None, 0.0))  # a group first seen mid-life
     members = [("leader", None), ("b", None), ("c", "instance-c")]
     policy.on_join_response(G, "leader", None, NONE, "leader", 7, 0.0, leader_id="leader", members=members)
     view = policy.view(G)
@@ -991,44 +1059,107 @@ def test_a_rejoin_by_the_leader_of_a_stable_group_starts_a_rebalance() -> None:
     assert proxy.view().awaiting_join == 2
 
 
+def test_a_classic_refusal_names_the_group_member_and_limit() -> None:
+    proxy = Proxy(2)
+    proxy.join(), proxy.join()
+    proxy.join("stranger")
+    decision = refused(proxy.answers[-1])
+    assert (decision.limit_key, decision.limit) == ("group.max.size", 2)
+    assert decision.subject == {"group_id": G, "member_id": "stranger"}
+    assert decision.reason == "group.max.size=2 reached: 2 members rejoining while the group rebalances"
+    assert not decision.close_after and decision.throttle_ms == 0
+
+
+def test_a_new_member_whose_join_fails_undoes_the_rebalance_of_a_completing_group() -> None:
+    proxy = Proxy(3)
+    proxy.join(), proxy.join()
+    proxy.complete_join()
+    assert proxy.view().state is COMPLETING
+    ticket = forwarded(proxy.policy.on_join_request(G, "", None, proxy.now, require_known_member_id=False))
+    assert proxy.view().state is PREPARING
+    proxy.policy.on_join_response(G, "", None, COORDINATOR_NOT_AVAILABLE, "", -1, proxy.now, ticket=ticket)
+    assert proxy.view().state is COMPLETING and proxy.view().members == 2
+
+
+# -- SyncGroup, Heartbeat and OffsetCommit answers --------------------------------------------------
+
+
+def test_a_commit_answered_rebalance_in_progress_means_completing_rebalance() -> None:
+    """ClassicGroup.validateOffsetCommit: a commit is answered REBALANCE_IN_PROGRESS only in
+    CompletingRebalance, and accepted while the group prepares a rebalance."""
+    proxy = Proxy(3)
+    a, b = proxy.join(), proxy.join()
+    proxy.complete_join()
+    assert proxy.commit(a.member_id, None, 1) == REBALANCE_IN_PROGRESS
+    assert proxy.view().state is COMPLETING
+    leader, follower = (a, b) if a.member_id == a.leader else (b, a)
+    proxy.sync(leader.member_id, None, 1)
+    assert proxy.view().state is STABLE
+    # an answer for generation 1 arriving after the group is Stable left the coordinator earlier
+    proxy.policy.on_member_response(OFFSET_COMMIT, G, a.member_id, REBALANCE_IN_PROGRESS, proxy.now, generation_id=1)
+    assert proxy.view().state is STABLE
+    # while the group prepares a rebalance commits are accepted and keep the member alive
+    proxy.join(leader.member_id)
+    assert proxy.view().state is PREPARING
+    assert proxy.commit(follower.member_id, None, 1) == NONE
+    assert proxy.view().state is PREPARING
+
+
+def test_a_commit_answered_rebalance_in_progress_for_a_new_generation_completes_its_join_phase() -> None:
+    policy = GroupSizePolicy(GroupSizeConfig(group_max_size=3))
+    policy.on_member_response(OFFSET_COMMIT, G, "m", REBALANCE_IN_PROGRESS, 0.0, generation_id=5)
+    view = policy.view(G)
+    assert view is not None and (view.state, view.generation, view.members) == (COMPLETING, 5, 1)
+    policy.on_member_response(SYNC_GROUP, G, "m", NONE, 1.0, generation_id=5)
+    view = policy.view(G)
+    assert view is not None and view.state is STABLE
+
+
+def test_member_responses_of_other_apis_are_a_clear_error() -> None:
+    with pytest.raises(ValueError, match="SyncGroup, Heartbeat or OffsetCommit, not API key 11"):
+        GroupSizePolicy().on_member_response(JOIN_GROUP, G, "m", NONE, 0.0)
+
+
 # -- join rate ------------------------------------------------------------------------------------
 
 
 def test_joins_beyond_the_rate_are_throttled_until_a_token_refills() -> None:
     policy = GroupSizePolicy(GroupSizeConfig(join_rate_per_minute=2))
-    assert policy.on_join_request(G, "", "i1", 0.0).admitted
-    assert policy.on_join_request(G, "", "i2", 0.0).admitted
-    third = policy.on_join_request(G, "", "i3", 0.0)
-    assert isinstance(third, Throttle)
+    forwarded(policy.on_join_request(G, "", "i1", 0.0))
+    forwarded(policy.on_join_request(G, "", "i2", 0.0))
+    third = throttled(policy.on_join_request(G, "", "i3", 0.0))
     assert third.throttle_ms == 30_000 and third.error_code == 14
+    assert third.limit == 2 and third.reason == "group.join.rate.per.minute=2 exceeded"
+    assert third.subject == {"group_id": G, "member_id": ""}
     assert not policy.has_member(G, instance_id="i3")
-    assert isinstance(policy.on_join_request(G, "", "i3", 29.0), Throttle)
-    assert policy.on_join_request(G, "", "i3", 30.0).admitted
+    throttled(policy.on_join_request(G, "", "i3", 29.0))
+    forwarded(policy.on_join_request(G, "", "i3", 30.0))
 
 
 def test_the_second_half_of_a_kip_394_join_does_not_count_toward_the_rate() -> None:
     policy = GroupSizePolicy(GroupSizeConfig(join_rate_per_minute=1))
-    assert policy.on_join_request(G, "", None, 0.0).admitted
+    forwarded(policy.on_join_request(G, "", None, 0.0))
     policy.on_join_response(G, "", None, MEMBER_ID_REQUIRED, "pending-1", -1, 0.0)
-    assert policy.on_join_request(G, "pending-1", None, 0.0).admitted
-    assert isinstance(policy.on_join_request(G, "", None, 0.0), Throttle)
+    forwarded(policy.on_join_request(G, "pending-1", None, 0.0))
+    throttled(policy.on_join_request(G, "", None, 0.0))
 
 
 def test_observe_mode_reports_would_throttle() -> None:
     policy = GroupSizePolicy(GroupSizeConfig(join_rate_per_minute=1), Mode.OBSERVE)
-    assert policy.on_join_request(G, "", "i1", 0.0) == Admit(ticket=1)
-    second = policy.on_join_request(G, "", "i2", 0.0)
-    assert isinstance(second, Admit) and second.would_throttle is not None
-    assert second.would_throttle.throttle_ms == 60_000
+    assert policy.on_join_request(G, "", "i1", 0.0) == (None, 1)
+    decision, ticket = policy.on_join_request(G, "", "i2", 0.0)
+    assert ticket == 2  # forwarded
+    assert decision is not None and decision.action is Action.THROTTLE and decision.mode is Mode.OBSERVE
+    assert not decision.enforced
+    assert decision.throttle_ms == 60_000
 
 
 def test_consumer_protocol_joins_are_rate_limited_too() -> None:
     policy = GroupSizePolicy(GroupSizeConfig(join_rate_per_minute=60))
     for i in range(60):
-        assert policy.on_consumer_heartbeat_request(G, f"m{i}", 0, None, 0.0).admitted
-    throttled = policy.on_consumer_heartbeat_request(G, "late", 0, None, 0.0)
-    assert isinstance(throttled, Throttle) and throttled.throttle_ms == 1000
-    assert policy.on_consumer_heartbeat_request(G, "m0", 5, None, 0.0).admitted  # heartbeats are not joins
+        forwarded(policy.on_consumer_heartbeat_request(G, f"m{i}", 0, None, 0.0))
+    assert throttled(policy.on_consumer_heartbeat_request(G, "late", 0, None, 0.0)).throttle_ms == 1000
+    assert policy.on_consumer_heartbeat_request(G, "m0", 5, None, 0.0) == (None, None)  # heartbeats are not joins
 
 
 # -- reconciliation -------------------------------------------------------------------------------
@@ -1058,16 +1189,16 @@ def test_groups_near_the_cap_are_reconciled_once_per_interval() -> None:
 def test_a_describe_answer_replaces_the_tracked_members() -> None:
     policy = GroupSizePolicy(GroupSizeConfig(group_max_size=3))
     policy.observe_group_size(G, [("a", None), ("b", None), ("c", None)], 0.0, state="Stable")
-    assert not policy.on_join_request(G, "", None, 1.0).admitted
+    refused(policy.on_join_request(G, "", None, 1.0))
     policy.observe_group_size(G, [("a", None)], 2.0, state="Stable")
     assert not policy.has_member(G, "b")
-    assert policy.on_join_request(G, "", None, 3.0).admitted
+    forwarded(policy.on_join_request(G, "", None, 3.0))
 
 
 def test_members_that_joined_after_the_describe_was_sent_are_kept() -> None:
     policy = GroupSizePolicy(GroupSizeConfig(group_max_size=3))
     policy.observe_group_size(G, [("a", None)], 0.0, state="Stable")
-    policy.on_heartbeat_response(G, "late", NONE, 5.0)
+    policy.on_member_response(HEARTBEAT, G, "late", NONE, 5.0)
     policy.observe_group_size(G, [("a", None)], 6.0, state="Stable", sent_at=4.0)
     assert policy.has_member(G, "late")
 
@@ -1077,8 +1208,8 @@ def test_a_count_only_raises_the_estimate_and_a_dead_group_is_forgotten() -> Non
     policy.observe_group_size(G, 3, 0.0, state="Stable")
     view = policy.view(G)
     assert view is not None and view.members == 3
-    assert not policy.on_join_request(G, "", None, 1.0).admitted
-    policy.on_heartbeat_response(G, "a", NONE, 1.0)  # one of the three, now by name
+    refused(policy.on_join_request(G, "", None, 1.0))
+    policy.on_member_response(HEARTBEAT, G, "a", NONE, 1.0)  # one of the three, now by name
     view = policy.view(G)
     assert view is not None and view.members == 3
     policy.observe_group_size(G, 0, 2.0, state="Dead")
@@ -1090,7 +1221,7 @@ def test_consumer_group_describe_states_are_understood() -> None:
     policy.observe_group_size(G, [("a", None)], 0.0, state="Reconciling")
     view = policy.view(G)
     assert view is not None and view.kind is GroupKind.CONSUMER and view.max_size == 1
-    assert not policy.on_consumer_heartbeat_request(G, "b", 0, None, 1.0).admitted
+    refused(policy.on_consumer_heartbeat_request(G, "b", 0, None, 1.0))
 
 
 # -- memory and metrics ---------------------------------------------------------------------------
@@ -1109,7 +1240,7 @@ def test_the_least_recently_used_groups_are_dropped_beyond_max_groups() -> None:
     policy = GroupSizePolicy(GroupSizeConfig(max_groups=3))
     for i in range(3):
         policy.on_join_request(f"g{i}", "", None, float(i))
-    policy.on_heartbeat_response("g0", "m", NONE, 5.0)  # g0 is used again
+    policy.on_member_response(HEARTBEAT, "g0", "m", NONE, 5.0)  # g0 is used again
     policy.on_join_request("g3", "", None, 6.0)
     assert policy.groups_tracked == 3
     assert policy.view("g1") is None
@@ -1130,6 +1261,122 @@ def test_many_timers_stay_bounded() -> None:
         policy.on_join_request(f"g{i % 50}", "", None, float(i))
         policy.expire(float(i))
     assert len(policy._timers) <= 4 * policy.groups_tracked + 1024
+
+
+# -- reload ----------------------------------------------------------------------------------------
+
+
+def test_a_lowered_cap_shrinks_a_group_at_its_next_rebalance_by_refusing_the_last_to_rejoin() -> None:
+    """Kafka applies a new group.max.size to joins only: a Stable group over it keeps its members
+    (they heartbeat, commit and rejoin without a rebalance) and refuses new ones; its next join
+    phase counts the members awaiting join (acceptJoiningMember), so the last to rejoin are refused
+    and the coordinator drops them when the phase completes."""
+    proxy = Proxy(10)
+    results = [proxy.join() for _ in range(4)]
+    proxy.complete_join()
+    leader = next(r for r in results if r.member_id == r.leader)
+    followers = [r for r in results if r is not leader]
+    proxy.sync(leader.member_id, None, 1)
+    assert proxy.view().state is STABLE and proxy.view().members == 4
+
+    proxy.policy.reconfigure(GroupSizeConfig(group_max_size=2), Mode.ENFORCE)
+    view = proxy.view()
+    assert (view.max_size, view.members, view.state) == (2, 4, STABLE)  # tracked groups are kept
+    for r in results:
+        assert proxy.heartbeat(r.member_id, None, 1) == NONE
+        assert proxy.commit(r.member_id, None, 1) == NONE
+    assert proxy.join(followers[0].member_id).error == NONE  # answered at once, no rebalance
+    assert proxy.join().error == GROUP_MAX_SIZE_REACHED
+    assert proxy.view().state is STABLE and proxy.coordinator.counted() == 4
+
+    proxy.join(leader.member_id, protocols=1)  # changed metadata: the next rebalance
+    assert proxy.view().state is PREPARING
+    rejoins = [proxy.join(r.member_id) for r in followers]
+    assert errors_of(rejoins) == [None, GROUP_MAX_SIZE_REACHED, GROUP_MAX_SIZE_REACHED]
+    proxy.complete_join()
+    assert rejoins[0].error == NONE
+    assert sorted(proxy.coordinator.members) == sorted([leader.member_id, followers[0].member_id])
+    view = proxy.view()
+    assert (view.members, view.state, view.generation) == (2, COMPLETING, 2)
+    for r in followers[1:]:
+        assert not proxy.policy.has_member(G, r.member_id)
+
+
+def test_a_lowered_consumer_cap_keeps_the_members_and_refuses_new_ones() -> None:
+    """throwIfConsumerGroupIsFull looks at joining members only: members over a lowered
+    group.consumer.max.size stay, and so does their right to rejoin with their member id."""
+    policy = GroupSizePolicy(GroupSizeConfig(group_consumer_max_size=5))
+    for member_id in ("a", "b", "c"):
+        ticket = forwarded(policy.on_consumer_heartbeat_request(G, member_id, 0, None, 0.0))
+        policy.on_consumer_heartbeat_response(G, member_id, NONE, member_id, 1, 0.0, ticket=ticket)
+    policy.reconfigure(GroupSizeConfig(group_consumer_max_size=2), Mode.ENFORCE)
+    for member_id in ("a", "b", "c"):
+        assert policy.on_consumer_heartbeat_request(G, member_id, 1, None, 1.0) == (None, None)
+    ticket = forwarded(policy.on_consumer_heartbeat_request(G, "c", 0, None, 1.0))
+    policy.on_consumer_heartbeat_response(G, "c", NONE, "c", 2, 1.0, ticket=ticket)
+    decision = refused(policy.on_consumer_heartbeat_request(G, "d", 0, None, 1.0))
+    assert decision.reason == "The consumer group has reached its maximum capacity of 2 members."
+    policy.on_consumer_heartbeat_response(G, "a", NONE, "a", -1, 2.0)  # a leaves: 2 left, the cap
+    refused(policy.on_consumer_heartbeat_request(G, "d", 0, None, 2.0))
+    policy.on_consumer_heartbeat_response(G, "b", NONE, "b", -1, 3.0)
+    forwarded(policy.on_consumer_heartbeat_request(G, "d", 0, None, 3.0))
+
+
+def test_a_raised_cap_admits_at_once() -> None:
+    proxy = Proxy(2)
+    proxy.join(), proxy.join()
+    assert proxy.join().error == GROUP_MAX_SIZE_REACHED
+    proxy.policy.reconfigure(GroupSizeConfig(group_max_size=3), Mode.ENFORCE)
+    assert proxy.join().error is None  # admitted, parked in the rebalance
+    proxy.complete_join()
+    assert proxy.coordinator.counted() == proxy.view().members == 3
+
+
+def test_reload_switches_the_mode_of_the_live_policy() -> None:
+    proxy = Proxy(1, Mode.OBSERVE)
+    proxy.join(), proxy.join()
+    decision, ticket = proxy.answers[-1]
+    assert decision is not None and decision.mode is Mode.OBSERVE and ticket is not None
+    proxy.policy.reconfigure(GroupSizeConfig(group_max_size=1), Mode.ENFORCE)
+    assert proxy.join().error == GROUP_MAX_SIZE_REACHED
+    refused(proxy.answers[-1])
+    proxy.policy.reconfigure(GroupSizeConfig(group_max_size=1), Mode.OBSERVE)
+    proxy.join()
+    decision, ticket = proxy.answers[-1]
+    assert decision is not None and decision.mode is Mode.OBSERVE and not decision.enforced and ticket is not None
+    proxy.complete_join()
+    assert proxy.view().members == 3  # the refused join never reached the coordinator
+
+
+def test_reload_switches_the_join_rate_on_with_a_full_bucket() -> None:
+    policy = GroupSizePolicy()
+    forwarded(policy.on_join_request(G, "", "i0", 0.0))  # the group is tracked while the rate is off
+    policy.reconfigure(GroupSizeConfig(join_rate_per_minute=2), Mode.ENFORCE)
+    forwarded(policy.on_join_request(G, "", "i1", 0.0))
+    forwarded(policy.on_join_request(G, "", "i2", 0.0))
+    assert throttled(policy.on_join_request(G, "", "i3", 0.0)).throttle_ms == 30_000
+
+
+def test_reload_lowers_the_join_rate_of_a_fuller_bucket() -> None:
+    policy = GroupSizePolicy(GroupSizeConfig(join_rate_per_minute=10))
+    forwarded(policy.on_join_request(G, "", "i0", 0.0))  # 9 tokens left
+    policy.reconfigure(GroupSizeConfig(join_rate_per_minute=2), Mode.ENFORCE)
+    forwarded(policy.on_join_request(G, "", "i1", 0.0))
+    forwarded(policy.on_join_request(G, "", "i2", 0.0))
+    throttled(policy.on_join_request(G, "", "i3", 0.0))
+    policy.reconfigure(GroupSizeConfig(), Mode.ENFORCE)  # off
+    forwarded(policy.on_join_request(G, "", "i3", 0.0))
+
+
+def test_reload_applies_a_lower_max_groups_and_idle_time_to_tracked_groups() -> None:
+    policy = GroupSizePolicy()
+    for i in range(3):
+        policy.on_join_request(f"g{i}", "", None, float(i))  # KIP-394 first rounds: empty groups
+    policy.on_member_response(HEARTBEAT, "g0", "m", NONE, 5.0)  # g0 is used again
+    policy.reconfigure(GroupSizeConfig(max_groups=2, idle_group_seconds=60), Mode.ENFORCE)
+    assert policy.groups_tracked == 2 and policy.view("g1") is None
+    assert policy.expire(63.0).groups_dropped == 1  # g2, idle since 2.0, not an hour later
+    assert policy.view("g0") is not None
 
 
 # -- configuration ---------------------------------------------------------------------------------
@@ -1159,29 +1406,75 @@ def test_defaults_are_kafkas() -> None:
     assert config.join_rate_per_minute == -1
 
 
-def test_settings_from_kafka_property_names() -> None:
-    config = GroupSizeConfig.from_properties(
-        {
-            "group.max.size": 10,
-            "group.consumer.max.size": 20,
-            "group.join.rate.per.minute": 600,
-            "group.consumer.session.timeout.ms": 30_000,
-            "group.reconcile.interval.ms": 5_000,
-            "socket.request.max.bytes": 1,  # another policy's key
-        }
-    )
-    assert (config.group_max_size, config.group_consumer_max_size, config.join_rate_per_minute) == (10, 20, 600)
-    assert config.consumer_session_timeout_seconds == 30.0
-    assert config.reconcile_interval_seconds == 5.0
-    with pytest.raises(ValueError, match=re.escape("group.max.size must be an integer")):
-        GroupSizeConfig.from_properties({"group.max.size": "10"})
+def test_settings_errors_name_kafkas_keys() -> None:
+    with pytest.raises(ValueError, match=re.escape("group.max.size must be an integer, got '10'")):
+        GroupSizeConfig(group_max_size="10")  # type: ignore[arg-type]
     with pytest.raises(ValueError, match=re.escape("group.consumer.session.timeout.ms must be a positive")):
-        GroupSizeConfig.from_properties({"group.consumer.session.timeout.ms": 0})
+        GroupSizeConfig(consumer_session_timeout_seconds=0)
 
 
 @given(st.integers(min_value=1, max_value=INT_MAX))
 def test_any_cap_from_1_to_int_max_is_accepted(cap: int) -> None:
     assert GroupSizeConfig(group_max_size=cap, group_consumer_max_size=cap).group_max_size == cap
+
+
+# ---------------------------------------------------------------------------------------------
+# The state machine, table-driven (as h11's test_state.py drives ConnectionState)
+
+# What each event does in each state, written out by hand from Kafka's coordinator (not read
+# from the module): a state, "prior" (back to the state the rebalance started from), or "error".
+EXPECTED_TRANSITIONS = """
+event                           Empty       Preparing   Completing  Stable      Dead
+JOIN_STARTS_REBALANCE           Preparing   Preparing   Preparing   Preparing   error
+STARTING_JOIN_FAILED            error       prior       error       error       error
+JOIN_PHASE_COMPLETED            Completing  Completing  Completing  Completing  error
+SYNC_COMPLETED                  Stable      Preparing   Stable      Stable      error
+REBALANCE_ANSWERED              Empty       Preparing   Preparing   Preparing   error
+MEMBER_ADDED                    Stable      Preparing   Completing  Stable      error
+MEMBER_REMOVED                  Empty       Preparing   Preparing   Preparing   error
+GROUP_EMPTIED                   Empty       Empty       Empty       Empty       error
+UPGRADED_TO_CONSUMER            Empty       Stable      Stable      Stable      error
+DESCRIBED_EMPTY                 Empty       Empty       Empty       Empty       error
+DESCRIBED_PREPARING_REBALANCE   Preparing   Preparing   Preparing   Preparing   error
+DESCRIBED_COMPLETING_REBALANCE  Completing  Completing  Completing  Completing  error
+DESCRIBED_STABLE                Stable      Stable      Stable      Stable      error
+"""
+_CELL = {"Empty": EMPTY, "Preparing": PREPARING, "Completing": COMPLETING, "Stable": STABLE}
+
+
+def _expected() -> dict[tuple[GroupState, GroupEvent], str]:
+    header, *rows = EXPECTED_TRANSITIONS.split("\n")[1:-1]
+    states = [GroupState.DEAD if name == "Dead" else _CELL[name] for name in header.split()[1:]]
+    table = {}
+    for row in rows:
+        event, *cells = row.split()
+        table.update({(state, GroupEvent[event]): cell for state, cell in zip(states, cells, strict=True)})
+    return table
+
+
+def test_the_expected_table_names_every_state_and_event() -> None:
+    assert set(_expected()) == {(state, event) for state in GroupState for event in GroupEvent}
+
+
+@pytest.mark.parametrize(("state", "event"), [(s, e) for s in GroupState for e in GroupEvent])
+def test_transition(state: GroupState, event: GroupEvent) -> None:
+    cell = _expected()[state, event]
+    if cell == "error":
+        with pytest.raises(InvalidTransition, match=f"state {state.value} cannot take {event.name}"):
+            next_state(state, event)
+    elif cell == "prior":
+        for before in (EMPTY, COMPLETING, STABLE):
+            assert next_state(state, event, before) is before
+    else:
+        assert next_state(state, event) is _CELL[cell]
+        assert next_state(state, event, STABLE) is _CELL[cell]  # the prior state matters to "prior" only
+
+
+def test_the_table_is_the_module_s_only_source_of_transitions() -> None:
+    """next_state reads TRANSITIONS: a pair missing from it is an error, whatever the pair."""
+    assert set(TRANSITIONS) == set(GroupState)
+    pairs = {(state, event) for state, row in TRANSITIONS.items() for event in row}
+    assert pairs == {key for key, cell in _expected().items() if cell != "error"}
 
 
 # ---------------------------------------------------------------------------------------------
@@ -1306,14 +1599,16 @@ class ClassicGroupMachine(RuleBasedStateMachine):
     @rule(group=GROUP, name=st.sampled_from(DYNAMIC))
     def join_fails_before_the_coordinator(self, group: int, name: str) -> None:
         c, p = self.clients[group][name], self.proxies[group]
-        decision = p.policy.on_join_request(
+        answer = p.policy.on_join_request(
             p.group_id, c.member_id, None, p.now, session_timeout_ms=SESSION_MS, rebalance_timeout_ms=REBALANCE_MS
         )
-        if isinstance(decision, Refuse) and c.member_id:
+        p.answers.append(answer)
+        decision, ticket = answer
+        if decision is not None and decision.enforced and decision.action is Action.REFUSE and c.member_id:
             p.refused.add(c.member_id)
-        if isinstance(decision, Admit):
+        if ticket is not None:
             error = COORDINATOR_NOT_AVAILABLE
-            p.policy.on_join_response(p.group_id, c.member_id, None, error, "", -1, p.now, ticket=decision.ticket)
+            p.policy.on_join_response(p.group_id, c.member_id, None, error, "", -1, p.now, ticket=ticket)
 
     @rule(seconds=st.sampled_from(STEPS))
     def time_passes(self, seconds: float) -> None:
@@ -1384,7 +1679,10 @@ class ObservedClassicGroupMachine(ClassicGroupMachine):
 
     @invariant()
     def observe_mode_never_refuses(self) -> None:
-        assert all(d.admitted for proxy in self.proxies for d in proxy.decisions)
+        for proxy in self.proxies:
+            for decision, ticket in proxy.answers:
+                assert ticket is not None  # forwarded
+                assert decision is None or (decision.mode is Mode.OBSERVE and not decision.enforced)
 
 
 _machine_settings = settings(
@@ -1452,15 +1750,16 @@ class ConsumerGroupMachine(RuleBasedStateMachine):
         self.clients: dict[str, tuple[str | None, str]] = {}  # name -> (instance, member id)
 
     def _send(self, name: str, instance_id: str | None, member_id: str, epoch: int, lost: bool = False) -> None:
-        decision = self.policy.on_consumer_heartbeat_request(G, member_id, epoch, instance_id, self.now)
-        if not decision.admitted:
-            assert isinstance(decision, Refuse) and decision.error_code == GROUP_MAX_SIZE_REACHED
+        answer = self.policy.on_consumer_heartbeat_request(G, member_id, epoch, instance_id, self.now)
+        if answer[0] is not None:
+            refused(answer)
             self.clients.pop(name, None)
             return
-        assert isinstance(decision, Admit)
+        ticket = answer[1]
+        assert (ticket is not None) == (epoch == 0)  # only joins get a ticket
         error, assigned, new_epoch = self.coordinator.heartbeat(member_id, epoch, instance_id, self.now)
         self.policy.on_consumer_heartbeat_response(
-            G, member_id, error, assigned, new_epoch, self.now, instance_id=instance_id, ticket=decision.ticket
+            G, member_id, error, assigned, new_epoch, self.now, instance_id=instance_id, ticket=ticket
         )
         if error == FENCED_MEMBER_EPOCH:
             return  # keeps its member id and rejoins with epoch 0
@@ -1495,6 +1794,12 @@ class ConsumerGroupMachine(RuleBasedStateMachine):
         view = self.policy.view(G)
         if view is not None:
             assert 0 <= view.members <= CAP
+
+    @invariant()
+    def a_consumer_group_is_empty_or_stable(self) -> None:
+        view = self.policy.view(G)
+        if view is not None:
+            assert view.state is (STABLE if view.members else EMPTY)
 
     @invariant()
     def every_member_is_tracked(self) -> None:

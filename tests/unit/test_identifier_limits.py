@@ -4,7 +4,6 @@ covered API, at its lowest, a middle and its highest kio version."""
 from __future__ import annotations
 
 import dataclasses
-import re
 import types
 from typing import Any, get_args, get_origin, get_type_hints
 
@@ -12,9 +11,10 @@ import pytest
 from kio.index import load_request_schema
 from kio.schema.index import api_key_map, schema_name_map
 
+from policies.api_keys import CREATE_TOPICS, DESCRIBE_GROUPS, FIND_COORDINATOR, JOIN_GROUP
+from policies.decision import Action, Decision, Policy
 from policies.identifier_limits import (
     CONFIG_KEYS,
-    FIND_COORDINATOR,
     IDENTIFIER_FIELDS,
     Breach,
     BreachReason,
@@ -22,8 +22,11 @@ from policies.identifier_limits import (
     IdentifierLimits,
     check_client_id,
     check_request,
+    check_transactional_id,
+    decide,
     java_length,
 )
+from policies.mode import Mode
 from tests.kio_entities import IDENTIFIER_RULE_CASES, make_request, unwrap_optional, versions
 
 ON = IdentifierLimits(enabled=True)
@@ -259,48 +262,30 @@ def test_the_error_code_is_configurable_except_for_kafkas_existing_limits() -> N
     assert limits.error_code_for(IdentifierKind.MEMBER_ID) == 42
 
 
-def test_limits_from_kafka_style_properties() -> None:
-    limits = IdentifierLimits.from_properties(
-        {
-            "resource.identifier.limit.enable": "true",
-            "resource.identifier.max.length": "100",
-            "member.id.max.length": 40,
-            "classic.member.id.max.length": 36,
-            "topic.name.max.length": 200,
-            "offset.metadata.max.bytes": "1024",
-            "resource.identifier.limit.error.code": 42,
-        }
-    )
-    assert limits == IdentifierLimits(True, 100, 40, 36, 200, 1024, 42)
-    assert IdentifierLimits.from_properties({}) == IdentifierLimits()
-    assert set(CONFIG_KEYS) == {
-        "resource.identifier.limit.enable",
-        "resource.identifier.max.length",
-        "member.id.max.length",
-        "classic.member.id.max.length",
-        "topic.name.max.length",
-        "offset.metadata.max.bytes",
-        "resource.identifier.limit.error.code",
-    }
+def test_every_limit_has_a_kafka_property_name() -> None:
+    assert sorted(CONFIG_KEYS.values()) == sorted(f.name for f in dataclasses.fields(IdentifierLimits))
+    limits = IdentifierLimits(True, 100, 40, 36, 200, 1024, 42)
     body = make_request(15, 6, {"groups[0]": "g" * 101})
     [breach] = check_request(15, 6, body, None, limits)
     assert (breach.path, breach.limit) == ("groups[0]", 100)
 
 
 @pytest.mark.parametrize(
-    ("props", "key"),
+    ("limits", "message"),
     [
-        ({"resource.identifier.limit.enable": "yes"}, "resource.identifier.limit.enable"),
-        ({"resource.identifier.max.length": -1}, "resource.identifier.max.length"),
-        ({"member.id.max.length": "36.5"}, "member.id.max.length"),
-        ({"resource.identifier.limit.error.code": 0}, "resource.identifier.limit.error.code"),
-        ({"resource.identifier.limit.error.code": True}, "resource.identifier.limit.error.code"),
-        ({"resource.identifier.max.lenght": 1}, "resource.identifier.max.lenght"),
+        ({"enabled": "true"}, "resource.identifier.limit.enable must be a boolean, got 'true'"),
+        ({"max_length": -1}, "resource.identifier.max.length must be an integer 0-2147483647, got -1"),
+        ({"member_id_max_length": 36.5}, "member.id.max.length must be an integer 0-2147483647, got 36.5"),
+        ({"offset_metadata_max_bytes": 2**31}, "offset.metadata.max.bytes must be an integer 0-2147483647"),
+        ({"topic_name_max_length": True}, "topic.name.max.length must be an integer"),
+        ({"error_code": 0}, "resource.identifier.limit.error.code must be a Kafka error code 1-32767, got 0"),
+        ({"error_code": True}, "resource.identifier.limit.error.code must be a Kafka error code 1-32767, got True"),
     ],
 )
-def test_bad_properties_name_the_key(props: dict[str, object], key: str) -> None:
-    with pytest.raises(ValueError, match=re.escape(key)):
-        IdentifierLimits.from_properties(props)
+def test_bad_limits_name_the_key(limits: dict[str, Any], message: str) -> None:
+    with pytest.raises(ValueError) as info:
+        IdentifierLimits(**limits)
+    assert str(info.value).startswith(message)
 
 
 def test_the_policy_only_uses_attributes() -> None:
@@ -309,3 +294,116 @@ def test_the_policy_only_uses_attributes() -> None:
     assert breach.path == "groups[1]"
     # absent or null fields are skipped, not errors
     assert check_request(11, 9, types.SimpleNamespace(group_instance_id=None), None, ON) == []
+
+
+# ------------------------------------------------------------ the decision
+
+
+def test_no_breach_is_no_decision() -> None:
+    assert decide([], Mode.ENFORCE) is None
+    assert decide([], Mode.OBSERVE, expects_response=False) is None
+
+
+def test_a_client_id_over_the_limit_refuses_the_request_and_closes_after_the_answer() -> None:
+    body = make_request(DESCRIBE_GROUPS, 5, {"groups[0]": "ok", "groups[1]": "g" * 250})
+    breaches = check_request(DESCRIBE_GROUPS, 5, body, "c" * 251, ON)
+    client, group = breaches
+
+    decision = decide(breaches, Mode.ENFORCE)
+
+    assert decision == Decision(
+        Policy.IDENTIFIER_LIMITS,
+        Action.REFUSE,
+        Mode.ENFORCE,
+        "resource.identifier.max.length",
+        "client id (header.client_id) is 251 characters long, over the limit of 249 "
+        "(resource.identifier.max.length, KIP-1233)",
+        limit=249,
+        error_code=42,
+        close_after=True,
+        # the header has no element of its own: only the group is answered with its own error
+        element_errors={"groups[1]": (42, group.message)},
+        subject={
+            "identifier_kind": "client_id",
+            "identifier_length": 251,
+            "identifier": "c" * 251,
+            "breaches": [
+                {"kind": "client_id", "path": "header.client_id", "length": 251, "limit": 249},
+                {"kind": "group_id", "path": "groups[1]", "length": 250, "limit": 249},
+            ],
+        },
+    )
+    assert decision.reason == client.message and decision.enforced
+
+
+def test_a_breach_in_an_element_refuses_with_its_own_code_and_keeps_the_connection() -> None:
+    body = make_request(CREATE_TOPICS, 7, {"topics[0].name": "fine", "topics[1].name": "bad/name"})
+    breaches = check_request(CREATE_TOPICS, 7, body, "client-1", ON)
+
+    decision = decide(breaches, Mode.ENFORCE)
+
+    assert decision is not None and decision.action is Action.REFUSE
+    assert (decision.error_code, decision.limit_key, decision.limit) == (17, "topic.name.max.length", 249)
+    assert not decision.close_after and not decision.victims
+    assert decision.element_errors == {"topics[1]": (17, breaches[0].message)}
+    assert decision.subject["identifier_kind"] == "topic_name"
+    assert decision.subject["identifier_length"] == 8
+    assert decision.subject["identifier"] == "bad/name"
+
+
+def test_an_audit_event_keeps_the_first_300_characters_of_the_identifier() -> None:
+    breach = check_transactional_id("t" * 400, ON)
+    assert breach is not None and breach.value == "t" * 400
+    decision = decide([breach], Mode.OBSERVE)
+    assert decision is not None and decision.subject["identifier"] == "t" * 300
+
+
+def test_the_configured_error_code_is_answered_for_kip_1233_identifiers() -> None:
+    limits = IdentifierLimits(enabled=True, error_code=133)
+    body = make_request(DESCRIBE_GROUPS, 5, {"groups[0]": "g" * 250})
+    decision = decide(check_request(DESCRIBE_GROUPS, 5, body, None, limits), Mode.ENFORCE)
+    assert decision is not None and decision.error_code == 133
+    assert decision.element_errors == {"groups[0]": (133, decision.reason)}
+
+
+def test_a_request_that_expects_no_response_closes_the_connection() -> None:
+    breach = check_transactional_id("t" * 250, ON)  # Produce acks=0: peeked, never answered
+    assert breach is not None
+
+    decision = decide([breach], Mode.ENFORCE, expects_response=False)
+
+    assert decision == Decision(
+        Policy.IDENTIFIER_LIMITS,
+        Action.CLOSE,
+        Mode.ENFORCE,
+        "resource.identifier.max.length",
+        breach.message,
+        limit=249,
+        subject={
+            "identifier_kind": "transactional_id",
+            "identifier_length": 250,
+            "identifier": "t" * 250,
+            "breaches": [{"kind": "transactional_id", "path": "transactional_id", "length": 250, "limit": 249}],
+        },
+    )
+    assert decision.error_code is None and not decision.element_errors
+
+
+def test_observe_mode_decides_the_same_and_is_not_enforced() -> None:
+    body = make_request(JOIN_GROUP, 9, {"group_id": "g" * 250})
+    breaches = check_request(JOIN_GROUP, 9, body, "c" * 250, ON)
+    enforced = decide(breaches, Mode.ENFORCE)
+    observed = decide(breaches, Mode.OBSERVE)
+    assert enforced is not None and observed is not None
+    assert observed == dataclasses.replace(enforced, mode=Mode.OBSERVE)
+    assert enforced.enforced and not observed.enforced
+
+
+def test_identifiers_lists_every_checked_identifier_of_a_body_with_its_kind() -> None:
+    from policies.identifier_limits import identifiers
+
+    body = make_request(11, 9, {"group_id": "orders", "member_id": "m-1", "group_instance_id": None})
+    found = dict(identifiers(11, 9, body))
+    assert found[IdentifierKind.GROUP_ID] == "orders"
+    assert found[IdentifierKind.CLASSIC_MEMBER_ID] == "m-1"
+    assert IdentifierKind.GROUP_INSTANCE_ID not in found  # null: nothing to measure

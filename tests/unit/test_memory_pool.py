@@ -11,31 +11,36 @@ from hypothesis import given, settings
 from hypothesis import strategies as st
 from hypothesis.stateful import RuleBasedStateMachine, initialize, invariant, precondition, rule
 
+from policies.decision import Action, Decision, Policy
 from policies.memory_pool import (
     QUEUED_MAX_REQUEST_BYTES,
     QUEUED_MAX_REQUEST_BYTES_PER_CONNECTION,
     SOCKET_REQUEST_MAX_BYTES,
     UNBOUNDED,
-    Grant,
     MemoryPool,
-    Wait,
-    WaitReason,
     validate_settings,
 )
 from policies.mode import Mode
 
 KIB = 1024
 MIB = 1024 * KIB
+POOL_DEPLETED = QUEUED_MAX_REQUEST_BYTES  # what a WAIT names when the pool itself is exhausted
+CONNECTION_SHARE = QUEUED_MAX_REQUEST_BYTES_PER_CONNECTION  # ... and when the connection's share holds it back
 
 
-def granted(decision: Grant | Wait) -> Grant:
-    assert isinstance(decision, Grant), decision
-    return decision
+def granted(result: tuple[int, Decision | None]) -> int:
+    """The ticket of a plain grant."""
+    ticket, decision = result
+    assert decision is None, decision
+    return ticket
 
 
-def waits(decision: Grant | Wait) -> Wait:
-    assert isinstance(decision, Wait), decision
-    return decision
+def waits(result: tuple[int, Decision | None], mode: Mode = Mode.ENFORCE) -> tuple[int, Decision]:
+    """The ticket and WAIT decision of a request that waits (ENFORCE: queued; OBSERVE: granted anyway)."""
+    ticket, decision = result
+    assert decision is not None, "granted, expected a WAIT"
+    assert (decision.policy, decision.action, decision.mode) == (Policy.MEMORY_POOL, Action.WAIT, mode), decision
+    return ticket, decision
 
 
 # -- the non-strict budget ---------------------------------------------------------
@@ -45,8 +50,8 @@ def test_a_request_larger_than_what_remains_is_granted_while_any_budget_remains(
     pool = MemoryPool(2 * MIB, 1 * MIB)
     granted(pool.reserve("a", MIB, 0.0))
     granted(pool.reserve("a", MIB - 1, 0.0))
-    big = granted(pool.reserve("b", 1 * MIB, 0.0))
-    assert big.size == MIB and not big.would_wait
+    granted(pool.reserve("b", 1 * MIB, 0.0))
+    assert pool.held("b") == MIB
     assert pool.used == 3 * MIB - 1
     assert pool.available == -(MIB - 1)
 
@@ -55,9 +60,18 @@ def test_an_exhausted_pool_queues_the_request() -> None:
     pool = MemoryPool(2 * MIB, 1 * MIB)
     granted(pool.reserve("a", MIB, 0.0))
     granted(pool.reserve("a", MIB, 0.0))
-    wait = waits(pool.reserve("b", 1, 0.0))
-    assert wait.reason is WaitReason.POOL_DEPLETED and wait.size == 1 and wait.conn_id == "b"
-    assert pool.waiting == 1
+    _, wait = waits(pool.reserve("b", 1, 0.0))
+    assert wait == Decision(
+        Policy.MEMORY_POOL,
+        Action.WAIT,
+        Mode.ENFORCE,
+        QUEUED_MAX_REQUEST_BYTES,
+        "queued.max.request.bytes=2097152 exhausted (2097152 bytes in use): a request of 1 bytes waits for memory",
+        limit=2 * MIB,
+        subject={"size": 1, "used": 2 * MIB, "capacity": 2 * MIB},
+    )
+    assert pool.waiting == 1 and pool.held("b") == 0
+    assert pool.cancel("b", 1.0) == [] and pool.waiting == 0  # the wait was b's
 
 
 @given(st.lists(st.integers(min_value=1, max_value=MIB), max_size=60), st.randoms(use_true_random=False))
@@ -65,11 +79,11 @@ def test_used_never_exceeds_pool_plus_largest_request_under_any_sequence(sizes: 
     pool = MemoryPool(2 * MIB, 1 * MIB)
     held: list[int] = []
     for i, size in enumerate(sizes):
-        decision = pool.reserve(i % 5, size, float(i))
-        if isinstance(decision, Grant):
-            held.append(decision.ticket)
+        ticket, decision = pool.reserve(i % 5, size, float(i))
+        if decision is None:
+            held.append(ticket)
         if held and rnd.random() < 0.4:
-            held.extend(g.ticket for g in pool.release(held.pop(rnd.randrange(len(held))), float(i)))
+            held.extend(pool.release(held.pop(rnd.randrange(len(held))), float(i)))
         assert pool.used <= 3 * MIB - 1
     assert pool.high_water_mark <= 3 * MIB - 1
 
@@ -78,34 +92,33 @@ def test_a_large_request_waiting_behind_small_ones_is_granted_before_later_small
     pool = MemoryPool(2 * MIB, 1 * MIB)
     smalls = [granted(pool.reserve(f"s{i}", 512 * KIB, 0.0)) for i in range(4)]
     assert pool.available == 0
-    big = waits(pool.reserve("big", MIB, 1.0))
-    later = [waits(pool.reserve(f"late{i}", KIB, 2.0)) for i in range(3)]
+    big, _ = waits(pool.reserve("big", MIB, 1.0))
+    later = [waits(pool.reserve(f"late{i}", KIB, 2.0))[0] for i in range(3)]
 
     # One small request finishes: 512 KiB free, less than the big one needs,
     # but the big one is at the head of the queue and the pool is non-strict.
-    woken = pool.release(smalls[0].ticket, 3.0)
-    assert [g.ticket for g in woken] == [big.ticket]
-    assert woken[0].waited_seconds == 2.0
+    assert pool.release(smalls[0], 3.0) == [big]
+    assert pool.held("big") == MIB
     assert pool.used == 2 * MIB + 512 * KIB
     assert pool.waiting == 3
 
     # The later small ones keep their FIFO order once the pool has room again.
-    woken = pool.release(smalls[1].ticket, 4.0) + pool.release(smalls[2].ticket, 4.0)
-    woken += pool.release(big.ticket, 5.0)
-    assert [g.ticket for g in woken] == [w.ticket for w in later]
+    woken = pool.release(smalls[1], 4.0) + pool.release(smalls[2], 4.0)
+    woken += pool.release(big, 5.0)
+    assert woken == later
 
 
 def test_a_new_request_does_not_jump_ahead_of_waiters_while_the_pool_is_depleted() -> None:
     pool = MemoryPool(2 * MIB, 1 * MIB)
     first = granted(pool.reserve("a", MIB, 0.0))
     second = granted(pool.reserve("a", MIB, 0.0))
-    big = waits(pool.reserve("big", MIB, 0.0))
-    small = waits(pool.reserve("small", KIB, 0.0))
-    assert [g.ticket for g in pool.release(first.ticket, 1.0)] == [big.ticket]
+    big, _ = waits(pool.reserve("big", MIB, 0.0))
+    small, _ = waits(pool.reserve("small", KIB, 0.0))
+    assert pool.release(first, 1.0) == [big]
     assert pool.available == 0
-    newcomer = waits(pool.reserve("new", KIB, 1.0))
-    assert newcomer.reason is WaitReason.POOL_DEPLETED
-    assert [g.ticket for g in pool.release(second.ticket, 2.0)] == [small.ticket, newcomer.ticket]
+    newcomer, wait = waits(pool.reserve("new", KIB, 1.0))
+    assert wait.limit_key == POOL_DEPLETED
+    assert pool.release(second, 2.0) == [small, newcomer]
 
 
 @pytest.mark.parametrize("size", [0, -1, MIB + 1])
@@ -120,10 +133,10 @@ def test_a_request_size_outside_one_to_socket_request_max_bytes_is_a_programming
 
 def test_releasing_a_ticket_twice_raises() -> None:
     pool = MemoryPool(2 * MIB, 1 * MIB)
-    grant = granted(pool.reserve("a", KIB, 0.0))
-    pool.release(grant.ticket, 1.0)
+    ticket = granted(pool.reserve("a", KIB, 0.0))
+    pool.release(ticket, 1.0)
     with pytest.raises(ValueError, match="not outstanding"):
-        pool.release(grant.ticket, 2.0)
+        pool.release(ticket, 2.0)
     assert pool.used == 0
 
 
@@ -136,21 +149,23 @@ def test_a_waiter_is_granted_under_the_ticket_its_wait_named() -> None:
     pool = MemoryPool(2 * MIB, 1 * MIB)
     first = granted(pool.reserve("a", MIB, 0.0))
     second = granted(pool.reserve("a", MIB, 0.0))
-    wait = waits(pool.reserve("b", KIB, 0.0))
-    assert len({first.ticket, second.ticket, wait.ticket}) == 3
-    (grant,) = pool.release(first.ticket, 1.0)
-    assert (grant.ticket, grant.conn_id, grant.size) == (wait.ticket, "b", KIB)
+    wait, _ = waits(pool.reserve("b", KIB, 0.0))
+    assert len({first, second, wait}) == 3
+    assert pool.held("b") == 0
+    assert pool.release(first, 1.0) == [wait]
+    assert pool.held("b") == KIB  # granted to b, for its size
+    assert pool.release(wait, 2.0) == [] and pool.held("b") == 0
 
 
 def test_releasing_a_queued_ticket_withdraws_the_wait() -> None:
     pool = MemoryPool(2 * MIB, 1 * MIB)
     first = granted(pool.reserve("a", MIB, 0.0))
     second = granted(pool.reserve("a", MIB, 0.0))
-    wait = waits(pool.reserve("b", KIB, 0.0))
-    assert pool.release(wait.ticket, 1.0) == []
+    wait, _ = waits(pool.reserve("b", KIB, 0.0))
+    assert pool.release(wait, 1.0) == []
     assert pool.waiting == 0
-    assert pool.release(first.ticket, 2.0) == []
-    assert pool.release(second.ticket, 2.0) == []
+    assert pool.release(first, 2.0) == []
+    assert pool.release(second, 2.0) == []
     assert pool.used == 0
 
 
@@ -159,7 +174,7 @@ def test_releasing_a_queued_ticket_withdraws_the_wait() -> None:
 
 def test_a_disconnect_returns_all_its_bytes_and_the_pool_is_full_again() -> None:
     pool = MemoryPool(2 * MIB, 1 * MIB)
-    tickets = [granted(pool.reserve("a", 700 * KIB, 0.0)).ticket for _ in range(3)]
+    tickets = [granted(pool.reserve("a", 700 * KIB, 0.0)) for _ in range(3)]
     waits(pool.reserve("a", MIB, 0.0))
     assert pool.held("a") == 2100 * KIB and pool.waiting == 1
     assert pool.cancel("a", 1.0) == []
@@ -172,9 +187,9 @@ def test_a_disconnect_grants_the_waiters_of_other_connections() -> None:
     pool = MemoryPool(2 * MIB, 1 * MIB)
     granted(pool.reserve("a", MIB, 0.0))
     granted(pool.reserve("a", MIB, 0.0))
-    b = waits(pool.reserve("b", MIB, 0.0))
-    c = waits(pool.reserve("c", MIB, 0.0))
-    assert [g.ticket for g in pool.cancel("a", 1.0)] == [b.ticket, c.ticket]
+    b, _ = waits(pool.reserve("b", MIB, 0.0))
+    c, _ = waits(pool.reserve("c", MIB, 0.0))
+    assert pool.cancel("a", 1.0) == [b, c]
     assert pool.used == 2 * MIB
 
 
@@ -191,12 +206,11 @@ def test_cancelling_an_unknown_connection_changes_nothing() -> None:
 def test_an_off_pool_grants_everything_and_still_counts(capacity: int) -> None:
     pool = MemoryPool(capacity, MIB)
     assert not pool.enabled
-    grants = [granted(pool.reserve(i % 3, MIB, 0.0)) for i in range(100)]
-    assert not any(g.would_wait for g in grants)
+    grants = [granted(pool.reserve(i % 3, MIB, 0.0)) for i in range(100)]  # none waits, none would
     assert (pool.used, pool.high_water_mark, pool.waiting, pool.available) == (100 * MIB, 100 * MIB, 0, UNBOUNDED)
     assert pool.depleted_seconds(10.0) == 0.0
-    for g in grants:
-        assert pool.release(g.ticket, 1.0) == []
+    for ticket in grants:
+        assert pool.release(ticket, 1.0) == []
     assert pool.used == 0
 
 
@@ -232,8 +246,13 @@ def test_a_non_positive_largest_request_is_refused() -> None:
 def test_a_connection_cannot_hold_more_than_its_share_while_the_pool_has_room() -> None:
     pool = MemoryPool(4 * MIB, MIB, per_connection=MIB)
     granted(pool.reserve("greedy", 600 * KIB, 0.0))
-    wait = waits(pool.reserve("greedy", 600 * KIB, 0.0))
-    assert wait.reason is WaitReason.CONNECTION_SHARE
+    _, wait = waits(pool.reserve("greedy", 600 * KIB, 0.0))
+    assert wait.limit_key == CONNECTION_SHARE and wait.limit == MIB
+    assert wait.reason == (
+        "queued.max.request.bytes.per.connection=1048576: the connection holds 614400 bytes; "
+        "a request of 614400 bytes waits for them"
+    )
+    assert wait.subject == {"size": 600 * KIB, "used": 600 * KIB, "capacity": 4 * MIB}
     assert pool.held("greedy") == 600 * KIB
     # Another connection is not held up behind it.
     granted(pool.reserve("other", MIB, 0.0))
@@ -245,24 +264,27 @@ def test_a_share_limited_waiter_does_not_block_waiters_behind_it() -> None:
     filler = granted(pool.reserve("filler", MIB, 0.0))
     granted(pool.reserve("filler2", 224 * KIB, 0.0))
     assert pool.available == 0
-    greedy_wait = waits(pool.reserve("greedy", 800 * KIB, 0.0))
-    other_wait = waits(pool.reserve("other", 512 * KIB, 0.0))
+    greedy_wait, _ = waits(pool.reserve("greedy", 800 * KIB, 0.0))
+    other_wait, _ = waits(pool.reserve("other", 512 * KIB, 0.0))
     # The pool has room again; "greedy" is still over its share, "other" goes first.
-    woken = pool.release(filler.ticket, 1.0)
-    assert [g.ticket for g in woken] == [other_wait.ticket]
+    assert pool.release(filler, 1.0) == [other_wait]
     assert pool.waiting == 1
     # Once "greedy" gives its first request back, its queued one is granted.
-    assert [g.ticket for g in pool.release(g1.ticket, 2.0)] == [greedy_wait.ticket]
+    assert pool.release(g1, 2.0) == [greedy_wait]
 
 
 def test_a_connections_later_request_stays_behind_its_own_queued_one() -> None:
     pool = MemoryPool(4 * MIB, MIB, per_connection=MIB)
     granted(pool.reserve("a", 800 * KIB, 0.0))
-    queued = waits(pool.reserve("a", 800 * KIB, 0.0))
+    queued, _ = waits(pool.reserve("a", 800 * KIB, 0.0))
     # 100 KiB would fit in the share, but the 800 KiB one asked first.
-    later = waits(pool.reserve("a", 100 * KIB, 0.0))
-    assert later.reason is WaitReason.CONNECTION_SHARE
-    assert [g.ticket for g in pool.release(queued.ticket, 1.0)] == [later.ticket]
+    later, wait = waits(pool.reserve("a", 100 * KIB, 0.0))
+    assert wait.limit_key == CONNECTION_SHARE
+    assert wait.reason == (
+        "queued.max.request.bytes.per.connection=1048576: a request of 102400 bytes waits behind its connection's "
+        "earlier one"
+    )
+    assert pool.release(queued, 1.0) == [later]
 
 
 def test_a_connections_queued_requests_are_granted_in_its_own_order_when_the_pool_frees_up() -> None:
@@ -270,13 +292,13 @@ def test_a_connections_queued_requests_are_granted_in_its_own_order_when_the_poo
     granted(pool.reserve("a", 800 * KIB, 0.0))
     hog = granted(pool.reserve("hog", MIB, 0.0))
     granted(pool.reserve("hog2", 224 * KIB, 0.0))
-    first = waits(pool.reserve("a", 800 * KIB, 0.0))  # the pool refuses it
-    second = waits(pool.reserve("a", 100 * KIB, 0.0))
-    assert first.reason is WaitReason.POOL_DEPLETED and second.reason is WaitReason.POOL_DEPLETED
+    _, first = waits(pool.reserve("a", 800 * KIB, 0.0))  # the pool refuses it
+    _, second = waits(pool.reserve("a", 100 * KIB, 0.0))
+    assert first.limit_key == POOL_DEPLETED and second.limit_key == POOL_DEPLETED
     # The pool has room, "a" is over its share for the first; the second fits but stays behind it.
-    assert pool.release(hog.ticket, 1.0) == []
+    assert pool.release(hog, 1.0) == []
     assert pool.waiting == 2
-    assert [g.ticket for g in pool.cancel("hog2", 2.0)] == []
+    assert pool.cancel("hog2", 2.0) == []
     assert pool.held("a") == 800 * KIB
 
 
@@ -285,23 +307,23 @@ def test_a_request_larger_than_the_share_is_granted_to_a_connection_holding_noth
     granted(pool.reserve("a", 2 * MIB, 0.0))
     assert pool.held("a") == 2 * MIB
     # Holding more than its share, even one more byte waits.
-    assert waits(pool.reserve("a", 1, 0.0)).reason is WaitReason.CONNECTION_SHARE
+    assert waits(pool.reserve("a", 1, 0.0))[1].limit_key == CONNECTION_SHARE
 
 
 def test_a_queued_request_larger_than_the_share_is_granted_once_its_connection_holds_nothing() -> None:
     pool = MemoryPool(4 * MIB, 2 * MIB, per_connection=MIB)
     first = granted(pool.reserve("a", 512 * KIB, 0.0))
-    big = waits(pool.reserve("a", 2 * MIB, 0.0))
-    assert [g.ticket for g in pool.release(first.ticket, 1.0)] == [big.ticket]
+    big, _ = waits(pool.reserve("a", 2 * MIB, 0.0))
+    assert pool.release(first, 1.0) == [big]
 
 
 def test_a_waiter_blocked_by_the_pool_blocks_the_waiters_behind_it_even_with_fairness() -> None:
     pool = MemoryPool(2 * MIB, 2 * MIB, per_connection=MIB)
     hog = granted(pool.reserve("hog", 2 * MIB, 0.0))
-    big = waits(pool.reserve("big", 2 * MIB, 0.0))
-    small = waits(pool.reserve("small", 1, 0.0))
-    assert big.reason is WaitReason.POOL_DEPLETED and small.reason is WaitReason.POOL_DEPLETED
-    assert [g.ticket for g in pool.release(hog.ticket, 1.0)] == [big.ticket]
+    big, big_wait = waits(pool.reserve("big", 2 * MIB, 0.0))
+    _, small_wait = waits(pool.reserve("small", 1, 0.0))
+    assert big_wait.limit_key == POOL_DEPLETED and small_wait.limit_key == POOL_DEPLETED
+    assert pool.release(hog, 1.0) == [big]
     assert pool.waiting == 1
 
 
@@ -311,16 +333,37 @@ def test_a_waiter_blocked_by_the_pool_blocks_the_waiters_behind_it_even_with_fai
 def test_observe_mode_never_waits_but_reports_would_wait() -> None:
     pool = MemoryPool(2 * MIB, MIB, per_connection=MIB, mode=Mode.OBSERVE)
     first = granted(pool.reserve("a", MIB, 0.0))
-    over_share = granted(pool.reserve("a", 1, 0.0))
+    over_share, share_wait = waits(pool.reserve("a", 1, 0.0), Mode.OBSERVE)
     filler = granted(pool.reserve("b", MIB, 0.0))
-    depleted = granted(pool.reserve("c", MIB, 0.0))
-    assert not first.would_wait and not filler.would_wait
-    assert over_share.would_wait and depleted.would_wait
+    depleted, pool_wait = waits(pool.reserve("c", MIB, 0.0), Mode.OBSERVE)
+    assert not share_wait.enforced and share_wait.limit_key == CONNECTION_SHARE
+    assert not pool_wait.enforced and pool_wait.limit_key == POOL_DEPLETED
+    assert pool_wait.subject == {"size": MIB, "used": 2 * MIB + 1, "capacity": 2 * MIB}
     assert pool.waiting == 0
-    assert pool.used == 3 * MIB + 1
-    for g in (first, over_share, filler, depleted):
-        assert pool.release(g.ticket, 1.0) == []
+    assert pool.used == 3 * MIB + 1 and pool.held("a") == MIB + 1 and pool.held("c") == MIB  # granted all the same
+    for ticket in (first, over_share, filler, depleted):
+        assert pool.release(ticket, 1.0) == []
     assert pool.used == 0
+
+
+# -- observation windows -----------------------------------------------------------------
+
+
+@pytest.mark.parametrize("capacity", [-1, 4 * MIB])
+def test_the_window_high_water_mark_is_the_peak_since_the_last_reset(capacity: int) -> None:
+    pool = MemoryPool(capacity, MIB)
+    assert pool.reset_window_high_water_mark(0.0) == 0
+    a = granted(pool.reserve("a", MIB, 1.0))
+    b = granted(pool.reserve("b", MIB, 1.0))
+    pool.release(a, 2.0)
+    assert pool.reset_window_high_water_mark(3.0) == 2 * MIB  # the first window's peak, though 1 MiB is in use now
+    assert pool.reset_window_high_water_mark(4.0) == MIB  # b was in use all through the second window
+    pool.release(b, 5.0)
+    c = granted(pool.reserve("c", 512 * KIB, 6.0))
+    pool.release(c, 7.0)
+    assert pool.reset_window_high_water_mark(8.0) == MIB  # b, until it was released
+    assert pool.reset_window_high_water_mark(9.0) == 0
+    assert pool.high_water_mark == 2 * MIB  # the all-time mark is not reset
 
 
 # -- depleted time ---------------------------------------------------------------------
@@ -332,12 +375,12 @@ def test_depleted_time_counts_only_spells_with_nothing_available() -> None:
     assert pool.depleted_seconds(5.0) == 0.0
     b = granted(pool.reserve("b", MIB, 10.0))  # available == 0 from t=10
     assert pool.depleted_seconds(12.5) == 2.5
-    pool.release(a.ticket, 13.0)  # spell ends: 3 s
+    pool.release(a, 13.0)  # spell ends: 3 s
     assert pool.depleted_seconds(100.0) == 3.0
     c = granted(pool.reserve("c", MIB, 20.0))  # second spell from t=20
     assert pool.depleted_seconds(21.0) == 4.0
-    pool.release(b.ticket, 24.0)
-    pool.release(c.ticket, 25.0)
+    pool.release(b, 24.0)
+    pool.release(c, 25.0)
     assert pool.depleted_seconds(30.0) == 7.0
 
 
@@ -345,7 +388,7 @@ def test_depleted_time_ignores_a_clock_that_goes_backwards() -> None:
     pool = MemoryPool(2 * MIB, MIB)
     a = granted(pool.reserve("a", MIB, 10.0))
     granted(pool.reserve("b", MIB, 10.0))
-    pool.release(a.ticket, 5.0)  # earlier than seen: counts as t=10
+    pool.release(a, 5.0)  # earlier than seen: counts as t=10
     assert pool.depleted_seconds(50.0) == 0.0
 
 
@@ -354,10 +397,10 @@ def test_a_waiter_granted_on_release_keeps_the_depleted_spell_going() -> None:
     a1 = granted(pool.reserve("a", MIB, 0.0))
     a2 = granted(pool.reserve("a", MIB, 0.0))
     waits(pool.reserve("b", MIB, 1.0))
-    assert len(pool.release(a1.ticket, 4.0)) == 1  # b takes the freed MiB at once
+    assert len(pool.release(a1, 4.0)) == 1  # b takes the freed MiB at once
     assert pool.available == 0
     assert pool.depleted_seconds(9.0) == 9.0
-    pool.release(a2.ticket, 10.0)
+    pool.release(a2, 10.0)
     assert pool.depleted_seconds(20.0) == 10.0
 
 
@@ -380,6 +423,7 @@ class MemoryPoolMachine(RuleBasedStateMachine):
         self.retired: list[int] = []
         self.depleted_total = 0.0
         self.spell_start: float | None = None
+        self.window_peak = 0
 
     @initialize(
         # Small numbers so that shares, sizes and the pool collide; mostly enforce with a share.
@@ -420,19 +464,21 @@ class MemoryPoolMachine(RuleBasedStateMachine):
             held[conn] += size
         return woken
 
-    def take(self, grants: list[Grant]) -> None:
+    def take(self, grants: list[int]) -> None:
         """Record grants handed out by release/cancel: they must be queued waiters, in FIFO order."""
-        assert [g.ticket for g in grants] == self.expected_wakeups()
-        positions = [next(i for i, (t, _, _) in enumerate(self.queue) if t == g.ticket) for g in grants]
+        assert grants == self.expected_wakeups()
+        positions = [next(i for i, (t, _, _) in enumerate(self.queue) if t == ticket) for ticket in grants]
         assert positions == sorted(positions), "waiters granted out of FIFO order"
-        for g in grants:
-            self.record_grant(g)
-            self.queue = [w for w in self.queue if w[0] != g.ticket]
+        for ticket in grants:
+            _, conn, size = self.queue[next(i for i, (t, _, _) in enumerate(self.queue) if t == ticket)]
+            self.record_grant(ticket, conn, size)
+            self.queue = [w for w in self.queue if w[0] != ticket]
 
-    def record_grant(self, g: Grant) -> None:
-        assert g.ticket not in self.ever_granted, "ticket granted twice"
-        self.ever_granted.add(g.ticket)
-        self.held[g.ticket] = (g.conn_id, g.size)
+    def record_grant(self, ticket: int, conn: Hashable, size: int) -> None:
+        assert ticket not in self.ever_granted, "ticket granted twice"
+        self.ever_granted.add(ticket)
+        self.held[ticket] = (conn, size)
+        self.window_peak = max(self.window_peak, sum(size for _, size in self.held.values()))
 
     # -- rules
 
@@ -445,17 +491,25 @@ class MemoryPoolMachine(RuleBasedStateMachine):
             or any(c == conn for _, c, _ in self.queue)
             or (0 < self.pool.per_connection < self.held_by(conn) + size and self.held_by(conn) > 0)
         )
-        decision = self.pool.reserve(conn, size, self.now)
-        assert decision.ticket not in self.ever_issued
-        self.ever_issued.add(decision.ticket)
-        if self.pool.mode is Mode.OBSERVE or not self.pool.enabled:
-            g = granted(decision)
-            assert g.would_wait == enforce_would_wait
-            self.record_grant(g)
-        elif enforce_would_wait:
-            self.queue.append((waits(decision).ticket, conn, size))
+        used = self.pool.used
+        result = self.pool.reserve(conn, size, self.now)
+        ticket = result[0]
+        assert ticket not in self.ever_issued
+        self.ever_issued.add(ticket)
+        if not enforce_would_wait:
+            self.record_grant(granted(result), conn, size)
+            return
+        _, wait = waits(result, self.pool.mode)
+        assert wait.subject == {"size": size, "used": used, "capacity": self.pool.capacity}
+        if used >= self.pool.capacity:
+            assert (wait.limit_key, wait.limit) == (QUEUED_MAX_REQUEST_BYTES, self.pool.capacity)
         else:
-            self.record_grant(granted(decision))
+            assert (wait.limit_key, wait.limit) == (QUEUED_MAX_REQUEST_BYTES_PER_CONNECTION, self.pool.per_connection)
+            assert self.pool.per_connection > 0
+        if self.pool.mode is Mode.OBSERVE:
+            self.record_grant(ticket, conn, size)
+        else:
+            self.queue.append((ticket, conn, size))
 
     @precondition(lambda self: bool(self.held))
     @rule(index=st.integers(min_value=0), dt=st.floats(0, 5))
@@ -483,6 +537,12 @@ class MemoryPoolMachine(RuleBasedStateMachine):
         self.retired.extend(gone)
         self.take(self.pool.cancel(conn, self.now))
         assert self.pool.held(conn) == 0
+
+    @rule(dt=st.floats(0, 5))
+    def close_a_window(self, dt: float) -> None:
+        self.now += dt
+        assert self.pool.reset_window_high_water_mark(self.now) == self.window_peak
+        self.window_peak = self.pool.used
 
     @precondition(lambda self: bool(self.retired))
     @rule(index=st.integers(min_value=0))
@@ -549,3 +609,17 @@ class MemoryPoolMachine(RuleBasedStateMachine):
 
 MemoryPoolMachine.TestCase.settings = settings(max_examples=300, stateful_step_count=60, deadline=None)
 test_memory_pool_state_machine = MemoryPoolMachine.TestCase
+
+
+def test_reconfigure_applies_a_new_request_size_and_mode_and_observe_lets_waiters_go() -> None:
+    pool = MemoryPool(100, 50, mode=Mode.ENFORCE)
+    pool.reserve("a", 50, 0.0)
+    pool.reserve("b", 50, 0.0)
+    waiting, decision = pool.reserve("c", 10, 0.0)
+    assert decision is not None and decision.enforced
+    assert pool.reconfigure(60, Mode.ENFORCE, 1.0) == []
+    assert pool.max_request == 60 and pool.waiting == 1
+    assert pool.reconfigure(60, Mode.OBSERVE, 2.0) == [waiting]
+    assert pool.waiting == 0 and pool.used == 110 and pool.mode is Mode.OBSERVE
+    with pytest.raises(ValueError, match=r"queued\.max\.request\.bytes"):
+        pool.reconfigure(200, Mode.ENFORCE, 3.0)

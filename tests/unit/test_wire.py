@@ -21,11 +21,31 @@ def produce_frame(version: int, acks: int, transactional_id: str | None = "txn-1
 @pytest.mark.parametrize("acks", [0, 1, -1])
 def test_produce_acks_are_found_in_every_version(version: int, acks: int) -> None:
     frame = produce_frame(version, acks)
-    assert wire.produce_acks(frame, version) == acks
-    header = wire.peek_request_header(frame)
+    assert wire.produce_head(frame, 0, version) == (("txn-1" if version >= 3 else None), acks)
+    header = wire.read_request_header(frame)
     assert (header.api_key, header.api_version, header.correlation_id, header.client_id) == (
         0, version, 42, "producer-1"
     )
+
+
+def test_frames_are_read_in_place_at_their_offset_in_a_receive() -> None:
+    first, second = produce_frame(8, 1), produce_frame(9, 0)
+    received = first + second
+    assert wire.peek_head(received, len(first)) == (0, 9, 42)
+    assert wire.peek_client_id(received, len(first)) == "producer-1"
+    assert wire.produce_head(received, len(first), 9) == ("txn-1", 0)
+
+
+def test_header_tagged_fields_are_skipped_to_find_acks() -> None:
+    # Request header v2 with two tagged fields (tag 0: 3 bytes, tag 5: 1 byte) before the body.
+    frame = produce_frame(9, -1)
+    client_id_end = 4 + 8 + 2 + len("producer-1")
+    assert frame[client_id_end] == 0  # no tagged fields as kio writes it
+    tagged = bytes([2, 0, 3]) + b"abc" + bytes([5, 1]) + b"z"
+    body = frame[client_id_end + 1 :]
+    rebuilt = frame[4:client_id_end] + tagged + body
+    rebuilt = len(rebuilt).to_bytes(4, "big") + rebuilt
+    assert wire.produce_head(rebuilt, 0, 9) == ("txn-1", -1)
 
 
 @pytest.mark.parametrize("version", [0, 2])
@@ -37,23 +57,25 @@ def test_produce_acks_of_versions_older_than_the_codec_are_found(version: int) -
     frame = wire.encode_frame(header)
     body = (0).to_bytes(2, "big") + (1000).to_bytes(4, "big") + (0).to_bytes(4, "big")
     frame = (len(frame) - 4 + len(body)).to_bytes(4, "big") + frame[4:] + body
-    assert wire.produce_acks(frame, version) == 0
+    assert wire.produce_head(frame, 0, version) == (None, 0)
 
 
 def test_null_transactional_id_is_skipped() -> None:
-    assert wire.produce_acks(produce_frame(9, 0, transactional_id=None), 9) == 0
+    assert wire.produce_head(produce_frame(9, 0, transactional_id=None), 0, 9) == (None, 0)
 
 
 def test_null_client_id_is_peeked_as_none() -> None:
     schema = load_request_schema(3, 1)
     frame = wire.encode_frame(wire.request_header_for(3, 1, 5, None), schema(topics=None))
-    assert wire.peek_request_header(frame).client_id is None
+    assert wire.peek_client_id(frame, 0) is None
 
 
 def test_a_frame_too_short_for_a_header_is_malformed() -> None:
     with pytest.raises(wire.MalformedFrame):
-        wire.peek_request_header(b"\0\0\0\3\0\1\0")
+        wire.peek_head(b"\0\0\0\3\0\1\0", 0)
+    with pytest.raises(wire.MalformedFrame):
+        wire.produce_head(b"\0\0\0\x0a\0\0\0\x09\0\0\0\1\0\x09", 0, 9)
 
 
 def test_response_correlation_id_is_read_without_decoding() -> None:
-    assert wire.response_correlation_id(b"\0\0\0\x08\0\0\x01\x00rest") == 256
+    assert wire.response_correlation_id(b"\0\0\0\x08\0\0\x01\x00rest", 0) == 256

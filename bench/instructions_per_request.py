@@ -1,0 +1,110 @@
+"""Instructions per single-record round trip of the process in the middle of a path, counted
+by valgrind's callgrind: a cost figure that, unlike CPU time, does not move with the
+load of a shared machine (issue 15).
+
+``perf stat -e instructions`` would be cheaper, but this machine's virtual CPU
+has no hardware counters ("<not supported> instructions"), so the middle
+process runs under ``valgrind --tool=callgrind --instr-atstart=no``: start-up
+and warm-up run uninstrumented, then for each window ``callgrind_control``
+switches instrumentation on, zeroes the counters, the client makes
+``--round-trips`` single-record acks=1 produce round trips through the path,
+and a dump gives the instructions executed in that window (user space only:
+the kernel's share of each system call is not counted). A Python process runs
+some 50-100 times slower under callgrind, so the counts are small (a few
+hundred round trips take about a minute); they repeat within about 1% from
+window to window.
+
+    .venv/bin/python bench/instructions_per_request.py                     # floor, epoll, proxy-all
+    .venv/bin/python bench/instructions_per_request.py --paths proxy-all --round-trips 300 --windows 3
+"""
+
+from __future__ import annotations
+
+import argparse
+import random
+import re
+import subprocess
+import sys
+import tempfile
+import time
+from pathlib import Path
+
+from harness import BenchError, load_average
+from proxy_vs_direct import middle_paths, round_trips, started
+
+DEFAULT_PATHS = "floor,epoll,proxy-all"
+
+
+def callgrind_control(pid: int, *options: str) -> None:
+    result = subprocess.run(["callgrind_control", *options, str(pid)], capture_output=True, text=True, timeout=120)
+    if result.returncode != 0:
+        raise BenchError(f"callgrind_control {' '.join(options)} {pid}: {result.stderr or result.stdout}")
+
+
+def instructions_in(dump: Path) -> int:
+    """Total instructions (Ir) of one callgrind dump."""
+    match = re.search(r"^(?:summary|totals): (\d+)", dump.read_text(errors="replace"), re.MULTILINE)
+    if match is None:
+        raise BenchError(f"{dump}: no totals line")
+    return int(match.group(1))
+
+
+def count_windows(name: str, args: argparse.Namespace, workdir: Path) -> list[float]:
+    """Instructions per round trip in each window, for one path."""
+    out = workdir / name
+    out.mkdir()
+    wrap = [
+        "valgrind", "--tool=callgrind", "--instr-atstart=no", "--dump-instr=no",
+        f"--callgrind-out-file={out}/callgrind.out.%p",
+    ]
+    payload = random.randbytes(1024)
+    per_round_trip = []
+    with started([name], wrap=wrap) as endpoints:
+        endpoint = endpoints[name]
+        assert endpoint.middle is not None
+        pid = endpoint.middle.pid
+        # one connection for all windows: its set-up (accept, ApiVersions, Metadata) is not counted
+        with round_trips(endpoint, payload) as run:
+            run(args.warmup)
+            callgrind_control(pid, "--instr=on")
+            run(args.warmup)  # code paths instrumented once
+            for window in range(args.windows):
+                callgrind_control(pid, "--zero")
+                run(args.round_trips)
+                callgrind_control(pid, f"--dump=window{window}")
+                dumps = sorted(out.glob("callgrind.out.*.*"), key=lambda p: p.stat().st_mtime)
+                if not dumps:
+                    raise BenchError(f"{name}: callgrind wrote no dump in {out}")
+                per_round_trip.append(instructions_in(dumps[-1]) / args.round_trips)
+                print(f"{name:<14} window {window + 1}: {per_round_trip[-1]:,.0f} instructions per round trip",
+                      flush=True)
+    return per_round_trip
+
+
+def main(argv: list[str] | None = None) -> int:
+    parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    parser.add_argument("--paths", default=DEFAULT_PATHS, help="comma-separated paths with a middle process")
+    parser.add_argument("--round-trips", type=int, default=200, help="round trips per window")
+    parser.add_argument("--windows", type=int, default=2, help="windows counted per path")
+    parser.add_argument("--warmup", type=int, default=50, help="round trips before counting")
+    args = parser.parse_args(argv)
+    paths = middle_paths(parser, args.paths, "valgrind", "callgrind_control")
+    began = time.monotonic()
+    print(f"load average {load_average()}; {args.windows} windows of {args.round_trips} round trips per path")
+    rows = ["| path | instructions per round trip (median of windows) | windows |", "|---|---:|---|"]
+    try:
+        with tempfile.TemporaryDirectory(prefix="callgrind-") as tmp:
+            for name in paths:
+                counts = count_windows(name, args, Path(tmp))
+                counts_text = ", ".join(f"{c:,.0f}" for c in counts)
+                rows.append(f"| {name} | {sorted(counts)[len(counts) // 2]:,.0f} | {counts_text} |")
+    except BenchError as exc:
+        print(f"failed: {exc}", file=sys.stderr)
+        return 1
+    print(f"\n{time.monotonic() - began:.0f}s in all\n")
+    print("\n".join(rows))
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())

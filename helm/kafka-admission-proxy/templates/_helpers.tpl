@@ -1,0 +1,166 @@
+{{/* Names and labels. */}}
+{{- define "kafka-admission-proxy.name" -}}
+{{- default .Chart.Name .Values.nameOverride | trunc 63 | trimSuffix "-" }}
+{{- end }}
+
+{{- define "kafka-admission-proxy.fullname" -}}
+{{- if .Values.fullnameOverride }}
+{{- .Values.fullnameOverride | trunc 63 | trimSuffix "-" }}
+{{- else if contains (include "kafka-admission-proxy.name" .) .Release.Name }}
+{{- .Release.Name | trunc 63 | trimSuffix "-" }}
+{{- else }}
+{{- printf "%s-%s" .Release.Name (include "kafka-admission-proxy.name" .) | trunc 63 | trimSuffix "-" }}
+{{- end }}
+{{- end }}
+
+{{- define "kafka-admission-proxy.selectorLabels" -}}
+app.kubernetes.io/name: {{ include "kafka-admission-proxy.name" . }}
+app.kubernetes.io/instance: {{ .Release.Name }}
+{{- end }}
+
+{{- define "kafka-admission-proxy.labels" -}}
+helm.sh/chart: {{ printf "%s-%s" .Chart.Name .Chart.Version | replace "+" "_" }}
+{{ include "kafka-admission-proxy.selectorLabels" . }}
+app.kubernetes.io/version: {{ .Chart.AppVersion | quote }}
+app.kubernetes.io/managed-by: {{ .Release.Service }}
+{{- end }}
+
+{{- define "kafka-admission-proxy.serviceAccountName" -}}
+{{- if .Values.serviceAccount.create }}
+{{- default (include "kafka-admission-proxy.fullname" .) .Values.serviceAccount.name }}
+{{- else }}
+{{- default "default" .Values.serviceAccount.name }}
+{{- end }}
+{{- end }}
+
+{{- define "kafka-admission-proxy.image" -}}
+{{- if .Values.image.digest }}
+{{- printf "%s@%s" .Values.image.repository .Values.image.digest }}
+{{- else }}
+{{- printf "%s:%s" .Values.image.repository (default .Chart.AppVersion .Values.image.tag) }}
+{{- end }}
+{{- end }}
+
+{{/* The proxy's config file: values.config with mode set from the chart's mode; strings may be templates. */}}
+{{- define "kafka-admission-proxy.configFile" -}}
+{{- $mode := ternary "sidecar" "cluster" (eq .Values.mode "sidecar") }}
+{{- tpl (toYaml (merge (dict "mode" $mode) (deepCopy .Values.config))) . }}
+{{- end }}
+
+{{- define "kafka-admission-proxy.port" -}}
+{{- regexFind "[0-9]+$" . }}
+{{- end }}
+
+{{/*
+Container ports: every listener's bootstrap port, in standalone mode the port of
+each broker in brokerNodeIds (node_port_base + id), and the admin port.
+Returns a YAML list of {name, containerPort}.
+*/}}
+{{- define "kafka-admission-proxy.ports" -}}
+{{- range $index, $listener := .Values.config.listeners }}
+- name: {{ printf "kafka-%d" $index }}
+  containerPort: {{ include "kafka-admission-proxy.port" $listener.bind }}
+{{- if eq $.Values.mode "standalone" }}
+{{- range $id := $.Values.brokerNodeIds }}
+- name: {{ printf "l%d-b%d" $index (int $id) }}
+  containerPort: {{ add (default 29100 $listener.node_port_base) $id }}
+{{- end }}
+{{- end }}
+{{- end }}
+- name: admin
+  containerPort: {{ include "kafka-admission-proxy.port" (default "127.0.0.1:9464" (.Values.config.admin | default dict).bind) }}
+{{- end }}
+
+{{- define "kafka-admission-proxy.configDir" -}}/etc/kafka-admission-proxy{{- end }}
+
+{{/*
+The proxy container. Used as is by the standalone Deployment and, in a broker's pod
+template, as the sidecar: {{ include "kafka-admission-proxy.container" . }} under
+`containers:` (with this chart's root context).
+*/}}
+{{- define "kafka-admission-proxy.container" -}}
+- name: kafka-admission-proxy
+  image: {{ include "kafka-admission-proxy.image" . }}
+  imagePullPolicy: {{ .Values.image.pullPolicy }}
+  command: ["kafka-admission-proxy"]
+  args:
+    - run
+    - --config
+    - {{ include "kafka-admission-proxy.configDir" . }}/config.yaml
+    - --drain-timeout
+    - {{ .Values.drainTimeoutSeconds | quote }}
+    - --log-format
+    - {{ .Values.logFormat }}
+    - --log-level
+    - {{ .Values.logLevel }}
+  ports:
+    {{- range (include "kafka-admission-proxy.ports" . | fromYamlArray) }}
+    - name: {{ .name }}
+      containerPort: {{ .containerPort }}
+      protocol: TCP
+    {{- end }}
+  livenessProbe:
+    httpGet:
+      path: /healthz
+      port: admin
+    {{- toYaml .Values.livenessProbe | nindent 4 }}
+  readinessProbe:
+    httpGet:
+      path: /readyz
+      port: admin
+    {{- toYaml .Values.readinessProbe | nindent 4 }}
+  lifecycle:
+    preStop:
+      exec:
+        command: ["sleep", {{ .Values.preStopSleepSeconds | quote }}]
+  resources:
+    {{- toYaml .Values.resources | nindent 4 }}
+  securityContext:
+    {{- toYaml .Values.securityContext | nindent 4 }}
+  volumeMounts:
+    - name: kafka-admission-proxy-config
+      mountPath: {{ include "kafka-admission-proxy.configDir" . }}
+      readOnly: true
+    {{- range .Values.tlsSecrets }}
+    - name: {{ printf "kafka-admission-proxy-tls-%s" .name }}
+      mountPath: {{ printf "/etc/kafka-admission-proxy-tls/%s" .name }}
+      readOnly: true
+    {{- end }}
+    {{- if .Values.auditVolume.enabled }}
+    - name: kafka-admission-proxy-audit
+      mountPath: /var/log/kafka-admission-proxy
+    {{- end }}
+{{- end }}
+
+{{/* The proxy's volumes, for the pod's `volumes:` (standalone Deployment or a broker pod). */}}
+{{- define "kafka-admission-proxy.volumes" -}}
+- name: kafka-admission-proxy-config
+  configMap:
+    name: {{ include "kafka-admission-proxy.fullname" . }}
+{{- range .Values.tlsSecrets }}
+- name: {{ printf "kafka-admission-proxy-tls-%s" .name }}
+  secret:
+    secretName: {{ .secretName }}
+    defaultMode: 0440
+{{- end }}
+{{- if .Values.auditVolume.enabled }}
+- name: kafka-admission-proxy-audit
+  emptyDir:
+    sizeLimit: {{ .Values.auditVolume.sizeLimit }}
+{{- end }}
+{{- end }}
+
+{{/* Pod annotations: configReload=checksum rolls the pods when the config changes. */}}
+{{- define "kafka-admission-proxy.podAnnotations" -}}
+{{- if eq .Values.configReload "checksum" }}
+checksum/kafka-admission-proxy-config: {{ include "kafka-admission-proxy.configFile" . | sha256sum }}
+{{- end }}
+{{- with .Values.podAnnotations }}
+{{ toYaml . }}
+{{- end }}
+{{- end }}
+
+{{/* preStop sleep + drain + margin: the kubelet's SIGKILL never cuts the drain short. */}}
+{{- define "kafka-admission-proxy.terminationGracePeriodSeconds" -}}
+{{- add .Values.preStopSleepSeconds .Values.drainTimeoutSeconds .Values.terminationMarginSeconds }}
+{{- end }}

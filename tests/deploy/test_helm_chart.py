@@ -1,0 +1,349 @@
+"""The Helm chart, with a real helm binary: lint (strict) and template in both
+modes, the rendered manifests validated against Kubernetes' schemas
+(kubernetes-validate) and scanned by checkov, the fields that matter asserted,
+and the config it renders run by the proxy with the rendered container's exact
+command line, carrying a produce and a consume against Tansu."""
+
+from __future__ import annotations
+
+import json
+import os
+import re
+import subprocess
+import sys
+from collections.abc import Iterator
+from pathlib import Path
+from typing import Any
+
+import pytest
+import yaml
+
+from proxy.tansu import TansuBroker, free_port
+from tests.conftest import ROOT, free_node_port_base
+from tests.deploy.conftest import deploy_tool, produce_and_consume
+
+CHART = ROOT / "helm" / "kafka-admission-proxy"
+SIDECAR_VALUES = CHART / "examples" / "sidecar-values.yaml"
+SIDECAR_EXAMPLE = CHART / "examples" / "sidecar-broker-statefulset.yaml"
+DIGEST = "sha256:" + "0123456789abcdef" * 4
+# Every optional part on, so that lint, validation and checkov see all of it.
+ALL_OPTIONS = [
+    "--set", "serviceMonitor.enabled=true", "--set", "networkPolicy.enabled=true",
+    "--set", "autoscaling.enabled=true", "--set", "auditVolume.enabled=true",
+    "--set-json", 'tlsSecrets=[{"name": "server", "secretName": "proxy-tls"}]',
+    "--set-json", 'networkPolicy.clientsFrom=[{"namespaceSelector": {"matchLabels": {"kafka-client": "true"}}}]',
+]
+MODES = {"standalone": ALL_OPTIONS, "sidecar": ["-f", str(SIDECAR_VALUES)]}
+
+
+class Helm:
+    def __init__(self, binary: str, home: Path) -> None:
+        self.binary = binary
+        self.env = {f"HELM_{kind}_HOME": str(home / kind.lower()) for kind in ("CACHE", "CONFIG", "DATA")}
+
+    def run(self, *args: str) -> subprocess.CompletedProcess[str]:
+        return subprocess.run([self.binary, *args], capture_output=True, text=True, env={**os.environ, **self.env})
+
+    def template(self, *args: str) -> str:
+        result = self.run("template", "kafka", str(CHART), "--namespace", "kafka", *args)
+        assert result.returncode == 0, result.stderr
+        return result.stdout
+
+
+@pytest.fixture(scope="session")
+def helm(tmp_path_factory: pytest.TempPathFactory) -> Helm:
+    return Helm(deploy_tool("helm"), tmp_path_factory.mktemp("helm-home"))
+
+
+@pytest.fixture(scope="session")
+def rendered(helm: Helm, tmp_path_factory: pytest.TempPathFactory) -> dict[str, Path]:
+    """Each mode rendered once (image by digest, as production should pull it)."""
+    folder = tmp_path_factory.mktemp("rendered")
+    files = {}
+    for mode, args in MODES.items():
+        files[mode] = folder / f"{mode}.yaml"
+        files[mode].write_text(helm.template("--set", f"image.digest={DIGEST}", *args))
+    return files
+
+
+def documents(text: str) -> list[dict[str, Any]]:
+    return [d for d in yaml.safe_load_all(text) if d]
+
+
+def kind(docs: list[dict[str, Any]], name: str) -> dict[str, Any]:
+    [found] = [d for d in docs if d["kind"] == name]
+    return found
+
+
+def proxy_container(workload: dict[str, Any]) -> dict[str, Any]:
+    containers = workload["spec"]["template"]["spec"]["containers"]
+    [container] = [c for c in containers if c["name"] == "kafka-admission-proxy"]
+    return container
+
+
+def rendered_config(docs: list[dict[str, Any]]) -> dict[str, Any]:
+    return yaml.safe_load(kind(docs, "ConfigMap")["data"]["config.yaml"])  # type: ignore[no-any-return]
+
+
+# --- helm itself ------------------------------------------------------------------
+
+
+@pytest.mark.parametrize("mode", MODES)
+def test_helm_lint_strict_passes(helm: Helm, mode: str) -> None:
+    result = helm.run("lint", "--strict", str(CHART), *MODES[mode])
+    assert result.returncode == 0, result.stdout + result.stderr
+    assert "0 chart(s) failed" in result.stdout
+
+
+@pytest.mark.parametrize(("flag", "value", "named"), [
+    ("--set", "replicaCont=3", "'replicaCont' not allowed"),
+    ("--set-json", 'config.policies={"group.max.sise": 3}', "'group.max.sise' not allowed"),
+    ("--set-json", 'config.listeners=[{"name": "x", "bind": "0.0.0.0:1", "advertized_host": "h"}]',
+     "/config/listeners/0"),
+    ("--set", "mode=daemon", "/mode"),
+    ("--set", "configReload=inotify", "/configReload"),
+])
+def test_a_misspelt_or_invalid_value_fails_helm_lint(helm: Helm, flag: str, value: str, named: str) -> None:
+    result = helm.run("lint", "--strict", str(CHART), flag, value)
+    assert result.returncode != 0
+    assert named in result.stdout + result.stderr
+
+
+def test_values_schema_config_part_is_generated_from_the_config_model() -> None:
+    result = subprocess.run([sys.executable, str(ROOT / "tools" / "chart_values_schema.py"), "--check"],
+                            capture_output=True, text=True)
+    assert result.returncode == 0, result.stderr
+
+
+def test_the_committed_sidecar_example_is_what_the_chart_renders(helm: Helm) -> None:
+    assert SIDECAR_EXAMPLE.read_text() == helm.template("-f", str(SIDECAR_VALUES)), (
+        f"re-render: helm template kafka {CHART.relative_to(ROOT)} -n kafka -f {SIDECAR_VALUES.relative_to(ROOT)}"
+    )
+
+
+# --- validators -------------------------------------------------------------------
+
+
+def test_rendered_manifests_validate_against_kubernetes_schemas(rendered: dict[str, Path]) -> None:
+    result = subprocess.run(
+        [deploy_tool("kubernetes-validate"), "--strict", "--quiet", *map(str, rendered.values())],
+        capture_output=True, text=True,
+    )
+    assert result.returncode == 0, result.stdout + result.stderr
+    # A CRD has no schema there; everything else is validated.
+    warnings = [line for line in (result.stdout + result.stderr).splitlines() if line.strip()]
+    assert all("kind ServiceMonitor" in line for line in warnings), warnings
+
+
+def test_checkov_passes_and_every_skip_is_named_and_justified(rendered: dict[str, Path], tmp_path: Path) -> None:
+    config_file = CHART / ".checkov.yaml"
+    result = subprocess.run(
+        [deploy_tool("checkov"), "--config-file", str(config_file), "--output", "json",
+         *[arg for path in rendered.values() for arg in ("-f", str(path))]],
+        capture_output=True, text=True, cwd=tmp_path,
+    )
+    assert result.returncode == 0, result.stdout[-3000:] + result.stderr[-2000:]
+    reports = json.loads(result.stdout)
+    reports = reports if isinstance(reports, list) else [reports]
+    assert sum(r["summary"]["passed"] for r in reports) > 100
+    assert all(r["summary"]["failed"] == 0 for r in reports)
+    # Skips in the config file carry a comment above them; skips on resources carry a reason.
+    lines = config_file.read_text().splitlines()
+    for index, line in enumerate(lines):
+        if re.match(r"\s*- CKV_", line):
+            assert lines[index - 1].strip().startswith("#"), f"{line.strip()} has no justification"
+    for path in rendered.values():
+        for doc in documents(path.read_text()):
+            for key, value in (doc["metadata"].get("annotations") or {}).items():
+                if key.startswith("checkov.io/skip"):
+                    check, _, reason = value.partition("=")
+                    assert re.fullmatch(r"CKV_K8S_\d+", check) and len(reason) > 20, value
+
+
+# --- the fields that matter ---------------------------------------------------------
+
+
+def test_standalone_service_and_container_expose_bootstrap_broker_and_admin_ports(rendered: dict[str, Path]) -> None:
+    docs = documents(rendered["standalone"].read_text())
+    container = proxy_container(kind(docs, "Deployment"))
+    ports = {p["name"]: p["containerPort"] for p in container["ports"]}
+    assert ports == {"kafka-0": 29092, "l0-b0": 29100, "l0-b1": 29101, "l0-b2": 29102, "admin": 9464}
+    service = kind(docs, "Service")
+    assert {p["name"]: (p["port"], p["targetPort"]) for p in service["spec"]["ports"]} == {
+        name: (port, name) for name, port in ports.items()
+    }
+    assert service["spec"]["selector"] == kind(docs, "Deployment")["spec"]["selector"]["matchLabels"]
+    config = rendered_config(docs)
+    assert config["mode"] == "cluster"
+    assert config["listeners"][0]["advertised_host"] == "kafka-kafka-admission-proxy.kafka.svc"  # the Service
+    assert kind(docs, "ServiceMonitor")["spec"]["endpoints"][0]["port"] == "admin"
+    assert kind(docs, "PodDisruptionBudget")["spec"]["maxUnavailable"] == 1
+    assert kind(docs, "HorizontalPodAutoscaler")["spec"]["scaleTargetRef"]["name"] == service["metadata"]["name"]
+    policy_ports = {p["port"] for rule in kind(docs, "NetworkPolicy")["spec"]["ingress"] for p in rule["ports"]}
+    assert policy_ports == {29092, 29100, 29101, 29102, "admin"}
+
+
+def test_an_hpa_is_off_by_default_and_then_replicas_are_fixed(helm: Helm) -> None:
+    docs = documents(helm.template())
+    assert [d for d in docs if d["kind"] == "HorizontalPodAutoscaler"] == []
+    assert kind(docs, "Deployment")["spec"]["replicas"] == 2
+
+
+@pytest.mark.parametrize(("mode", "workload"), [("standalone", "Deployment"), ("sidecar", "StatefulSet")])
+def test_the_proxy_runs_hardened_with_probes_and_a_grace_period_that_covers_the_drain(
+    rendered: dict[str, Path], mode: str, workload: str
+) -> None:
+    pod = kind(documents(rendered[mode].read_text()), workload)["spec"]["template"]["spec"]
+    container = proxy_container(kind(documents(rendered[mode].read_text()), workload))
+    security = container["securityContext"]
+    assert security["runAsNonRoot"] is True and security["runAsUser"] >= 10000
+    assert security["readOnlyRootFilesystem"] is True
+    assert security["allowPrivilegeEscalation"] is False
+    assert security["capabilities"] == {"drop": ["ALL"]}
+    assert security["seccompProfile"] == {"type": "RuntimeDefault"}
+    assert pod["securityContext"]["seccompProfile"] == {"type": "RuntimeDefault"}
+    assert pod["automountServiceAccountToken"] is False
+    assert set(container["resources"]) == {"requests", "limits"}
+    assert container["image"] == f"kafka-admission-proxy@{DIGEST}"
+    assert container["livenessProbe"]["httpGet"] == {"path": "/healthz", "port": "admin"}
+    assert container["readinessProbe"]["httpGet"] == {"path": "/readyz", "port": "admin"}
+    args = container["args"]
+    drain = float(args[args.index("--drain-timeout") + 1])
+    pre_stop = int(container["lifecycle"]["preStop"]["exec"]["command"][1])
+    assert drain == 30 and pre_stop == 5
+    assert pod["terminationGracePeriodSeconds"] == pre_stop + drain + 5
+
+
+@pytest.mark.parametrize(("mode", "workload"), [("standalone", "Deployment"), ("sidecar", "StatefulSet")])
+def test_config_and_certificates_are_mounted_as_directories_so_updates_reach_the_proxy(
+    rendered: dict[str, Path], mode: str, workload: str
+) -> None:
+    docs = documents(rendered[mode].read_text())
+    pod = kind(docs, workload)["spec"]["template"]["spec"]
+    mounts = {m["name"]: m for m in proxy_container(kind(docs, workload))["volumeMounts"]}
+    volumes = {v["name"]: v for v in pod["volumes"]}
+    assert all("subPath" not in m for m in mounts.values())  # a subPath mount never sees an update
+    config_mount = mounts["kafka-admission-proxy-config"]
+    assert config_mount == {"name": "kafka-admission-proxy-config", "mountPath": "/etc/kafka-admission-proxy",
+                            "readOnly": True}
+    assert volumes["kafka-admission-proxy-config"]["configMap"]["name"] == kind(docs, "ConfigMap")["metadata"]["name"]
+    args = proxy_container(kind(docs, workload))["args"]
+    assert args[args.index("--config") + 1] == "/etc/kafka-admission-proxy/config.yaml"
+    if mode == "standalone":  # ALL_OPTIONS mounts one TLS Secret and the audit volume
+        assert mounts["kafka-admission-proxy-tls-server"]["mountPath"] == "/etc/kafka-admission-proxy-tls/server"
+        assert mounts["kafka-admission-proxy-tls-server"]["readOnly"] is True
+        assert volumes["kafka-admission-proxy-tls-server"]["secret"]["secretName"] == "proxy-tls"
+        assert "emptyDir" in volumes["kafka-admission-proxy-audit"]
+
+
+def test_the_sidecar_sits_in_the_broker_pod_and_takes_the_client_port(rendered: dict[str, Path]) -> None:
+    docs = documents(rendered["sidecar"].read_text())
+    statefulset = kind(docs, "StatefulSet")
+    containers = {c["name"]: c for c in statefulset["spec"]["template"]["spec"]["containers"]}
+    assert set(containers) == {"kafka", "kafka-admission-proxy"}
+    env = {e["name"]: e.get("value") for e in containers["kafka"]["env"]}
+    config = rendered_config(docs)
+    values = yaml.safe_load(SIDECAR_VALUES.read_text())
+    assert config["mode"] == "sidecar"
+    # The broker's client listener is on localhost, and it is the proxy's upstream ...
+    client_listener = re.search(r"CLIENT://([^,]+)", env["KAFKA_LISTENERS"])
+    assert client_listener and client_listener.group(1) == "127.0.0.1:19092"
+    assert config["upstream"]["bootstrap_servers"] == ["127.0.0.1:19092"]
+    # ... and the broker advertises the proxy's port.
+    advertised = re.search(r"CLIENT://[^,]+:(\d+)", env["KAFKA_ADVERTISED_LISTENERS"])
+    proxy_port = int(config["listeners"][0]["bind"].rsplit(":", 1)[1])
+    assert advertised and int(advertised.group(1)) == proxy_port == values.get("exampleBroker", {}).get(
+        "clientPort", 9092)
+    assert {p["containerPort"] for p in containers["kafka-admission-proxy"]["ports"]} == {proxy_port, 9464}
+    assert not {p["containerPort"] for p in containers["kafka"]["ports"]} & {proxy_port, 19092}
+    headless = kind(docs, "Service")
+    assert headless["spec"]["clusterIP"] == "None"
+    assert {p["port"]: p["targetPort"] for p in headless["spec"]["ports"] if p["name"] == "client"} == {
+        proxy_port: "kafka-0"}
+    assert config["policies"] == values["config"]["policies"]
+
+
+def test_live_reload_is_the_default_and_the_checksum_option_rolls_the_pods_on_a_config_change(
+    helm: Helm, rendered: dict[str, Path]
+) -> None:
+    def annotations(*args: str) -> dict[str, str]:
+        pod = kind(documents(helm.template(*args)), "Deployment")["spec"]["template"]
+        return pod["metadata"].get("annotations") or {}
+
+    # watch: the proxy re-reads what kubelet swaps in; no checksum, so an edit rolls no pod.
+    assert yaml.safe_load((CHART / "values.yaml").read_text())["configReload"] == "watch"
+    assert annotations() == {}
+    assert annotations("--set", "config.policies.group\\.max\\.size=5") == {}
+    sidecar = kind(documents(rendered["sidecar"].read_text()), "StatefulSet")["spec"]["template"]["metadata"]
+    assert not any(key.startswith("checksum/") for key in sidecar.get("annotations") or {})
+    # checksum: the config's hash in the pod template, so a config change rolls the pods.
+    first = annotations("--set", "configReload=checksum")["checksum/kafka-admission-proxy-config"]
+    second = annotations("--set", "configReload=checksum", "--set", "config.policies.group\\.max\\.size=5")
+    assert re.fullmatch(r"[0-9a-f]{64}", first)
+    assert second["checksum/kafka-admission-proxy-config"] != first
+
+
+def test_the_chart_readme_documents_every_value() -> None:
+    values = yaml.safe_load((CHART / "values.yaml").read_text())
+    readme = (CHART / "README.md").read_text()
+
+    def keys(data: Any, prefix: str = "") -> Iterator[str]:
+        for key, value in data.items():
+            path = f"{prefix}{key}"
+            if isinstance(value, dict) and value and key not in ("config", "resources") and "Context" not in key:
+                yield from keys(value, path + ".")
+            else:
+                yield path
+
+    missing = [key for key in keys(values) if f"`{key}`" not in readme]
+    assert missing == []
+
+
+# --- the rendered config, run as rendered -----------------------------------------
+
+
+def _run_rendered(helm: Helm, runtime_venv: Path, launch: Any, tmp_path: Path, upstream: str,
+                  listener: dict[str, Any], *args: str) -> Any:
+    admin = f"127.0.0.1:{free_port()}"
+    docs = documents(helm.template(
+        *args,
+        "--set-json", f"config.upstream.bootstrap_servers={json.dumps([upstream])}",
+        "--set-json", f"config.listeners={json.dumps([listener])}",
+        "--set-json", f"config.admin={json.dumps({'bind': admin})}",
+    ))
+    workload = next(d for d in docs if d["kind"] in ("Deployment", "StatefulSet"))
+    container = proxy_container(workload)
+    config_path = tmp_path / "etc-kafka-admission-proxy" / "config.yaml"
+    config_path.parent.mkdir()
+    mount = next(m["mountPath"] for m in container["volumeMounts"] if m["name"] == "kafka-admission-proxy-config")
+    command = [str(runtime_venv / "bin" / container["command"][0])] + [
+        arg.replace(mount, str(config_path.parent)) for arg in container["command"][1:] + container["args"]
+    ]
+    return launch(rendered_config(docs), command, config_path)
+
+
+def test_the_standalone_config_runs_with_the_rendered_command_line_against_tansu(
+    helm: Helm, tansu: TansuBroker, runtime_venv: Path, launch: Any, tmp_path: Path
+) -> None:
+    listener = {"name": "external", "bind": f"127.0.0.1:{free_port()}", "advertised_host": "127.0.0.1",
+                "node_port_base": free_node_port_base([TansuBroker.NODE_ID])}
+    proxy = _run_rendered(helm, runtime_venv, launch, tmp_path, tansu.bootstrap, listener,
+                          "--set-json", f"brokerNodeIds=[{TansuBroker.NODE_ID}]")
+    assert proxy.config["mode"] == "cluster"
+    assert len(produce_and_consume(proxy.bootstrap)) == 20
+    # Clients were sent to the proxy's per-broker port, which the chart exposes.
+    assert proxy.metric("kafka_admission_responses_rewritten_total", api="metadata") >= 1
+
+
+def test_the_sidecar_config_runs_with_the_rendered_command_line_against_a_broker_advertising_the_proxy(
+    helm: Helm, runtime_venv: Path, launch: Any, tmp_path: Path
+) -> None:
+    proxy_address = f"127.0.0.1:{free_port()}"
+    # As in the broker pod: the broker advertises the proxy's address, the proxy dials the broker.
+    with TansuBroker(advertised=proxy_address) as broker:
+        proxy = _run_rendered(helm, runtime_venv, launch, tmp_path, broker.bootstrap,
+                              {"name": "client", "bind": proxy_address}, "-f", str(SIDECAR_VALUES))
+        assert proxy.config["mode"] == "sidecar"
+        assert len(produce_and_consume(proxy.bootstrap)) == 20
+        assert proxy.metric("kafka_admission_requests_total", api="produce") >= 1
+        assert proxy.metric("kafka_admission_responses_rewritten_total", api="metadata") == 0

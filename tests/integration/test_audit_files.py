@@ -1,0 +1,39 @@
+"""The v2 audit sink inside the real proxy (subprocess, real Tansu broker, real
+client): today's decisions land as valid v2 lines in files named for the
+instance, finished (renamed from .jsonl.open) when the proxy stops."""
+
+from __future__ import annotations
+
+from tests.audit_files import assert_valid, audit_files, read_events
+from tests.clients import create_topic, produce, unique
+from tests.conftest import wait_until
+
+
+def test_the_proxy_writes_valid_v2_audit_files_named_for_its_instance(tansu, start_proxy, tmp_path) -> None:  # type: ignore[no-untyped-def]
+    audit = tmp_path / "audit"
+    proxy = start_proxy(
+        tansu.bootstrap,
+        policies={"resource.identifier.limit.enable": True, "resource.identifier.limit.mode": "observe"},
+        audit={"path": str(audit), "instance_id": "proxy-it-1"},
+    )
+    topic = unique("audit")
+    create_topic(proxy.bootstrap, topic)
+    assert produce(proxy.bootstrap, topic, 3, **{"client.id": "c" * 250}) == 3
+    # Written while the proxy runs (flushed per batch) ...
+    events = wait_until(lambda: [e for e in read_events(audit) if e.get("client_id") == "c" * 250])
+    assert events[0]["policy"] == "identifier_limits" and events[0]["mode"] == "observe"
+    assert proxy.metric("kafka_admission_audit_events_total", type="decision") >= 1
+    assert proxy.metric("kafka_admission_audit_events_dropped_total") == 0
+    decided = proxy.metric("kafka_admission_decisions_total", policy="identifier_limits")
+    proxy.stop()
+    assert proxy.returncode == 0, proxy.log()
+    # ... and finished when it stops: no .open file left, every line a valid v2 event.
+    files = audit_files(audit)
+    assert files and all(p.name.startswith("proxy-it-1-") and p.name.endswith(".jsonl") for p in files)
+    everything = read_events(audit, finished_only=True)
+    assert_valid(everything)
+    assert {e["instance"] for e in everything} == {"proxy-it-1"}
+    # One event per decision: as many as the metric counted (nothing queued was lost at stop).
+    assert len([e for e in everything if e["type"] == "decision"]) == decided > 0
+    # The lifecycle of each connection and the last observation window are there too.
+    assert {e["type"] for e in everything} == {"decision", "connection", "window"}

@@ -1,0 +1,106 @@
+"""The frame splitter, sans-I/O: whole frames out of any chunking of the stream,
+every length checked before its body is buffered, sniffing on the first only."""
+
+from __future__ import annotations
+
+import pytest
+from hypothesis import given
+from hypothesis import strategies as st
+
+from policies.frame_check import FrameKind
+from proxy.framing import FrameRefused, FrameSplitter
+
+
+def frame(body: bytes) -> bytes:
+    return len(body).to_bytes(4, "big") + body
+
+
+def frames_of(splitter: FrameSplitter, max_bytes: int = 1 << 20) -> list[bytes]:
+    out = []
+    while (span := splitter.next_frame(max_bytes)) is not None:
+        out.append(bytes(splitter.buffer[span[0] : span[1]]))
+    return out
+
+
+@given(
+    bodies=st.lists(st.binary(min_size=1, max_size=300), min_size=1, max_size=8),
+    cuts=st.lists(st.integers(min_value=1, max_value=50), max_size=40),
+)
+def test_any_chunking_gives_back_the_same_frames(bodies: list[bytes], cuts: list[int]) -> None:
+    stream = b"".join(frame(b) for b in bodies)
+    splitter = FrameSplitter(sniff=False)
+    got: list[bytes] = []
+    position = 0
+    for cut in [*cuts, len(stream)]:
+        chunk = stream[position : position + cut]
+        position += len(chunk)
+        if chunk:
+            splitter.feed(chunk)
+            got += frames_of(splitter)
+    assert got == [frame(b) for b in bodies]
+    assert splitter.idle
+
+
+def test_whole_frames_in_one_receive_are_offsets_into_it_without_a_copy() -> None:
+    received = frame(b"one") + frame(b"two")
+    splitter = FrameSplitter(sniff=False)
+    splitter.feed(received)
+    assert splitter.buffer is received
+    assert splitter.next_frame(100) == (0, 7)
+    assert splitter.next_frame(100) == (7, 14)
+    assert splitter.next_frame(100) is None and splitter.idle
+
+
+def test_a_length_over_the_limit_is_refused_before_its_body_arrives() -> None:
+    splitter = FrameSplitter(sniff=False)
+    splitter.feed((5000).to_bytes(4, "big") + b"x")
+    with pytest.raises(FrameRefused) as refused:
+        splitter.next_frame(4096)
+    assert (refused.value.verdict.kind, refused.value.verdict.size) == (FrameKind.TOO_LARGE, 5000)
+
+
+def test_a_frame_whose_body_is_missing_says_its_size_and_what_it_still_wants() -> None:
+    splitter = FrameSplitter(sniff=False)
+    splitter.feed((1000).to_bytes(4, "big") + b"x" * 100)
+    assert splitter.next_frame(4096) is None
+    assert splitter.frame_size == 1000
+    splitter.feed(b"y" * 10)
+    assert splitter.wanted == 1004 - 114
+    splitter.feed(b"z" * 890)
+    assert splitter.next_frame(4096) == (0, 1004)
+    assert splitter.frame_size == 0
+
+
+def test_observe_mode_admits_a_refused_frame_once_and_the_next_is_checked_again() -> None:
+    splitter = FrameSplitter(sniff=False)
+    splitter.feed(frame(b"x" * 20) + frame(b"y" * 20))
+    with pytest.raises(FrameRefused):
+        splitter.next_frame(10)
+    splitter.admit(20)
+    assert splitter.next_frame(10) == (0, 24)
+    with pytest.raises(FrameRefused):
+        splitter.next_frame(10)
+
+
+@pytest.mark.parametrize(
+    ("first_bytes", "kind"),
+    [(b"\x16\x03\x01\x02\x00", FrameKind.TLS_RECORD), (b"GET / HTTP/1.1\r\n", FrameKind.HTTP)],
+)
+def test_the_first_prefix_is_sniffed_for_tls_and_http(first_bytes: bytes, kind: FrameKind) -> None:
+    splitter = FrameSplitter(sniff=True)
+    splitter.feed(first_bytes)
+    with pytest.raises(FrameRefused) as refused:
+        splitter.check_prefix(1 << 30)
+    assert refused.value.verdict.kind is kind
+    assert refused.value.head == first_bytes[:16]
+
+
+def test_later_prefixes_are_lengths_whatever_they_look_like() -> None:
+    # 0x47455420 is "GET " and 0x16030100 a TLS handshake record, as lengths: legal
+    # once socket.request.max.bytes allows them, and never sniffed after the first frame.
+    splitter = FrameSplitter(sniff=True)
+    splitter.feed(frame(b"ok"))
+    assert splitter.next_frame(1 << 31 - 1) == (0, 6)
+    splitter.feed(b"GET ")
+    assert splitter.next_frame(0x7FFFFFFF) is None
+    assert splitter.frame_size == int.from_bytes(b"GET ", "big")
