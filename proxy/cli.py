@@ -97,7 +97,8 @@ def _cmd_report(args: argparse.Namespace) -> int:
         from pipeline.job import main as report_main
     except ImportError as exc:
         print(
-            f"report needs the pipeline extra ({exc.name} is not installed): pip install 'kafka-admission-proxy[pipeline]'",
+            f"report needs the pipeline extra ({exc.name} is not installed):"
+            " pip install 'kafka-admission-proxy[pipeline]'",
             file=sys.stderr,
         )
         return EXIT_CONFIG_ERROR

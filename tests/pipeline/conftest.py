@@ -102,11 +102,9 @@ def rendered_sections(driver: Any, page: Path) -> dict[str, Any]:
 
 def evidence_of(spark: Any, events: list[dict[str, Any]]) -> Any:
     """Evidence made of these version-2 events (a small DataFrame, the schema's every column)."""
-    from pipeline.events import EVENT_COLUMNS, EVENT_SCHEMA, Evidence
-
     from pyspark.sql import functions as F
 
-    from pipeline.events import Overview
+    from pipeline.events import EVENT_COLUMNS, EVENT_SCHEMA, Evidence, Overview
 
     doubles = {f.name for f in EVENT_SCHEMA.fields if f.dataType.typeName() == "double"}
 
