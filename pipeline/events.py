@@ -170,6 +170,17 @@ class Inputs:
     empty_files: tuple[str, ...] = ()
 
     @property
+    def total_bytes(self) -> int:
+        """Bytes of every input file (JSON lines and Parquet)."""
+        parquet = sum(
+            (Path(root) / name).stat().st_size
+            for directory in self.parquet_dirs
+            for root, _, names in os.walk(directory)
+            for name in names
+        )
+        return sum(f.size for f in self.json_files) + parquet
+
+    @property
     def described(self) -> str:
         size = sum(f.size for f in self.json_files)
         parts = []

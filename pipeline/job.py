@@ -26,7 +26,7 @@ from .impact import Candidate, CandidateError, Impact, choose_candidates, impact
 from .plots import plots_for
 from .recommend import Recommendation, policies_yaml, recommend
 from .report_html import render
-from .session import JavaMissingError, jvm_cpu_seconds, spark_session
+from .session import SHORT_JOB_BYTES, JavaMissingError, jvm_cpu_seconds, spark_session
 from .traffic import Traffic, measure_traffic, open_connections
 
 __all__ = ["ReportOptions", "ReportResult", "Steps", "main", "run_report", "to_parquet"]
@@ -163,10 +163,10 @@ def main(args: argparse.Namespace) -> int:
         candidates = tuple(parse_candidate(c) for c in args.candidate)
         if not 0 <= args.headroom <= 1000:
             raise CandidateError(f"--headroom {args.headroom:g}: a percentage from 0 to 1000")
-        find_inputs(args.events)  # a missing path is named before Spark starts
+        inputs = find_inputs(args.events)  # a missing path is named before Spark starts
         steps = Steps()
         with steps.step(f"starting Spark ({args.master})"):
-            spark = spark_session(args.master)
+            spark = spark_session(args.master, short_job=inputs.total_bytes < SHORT_JOB_BYTES)
         steps.cpu = lambda: jvm_cpu_seconds(spark)
         if args.to_parquet:
             to_parquet(spark, args.events, args.to_parquet, steps)

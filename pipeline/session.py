@@ -10,7 +10,7 @@ from urllib.parse import urlparse
 
 from pyspark.sql import SparkSession
 
-__all__ = ["JavaMissingError", "jvm_cpu_seconds", "spark_session"]
+__all__ = ["SHORT_JOB_BYTES", "JavaMissingError", "jvm_cpu_seconds", "spark_session"]
 
 _LOOPBACK = ("127.0.0.1", "localhost", "::1")
 
@@ -25,12 +25,21 @@ def _check_java() -> None:
         return
     if shutil.which("java") is None:
         raise JavaMissingError(
-            "report: Spark needs a Java runtime (17 or 21) and neither JAVA_HOME nor `java` on PATH was found;"
+            "Spark needs a Java runtime (17 or 21) and neither JAVA_HOME nor `java` on PATH was found;"
             " on Debian: apt-get install -y default-jre-headless"
         )
 
 
-def spark_session(master: str = "local[*]", *, progress: bool = True, driver_memory: str = "4g") -> SparkSession:
+# Below this much input a run lasts seconds: the JVM's optimizing compiler (C2) would spend
+# more CPU compiling Spark's generated code than it saves (measured: half the CPU of a
+# 24,000-event report). Larger inputs keep the default tiered compilation.
+SHORT_JOB_BYTES = 256 * 1024 * 1024
+_QUICK_JIT = "-XX:TieredStopAtLevel=1"
+
+
+def spark_session(
+    master: str = "local[*]", *, progress: bool = True, driver_memory: str = "4g", short_job: bool = False
+) -> SparkSession:
     """Start (or reuse) the session the pipeline runs in.
 
     Settings that matter for speed: Spark's adaptive execution (AQE) coalesces the
@@ -53,6 +62,10 @@ def spark_session(master: str = "local[*]", *, progress: bool = True, driver_mem
         .config("spark.ui.enabled", "false")
         .config("spark.ui.showConsoleProgress", "true" if progress else "false")
     )
+    if short_job:
+        builder = builder.config("spark.driver.extraJavaOptions", _QUICK_JIT).config(
+            "spark.executor.extraJavaOptions", _QUICK_JIT
+        )
     host = urlparse(master).hostname if master.startswith("spark://") else "127.0.0.1"
     if host in _LOOPBACK:
         # Executors on this machine reach the driver on loopback, whatever the hostname resolves to.

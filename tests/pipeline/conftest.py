@@ -29,7 +29,7 @@ def spark() -> Iterator[Any]:
         pytest.skip("no Java runtime for Spark (apt-get install default-jre-headless)")
     from pipeline.session import spark_session
 
-    session = spark_session("local[2]", progress=False, driver_memory="2g")
+    session = spark_session("local[2]", progress=False, driver_memory="2g", short_job=True)
     yield session
     session.stop()
 
