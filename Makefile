@@ -32,8 +32,12 @@ $(BIN)/.installed: pyproject.toml requirements/dev.txt
 	$(BIN)/pip install -q --no-deps -e .
 	touch $@
 
+# The demo, then `report` over its own audit events (Spark needs a Java runtime: installed
+# where missing). It prints where report.html is.
+DEMO_DIR := .demo
 demo: $(BIN)/.installed
-	$(BIN)/kafka-admission-proxy demo
+	command -v java >/dev/null || tools/apt-install default-jre-headless
+	$(BIN)/kafka-admission-proxy demo --report $(DEMO_DIR)
 
 test-tools:
 	tools/apt-install $(TEST_PACKAGES)

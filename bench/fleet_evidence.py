@@ -37,29 +37,29 @@ from pathlib import Path
 from typing import Any
 
 SERVICES = ("orders", "payments", "inventory", "shipping", "search", "billing", "audit-trail", "clickstream")
-PRODUCER_APIS = ("Produce", "Metadata", "InitProducerId", "ApiVersions")
+PRODUCER_APIS = ("produce", "metadata", "init_producer_id", "api_versions")
 CONSUMER_APIS = (
-    "Fetch",
-    "Metadata",
-    "FindCoordinator",
-    "JoinGroup",
-    "SyncGroup",
-    "Heartbeat",
-    "OffsetCommit",
-    "ApiVersions",
+    "fetch",
+    "metadata",
+    "find_coordinator",
+    "join_group",
+    "sync_group",
+    "heartbeat",
+    "offset_commit",
+    "api_versions",
 )
 # (median bytes, sigma) of log-normal request and response sizes per API.
 SIZES: dict[str, tuple[tuple[float, float], tuple[float, float]]] = {
-    "Produce": ((16_000, 1.1), (90, 0.3)),
-    "Fetch": ((120, 0.4), (180_000, 1.4)),
-    "Metadata": ((60, 0.3), (4_000, 0.8)),
-    "FindCoordinator": ((50, 0.2), (60, 0.2)),
-    "JoinGroup": ((400, 0.5), (600, 1.0)),
-    "SyncGroup": ((300, 0.5), (300, 0.6)),
-    "Heartbeat": ((80, 0.2), (20, 0.1)),
-    "OffsetCommit": ((200, 0.6), (80, 0.4)),
-    "InitProducerId": ((60, 0.2), (40, 0.1)),
-    "ApiVersions": ((40, 0.1), (500, 0.1)),
+    "produce": ((16_000, 1.1), (90, 0.3)),
+    "fetch": ((120, 0.4), (180_000, 1.4)),
+    "metadata": ((60, 0.3), (4_000, 0.8)),
+    "find_coordinator": ((50, 0.2), (60, 0.2)),
+    "join_group": ((400, 0.5), (600, 1.0)),
+    "sync_group": ((300, 0.5), (300, 0.6)),
+    "heartbeat": ((80, 0.2), (20, 0.1)),
+    "offset_commit": ((200, 0.6), (80, 0.4)),
+    "init_producer_id": ((60, 0.2), (40, 0.1)),
+    "api_versions": ((40, 0.1), (500, 0.1)),
 }
 MAX_REQUEST = 8 * 1024 * 1024
 MAX_RESPONSE = 50 * 1024 * 1024
@@ -329,7 +329,7 @@ def _instance_events(spec: FleetSpec, i: int, out: Path) -> FleetTruth:
         for client in clients:
             apis = (PRODUCER_APIS if client.producer else ()) + (CONSUMER_APIS if client.consumer else ())
             for api in dict.fromkeys(apis):
-                big_batch = spec.planted and client.client_id == LONG_CLIENT_ID and api == "Produce" and w == 1
+                big_batch = spec.planted and client.client_id == LONG_CLIENT_ID and api == "produce" and w == 1
                 if rng.random() < 0.15 and not big_batch:
                     continue
                 (rq_med, rq_sig), (rs_med, rs_sig) = SIZES[api]
@@ -404,7 +404,7 @@ def _instance_events(spec: FleetSpec, i: int, out: Path) -> FleetTruth:
                             "listener": "external",
                             "client_address": f"{joiner.host}:40000",
                             "client_id": joiner.client_id,
-                            "api": "JoinGroup",
+                            "api": "join_group",
                             "api_key": 11,
                             "api_version": 9,
                             "error_code": 81,
@@ -438,7 +438,7 @@ def _instance_events(spec: FleetSpec, i: int, out: Path) -> FleetTruth:
                     "listener": "external",
                     "client_address": f"{client.host}:41000",
                     "client_id": client.client_id,
-                    "api": "Produce",
+                    "api": "produce",
                     "api_key": 0,
                     "api_version": 9,
                     "size": rng.randint(10**5, 10**7),
@@ -463,7 +463,7 @@ def _instance_events(spec: FleetSpec, i: int, out: Path) -> FleetTruth:
                     "listener": "external",
                     "client_address": f"{long_client.host}:42000",
                     "client_id": LONG_CLIENT_ID,
-                    "api": "Produce",
+                    "api": "produce",
                     "api_key": 0,
                     "api_version": 9,
                     "error_code": 42,

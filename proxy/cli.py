@@ -10,6 +10,7 @@ import resource
 import signal
 import sys
 import typing
+from pathlib import Path
 
 import trio
 import yaml
@@ -89,7 +90,17 @@ def _cmd_demo(args: argparse.Namespace) -> int:
         )
         return EXIT_CONFIG_ERROR
 
-    return run_demo(records=args.records, exit_after_workload=args.exit_after_workload)
+    if args.report is None:
+        return run_demo(records=args.records, exit_after_workload=args.exit_after_workload)
+    # The whole story: the demo's proxy writes audit events, and once it stops `report` turns them into
+    # report.html, recommended-policies.yaml and impact/ (it prints where they are).
+    audit, out = Path(args.report) / "audit", Path(args.report) / "report"
+    status = run_demo(records=args.records, exit_after_workload=args.exit_after_workload, audit_dir=audit)
+    print(f"demo: the policy-impact report over the demo's audit events ({audit})", flush=True)
+    report = build_parser().parse_args(
+        ["report", "--events", str(audit), "--out", str(out), "--log-level", args.log_level]
+    )
+    return status or _cmd_report(report)
 
 
 def _cmd_report(args: argparse.Namespace) -> int:
@@ -146,6 +157,11 @@ def build_parser() -> argparse.ArgumentParser:
     )
     demo.add_argument("--records", type=int, default=1000, help="records the workload produces")
     demo.add_argument("--exit-after-workload", action="store_true", help="stop after the workload (for scripts)")
+    demo.add_argument(
+        "--report",
+        metavar="DIR",
+        help="audit the demo into DIR/audit and, when it stops, run `report` over it into DIR/report",
+    )
     demo.set_defaults(func=_cmd_demo)
 
     report = commands.add_parser(

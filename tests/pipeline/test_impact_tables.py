@@ -23,15 +23,15 @@ def evidence(spark: Any) -> Any:
         window("group", 0, group_id="g2", group_kind="classic", max_members=10),
         window("group", 0, group_id="k1", group_kind="consumer", max_members=60),
         decision("group_size", "group.max.size", 100, client_id="joiner", client_address="10.0.0.7:4000",
-                 group_id="g1", api="JoinGroup"),
+                 group_id="g1", api="join_group"),
         connection("open", 1.0, "c1", "10.0.0.1:5001", True),
         connection("open", 3.0, "c3", "10.0.0.2:5003", True),
         connection("close", 4.0, "c3", "10.0.0.2:5003", True, client_id="tls-b"),
         connection("open", 5.0, "c4", "10.0.0.1:5004", True),
         window("identifier", 0, client_id="x" * 250, identifier_kind="client id", max_length=250, identifier="x" * 250),
         window("identifier", 0, client_id="ok", identifier_kind="client id", max_length=249, identifier="o" * 249),
-        window("client_api", 0, client_id="big", api="Produce", max_request_bytes=1500, max_response_bytes=10),
-        window("client_api", 0, client_id="edge", api="Produce", max_request_bytes=1000, max_response_bytes=10),
+        window("client_api", 0, client_id="big", api="produce", max_request_bytes=1500, max_response_bytes=10),
+        window("client_api", 0, client_id="edge", api="produce", max_request_bytes=1000, max_response_bytes=10),
         window("pool", 0, high_water_mark_bytes=150, capacity_bytes=-1, waits=0),
     ])
 
