@@ -43,9 +43,10 @@ class Fleet:
 
 @pytest.fixture(scope="session")
 def fleet(tmp_path_factory: pytest.TempPathFactory) -> Fleet:
-    """4 proxies x 20 windows (about 24,000 events), with 5 malformed lines, 3 of version 1
-    and one file whose writer is in the middle of a line."""
-    spec = FleetSpec(malformed_lines=5, v1_lines=3, partial_file=True, lines_per_file=4000)
+    """3 proxies x 10 windows (about 6,000 events in 6 files), with 5 malformed lines, 3 of
+    version 1 and one file whose writer is in the middle of a line."""
+    spec = FleetSpec(instances=3, clients=60, groups=15, windows=10, malformed_lines=5, v1_lines=3,
+                     partial_file=True, lines_per_file=1500)
     path = tmp_path_factory.mktemp("fleet")
     return Fleet(path, spec, generate(spec, path))
 

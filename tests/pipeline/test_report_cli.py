@@ -1,9 +1,10 @@
-"""``kafka-admission-proxy report`` as a command, over the synthetic fleet: lines
-that are not valid version-2 events (malformed, an unknown schema version, a file
-whose writer is in the middle of a line) are counted and listed in report.html,
-never fatal; ``--to-parquet`` converts the events and a report from the Parquet
-equals the one from JSON lines; mistakes in ``--candidate``, ``--headroom`` and
-``--events`` are one line each, before Spark starts."""
+"""``kafka-admission-proxy report`` over the synthetic fleet: what the report finds
+agrees with what the generator planted; lines that are not valid version-2 events
+(malformed, an unknown schema version, a file whose writer is in the middle of a
+line) are counted and listed in report.html, never fatal; mistakes in
+``--candidate``, ``--headroom`` and ``--events`` are one line each, before Spark
+starts. (``--to-parquet`` is run in test_standalone_cluster.py, whose cluster
+report reads that Parquet.)"""
 
 from __future__ import annotations
 
@@ -14,10 +15,10 @@ from pathlib import Path
 from typing import Any
 
 import pytest
-from conftest import FLEET_CANDIDATES, rendered_sections
+from conftest import rendered_sections
 
-from pipeline.impact import parse_candidate
-from pipeline.job import ReportOptions, Steps, run_report
+from bench.fleet_evidence import BIG_GROUP, LONG_CLIENT_ID
+from pipeline.recommend import with_headroom
 from pipeline.report_html import SECTIONS
 from tests.conftest import ROOT
 
@@ -55,30 +56,32 @@ def test_bad_lines_are_counted_and_listed_in_the_report_never_fatal(
         assert f"{problem}\t{lines}" in text  # the totals table: problem, lines
 
 
-def _tables(spark: Any, out: Path) -> dict[str, list[tuple[Any, ...]]]:
-    return {
-        table: sorted((tuple(r) for r in spark.read.parquet(str(out / "impact" / table)).collect()), key=repr)
-        for table in ("summary", "subjects", "timeline")
-    }
-
-
-def test_to_parquet_converts_and_the_report_from_parquet_equals_the_json_one(
-    spark: Any, fleet: Any, fleet_report: Any, tmp_path: Path
-) -> None:
-    parquet = tmp_path / "parquet"
-    run = report("--events", str(fleet.path), "--to-parquet", str(parquet))
-    assert run.returncode == 0, run.stderr[-4000:]
-    assert f"Parquet events: {parquet}" in run.stdout
-    assert list(parquet.rglob("*.parquet")) and (parquet / "_input_problems.json").is_file()
-    out = tmp_path / "from-parquet"
-    options = ReportOptions((str(parquet),), str(out), tuple(parse_candidate(c) for c in FLEET_CANDIDATES))
-    from_parquet = run_report(spark, options, Steps(stream=None))
-    assert from_parquet.evidence.overview == fleet_report.evidence.overview
-    # The input problems found while converting travel with the Parquet into the report.
-    assert sorted(from_parquet.evidence.problems, key=repr) == sorted(fleet_report.evidence.problems, key=repr)
-    assert _tables(spark, out) == _tables(spark, fleet_report.out)
-    yaml_name = "recommended-policies.yaml"
-    assert (out / yaml_name).read_text() == (fleet_report.out / yaml_name).read_text()
+def test_the_report_finds_what_the_generator_planted(fleet: Any, fleet_report: Any) -> None:
+    truth, traffic = fleet.truth, fleet_report.traffic
+    assert traffic.overview.events == truth.events
+    assert traffic.overview.instances == tuple(sorted(truth.instances))
+    group, members = truth.largest_group["classic"]
+    assert (traffic.largest_by_kind["classic"].value, traffic.largest_by_kind["classic"].where) == (members, group)
+    assert group == BIG_GROUP
+    assert traffic.peak_tls is not None and traffic.peak_tls.value == truth.peak_tls_per_instance
+    assert traffic.peak_connections is not None
+    assert traffic.peak_connections.value == truth.peak_connections_per_instance
+    assert traffic.peak_per_ip is not None and traffic.peak_per_ip.value == truth.peak_per_ip
+    top = traffic.largest_requests[0]
+    assert (top["client_id"], top["api"], top["bytes"]) == truth.largest_request
+    assert traffic.pool_percentiles["max"] == max(truth.pool_high_water_marks)
+    for kind, (length, _client_id, _value) in truth.longest.items():
+        assert traffic.longest[kind]["length"] == length, kind
+    recommended = {r.key: r.value for r in fleet_report.recommendations}
+    assert recommended["group.max.size"] == with_headroom(members, 20)
+    assert recommended["max.ssl.connections"] == with_headroom(truth.peak_tls_per_instance, 20)
+    assert recommended["resource.identifier.max.length"] == len(LONG_CLIENT_ID)
+    # group.max.size=50 (a --candidate) names the big group; Kafka's 249 names the long client id.
+    named = {(r["subject_kind"], r["subject"]) for r in fleet_report.impact.top_subjects["group.max.size=50"]}
+    assert ("group_id", BIG_GROUP) in named
+    named = {(r["subject_kind"], r["subject"])
+             for r in fleet_report.impact.top_subjects["resource.identifier.max.length=249"]}
+    assert ("client_id", LONG_CLIENT_ID) in named
 
 
 @pytest.mark.parametrize(
