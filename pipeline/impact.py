@@ -268,6 +268,18 @@ def _decision_observations(evidence: Evidence, keys: set[str]) -> DataFrame:
     )
 
 
+# What each row of hits() says about the observation a candidate acted on.
+_OBSERVATION = (
+    "evidence",
+    "observed",
+    "ts",
+    "instance",
+    "client_id",
+    "client_address",
+    "group_id",
+    "identifier",
+    "detail",
+)
 _CANDIDATE_SCHEMA = StructType(
     [StructField("key", StringType()), StructField("value", LongType()), StructField("origin", StringType())]
 )
@@ -294,21 +306,7 @@ def hits(spark: SparkSession, evidence: Evidence, opens: DataFrame, candidates: 
         chosen["key"],
         chosen["value"],
         chosen["origin"],
-        *[
-            observations[c]
-            for c in (
-                "evidence",
-                "observed",
-                "ts",
-                "instance",
-                "client_id",
-                "client_address",
-                "group_id",
-                "identifier",
-                "detail",
-                "conn_id",
-            )
-        ],
+        *[observations[c] for c in (*_OBSERVATION, "conn_id")],
     )
     # Connection opens carry no client id: their close event names it.
     closes = evidence.connections.filter(F.col("event") == "close").select(
@@ -332,15 +330,7 @@ def hits(spark: SparkSession, evidence: Evidence, opens: DataFrame, candidates: 
             "origin",
             F.element_at(policy, F.col("key")).alias("policy"),
             F.element_at(action, F.col("key")).alias("action"),
-            "evidence",
-            "observed",
-            "ts",
-            "instance",
-            "client_id",
-            "client_address",
-            "group_id",
-            "identifier",
-            "detail",
+            *_OBSERVATION,
         )
     )
 
