@@ -23,7 +23,7 @@ BENCH_ARGS :=
 PROFILE_ARGS :=
 
 .PHONY: demo test test-tools deploy-tools apache-kafka test-apache-kafka lint bench bench-tools profile \
-	bench-instructions lock runtime-size fuzz
+	bench-instructions bench-report lock runtime-size fuzz
 
 $(BIN)/.installed: pyproject.toml requirements/dev.txt
 	python3 -m venv $(VENV)
@@ -90,6 +90,10 @@ bench: bench-tools apache-kafka
 # py-spy profile of proxy-all (every policy on, audit on) under load, as bench/RESULTS.md shows it.
 profile: bench-tools $(BIN)/py-spy
 	$(BIN)/python bench/profile_proxy.py $(PROFILE_ARGS)
+
+# `report` timed on synthetic fleet evidence (10 million events: JSON lines, --to-parquet, Parquet).
+bench-report: $(BIN)/.installed
+	$(BIN)/python bench/report_bench.py --events 10000000
 
 # Instructions per round trip (callgrind) of floor, epoll and proxy-all.
 bench-instructions: bench-tools
