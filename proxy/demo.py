@@ -9,6 +9,7 @@ import signal
 import time
 from dataclasses import dataclass
 from importlib import resources
+from pathlib import Path
 
 import trio
 import yaml
@@ -31,9 +32,16 @@ class WorkloadResult:
     seconds: float
 
 
-def sample_config(bootstrap: str) -> Config:
+# With an audit directory the demo's windows are short, so a run of seconds leaves
+# several of them for the report.
+DEMO_WINDOW_SECONDS = 2
+
+
+def sample_config(bootstrap: str, audit_dir: Path | None = None) -> Config:
     raw = yaml.safe_load(resources.files("proxy").joinpath("demo-config.yaml").read_text())
     raw["upstream"]["bootstrap_servers"] = [bootstrap]
+    if audit_dir is not None:
+        raw["audit"] = {"path": str(audit_dir), "instance_id": "demo", "window": {"seconds": DEMO_WINDOW_SECONDS}}
     return parse_config(raw)
 
 
@@ -120,7 +128,13 @@ async def _demo(config: Config, records: int, exit_after_workload: bool) -> int:
     return 0 if ok else 1
 
 
-def run_demo(records: int = 1000, exit_after_workload: bool = False) -> int:
+def run_demo(records: int = 1000, exit_after_workload: bool = False, audit_dir: Path | None = None) -> int:
+    """The demo; with ``audit_dir`` the proxy writes its audit events there (the demo's
+    files of earlier runs removed first)."""
+    if audit_dir is not None:
+        audit_dir.mkdir(parents=True, exist_ok=True)
+        for old in audit_dir.glob("demo-*.jsonl*"):
+            old.unlink()
     with TansuBroker() as broker:
-        config = sample_config(broker.bootstrap)
+        config = sample_config(broker.bootstrap, audit_dir)
         return trio.run(_demo, config, records, exit_after_workload)

@@ -1,0 +1,534 @@
+"""The proxies' audit events in Spark: the explicit schema of
+``schema/audit-event-v2.schema.json``, JSON-line and Parquet inputs, and an
+account of every line that is not a valid version-2 event.
+
+A line that is not JSON, a version other than 2, an event missing what its kind
+requires, a file whose writer is in the middle of a line, a file that vanished
+(rotated away) or cannot be read: each is counted and listed per file, never
+fatal. The schema is given to Spark, not inferred, so the files are parsed once.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+from collections.abc import Iterable, Sequence
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
+from urllib.parse import unquote, urlparse
+
+from pyspark.sql import Column, DataFrame, SparkSession
+from pyspark.sql import functions as F
+from pyspark.sql.types import (
+    ArrayType,
+    BooleanType,
+    DataType,
+    DoubleType,
+    LongType,
+    StringType,
+    StructField,
+    StructType,
+)
+
+__all__ = [
+    "EVENT_SCHEMA",
+    "REPORT_SCHEMA",
+    "SCHEMA_VERSION",
+    "EventsPathError",
+    "Evidence",
+    "InputProblem",
+    "Inputs",
+    "Overview",
+    "find_inputs",
+    "read_evidence",
+    "write_parquet",
+]
+
+SCHEMA_VERSION = 2
+PROBLEMS_FILE = "_input_problems.json"  # next to converted Parquet; Spark skips names starting with "_"
+_CORRUPT = "_corrupt_record"
+_TAIL_BYTES = 1 << 16
+
+
+def _schema(*fields: tuple[str, DataType]) -> StructType:
+    return StructType([StructField(name, kind, nullable=True) for name, kind in fields])
+
+
+_S, _L, _D, _B = StringType(), LongType(), DoubleType(), BooleanType()
+
+# Every property of the three kinds (decision, connection, window), one column each;
+# a name shared by kinds has one type in all of them. tests/pipeline checks this
+# against the JSON Schema file, so the two cannot drift apart.
+EVENT_SCHEMA = _schema(
+    ("schema_version", _L),
+    ("type", _S),
+    ("ts", _D),
+    ("instance", _S),
+    # decision
+    ("policy", _S),
+    ("mode", _S),
+    ("action", _S),
+    ("reason", _S),
+    ("limit_key", _S),
+    ("limit", _L),
+    ("listener", _S),
+    ("client_address", _S),
+    ("client_id", _S),
+    ("conn_id", _S),
+    ("tls", _B),
+    ("api", _S),
+    ("api_key", _L),
+    ("api_version", _L),
+    ("correlation_id", _L),
+    ("error_code", _L),
+    ("group_id", _S),
+    ("member_id", _S),
+    ("identifier_kind", _S),
+    ("identifier_length", _L),
+    ("identifier", _S),
+    ("breaches", ArrayType(_schema(("kind", _S), ("path", _S), ("length", _L), ("limit", _L)))),
+    ("size", _L),
+    ("upstream", _S),
+    ("direction", _S),
+    # connection
+    ("event", _S),
+    ("duration_seconds", _D),
+    ("requests", _L),
+    ("bytes_in", _L),
+    ("bytes_out", _L),
+    # window
+    ("section", _S),
+    ("window_start", _D),
+    ("window_seconds", _D),
+    ("max_request_bytes", _L),
+    ("max_response_bytes", _L),
+    ("group_kind", _S),
+    ("max_members", _L),
+    ("capacity_bytes", _L),
+    ("high_water_mark_bytes", _L),
+    ("waits", _L),
+    ("max_open", _L),
+    ("opened", _L),
+    ("closed", _L),
+    ("max_length", _L),
+    ("overflow", _B),
+)
+EVENT_COLUMNS = tuple(EVENT_SCHEMA.fieldNames())
+# What the report reads: the contract's other fields (API keys and versions, error codes,
+# breaches, byte totals, durations) feed no table or plot, and parsing fewer fields is
+# most of what reading JSON costs. --to-parquet keeps every field.
+_UNREAD = {
+    "api_key",
+    "api_version",
+    "correlation_id",
+    "error_code",
+    "member_id",
+    "breaches",
+    "upstream",
+    "direction",
+    "duration_seconds",
+    "bytes_in",
+    "bytes_out",
+    "opened",
+    "closed",
+    "overflow",
+}
+REPORT_SCHEMA = StructType([f for f in EVENT_SCHEMA.fields if f.name not in _UNREAD])
+REPORT_COLUMNS = tuple(REPORT_SCHEMA.fieldNames())
+KINDS = ("decision", "connection", "window")
+SECTIONS = ("client_api", "group", "pool", "connections", "identifier")
+# What each kind must carry (the JSON Schema's "required"), beyond schema_version, type, ts, instance.
+_REQUIRED = {
+    "decision": ("policy", "mode", "action", "reason", "limit_key"),
+    "connection": ("event", "conn_id", "listener", "client_address", "tls"),
+    "window": ("section", "window_start", "window_seconds"),
+}
+_ENUMS = {
+    "mode": ("enforce", "observe"),
+    "action": ("refuse", "wait", "evict", "close", "throttle"),
+    "event": ("open", "close"),
+    "section": SECTIONS,
+}
+
+
+class EventsPathError(ValueError):
+    """An ``--events`` path that cannot be read; the message names it."""
+
+
+@dataclass(frozen=True)
+class InputFile:
+    path: str
+    size: int
+    half_written: bool  # its last line has no newline and is not a complete event: a writer is on it
+
+
+@dataclass(frozen=True)
+class Inputs:
+    json_files: tuple[InputFile, ...]
+    parquet_dirs: tuple[str, ...]
+    empty_files: tuple[str, ...] = ()
+
+    @property
+    def total_bytes(self) -> int:
+        """Bytes of every input file (JSON lines and Parquet)."""
+        parquet = sum(
+            (Path(root) / name).stat().st_size
+            for directory in self.parquet_dirs
+            for root, _, names in os.walk(directory)
+            for name in names
+        )
+        return sum(f.size for f in self.json_files) + parquet
+
+    @property
+    def described(self) -> str:
+        size = sum(f.size for f in self.json_files)
+        parts = []
+        if self.json_files:
+            parts.append(f"{len(self.json_files)} JSON-line files ({size / 1e6:,.1f} MB)")
+        if self.parquet_dirs:
+            parts.append(f"{len(self.parquet_dirs)} Parquet directories")
+        return " and ".join(parts) or "no files"
+
+
+@dataclass(frozen=True)
+class InputProblem:
+    """Lines of one file that are not valid version-2 events, of one kind."""
+
+    file: str
+    problem: str  # malformed | unknown_version | invalid | half_written | unreadable
+    detail: str
+    lines: int
+    sample: str = ""
+
+
+_NICE_STEPS = (1, 5, 10, 15, 30, 60, 300, 600, 900, 1800, 3600, 7200, 10800, 21600, 43200, 86400, 604800)
+MAX_BUCKETS = 360
+
+
+@dataclass(frozen=True)
+class Overview:
+    """How many valid events of each kind, from which proxies, over which span of time."""
+
+    events: int = 0
+    by_kind: dict[str, int] = field(default_factory=dict)  # "decision", "connection", "window/<section>"
+    instances: tuple[str, ...] = ()
+    first_ts: float | None = None
+    last_ts: float | None = None
+    window_seconds: float | None = None
+
+    @property
+    def bucket_seconds(self) -> int:
+        """A round time step that cuts the span into at most ``MAX_BUCKETS`` buckets (at least a window)."""
+        span = (self.last_ts or 0.0) - (self.first_ts or 0.0)
+        floor = max(self.window_seconds or 1.0, span / MAX_BUCKETS)
+        return next((s for s in _NICE_STEPS if s >= floor), _NICE_STEPS[-1])
+
+    @staticmethod
+    def of(rows: Iterable[Any]) -> Overview:
+        """From rows with type, section, instance, n, first, last, window_seconds (any grouping finer than that)."""
+        by_kind: dict[str, int] = {}
+        firsts, lasts, windows = [], [], []
+        instances: set[str] = set()
+        for r in rows:
+            kind = r["type"] if r["section"] is None else f"{r['type']}/{r['section']}"
+            by_kind[kind] = by_kind.get(kind, 0) + int(r["n"])
+            firsts += [r["first"]] if r["first"] is not None else []
+            lasts += [r["last"]] if r["last"] is not None else []
+            windows += [r["window_seconds"]] if r["window_seconds"] is not None else []
+            if r["instance"] is not None:
+                instances.add(r["instance"])
+        return Overview(
+            events=sum(by_kind.values()),
+            by_kind=dict(sorted(by_kind.items())),
+            instances=tuple(sorted(instances)),
+            first_ts=min(firsts) if firsts else None,
+            last_ts=max(lasts) if lasts else None,
+            window_seconds=max(windows) if windows else None,
+        )
+
+    def merged(self, other: Overview) -> Overview:
+        by_kind = dict(self.by_kind)
+        for kind, n in other.by_kind.items():
+            by_kind[kind] = by_kind.get(kind, 0) + n
+
+        def pick(f: Any, *values: float | None) -> float | None:
+            known = [v for v in values if v is not None]
+            return f(known) if known else None
+
+        return Overview(
+            events=self.events + other.events,
+            by_kind=dict(sorted(by_kind.items())),
+            instances=tuple(sorted({*self.instances, *other.instances})),
+            first_ts=pick(min, self.first_ts, other.first_ts),
+            last_ts=pick(max, self.last_ts, other.last_ts),
+            window_seconds=pick(max, self.window_seconds, other.window_seconds),
+        )
+
+
+def _tally(valid: Column) -> list[Column]:
+    """The aggregates :meth:`Overview.of` reads, over the valid events of a group (grouped by
+    type, section and instance at least)."""
+    return [
+        F.count_if(valid).alias("n"),
+        F.min(F.when(valid, F.col("ts"))).alias("first"),
+        F.max(F.when(valid, F.col("ts"))).alias("last"),
+        F.max(F.when(valid, F.col("window_seconds"))).alias("window_seconds"),
+    ]
+
+
+@dataclass(frozen=True)
+class Evidence:
+    """The valid version-2 events, what was wrong with the rest, and an overview."""
+
+    events: DataFrame
+    problems: tuple[InputProblem, ...] = ()
+    files_read: int = 0
+    lines_per_file: dict[str, int] = field(default_factory=dict)
+    overview: Overview = Overview()
+
+    @property
+    def decisions(self) -> DataFrame:
+        return self.events.filter(F.col("type") == "decision")
+
+    @property
+    def connections(self) -> DataFrame:
+        return self.events.filter(F.col("type") == "connection")
+
+    def windows(self, section: str) -> DataFrame:
+        return self.events.filter((F.col("type") == "window") & (F.col("section") == section))
+
+    @property
+    def problem_lines(self) -> int:
+        return sum(p.lines for p in self.problems)
+
+
+def _is_hidden(name: str) -> bool:
+    return name.startswith((".", "_"))
+
+
+def _half_written(path: Path, size: int) -> bool:
+    """True when the file does not end with a newline and its last line is no complete JSON object."""
+    if size == 0 or path.name.endswith(".gz"):
+        return False
+    with path.open("rb") as f:
+        f.seek(max(0, size - _TAIL_BYTES))
+        tail = f.read(_TAIL_BYTES)
+    if tail.endswith(b"\n"):
+        return False
+    last = tail.rsplit(b"\n", 1)[-1]
+    try:
+        return not isinstance(json.loads(last), dict)
+    except ValueError:
+        return True
+
+
+def _holds_parquet(path: Path) -> bool:
+    if path.is_file():
+        return path.name.endswith(".parquet")
+    return any(name.endswith(".parquet") for _, _, names in os.walk(path) for name in names)
+
+
+def find_inputs(paths: Sequence[str]) -> Inputs:
+    """Sort ``--events`` paths into JSON-line files and Parquet directories.
+
+    A directory holding ``*.parquet`` files is read as Parquet (what ``--to-parquet``
+    writes); anything else as JSON lines (``.gz`` too), walking directories and
+    skipping names starting with ``.`` or ``_``, as Spark does.
+    """
+    json_files: list[InputFile] = []
+    parquet: list[str] = []
+    empty: list[str] = []
+    for raw in paths:
+        path = Path(raw).resolve()
+        if not path.exists():
+            raise EventsPathError(f"--events {raw}: no such file or directory")
+        if not os.access(path, os.R_OK):
+            raise EventsPathError(f"--events {raw}: not readable")
+        if _holds_parquet(path):
+            parquet.append(str(path))
+            continue
+        if path.is_file():
+            candidates = [path]
+        else:
+            candidates = []
+            for root, dirs, names in os.walk(path):
+                dirs[:] = sorted(d for d in dirs if not _is_hidden(d))
+                candidates += [Path(root) / n for n in sorted(names) if not _is_hidden(n)]
+        for file in candidates:
+            size = file.stat().st_size
+            if size == 0:
+                empty.append(str(file))
+            else:
+                json_files.append(InputFile(str(file), size, _half_written(file, size)))
+    return Inputs(tuple(json_files), tuple(parquet), tuple(empty))
+
+
+def _local_path(uri: str) -> str:
+    return unquote(urlparse(uri).path) if uri.startswith("file:") else uri
+
+
+def _problem_columns() -> tuple[Column, Column]:
+    """(problem, detail) of a parsed line: null problem for a valid version-2 event."""
+    version = F.col("schema_version")
+    kind = F.col("type")
+    # What is wrong with a version-2 line, the first rule it breaks named.
+    rules: list[tuple[Column, Column]] = [
+        (~kind.isin(*KINDS) | kind.isNull(), F.concat(F.lit("type "), F.coalesce(kind, F.lit("missing")))),
+        *[(F.col(name).isNull(), F.lit(f"no {name}")) for name in ("ts", "instance")],
+        *[
+            ((kind == event_kind) & F.col(name).isNull(), F.lit(f"{event_kind} without {name}"))
+            for event_kind, names in _REQUIRED.items()
+            for name in names
+        ],
+        *[
+            (F.col(name).isNotNull() & ~F.col(name).isin(*allowed), F.concat(F.lit(f"{name} "), F.col(name)))
+            for name, allowed in _ENUMS.items()
+        ],
+    ]
+    missing = F.lit(None).cast("string")
+    for broken, message in reversed(rules):
+        missing = F.when(broken, message).otherwise(missing)
+    problem = (
+        F.when(version.isNotNull() & (version != SCHEMA_VERSION), F.lit("unknown_version"))
+        .when(F.col(_CORRUPT).isNotNull(), F.lit("malformed"))
+        .when(version.isNull(), F.lit("unknown_version"))
+        .when(missing.isNotNull(), F.lit("invalid"))
+    )
+    detail = (
+        F.when(
+            problem == "unknown_version",
+            F.concat(F.lit("schema_version "), F.coalesce(version.cast("string"), F.lit("missing"))),
+        )
+        .when(problem == "malformed", F.lit("not a JSON object of the v2 types"))
+        .when(problem == "invalid", missing)
+    )
+    return problem, detail
+
+
+def _read_json_lines(
+    spark: SparkSession, inputs: Inputs, cache: bool, schema: StructType
+) -> tuple[DataFrame, list[InputProblem], dict[str, int], Overview]:
+    # Spark refuses a path that is gone when it plans the read; a file that goes after
+    # that is skipped (spark.sql.files.ignoreMissingFiles). Either way it is listed below.
+    present = [f.path for f in inputs.json_files if Path(f.path).exists()]
+    with_corrupt = StructType([*schema.fields, StructField(_CORRUPT, StringType())])
+    if present:
+        raw = (
+            spark.read.schema(with_corrupt)
+            .option("mode", "PERMISSIVE")
+            .option("columnNameOfCorruptRecord", _CORRUPT)
+            .json(present)
+        )
+        file_path = F.col("_metadata.file_path")
+    else:
+        raw, file_path = spark.createDataFrame([], with_corrupt), F.lit("")
+    problem, detail = _problem_columns()
+    parsed = raw.select("*", file_path.alias("_file"), problem.isNull().alias("_valid"))
+    if cache:
+        # Sorted by kind within each partition, the cache's batch statistics let a
+        # query for one section skip the batches of the others.
+        parsed = parsed.sortWithinPartitions("type", "section").cache()
+    valid = F.col("_valid")
+    sample = F.substring(F.coalesce(F.col(_CORRUPT), F.to_json(F.struct("schema_version", "type"))), 1, 160)
+    # One pass: lines per file and problem, and the overview of the valid events.
+    per_file = (
+        parsed.groupBy(
+            "_file",
+            F.when(~valid, problem).alias("problem"),
+            F.when(~valid, detail).alias("detail"),
+            "type",
+            "section",
+            "instance",
+        )
+        .agg(F.count(F.lit(1)).alias("lines"), F.min(F.when(~valid, sample)).alias("sample"), *_tally(valid))
+        .collect()
+    )
+    lines: dict[str, int] = {}
+    problems: dict[tuple[str, str, str], InputProblem] = {}
+    for row in per_file:
+        path = _local_path(row["_file"])
+        lines[path] = lines.get(path, 0) + row["lines"]
+        if row["problem"] is not None:
+            key = (path, row["problem"], row["detail"] or "")
+            seen = problems.get(key)
+            problems[key] = InputProblem(
+                path,
+                row["problem"],
+                row["detail"] or "",
+                row["lines"] + (seen.lines if seen else 0),
+                min(row["sample"] or "", seen.sample if seen else row["sample"] or ""),
+            )
+    for f in inputs.json_files:
+        if f.half_written:
+            # Its unfinished last line was read as a malformed one: name it for what it is.
+            key = (f.path, "malformed", "not a JSON object of the v2 types")
+            bad = problems.get(key)
+            if bad is not None:
+                if bad.lines > 1:
+                    problems[key] = InputProblem(f.path, bad.problem, bad.detail, bad.lines - 1, bad.sample)
+                else:
+                    del problems[key]
+            problems[(f.path, "half_written", "")] = InputProblem(
+                f.path, "half_written", "last line incomplete: a writer is on this file", 1
+            )
+        if f.path not in lines:
+            reason = "vanished while read (rotated away?)" if not Path(f.path).exists() else "unreadable"
+            problems[(f.path, "unreadable", reason)] = InputProblem(f.path, "unreadable", reason, 0)
+    events = parsed.filter(valid).select(*schema.fieldNames())
+    ordered = sorted(problems.values(), key=lambda p: (p.file, p.problem, p.detail))
+    return events, ordered, lines, Overview.of(r for r in per_file if r["n"])
+
+
+def _read_parquet(
+    spark: SparkSession, directory: str, cache: bool, schema: StructType
+) -> tuple[DataFrame, list[InputProblem], Overview]:
+    events = spark.read.schema(EVENT_SCHEMA).option("basePath", directory).parquet(directory)
+    events = events.select(*schema.fieldNames())
+    if cache:
+        events = events.cache()
+    stored = Path(directory) / PROBLEMS_FILE
+    problems = []
+    if stored.is_file():
+        problems = [InputProblem(**p) for p in json.loads(stored.read_text())]
+    tally = events.groupBy("type", "section", "instance").agg(*_tally(F.lit(True))).collect()
+    return events, problems, Overview.of(tally)
+
+
+def read_evidence(
+    spark: SparkSession, inputs: Inputs, cache: bool = True, schema: StructType = REPORT_SCHEMA
+) -> Evidence:
+    """Read every input with ``schema`` (the report's columns by default; ``EVENT_SCHEMA`` keeps every
+    field). With ``cache`` the parsed events are kept in memory for the queries that follow."""
+    frames: list[DataFrame] = []
+    problems: list[InputProblem] = [InputProblem(p, "empty", "no lines", 0) for p in inputs.empty_files]
+    lines: dict[str, int] = {}
+    seen = Overview()
+    if inputs.json_files:
+        events, found, lines, seen = _read_json_lines(spark, inputs, cache, schema)
+        frames.append(events)
+        problems += found
+    for directory in inputs.parquet_dirs:
+        events, stored, tally = _read_parquet(spark, directory, cache, schema)
+        frames.append(events)
+        problems += stored
+        seen = seen.merged(tally)
+    if not frames:
+        frames.append(spark.createDataFrame([], schema))
+    files = len(inputs.json_files) + len(inputs.parquet_dirs)
+    return Evidence(union_all(frames), tuple(problems), files, lines, seen)
+
+
+def write_parquet(evidence: Evidence, out: str) -> None:
+    """Write the valid events as Parquet partitioned by kind and section, and the input problems beside them."""
+    evidence.events.write.mode("overwrite").partitionBy("type", "section").parquet(out)
+    Path(out, PROBLEMS_FILE).write_text(json.dumps([p.__dict__ for p in evidence.problems], indent=1))
+
+
+def union_all(frames: Iterable[DataFrame]) -> DataFrame:
+    """One DataFrame of several with the same columns (by name)."""
+    it = iter(frames)
+    result = next(it)
+    for frame in it:
+        result = result.unionByName(frame)
+    return result

@@ -1,0 +1,185 @@
+"""``kafka-admission-proxy report``: the whole job, from audit files to
+report.html, recommended-policies.yaml and the impact/ Parquet tables (or,
+with ``--to-parquet``, the events converted to Parquet).
+
+Every step is a function of :mod:`pipeline`; this module runs them in order,
+says on stderr what it is doing and how long each step took, and turns
+operator mistakes into one line and exit status 2.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import sys
+import time
+from collections.abc import Callable, Iterator, Sequence
+from contextlib import contextmanager
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import TextIO
+
+from pyspark.sql import SparkSession
+
+from .events import EVENT_SCHEMA, EventsPathError, Evidence, Inputs, find_inputs, read_evidence, write_parquet
+from .impact import Candidate, CandidateError, Impact, choose_candidates, impact_tables, parse_candidate
+from .plots import plots_for
+from .recommend import Recommendation, policies_yaml, recommend
+from .report_html import render
+from .session import SHORT_JOB_BYTES, JavaMissingError, jvm_cpu_seconds, spark_session
+from .traffic import Traffic, measure_traffic, open_connections
+
+__all__ = ["ReportOptions", "ReportResult", "Steps", "main", "run_report", "to_parquet"]
+
+EXIT_USAGE = 2
+YAML_NAME = "recommended-policies.yaml"
+
+
+@dataclass(frozen=True)
+class ReportOptions:
+    events: tuple[str, ...]
+    out: str
+    candidates: tuple[Candidate, ...] = ()
+    headroom_pct: float = 20.0
+    cache: bool = True
+
+
+@dataclass
+class Steps:
+    """Names, wall time and Spark CPU time of the job's steps, printed as they end (progress on
+    long runs; the CPU time says where the work went on a machine shared with others)."""
+
+    stream: TextIO | None = sys.stderr
+    cpu: Callable[[], float | None] = lambda: None
+    done: list[tuple[str, float]] = field(default_factory=list)
+    cpu_done: list[tuple[str, float | None]] = field(default_factory=list)
+
+    @contextmanager
+    def step(self, name: str) -> Iterator[None]:
+        if self.stream is not None:
+            print(f"report: {name} ...", file=self.stream, flush=True)
+        started, cpu_before = time.monotonic(), self.cpu()
+        yield
+        seconds = time.monotonic() - started
+        cpu_after = self.cpu()
+        cpu = cpu_after - cpu_before if cpu_after is not None and cpu_before is not None else None
+        self.done.append((name, seconds))
+        self.cpu_done.append((name, cpu))
+        if self.stream is not None:
+            spent = f", Spark CPU {cpu:.1f}s" if cpu is not None else ""
+            print(f"report: {name}: {seconds:.1f}s{spent}", file=self.stream, flush=True)
+
+
+@dataclass(frozen=True)
+class ReportResult:
+    out: Path
+    traffic: Traffic
+    recommendations: list[Recommendation]
+    impact: Impact
+    evidence: Evidence
+
+
+def run_report(spark: SparkSession, options: ReportOptions, steps: Steps | None = None) -> ReportResult:
+    """The report over ``options.events`` into ``options.out`` on an existing session."""
+    steps = steps or Steps()
+    out = Path(options.out).resolve()
+    out.mkdir(parents=True, exist_ok=True)
+    with steps.step("finding input files"):
+        inputs = find_inputs(options.events)
+    with steps.step(f"reading {inputs.described}"):
+        evidence = read_evidence(spark, inputs, cache=options.cache)
+    seen = evidence.overview
+    if steps.stream is not None:
+        print(f"report: {seen.events:,} valid events, {evidence.problem_lines:,} lines not valid", file=steps.stream)
+    with steps.step("traffic aggregates"):
+        opens = open_connections(evidence.connections).cache()
+        traffic = measure_traffic(evidence, opens)
+    with steps.step("recommendations"):
+        recs = recommend(traffic, options.headroom_pct)
+        (out / YAML_NAME).write_text(policies_yaml(recs, traffic, options.headroom_pct))
+    configured = {(d["limit_key"], int(d["limit"])) for d in traffic.decisions if d["limit"] is not None}
+    recommended = [(r.key, r.value) for r in recs if not isinstance(r.value, bool)]
+    candidates = choose_candidates(options.candidates, sorted(configured), recommended)
+    with steps.step(f"impact of {len(candidates)} candidate limits"):
+        impact = impact_tables(spark, evidence, opens, candidates, str(out), traffic.bucket_seconds)
+    with steps.step("report.html"):
+        limits = {r.key: r.value for r in recs if not isinstance(r.value, bool)}
+        run = {
+            "spark": spark.version,
+            "master": str(spark.sparkContext.master),
+            "inputs": ", ".join(options.events),
+            "headroom": f"{options.headroom_pct:g}%",
+            "time bucket": f"{traffic.bucket_seconds} s",
+        }
+        page = render(
+            traffic=traffic,
+            recs=recs,
+            impact=impact,
+            plots=plots_for(traffic, limits),
+            problems=evidence.problems,
+            inputs=inputs.described,
+            timings=steps.done,
+            run=run,
+        )
+        (out / "report.html").write_text(page, encoding="utf-8")
+    opens.unpersist()
+    evidence.events.unpersist()
+    (out / "run.json").write_text(
+        json.dumps(
+            {
+                "events": seen.events,
+                "by_kind": seen.by_kind,
+                "problem_lines": evidence.problem_lines,
+                "candidates": [c.label for c in candidates],
+                "steps": steps.done,
+                "spark_cpu": steps.cpu_done,
+                **run,
+            },
+            indent=1,
+        )
+    )
+    return ReportResult(out, traffic, recs, impact, evidence)
+
+
+def to_parquet(spark: SparkSession, events: Sequence[str], target: str, steps: Steps | None = None) -> Inputs:
+    """Convert audit files to Parquet (partitioned by kind and section) in ``target``."""
+    steps = steps or Steps()
+    with steps.step("finding input files"):
+        inputs = find_inputs(events)
+    with steps.step(f"converting {inputs.described} to Parquet"):
+        evidence = read_evidence(spark, inputs, cache=False, schema=EVENT_SCHEMA)
+        write_parquet(evidence, target)
+    if steps.stream is not None:
+        print(
+            f"report: {evidence.problem_lines:,} lines not valid events (listed in {target}/_input_problems.json)",
+            file=steps.stream,
+        )
+    return inputs
+
+
+def main(args: argparse.Namespace) -> int:
+    """The ``report`` command (arguments parsed by ``proxy.cli``)."""
+    try:
+        candidates = tuple(parse_candidate(c) for c in args.candidate)
+        if not 0 <= args.headroom <= 1000:
+            raise CandidateError(f"--headroom {args.headroom:g}: a percentage from 0 to 1000")
+        inputs = find_inputs(args.events)  # a missing path is named before Spark starts
+        steps = Steps()
+        with steps.step(f"starting Spark ({args.master})"):
+            spark = spark_session(args.master, short_job=inputs.total_bytes < SHORT_JOB_BYTES)
+        steps.cpu = lambda: jvm_cpu_seconds(spark)
+        if args.to_parquet:
+            to_parquet(spark, args.events, args.to_parquet, steps)
+            print(f"Parquet events: {Path(args.to_parquet).resolve()}")
+        else:
+            options = ReportOptions(tuple(args.events), args.out, candidates, args.headroom)
+            result = run_report(spark, options, steps)
+            print(f"report: {result.out / 'report.html'}")
+            print(f"recommended policies: {result.out / YAML_NAME}")
+            print(f"impact tables: {result.out / 'impact'}")
+        total = sum(seconds for _, seconds in steps.done)
+        print(f"report: done in {total:.1f}s", file=sys.stderr)
+        return 0
+    except (EventsPathError, CandidateError, JavaMissingError) as exc:
+        print(f"report: {exc}", file=sys.stderr)
+        return EXIT_USAGE

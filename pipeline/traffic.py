@@ -1,0 +1,440 @@
+"""What the fleet's traffic looked like, as small aggregates computed by Spark:
+sizes per client id and API, group sizes, pool depth, connections (TLS and
+plaintext), identifier lengths, and the decisions recorded. The report's plots
+and the recommended limits are made from these; only they reach the driver.
+
+Connections open at once per proxy, per proxy over TLS, and per proxy and client
+host are counted from the connection lifecycle events in time order (Kafka's
+``ConnectionQuotas`` counts the same three); the windows' ``max_open`` give
+the peaks per listener.
+"""
+
+from __future__ import annotations
+
+import math
+from dataclasses import dataclass, field
+from typing import Any
+
+from pyspark.sql import Column, DataFrame, Window
+from pyspark.sql import functions as F
+
+from .events import Evidence, Overview
+from .limits import limit_key_of, normalized_kind
+
+__all__ = ["Peak", "Traffic", "bucket", "client_host", "measure_traffic", "open_connections"]
+
+TOP = 10
+TOP_ROWS = 500
+
+
+@dataclass(frozen=True)
+class Peak:
+    """The largest value of something, where (a group, a proxy, a client...) and when."""
+
+    value: int
+    where: str
+    ts: float | None = None
+
+
+@dataclass(frozen=True)
+class Traffic:
+    overview: Overview
+    bucket_seconds: int
+    # sizes: (log2 bucket k: 2^(k-1) <= size < 2^k, rows of (client id, API, window)) of the largest frame
+    request_size_hist: list[tuple[int, int]] = field(default_factory=list)
+    response_size_hist: list[tuple[int, int]] = field(default_factory=list)
+    largest_requests: list[dict[str, Any]] = field(default_factory=list)  # client_id, api, bytes, requests
+    largest_responses: list[dict[str, Any]] = field(default_factory=list)
+    client_api_rows: int = 0
+    # memory pool
+    pool_percentiles: dict[str, int] = field(default_factory=dict)  # p50, p90, p99, p99.9, max
+    pool_capacity: int | None = None
+    pool_waits: int = 0
+    pool_peak: Peak | None = None
+    pool_series: list[tuple[float, int, int, int]] = field(default_factory=list)  # bucket, max, median, waits
+    # connections
+    connection_series: list[tuple[float, bool, int, int]] = field(default_factory=list)  # bucket, tls, fleet, busiest
+    peak_tls: Peak | None = None
+    peak_connections: Peak | None = None
+    peak_per_ip: Peak | None = None
+    close_reasons: list[tuple[str, int]] = field(default_factory=list)
+    # groups
+    largest_groups: list[dict[str, Any]] = field(default_factory=list)  # group_id, kind, peak, ts
+    largest_by_kind: dict[str, Peak] = field(default_factory=dict)  # classic | consumer
+    group_series: dict[str, list[tuple[float, int]]] = field(default_factory=dict)
+    group_peak_hist: list[tuple[int, int]] = field(default_factory=list)  # peak members, groups
+    groups: int = 0
+    # identifiers
+    identifier_hist: dict[str, list[tuple[int, int]]] = field(default_factory=dict)  # kind -> (length, rows)
+    longest: dict[str, dict[str, Any]] = field(default_factory=dict)  # kind -> length, client_id, identifier, key
+    # decisions recorded, by policy, limit and action
+    decisions: list[dict[str, Any]] = field(default_factory=list)
+
+    def longest_for(self, limit_key: str) -> Peak | None:
+        """The longest identifier whose limit is ``limit_key``."""
+        best: Peak | None = None
+        for kind, entry in self.longest.items():
+            if entry["key"] == limit_key and (best is None or entry["length"] > best.value):
+                best = Peak(entry["length"], f"{kind} {entry['identifier']!r} (client id {entry['client_id']!r})")
+        return best
+
+
+def bucket(ts: Column, seconds: int) -> Column:
+    """The start of the ``seconds``-long time bucket ``ts`` falls in (Unix seconds)."""
+    return F.floor(ts / seconds) * seconds
+
+
+def client_host(address: Column) -> Column:
+    """``10.0.0.5:53211`` -> ``10.0.0.5``; ``[::1]:9092`` -> ``::1``: the IP Kafka counts per-IP limits by."""
+    port = F.substring_index(address, ":", -1)
+    host = F.translate(F.left(address, F.length(address) - F.length(port) - 1), "[]", "")
+    return F.when(F.instr(address, ":") > 0, host).otherwise(address)
+
+
+def _int(value: Any) -> int:
+    return int(value) if value is not None else 0
+
+
+def open_connections(connections: DataFrame) -> DataFrame:
+    """One row per connection opened: instance, ts, conn_id, listener, client_address, host, tls,
+    and the connections open right after it on that proxy (``open_all``), over TLS (``open_tls``,
+    TLS connections only) and from that client host (``open_ip``).
+
+    Closes count before opens at the same instant. Connections already open when the
+    evidence begins show up as closes without an open: each partition's count is lifted
+    by its lowest dip below zero, so it never goes negative.
+    """
+    delta = F.when(F.col("event") == "open", 1).otherwise(-1)
+    c = connections.select(
+        "instance",
+        "ts",
+        "event",
+        "conn_id",
+        "listener",
+        "client_address",
+        "tls",
+        client_host(F.col("client_address")).alias("host"),
+        delta.alias("delta"),
+        (delta * F.col("tls").cast("int")).alias("delta_tls"),
+    )
+    order = ("ts", "delta", "conn_id")
+    upto = Window.unboundedPreceding, Window.currentRow
+    per_proxy = Window.partitionBy("instance").orderBy(*order).rowsBetween(*upto)
+    per_host = Window.partitionBy("instance", "host").orderBy(*order).rowsBetween(*upto)
+    counted = c.select(
+        "*",
+        F.sum("delta").over(per_proxy).alias("run_all"),
+        F.sum("delta_tls").over(per_proxy).alias("run_tls"),
+        F.sum("delta").over(per_host).alias("run_ip"),
+    )
+    whole_proxy, whole_host = Window.partitionBy("instance"), Window.partitionBy("instance", "host")
+
+    def lifted(run: str, scope: Any) -> Column:
+        return (F.col(run) - F.least(F.lit(0), F.min(run).over(scope))).cast("long")
+
+    return counted.select(
+        "instance",
+        "ts",
+        "event",
+        "conn_id",
+        "listener",
+        "client_address",
+        "host",
+        "tls",
+        lifted("run_all", whole_proxy).alias("open_all"),
+        lifted("run_tls", whole_proxy).alias("open_tls"),
+        lifted("run_ip", whole_host).alias("open_ip"),
+    ).filter(F.col("event") == "open")
+
+
+def _peak(row: Any, value: str, where: str, ts: str) -> Peak | None:
+    if row is None or row[value] is None:
+        return None
+    return Peak(int(row[value]), str(row[where]), float(row[ts]) if row[ts] is not None else None)
+
+
+def _log2_bucket(size: Column) -> Column:
+    """k such that 2^(k-1) <= size < 2^k (0 for 0): Python's ``int.bit_length``."""
+    return F.when(size <= 0, 0).otherwise(F.floor(F.log2(size)) + 1).cast("int")
+
+
+def _largest(rows: DataFrame, column: str) -> list[dict[str, Any]]:
+    """The ``TOP`` client id and API pairs with the largest ``column``, each at its largest window.
+
+    Taken from the ``TOP_ROWS`` largest rows (a top-k per partition, no shuffle, no per-client
+    aggregation): exact for the first pair, and for all ``TOP`` unless a few pairs fill ``TOP_ROWS``
+    windows between them."""
+    best = (
+        rows.filter(F.col(column).isNotNull())
+        .select("client_id", "api", "instance", "window_start", "requests", column)
+        .orderBy(F.desc(column), "client_id", "api", "window_start")
+        .limit(TOP_ROWS)
+        .collect()
+    )
+    seen: dict[tuple[Any, Any], dict[str, Any]] = {}
+    for r in best:
+        if (r["client_id"], r["api"]) not in seen and len(seen) < TOP:
+            seen[(r["client_id"], r["api"])] = {
+                "client_id": r["client_id"],
+                "api": r["api"],
+                "bytes": _int(r[column]),
+                "requests": _int(r["requests"]),
+                "instance": r["instance"],
+                "ts": r["window_start"],
+            }
+    return list(seen.values())
+
+
+def _sizes(evidence: Evidence) -> dict[str, Any]:
+    """Over the client_api windows: the joint histogram of largest request and response sizes, and
+    the client ids and APIs with the largest of each."""
+    rows = evidence.windows("client_api")
+    joint = (
+        rows.groupBy(
+            _log2_bucket(F.col("max_request_bytes")).alias("rq"), _log2_bucket(F.col("max_response_bytes")).alias("rs")
+        )
+        .count()
+        .collect()
+    )
+    request: dict[int, int] = {}
+    response: dict[int, int] = {}
+    for r in joint:
+        if r["rq"] is not None:
+            request[r["rq"]] = request.get(r["rq"], 0) + int(r["count"])
+        if r["rs"] is not None:
+            response[r["rs"]] = response.get(r["rs"], 0) + int(r["count"])
+    return {
+        "request_size_hist": sorted(request.items()),
+        "response_size_hist": sorted(response.items()),
+        "largest_requests": _largest(rows, "max_request_bytes"),
+        "largest_responses": _largest(rows, "max_response_bytes"),
+        "client_api_rows": sum(int(r["count"]) for r in joint),
+    }
+
+
+def _pool(evidence: Evidence, step: int) -> dict[str, Any]:
+    rows = evidence.windows("pool").filter(F.col("high_water_mark_bytes").isNotNull())
+    hwm = F.col("high_water_mark_bytes")
+    stats = rows.agg(
+        F.percentile_approx(hwm, [0.5, 0.9, 0.99, 0.999]).alias("p"),
+        F.max(hwm).alias("max"),
+        F.max_by("instance", hwm).alias("instance"),
+        F.max_by("window_start", hwm).alias("at"),
+        F.max("capacity_bytes").alias("capacity"),
+        F.sum("waits").alias("waits"),
+    ).collect()[0]
+    series = (
+        rows.groupBy(bucket(F.col("window_start"), step).alias("t"))
+        .agg(F.max(hwm).alias("max"), F.percentile_approx(hwm, 0.5).alias("median"), F.sum("waits").alias("waits"))
+        .orderBy("t")
+        .collect()
+    )
+    percentiles = {}
+    if stats["p"] is not None:
+        percentiles = dict(zip(("p50", "p90", "p99", "p99.9"), (int(v) for v in stats["p"]), strict=True))
+        percentiles["max"] = int(stats["max"])
+    capacity = stats["capacity"]
+    return {
+        "pool_percentiles": percentiles,
+        "pool_capacity": int(capacity) if capacity is not None and capacity > 0 else None,
+        "pool_waits": _int(stats["waits"]),
+        "pool_peak": _peak(stats, "max", "instance", "at"),
+        "pool_series": [(float(r["t"]), _int(r["max"]), _int(r["median"]), _int(r["waits"])) for r in series],
+    }
+
+
+def _connections(evidence: Evidence, opens: DataFrame, step: int) -> dict[str, Any]:
+    per_window = (
+        evidence.windows("connections")
+        .groupBy("instance", "window_start", F.coalesce(F.col("tls"), F.lit(False)).alias("tls"))
+        .agg(F.sum("max_open").alias("open"))
+        .cache()
+    )
+    series = (
+        per_window.groupBy(bucket(F.col("window_start"), step).alias("t"), "instance", "tls")
+        .agg(F.max("open").alias("open"))
+        .groupBy("t", "tls")
+        .agg(F.sum("open").alias("fleet"), F.max("open").alias("busiest"))
+        .orderBy("t", "tls")
+        .collect()
+    )
+    tls = (
+        per_window.filter("tls")
+        .agg(
+            F.max("open").alias("v"),
+            F.max_by("instance", "open").alias("w"),
+            F.max_by("window_start", "open").alias("t"),
+        )
+        .collect()[0]
+    )
+    both = (
+        per_window.groupBy("instance", "window_start")
+        .agg(F.sum("open").alias("open"))
+        .agg(
+            F.max("open").alias("v"),
+            F.max_by("instance", "open").alias("w"),
+            F.max_by("window_start", "open").alias("t"),
+        )
+        .collect()[0]
+    )
+    per_ip = opens.agg(
+        F.max("open_ip").alias("v"),
+        F.max_by(F.concat_ws(" on ", "host", "instance"), "open_ip").alias("w"),
+        F.max_by("ts", "open_ip").alias("t"),
+    ).collect()[0]
+    reasons = (
+        evidence.connections.filter(F.col("event") == "close")
+        .groupBy(F.coalesce(F.col("reason"), F.lit("(none)")).alias("reason"))
+        .count()
+        .orderBy(F.desc("count"))
+        .limit(20)
+        .collect()
+    )
+    per_window.unpersist()
+    return {
+        "connection_series": [(float(r["t"]), bool(r["tls"]), _int(r["fleet"]), _int(r["busiest"])) for r in series],
+        "peak_tls": _peak(tls, "v", "w", "t"),
+        "peak_connections": _peak(both, "v", "w", "t"),
+        "peak_per_ip": _peak(per_ip, "v", "w", "t"),
+        "close_reasons": [(str(r["reason"]), int(r["count"])) for r in reasons],
+    }
+
+
+def _groups(evidence: Evidence, step: int) -> dict[str, Any]:
+    kind = F.coalesce(F.col("group_kind"), F.lit("classic"))
+    per_window = (
+        evidence.windows("group")
+        .filter(F.col("group_id").isNotNull() & F.col("max_members").isNotNull())
+        .groupBy("group_id", kind.alias("kind"), "window_start")
+        .agg(F.max("max_members").alias("members"))
+    )
+    per_group = (
+        per_window.groupBy("group_id", "kind")
+        .agg(F.max("members").alias("peak"), F.max_by("window_start", "members").alias("at"))
+        .cache()
+    )
+    top = per_group.orderBy(F.desc("peak"), "group_id").limit(TOP).collect()
+    by_kind = (
+        per_group.groupBy("kind")
+        .agg(F.max("peak").alias("v"), F.max_by("group_id", "peak").alias("w"), F.max_by("at", "peak").alias("t"))
+        .collect()
+    )
+    hist = per_group.groupBy("peak").count().orderBy("peak").collect()
+    groups = sum(int(r["count"]) for r in hist)
+    shown = [r["group_id"] for r in top[:8]]
+    series_rows = (
+        per_window.filter(F.col("group_id").isin(*shown))
+        .groupBy("group_id", bucket(F.col("window_start"), step).alias("t"))
+        .agg(F.max("members").alias("members"))
+        .orderBy("t")
+        .collect()
+        if shown
+        else []
+    )
+    series: dict[str, list[tuple[float, int]]] = {g: [] for g in shown}
+    for r in series_rows:
+        series[r["group_id"]].append((float(r["t"]), int(r["members"])))
+    per_group.unpersist()
+    return {
+        "largest_groups": [
+            {"group_id": r["group_id"], "kind": r["kind"], "peak": int(r["peak"]), "ts": r["at"]} for r in top
+        ],
+        "largest_by_kind": {str(r["kind"]): Peak(int(r["v"]), str(r["w"]), r["t"]) for r in by_kind},
+        "group_series": series,
+        "group_peak_hist": [(int(r["peak"]), int(r["count"])) for r in hist],
+        "groups": groups,
+    }
+
+
+def _identifiers(evidence: Evidence) -> dict[str, Any]:
+    """Lengths per identifier kind (windows, and the decisions' breaches), and the longest of each kind."""
+    kind = F.col("identifier_kind")
+    named = F.when(F.lower(kind).isin("client_id", "client id"), F.col("client_id")).when(
+        F.lower(kind).isin("group_id", "group id"), F.col("group_id")
+    )
+    rows = (
+        evidence.windows("identifier")
+        .select(kind.alias("kind"), F.col("max_length").alias("length"), "client_id", "identifier")
+        .unionByName(
+            evidence.decisions.select(
+                kind.alias("kind"),
+                F.col("identifier_length").alias("length"),
+                "client_id",
+                F.coalesce(F.col("identifier"), named).alias("identifier"),
+            )
+        )
+        .filter(F.col("kind").isNotNull() & F.col("length").isNotNull())
+    )
+    hist = rows.groupBy("kind", "length").count().collect()
+    longest_of: dict[str, int] = {}
+    for r in hist:
+        longest_of[r["kind"]] = max(longest_of.get(r["kind"], 0), int(r["length"]))
+    # The longest of each kind: the few rows at those lengths (the least client id and identifier among ties).
+    at_longest = (
+        rows.join(
+            F.broadcast(rows.sparkSession.createDataFrame(list(longest_of.items()), "kind string, length long")),
+            ["kind", "length"],
+        )
+        .groupBy("kind", "length")
+        .agg(F.min("client_id").alias("client_id"), F.min("identifier").alias("identifier"))
+        .collect()
+        if longest_of
+        else []
+    )
+    histograms: dict[str, dict[int, int]] = {}
+    for r in hist:
+        per_length = histograms.setdefault(normalized_kind(r["kind"]), {})
+        per_length[int(r["length"])] = per_length.get(int(r["length"]), 0) + int(r["count"])
+    longest: dict[str, dict[str, Any]] = {}
+    for r in at_longest:
+        name = normalized_kind(r["kind"])
+        if name not in longest or r["length"] > longest[name]["length"]:
+            longest[name] = {
+                "length": int(r["length"]),
+                "client_id": r["client_id"],
+                "identifier": r["identifier"],
+                "key": limit_key_of(r["kind"]),
+            }
+    return {
+        "identifier_hist": {k: sorted(v.items()) for k, v in sorted(histograms.items())},
+        "longest": dict(sorted(longest.items())),
+    }
+
+
+def _decisions(evidence: Evidence) -> list[dict[str, Any]]:
+    rows = (
+        evidence.decisions.groupBy("policy", "limit_key", "limit", "mode", "action")
+        .agg(
+            F.count(F.lit(1)).alias("count"),
+            F.min("ts").alias("first"),
+            F.max("ts").alias("last"),
+            F.approx_count_distinct("client_id").alias("client_ids"),
+        )
+        .orderBy(F.desc("count"))
+        .collect()
+    )
+    return [r.asDict() for r in rows]
+
+
+def measure_traffic(evidence: Evidence, opens: DataFrame) -> Traffic:
+    """Every aggregate the report shows and recommends from (a few Spark jobs each)."""
+    seen = evidence.overview
+    step = seen.bucket_seconds
+    return Traffic(
+        overview=seen,
+        bucket_seconds=step,
+        **_sizes(evidence),
+        **_pool(evidence, step),
+        **_connections(evidence, opens, step),
+        **_groups(evidence, step),
+        **_identifiers(evidence),
+        decisions=_decisions(evidence),
+    )
+
+
+def nice_bytes(n: float) -> str:
+    """1536 -> '1.5 KiB'."""
+    if n < 1024:
+        return f"{int(n)} B"
+    exp = min(int(math.log(n, 1024)), 4)
+    return f"{n / 1024**exp:.1f} {('B', 'KiB', 'MiB', 'GiB', 'TiB')[exp]}"

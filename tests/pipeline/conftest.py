@@ -1,0 +1,137 @@
+"""Fixtures for the pipeline tests: one real SparkSession (local, 2 cores) for
+the whole run, a small synthetic fleet's audit files with their ground truth,
+the report made from them once, and a real headless Chromium (selenium and
+Debian's chromium-driver). A missing Java or Chromium skips, and under
+REQUIRE_ALL=1 (CI) that skip is a failure."""
+
+from __future__ import annotations
+
+import os
+import shutil
+from collections.abc import Iterator
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+import pytest
+
+from bench.fleet_evidence import FleetSpec, FleetTruth, generate
+
+CHROMIUM = "/usr/bin/chromium"
+CHROMEDRIVER = "/usr/bin/chromedriver"
+# The limits the fleet report evaluates besides the configured, recommended and default ones.
+FLEET_CANDIDATES = ("group.max.size=50", "max.ssl.connections=20", "max.connections.per.ip=3")
+
+
+@pytest.fixture(scope="session")
+def spark() -> Iterator[Any]:
+    if shutil.which("java") is None and not os.environ.get("JAVA_HOME"):
+        pytest.skip("no Java runtime for Spark (apt-get install default-jre-headless)")
+    from pipeline.session import spark_session
+
+    session = spark_session("local[2]", progress=False, driver_memory="2g", short_job=True)
+    yield session
+    session.stop()
+
+
+@dataclass(frozen=True)
+class Fleet:
+    path: Path
+    spec: FleetSpec
+    truth: FleetTruth
+
+
+@pytest.fixture(scope="session")
+def fleet(tmp_path_factory: pytest.TempPathFactory) -> Fleet:
+    """3 proxies x 10 windows (about 6,000 events in 6 files), with 5 malformed lines, 3 of
+    version 1 and one file whose writer is in the middle of a line."""
+    spec = FleetSpec(instances=3, clients=60, groups=15, windows=10, malformed_lines=5, v1_lines=3,
+                     partial_file=True, lines_per_file=1500)
+    path = tmp_path_factory.mktemp("fleet")
+    return Fleet(path, spec, generate(spec, path))
+
+
+@pytest.fixture(scope="session")
+def fleet_report(spark: Any, fleet: Fleet, tmp_path_factory: pytest.TempPathFactory) -> Any:
+    """``report`` over the fleet, in this process (the same function the CLI calls)."""
+    from pipeline.impact import parse_candidate
+    from pipeline.job import ReportOptions, Steps, run_report
+
+    out = tmp_path_factory.mktemp("fleet-report")
+    options = ReportOptions((str(fleet.path),), str(out), tuple(parse_candidate(c) for c in FLEET_CANDIDATES))
+    return run_report(spark, options, Steps(stream=None))
+
+
+@pytest.fixture(scope="session")
+def chromium() -> Iterator[Any]:
+    if not (os.path.exists(CHROMIUM) and os.path.exists(CHROMEDRIVER)):
+        pytest.skip("chromium and chromium-driver not installed (apt-get install chromium chromium-driver)")
+    from selenium import webdriver
+    from selenium.webdriver.chrome.service import Service
+
+    options = webdriver.ChromeOptions()
+    options.binary_location = CHROMIUM
+    for flag in ("--headless", "--no-sandbox", "--disable-gpu", "--disable-background-networking",
+                 "--disable-dev-shm-usage", "--no-first-run", "--window-size=1280,2000"):
+        options.add_argument(flag)
+    driver = webdriver.Chrome(options=options, service=Service(CHROMEDRIVER))
+    yield driver
+    driver.quit()
+
+
+def rendered_sections(driver: Any, page: Path) -> dict[str, Any]:
+    """Open ``page`` and describe what the browser rendered: every section, its plots
+    (loaded, decoded, with a size on screen), and any resource fetched."""
+    driver.get(page.as_uri())
+    return dict(driver.execute_script(
+        """
+        const plots = (root) => [...root.querySelectorAll('figure.plot img')].map(img => {
+            const box = img.getBoundingClientRect();
+            return {name: img.closest('figure').dataset.plot, complete: img.complete,
+                    naturalWidth: img.naturalWidth, width: box.width, height: box.height,
+                    src: img.src.slice(0, 26)};
+        });
+        return {
+            sections: [...document.querySelectorAll('section')].map(s => ({
+                id: s.id, heading: (s.querySelector('h2') || {}).textContent || '', plots: plots(s)})),
+            fetched: performance.getEntriesByType('resource').map(e => e.name),
+            text: document.body.innerText,
+        };
+        """
+    ))
+
+
+def evidence_of(spark: Any, events: list[dict[str, Any]]) -> Any:
+    """Evidence made of these version-2 events (a small DataFrame, the schema's every column)."""
+    from pyspark.sql import functions as F
+
+    from pipeline.events import EVENT_COLUMNS, EVENT_SCHEMA, Evidence, Overview
+
+    doubles = {f.name for f in EVENT_SCHEMA.fields if f.dataType.typeName() == "double"}
+
+    def value(event: dict[str, Any], column: str) -> Any:
+        v = event.get(column)
+        return float(v) if column in doubles and v is not None else v
+
+    rows = [tuple(value({"schema_version": 2, "instance": "p1", **e}, c) for c in EVENT_COLUMNS) for e in events]
+    frame = spark.createDataFrame(rows, EVENT_SCHEMA)
+    tally = frame.groupBy("type", "section", "instance").agg(
+        F.count(F.lit(1)).alias("n"), F.min("ts").alias("first"), F.max("ts").alias("last"),
+        F.max("window_seconds").alias("window_seconds"),
+    )
+    return Evidence(frame, overview=Overview.of(tally.collect()))
+
+
+def window(section: str, start: float, **fields: Any) -> dict[str, Any]:
+    return {"type": "window", "ts": start + 60, "section": section, "window_start": start, "window_seconds": 60.0,
+            **fields}
+
+
+def connection(event: str, ts: float, conn_id: str, address: str, tls: bool, **fields: Any) -> dict[str, Any]:
+    return {"type": "connection", "ts": ts, "event": event, "conn_id": conn_id, "listener": "tls" if tls else "plain",
+            "client_address": address, "tls": tls, **fields}
+
+
+def decision(policy: str, limit_key: str, limit: int, ts: float = 100.0, **fields: Any) -> dict[str, Any]:
+    return {"type": "decision", "ts": ts, "policy": policy, "mode": "observe", "action": "refuse",
+            "reason": "test", "limit_key": limit_key, "limit": limit, **fields}

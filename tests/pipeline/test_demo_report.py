@@ -1,0 +1,46 @@
+"""``make demo`` tells the whole story: the demo's proxy writes audit events and,
+once the demo stops, ``report`` turns them into report.html and says where it is.
+The test runs the command ``make demo`` runs (read from ``make -n demo``), with
+``--exit-after-workload`` so it stops by itself."""
+
+from __future__ import annotations
+
+import json
+import shlex
+import subprocess
+from pathlib import Path
+
+import pytest
+import yaml
+
+from tests.conftest import ROOT
+
+pytestmark = pytest.mark.spark
+
+
+def test_make_demo_ends_with_the_report_over_its_own_audit_events(tmp_path: Path) -> None:
+    planned = subprocess.run(["make", "-n", "demo"], capture_output=True, text=True, cwd=ROOT, check=True).stdout
+    (line,) = [x for x in planned.splitlines() if "kafka-admission-proxy demo" in x]
+    command = shlex.split(line)
+    assert command[1:3] == ["demo", "--report"]
+    demo_dir = tmp_path / "demo"  # the same command, into a directory of this test
+    command[3] = str(demo_dir)
+    run = subprocess.run(
+        [str(ROOT / command[0]), *command[1:], "--exit-after-workload", "--records", "300"],
+        capture_output=True, text=True, cwd=ROOT, timeout=600,
+    )
+    assert run.returncode == 0, run.stdout[-2000:] + run.stderr[-4000:]
+    out = demo_dir / "report"
+    lines = run.stdout.strip().splitlines()
+    assert "workload: produced 300, consumed 300" in run.stdout
+    assert f"report: {out / 'report.html'}" in lines[-3:]  # it ends saying where report.html is
+    assert (out / "report.html").stat().st_size > 10_000
+    summary = json.loads((out / "run.json").read_text())
+    assert summary["by_kind"]["connection"] > 0 and summary["by_kind"]["window/client_api"] > 0
+    assert summary["problem_lines"] == 0
+    assert {"produce", "fetch"} <= {
+        e["api"] for f in (demo_dir / "audit").glob("demo-*.jsonl") for e in map(json.loads, f.open())
+        if e.get("section") == "client_api"
+    }
+    policies = yaml.safe_load((out / "recommended-policies.yaml").read_text())["policies"]
+    assert policies["socket.request.max.bytes"] > 0 and policies["max.connections"] > 0

@@ -1,0 +1,107 @@
+"""``kafka-admission-proxy report`` over the synthetic fleet: what the report finds
+agrees with what the generator planted; lines that are not valid version-2 events
+(malformed, an unknown schema version, a file whose writer is in the middle of a
+line) are counted and listed in report.html, never fatal; mistakes in
+``--candidate``, ``--headroom`` and ``--events`` are one line each, before Spark
+starts. (``--to-parquet`` is run in test_standalone_cluster.py, whose cluster
+report reads that Parquet.)"""
+
+from __future__ import annotations
+
+import json
+import subprocess
+import sys
+from pathlib import Path
+from typing import Any
+
+import pytest
+from conftest import rendered_sections
+
+from bench.fleet_evidence import BIG_GROUP, LONG_CLIENT_ID
+from pipeline.recommend import with_headroom
+from pipeline.report_html import SECTIONS
+from tests.conftest import ROOT
+
+pytestmark = pytest.mark.spark
+
+
+def report(*args: str) -> subprocess.CompletedProcess[str]:
+    return subprocess.run(
+        [sys.executable, "-m", "proxy.cli", "report", *args], capture_output=True, text=True, cwd=ROOT, timeout=600
+    )
+
+
+def test_bad_lines_are_counted_and_listed_in_the_report_never_fatal(
+    fleet: Any, fleet_report: Any, chromium: Any
+) -> None:
+    truth = fleet.truth
+    assert truth.malformed == 5 and truth.v1 == 3 and len(truth.partial_files) == 1
+    run = json.loads((fleet_report.out / "run.json").read_text())
+    assert run["events"] == truth.events  # every valid event read, around the bad lines
+    assert run["problem_lines"] == truth.malformed + truth.v1 + 1
+    by_problem: dict[str, int] = {}
+    for p in fleet_report.evidence.problems:
+        by_problem[p.problem] = by_problem.get(p.problem, 0) + p.lines
+    assert by_problem == {"malformed": truth.malformed, "unknown_version": truth.v1, "half_written": 1}
+    page = rendered_sections(chromium, fleet_report.out / "report.html")
+    sections = {s["id"]: s for s in page["sections"]}
+    assert sections["inputs"]["heading"] == "Inputs that were not valid events"
+    for section in SECTIONS:  # the fleet's report too has every policy section with its plots drawn
+        plots = sections[f"policy-{section.id}"]["plots"]
+        assert plots and all(p["complete"] and p["naturalWidth"] > 0 for p in plots), section.id
+    text = page["text"]
+    assert "schema_version 1" in text and "last line incomplete" in text
+    assert truth.partial_files[0] in text
+    for problem, lines in by_problem.items():
+        assert f"{problem}\t{lines}" in text  # the totals table: problem, lines
+
+
+def test_the_report_finds_what_the_generator_planted(fleet: Any, fleet_report: Any) -> None:
+    truth, traffic = fleet.truth, fleet_report.traffic
+    assert traffic.overview.events == truth.events
+    assert traffic.overview.instances == tuple(sorted(truth.instances))
+    group, members = truth.largest_group["classic"]
+    assert (traffic.largest_by_kind["classic"].value, traffic.largest_by_kind["classic"].where) == (members, group)
+    assert group == BIG_GROUP
+    assert traffic.peak_tls is not None and traffic.peak_tls.value == truth.peak_tls_per_instance
+    assert traffic.peak_connections is not None
+    assert traffic.peak_connections.value == truth.peak_connections_per_instance
+    assert traffic.peak_per_ip is not None and traffic.peak_per_ip.value == truth.peak_per_ip
+    top = traffic.largest_requests[0]
+    assert (top["client_id"], top["api"], top["bytes"]) == truth.largest_request
+    assert traffic.pool_percentiles["max"] == max(truth.pool_high_water_marks)
+    for kind, (length, _client_id, _value) in truth.longest.items():
+        assert traffic.longest[kind]["length"] == length, kind
+    recommended = {r.key: r.value for r in fleet_report.recommendations}
+    assert recommended["group.max.size"] == with_headroom(members, 20)
+    assert recommended["max.ssl.connections"] == with_headroom(truth.peak_tls_per_instance, 20)
+    assert recommended["resource.identifier.max.length"] == len(LONG_CLIENT_ID)
+    # group.max.size=50 (a --candidate) names the big group; Kafka's 249 names the long client id.
+    named = {(r["subject_kind"], r["subject"]) for r in fleet_report.impact.top_subjects["group.max.size=50"]}
+    assert ("group_id", BIG_GROUP) in named
+    named = {(r["subject_kind"], r["subject"])
+             for r in fleet_report.impact.top_subjects["resource.identifier.max.length=249"]}
+    assert ("client_id", LONG_CLIENT_ID) in named
+
+
+@pytest.mark.parametrize(
+    ("args", "message"),
+    [
+        (["--candidate", "group.max.size"], "--candidate group.max.size: write KEY=VALUE"),
+        (["--candidate", "group.size=5"], "'group.size' is not a limit the report evaluates"),
+        (["--candidate", "group.max.size=lots"], "the value of group.max.size must be an integer"),
+        (["--headroom", "-5"], "--headroom -5: a percentage from 0 to 1000"),
+    ],
+)
+def test_a_bad_option_is_one_line_naming_it(fleet: Any, tmp_path: Path, args: list[str], message: str) -> None:
+    run = report("--events", str(fleet.path), "--out", str(tmp_path / "out"), *args)
+    assert run.returncode == 2
+    (line,) = run.stderr.strip().splitlines()
+    assert line.startswith("report: ") and message in line and "Traceback" not in run.stderr
+    assert not (tmp_path / "out").exists()  # refused before anything ran
+
+
+def test_missing_events_path_is_one_line_naming_it(tmp_path: Path) -> None:
+    run = report("--events", str(tmp_path / "nowhere"), "--out", str(tmp_path / "out"))
+    assert run.returncode == 2
+    assert run.stderr.strip() == f"report: --events {tmp_path / 'nowhere'}: no such file or directory"

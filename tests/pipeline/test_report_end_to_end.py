@@ -1,0 +1,181 @@
+"""End to end: the real proxy (subprocess) with audit on in front of a real Tansu
+broker, real clients over plaintext and TLS breaking limits in observe mode (a
+250-character client id, a group of three over ``group.max.size: 2``, requests
+beyond the memory pool's budget), then ``kafka-admission-proxy report`` over its
+audit directory as an operator runs it: the impact tables name that client id and
+that group, ``recommended-policies.yaml`` follows the traffic and passes
+``check-config``, and ``report.html`` renders every policy section and its plots
+in a real headless Chromium."""
+
+from __future__ import annotations
+
+import socket
+import subprocess
+import sys
+import time
+from pathlib import Path
+from typing import Any
+
+import pytest
+import yaml
+from confluent_kafka import Producer
+from conftest import rendered_sections
+
+from pipeline.recommend import with_headroom
+from pipeline.report_html import SECTIONS
+from tests.audit_files import assert_valid, read_events
+from tests.clients import Member, create_topic, produce, unique, wait_for
+from tests.conftest import ROOT, wait_until
+
+pytestmark = pytest.mark.spark
+
+LONG_CLIENT_ID = "c" * 250  # one over KIP-1233's resource.identifier.max.length (249)
+MIB = 1024 * 1024
+HEADROOM = 50
+POLICIES = {
+    "resource.identifier.limit.enable": True,
+    "resource.identifier.limit.mode": "observe",
+    "group.max.size": 2,
+    "group.size.mode": "observe",
+    "queued.max.request.bytes": MIB,
+    "socket.request.max.bytes": MIB,
+    "memory.pool.mode": "observe",
+}
+
+
+def tls_listener(certs: Any) -> dict[str, Any]:
+    return {"name": "tls", "tls": {"cert_file": certs.server_cert, "key_file": certs.server_key}}
+
+
+def confluent_tls(certs: Any) -> dict[str, Any]:
+    return {"security.protocol": "SSL", "ssl.ca.location": certs.ca_file}
+
+
+def cli(*args: str, timeout: float = 300) -> subprocess.CompletedProcess[str]:
+    return subprocess.run(
+        [sys.executable, "-m", "proxy.cli", *args], capture_output=True, text=True, cwd=ROOT, timeout=timeout
+    )
+
+
+def make_traffic(proxy: Any, certs: Any) -> str:
+    """Plaintext and TLS producers, a group of three, and four requests of 1 MiB announced at once
+    (4 MiB in flight over a 1 MiB pool). Returns the group id."""
+    tls = confluent_tls(certs)
+    tls_bootstrap = proxy.listener_bind("tls")
+    topic = unique("e2e")
+    create_topic(proxy.bootstrap, topic, partitions=3)
+    assert produce(proxy.bootstrap, topic, 20, **{"client.id": LONG_CLIENT_ID}) == 20
+    assert produce(proxy.bootstrap, topic, 20, **{"client.id": "orders-producer"}) == 20
+    # Two TLS producers connected at once: two TLS connections open together at least.
+    producers = [Producer({"bootstrap.servers": tls_bootstrap, "client.id": f"tls-producer-{n}", **tls})
+                 for n in range(2)]
+    for producer in producers:
+        for i in range(10):
+            producer.produce(topic, value=b"tls %d" % i)
+    assert [producer.flush(30) for producer in producers] == [0, 0]
+    del producers
+    group = unique("e2e-group")
+    members = [Member(proxy.bootstrap, topic, group, **{"client.id": f"member-{n}"}) for n in range(3)]
+    try:
+        # Observe mode: the third join is recorded as a would-be refusal and let through.
+        assert wait_for(lambda: all(m.assigned for m in members), timeout=60), [m.errors for m in members]
+        wait_until(lambda: proxy.metric(
+            "kafka_admission_decisions_total", policy="group_size", mode="observe") >= 1, timeout=20)
+        time.sleep(1.5)  # a whole observation window with three members in the group
+    finally:
+        for m in members:
+            m.stop()
+    host, port = proxy.bootstrap.rsplit(":", 1)
+    senders = [socket.create_connection((host, int(port))) for _ in range(4)]
+    try:
+        for sock in senders:
+            sock.sendall(MIB.to_bytes(4, "big") + b"\0" * 100)
+        wait_until(lambda: proxy.metric(
+            "kafka_admission_decisions_total", policy="memory_pool", mode="observe") >= 1, timeout=20)
+        time.sleep(1.5)  # the pool's high-water mark lands in a window
+    finally:
+        for sock in senders:
+            sock.close()
+    return group
+
+
+def test_report_over_a_real_proxys_audit_names_the_violators_and_renders_in_chromium(
+    tansu: Any, start_proxy: Any, certs: Any, spark: Any, chromium: Any, tmp_path: Path
+) -> None:
+    audit = tmp_path / "audit"
+    proxy = start_proxy(
+        tansu.bootstrap,
+        listeners=[{"name": "external"}, tls_listener(certs)],
+        policies=POLICIES,
+        audit={"path": str(audit), "instance_id": "e2e-proxy", "window": {"seconds": 1}},
+    )
+    group = make_traffic(proxy, certs)
+    proxy.stop()
+    assert proxy.returncode == 0, proxy.log()
+    events = read_events(audit, finished_only=True)
+    assert_valid(events)
+    assert {e["type"] for e in events} == {"decision", "connection", "window"}
+    decided = {e["policy"] for e in events if e["type"] == "decision"}
+    assert decided >= {"identifier_limits", "group_size", "memory_pool"}
+
+    out = tmp_path / "report"
+    run = cli("report", "--events", str(audit), "--out", str(out), "--headroom", str(HEADROOM),
+              "--candidate", "group.max.size=2", "--candidate", "max.ssl.connections=1")
+    assert run.returncode == 0, run.stderr[-4000:]
+    assert f"report: {out / 'report.html'}" in run.stdout
+    assert "report: done in" in run.stderr  # progress on stderr, step by step
+
+    # Impact tables (Parquet): that client id and that group, under the limits they broke.
+    subjects = spark.read.parquet(str(out / "impact" / "subjects")).collect()
+    named = {(r["candidate"], r["subject_kind"], r["subject"]) for r in subjects}
+    assert ("resource.identifier.max.length=249", "client_id", LONG_CLIENT_ID) in named
+    assert ("resource.identifier.max.length=249", "identifier", LONG_CLIENT_ID) in named
+    assert ("group.max.size=2", "group_id", group) in named
+    group_rows = [r for r in subjects if r["candidate"] == "group.max.size=2" and r["subject"] == group]
+    assert max(r["worst"] for r in group_rows) == 3
+    tls_named = {(r["subject_kind"], r["subject"]) for r in subjects if r["candidate"] == "max.ssl.connections=1"}
+    assert ("client_address", "127.0.0.1") in tls_named
+    assert tls_named & {("client_id", "tls-producer-0"), ("client_id", "tls-producer-1")}
+    summary_rows = spark.read.parquet(str(out / "impact" / "summary")).collect()
+    summary = {(r["candidate"], r["evidence"]): r for r in summary_rows}
+    assert summary[("group.max.size=2", "window")]["groups"] == 1
+    assert summary[("group.max.size=2", "decision")]["occurrences"] >= 1  # the recorded observe decision
+
+    # Recommended policies: the keys the traffic speaks for, its values, and the proxy accepts them.
+    recommended = yaml.safe_load((out / "recommended-policies.yaml").read_text())["policies"]
+    assert recommended["group.max.size"] == with_headroom(3, HEADROOM)
+    assert recommended["resource.identifier.limit.enable"] is True
+    assert recommended["resource.identifier.max.length"] == 250  # raised to let the client id seen pass
+    peak_tls = max(e["max_open"] for e in events if e.get("section") == "connections" and e["tls"])
+    assert peak_tls >= 2
+    assert recommended["max.ssl.connections"] == with_headroom(peak_tls, HEADROOM)
+    pool_peak = max(e["high_water_mark_bytes"] for e in events if e.get("section") == "pool")
+    assert pool_peak >= 4 * MIB
+    assert recommended["queued.max.request.bytes"] >= recommended["socket.request.max.bytes"]
+    largest_request = max(e["max_request_bytes"] for e in events if e.get("section") == "client_api")
+    assert largest_request < recommended["socket.request.max.bytes"] <= with_headroom(largest_request, HEADROOM) + 1024
+    comments = [line for line in (out / "recommended-policies.yaml").read_text().splitlines() if ": " in line
+                and line.startswith("  ")]
+    assert comments and all("  # " in line for line in comments)  # a reason on every key
+    config = {**proxy.config, "policies": recommended, "audit": {"path": None}}
+    config_file = tmp_path / "recommended.yaml"
+    config_file.write_text(yaml.safe_dump(config))
+    checked = cli("check-config", "--config", str(config_file), timeout=60)
+    assert checked.returncode == 0, checked.stderr
+    effective = yaml.safe_load(checked.stdout)["policies"]
+    assert {k: effective[k] for k in recommended} == recommended
+
+    # report.html in a real browser: every policy section with its plots drawn, nothing fetched.
+    page = rendered_sections(chromium, out / "report.html")
+    sections = {s["id"]: s for s in page["sections"]}
+    assert "summary" in sections and "inputs" in sections
+    for section in SECTIONS:
+        shown = sections[f"policy-{section.id}"]
+        assert shown["heading"] == section.title
+        assert shown["plots"], f"{section.id}: no plot"
+        for plot in shown["plots"]:
+            assert plot["complete"] and plot["naturalWidth"] > 0, (section.id, plot)
+            assert plot["width"] > 100 and plot["height"] > 50, (section.id, plot)
+            assert plot["src"].startswith("data:image/svg+xml"), (section.id, plot)
+    assert [url for url in page["fetched"] if not url.startswith("data:")] == []
+    assert LONG_CLIENT_ID[:40] in page["text"] and group in page["text"]

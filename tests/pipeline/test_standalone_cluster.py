@@ -1,0 +1,104 @@
+"""The same report on a real Spark standalone cluster: a master and a worker
+started from the pyspark install on 127.0.0.1 (free ports), ``report --master
+spark://...`` run as an operator runs it, over the fleet's events converted by
+``report --to-parquet``; its impact tables and recommended policies equal those
+of the job in ``local`` mode over the JSON lines."""
+
+from __future__ import annotations
+
+import json
+import os
+import subprocess
+import sys
+import time
+from collections.abc import Iterator
+from pathlib import Path
+from typing import Any
+
+import pytest
+from conftest import FLEET_CANDIDATES
+
+from proxy.tansu import free_port, stop_process, wait_for_port
+from tests.conftest import ROOT
+
+pytestmark = pytest.mark.spark
+
+
+def spark_class() -> str:
+    import pyspark
+
+    return str(Path(pyspark.__file__).parent / "bin" / "spark-class")
+
+
+def _start(args: list[str], log: Path, env: dict[str, str]) -> subprocess.Popen[bytes]:
+    with log.open("wb") as out:
+        return subprocess.Popen([spark_class(), *args], stdout=out, stderr=subprocess.STDOUT, env=env)
+
+
+@pytest.fixture
+def standalone_cluster(tmp_path: Path) -> Iterator[tuple[str, Path]]:
+    """``spark://127.0.0.1:PORT`` of a master with one worker (2 cores), and the worker's work directory."""
+    env = {**os.environ, "SPARK_LOCAL_IP": "127.0.0.1", "SPARK_LOG_DIR": str(tmp_path / "logs")}
+    port = free_port()
+    master = _start(
+        ["org.apache.spark.deploy.master.Master", "--host", "127.0.0.1", "--port", str(port), "--webui-port", "0"],
+        tmp_path / "master.log", env,
+    )
+    processes = [master]
+    work = tmp_path / "work"
+    try:
+        wait_for_port("127.0.0.1", port, timeout=60)
+        url = f"spark://127.0.0.1:{port}"
+        processes.append(_start(
+            ["org.apache.spark.deploy.worker.Worker", url, "--host", "127.0.0.1", "--webui-port", "0",
+             "--cores", "2", "--memory", "2g", "--work-dir", str(work)],
+            tmp_path / "worker.log", env,
+        ))
+        deadline = time.monotonic() + 60
+        while "Registering worker" not in (tmp_path / "master.log").read_text(errors="replace"):
+            assert time.monotonic() < deadline, (tmp_path / "master.log").read_text(errors="replace")
+            assert all(p.poll() is None for p in processes), (tmp_path / "worker.log").read_text(errors="replace")
+            time.sleep(0.2)
+        yield url, work
+    finally:
+        for process in reversed(processes):
+            stop_process(process, timeout=15)
+
+
+def report(*args: str) -> subprocess.CompletedProcess[str]:
+    return subprocess.run(
+        [sys.executable, "-m", "proxy.cli", "report", *args], capture_output=True, text=True, cwd=ROOT, timeout=600
+    )
+
+
+def _rows(spark: Any, path: Path) -> list[tuple[Any, ...]]:
+    frame = spark.read.parquet(str(path))
+    return sorted((tuple(r) for r in frame.collect()), key=repr)
+
+
+def test_the_report_on_a_standalone_cluster_equals_the_local_one(
+    standalone_cluster: tuple[str, Path], spark: Any, fleet: Any, fleet_report: Any, tmp_path: Path
+) -> None:
+    master, work = standalone_cluster
+    parquet = tmp_path / "parquet"
+    converted = report("--events", str(fleet.path), "--to-parquet", str(parquet))
+    assert converted.returncode == 0, converted.stderr[-4000:]
+    assert f"Parquet events: {parquet}" in converted.stdout
+    assert list(parquet.rglob("*.parquet")) and (parquet / "_input_problems.json").is_file()
+    out = tmp_path / "cluster-report"
+    candidates = [arg for c in FLEET_CANDIDATES for arg in ("--candidate", c)]
+    run = report("--master", master, "--events", str(parquet), "--out", str(out), *candidates, "--headroom", "20")
+    assert run.returncode == 0, run.stderr[-4000:]
+    assert f"Spark ({master})" in run.stderr
+    # The work ran on the worker's executors: it made an application directory for them.
+    assert [p.name for p in work.iterdir() if p.name.startswith("app-")], "no executor ran on the worker"
+    local = fleet_report.out
+    # The input problems found while converting travel with the Parquet into the report.
+    on_cluster_run = json.loads((out / "run.json").read_text())
+    local_run = json.loads((local / "run.json").read_text())
+    for key in ("events", "by_kind", "problem_lines", "candidates"):
+        assert on_cluster_run[key] == local_run[key], key
+    for table in ("summary", "subjects", "timeline"):
+        on_cluster, in_local = _rows(spark, out / "impact" / table), _rows(spark, local / "impact" / table)
+        assert on_cluster and on_cluster == in_local, table
+    assert (out / "recommended-policies.yaml").read_text() == (local / "recommended-policies.yaml").read_text()
