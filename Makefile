@@ -39,7 +39,7 @@ $(BIN)/.installed: pyproject.toml requirements/dev.txt
 DEMO_DIR := .demo
 demo: $(BIN)/.installed
 	command -v java >/dev/null || tools/apt-install default-jre-headless
-	$(BIN)/kafka-admission-proxy demo --report $(DEMO_DIR)
+	$(BIN)/kafka-admission-proxy demo --report $(DEMO_DIR) --exit-after-workload
 
 test-tools:
 	tools/apt-install $(TEST_PACKAGES)
