@@ -118,10 +118,13 @@ def classic_group_joined_by_three_at_once(bootstrap: str) -> list[str]:
     """Three consumers (confluent-kafka) start at the same moment on an empty classic group."""
     topic, group = unique("conf-rush"), unique("conf-rush")
     create_topic(bootstrap, topic, partitions=4)
-    quick = {"heartbeat.interval.ms": 500}
+    # max.poll.interval.ms is a classic group's rebalance timeout: a join round the three
+    # race into waits for every member up to it (300 s by default), which on a loaded
+    # 2-core machine outlasted the wait below (twice in four full runs, broker and proxy alike).
+    quick = {"heartbeat.interval.ms": 500, "max.poll.interval.ms": 10_000}
     members = [Member(bootstrap, topic, group, **quick) for _ in range(3)]
     try:
-        assert wait_for(lambda: sum(m.assigned for m in members) >= 2 and any(m.errors for m in members), timeout=30)
+        assert wait_for(lambda: sum(m.assigned for m in members) >= 2 and any(m.errors for m in members), timeout=45)
         time.sleep(2)  # nobody else gets in, nobody drops out: wait for the last rebalance to settle
         wait_for(lambda: sum(m.assigned for m in members) == 2, timeout=15)
         outcome = sorted(_members_outcome(members))
