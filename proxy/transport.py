@@ -143,12 +143,11 @@ class TlsTransport:
                     await trio.lowlevel.wait_readable(tls)
                 except ssl.SSLWantWriteError:
                     await trio.lowlevel.wait_writable(tls)
-        except ssl.SSLError:
-            await _lingering_close(tls)  # the alert OpenSSL just wrote must reach the peer
-            raise
-        except BaseException:
-            trio.lowlevel.notify_closing(tls)
-            tls.close()
+        except BaseException as exc:
+            if server_side and isinstance(exc, ssl.SSLError):
+                await _lingering_close(tls)  # the alert OpenSSL just wrote must reach the client
+            else:  # cancelled, reset, or a broker's failure (the proxy names it itself): no wait
+                _close(tls)
             raise
 
     async def receive(self, max_bytes: int) -> bytes:
@@ -205,8 +204,12 @@ class TlsTransport:
                 raise trio.BrokenResourceError(f"send failed: {exc!r}") from exc
 
     async def aclose(self) -> None:
-        trio.lowlevel.notify_closing(self.sock)
-        self.sock.close()
+        _close(self.sock)
+
+
+def _close(tls: ssl.SSLSocket) -> None:
+    trio.lowlevel.notify_closing(tls)  # wakes whichever pump waits on it
+    tls.close()
 
 
 async def _wait_shared(wait: Callable[[ssl.SSLSocket], Awaitable[None]], tls: ssl.SSLSocket) -> None:
@@ -233,5 +236,4 @@ async def _lingering_close(tls: ssl.SSLSocket) -> None:
                     break
         except OSError:
             pass
-    trio.lowlevel.notify_closing(tls)
-    tls.close()
+    _close(tls)
