@@ -14,6 +14,7 @@ import json
 import os
 from collections.abc import Iterable, Sequence
 from dataclasses import dataclass, field
+from functools import cached_property
 from pathlib import Path
 from typing import Any
 from urllib.parse import unquote, urlparse
@@ -74,6 +75,7 @@ EVENT_SCHEMA = _schema(
     ("limit", _L),
     ("listener", _S),
     ("client_address", _S),
+    ("ip", _S),
     ("client_id", _S),
     ("conn_id", _S),
     ("tls", _B),
@@ -89,6 +91,8 @@ EVENT_SCHEMA = _schema(
     ("identifier", _S),
     ("breaches", ArrayType(_schema(("kind", _S), ("path", _S), ("length", _L), ("limit", _L)))),
     ("size", _L),
+    ("used", _L),
+    ("capacity", _L),
     ("upstream", _S),
     ("direction", _S),
     # connection
@@ -133,6 +137,9 @@ _UNREAD = {
     "opened",
     "closed",
     "overflow",
+    "ip",
+    "used",
+    "capacity",
 }
 REPORT_SCHEMA = StructType([f for f in EVENT_SCHEMA.fields if f.name not in _UNREAD])
 REPORT_COLUMNS = tuple(REPORT_SCHEMA.fieldNames())
@@ -277,6 +284,12 @@ def _tally(valid: Column) -> list[Column]:
     ]
 
 
+# The observation windows most events are (one per client id and API, one per identifier kind
+# and client, per window): their queries scan all events; every other query reads the rest,
+# cached apart after the first such query, a tenth of the events or less.
+BULK_SECTIONS = ("client_api", "identifier")
+
+
 @dataclass(frozen=True)
 class Evidence:
     """The valid version-2 events, what was wrong with the rest, and an overview."""
@@ -287,16 +300,29 @@ class Evidence:
     lines_per_file: dict[str, int] = field(default_factory=dict)
     overview: Overview = Overview()
 
+    @cached_property
+    def rest(self) -> DataFrame:
+        """Every event but the windows of :data:`BULK_SECTIONS` (cached when first queried)."""
+        bulk = (F.col("type") == "window") & F.col("section").isin(*BULK_SECTIONS)
+        return self.events.filter(~bulk).cache()
+
     @property
     def decisions(self) -> DataFrame:
-        return self.events.filter(F.col("type") == "decision")
+        return self.rest.filter(F.col("type") == "decision")
 
     @property
     def connections(self) -> DataFrame:
-        return self.events.filter(F.col("type") == "connection")
+        return self.rest.filter(F.col("type") == "connection")
 
-    def windows(self, section: str) -> DataFrame:
-        return self.events.filter((F.col("type") == "window") & (F.col("section") == section))
+    def windows(self, *sections: str) -> DataFrame:
+        """The windows of ``sections`` (one scan for several)."""
+        source = self.events if set(sections) & set(BULK_SECTIONS) else self.rest
+        return source.filter((F.col("type") == "window") & F.col("section").isin(*sections))
+
+    def unpersist(self) -> None:
+        if "rest" in self.__dict__:
+            self.rest.unpersist()
+        self.events.unpersist()
 
     @property
     def problem_lines(self) -> int:
@@ -368,42 +394,60 @@ def _local_path(uri: str) -> str:
     return unquote(urlparse(uri).path) if uri.startswith("file:") else uri
 
 
-def _problem_columns() -> tuple[Column, Column]:
-    """(problem, detail) of a parsed line: null problem for a valid version-2 event."""
-    version = F.col("schema_version")
-    kind = F.col("type")
-    # What is wrong with a version-2 line, the first rule it breaks named.
-    rules: list[tuple[Column, Column]] = [
-        (~kind.isin(*KINDS) | kind.isNull(), F.concat(F.lit("type "), F.coalesce(kind, F.lit("missing")))),
-        *[(F.col(name).isNull(), F.lit(f"no {name}")) for name in ("ts", "instance")],
+@dataclass(frozen=True)
+class _Rule:
+    """A rule a version-2 line can break: its problem, and its detail (``{}``: the offending value)."""
+
+    broken: Column
+    problem: str
+    detail: str
+    value: str | None = None  # the column whose value the detail names
+
+
+def _rules() -> list[_Rule]:
+    """What can be wrong with a parsed line, in order: the first rule it breaks is its problem."""
+    version, kind = F.col("schema_version"), F.col("type")
+    return [
+        _Rule(
+            version.isNotNull() & (version != SCHEMA_VERSION), "unknown_version", "schema_version {}", "schema_version"
+        ),
+        _Rule(F.col(_CORRUPT).isNotNull(), "malformed", "not a JSON object of the v2 types"),
+        _Rule(version.isNull(), "unknown_version", "schema_version missing"),
+        _Rule(~kind.isin(*KINDS) | kind.isNull(), "invalid", "type {}", "type"),
+        *[_Rule(F.col(name).isNull(), "invalid", f"no {name}") for name in ("ts", "instance")],
         *[
-            ((kind == event_kind) & F.col(name).isNull(), F.lit(f"{event_kind} without {name}"))
+            _Rule((kind == event_kind) & F.col(name).isNull(), "invalid", f"{event_kind} without {name}")
             for event_kind, names in _REQUIRED.items()
             for name in names
         ],
         *[
-            (F.col(name).isNotNull() & ~F.col(name).isin(*allowed), F.concat(F.lit(f"{name} "), F.col(name)))
+            _Rule(F.col(name).isNotNull() & ~F.col(name).isin(*allowed), "invalid", f"{name} {{}}", name)
             for name, allowed in _ENUMS.items()
         ],
     ]
-    missing = F.lit(None).cast("string")
-    for broken, message in reversed(rules):
-        missing = F.when(broken, message).otherwise(missing)
-    problem = (
-        F.when(version.isNotNull() & (version != SCHEMA_VERSION), F.lit("unknown_version"))
-        .when(F.col(_CORRUPT).isNotNull(), F.lit("malformed"))
-        .when(version.isNull(), F.lit("unknown_version"))
-        .when(missing.isNotNull(), F.lit("invalid"))
-    )
-    detail = (
-        F.when(
-            problem == "unknown_version",
-            F.concat(F.lit("schema_version "), F.coalesce(version.cast("string"), F.lit("missing"))),
-        )
-        .when(problem == "malformed", F.lit("not a JSON object of the v2 types"))
-        .when(problem == "invalid", missing)
-    )
-    return problem, detail
+
+
+def _first_broken(rules: Sequence[_Rule]) -> Column:
+    """The index of the first rule a line breaks; null for a valid event. A small integer per line:
+    the problem texts are made on the driver, for the few lines that have one (texts built per
+    line in generated code made reading several times slower)."""
+    index = F.lit(None).cast("int")
+    for n in reversed(range(len(rules))):
+        index = F.when(rules[n].broken, F.lit(n)).otherwise(index)
+    return index
+
+
+def _problem_of(rules: Sequence[_Rule], row: Any) -> tuple[str, str]:
+    rule = rules[row["_rule"]]
+    if rule.value is None:
+        return rule.problem, rule.detail
+    fields = row.asDict()
+    value = fields.get(f"_bad_{rule.value}", fields.get(rule.value))
+    return rule.problem, rule.detail.format("missing" if value is None else value)
+
+
+# Values a problem's detail may name that are not already part of the per-file grouping.
+_NAMED = ("schema_version", "mode", "action", "event")
 
 
 def _read_json_lines(
@@ -420,42 +464,55 @@ def _read_json_lines(
             .option("columnNameOfCorruptRecord", _CORRUPT)
             .json(present)
         )
-        file_path = F.col("_metadata.file_path")
+        # Each line carries a hash of its file's name (8 bytes instead of the path, in a cache of
+        # millions of lines), named again from the files Spark reads.
+        file_id = F.xxhash64(F.col("_metadata.file_path"))
+        # (inputFiles() spells local files file:///..., the metadata column file:/...)
+        uris = spark.createDataFrame([(u,) for u in raw.inputFiles()], "uri string")
+        uri = F.regexp_replace("uri", "^file:///", "file:/")
+        named = uris.select(uri.alias("uri"), F.xxhash64(uri).alias("id")).collect()
+        file_of = {int(r["id"]): _local_path(r["uri"]) for r in named}
     else:
-        raw, file_path = spark.createDataFrame([], with_corrupt), F.lit("")
-    problem, detail = _problem_columns()
-    parsed = raw.select("*", file_path.alias("_file"), problem.isNull().alias("_valid"))
-    if cache:
-        # Sorted by kind within each partition, the cache's batch statistics let a
-        # query for one section skip the batches of the others.
-        parsed = parsed.sortWithinPartitions("type", "section").cache()
-    valid = F.col("_valid")
+        raw, file_id, file_of = spark.createDataFrame([], with_corrupt), F.lit(0).cast("long"), {}
+    rules = _rules()
+    rule = _first_broken(rules)
+    invalid = rule.isNotNull()
     sample = F.substring(F.coalesce(F.col(_CORRUPT), F.to_json(F.struct("schema_version", "type"))), 1, 160)
-    # One pass: lines per file and problem, and the overview of the valid events.
+    parsed = raw.select(
+        *schema.fieldNames(),
+        file_id.alias("_file"),
+        rule.alias("_rule"),
+        F.when(invalid, sample).alias("_sample"),
+    )
+    if cache:
+        parsed = parsed.cache()
+    # One pass (the one that fills the cache): lines per file and problem, and the overview of the valid events.
+    invalid = F.col("_rule").isNotNull()
     per_file = (
         parsed.groupBy(
             "_file",
-            F.when(~valid, problem).alias("problem"),
-            F.when(~valid, detail).alias("detail"),
+            "_rule",
             "type",
             "section",
             "instance",
+            *[F.when(invalid, F.col(name)).alias(f"_bad_{name}") for name in _NAMED],
         )
-        .agg(F.count(F.lit(1)).alias("lines"), F.min(F.when(~valid, sample)).alias("sample"), *_tally(valid))
+        .agg(F.count(F.lit(1)).alias("lines"), F.min("_sample").alias("sample"), *_tally(~invalid))
         .collect()
     )
     lines: dict[str, int] = {}
     problems: dict[tuple[str, str, str], InputProblem] = {}
     for row in per_file:
-        path = _local_path(row["_file"])
+        path = file_of.get(row["_file"], str(row["_file"]))
         lines[path] = lines.get(path, 0) + row["lines"]
-        if row["problem"] is not None:
-            key = (path, row["problem"], row["detail"] or "")
+        if row["_rule"] is not None:
+            problem, detail = _problem_of(rules, row)
+            key = (path, problem, detail)
             seen = problems.get(key)
             problems[key] = InputProblem(
                 path,
-                row["problem"],
-                row["detail"] or "",
+                problem,
+                detail,
                 row["lines"] + (seen.lines if seen else 0),
                 min(row["sample"] or "", seen.sample if seen else row["sample"] or ""),
             )
@@ -475,18 +532,18 @@ def _read_json_lines(
         if f.path not in lines:
             reason = "vanished while read (rotated away?)" if not Path(f.path).exists() else "unreadable"
             problems[(f.path, "unreadable", reason)] = InputProblem(f.path, "unreadable", reason, 0)
-    events = parsed.filter(valid).select(*schema.fieldNames())
+    events = parsed.filter(F.col("_rule").isNull()).select(*schema.fieldNames())
     ordered = sorted(problems.values(), key=lambda p: (p.file, p.problem, p.detail))
     return events, ordered, lines, Overview.of(r for r in per_file if r["n"])
 
 
 def _read_parquet(
-    spark: SparkSession, directory: str, cache: bool, schema: StructType
+    spark: SparkSession, directory: str, schema: StructType
 ) -> tuple[DataFrame, list[InputProblem], Overview]:
     events = spark.read.schema(EVENT_SCHEMA).option("basePath", directory).parquet(directory)
+    # Not cached: Parquet is read by column and by kind and section (its partitions), and
+    # decoding the few columns a query needs is cheaper than keeping every column in memory.
     events = events.select(*schema.fieldNames())
-    if cache:
-        events = events.cache()
     stored = Path(directory) / PROBLEMS_FILE
     problems = []
     if stored.is_file():
@@ -509,7 +566,7 @@ def read_evidence(
         frames.append(events)
         problems += found
     for directory in inputs.parquet_dirs:
-        events, stored, tally = _read_parquet(spark, directory, cache, schema)
+        events, stored, tally = _read_parquet(spark, directory, schema)
         frames.append(events)
         problems += stored
         seen = seen.merged(tally)

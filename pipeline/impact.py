@@ -33,7 +33,7 @@ from pyspark.sql import Column, DataFrame, SparkSession, Window
 from pyspark.sql import functions as F
 from pyspark.sql.types import LongType, StringType, StructField, StructType
 
-from .events import Evidence, union_all
+from .events import BULK_SECTIONS, Evidence, union_all
 from .limits import IDENTIFIER_KEYS, KAFKA_DEFAULTS, LIMITS, identifier_limit_key
 from .traffic import bucket, client_host
 
@@ -214,23 +214,19 @@ def _window_observations(evidence: Evidence, opens: DataFrame, smallest: dict[st
     pool = wanted(("queued.max.request.bytes", F.col("high_water_mark_bytes"), lit("in-flight high-water mark")))
     if pool:
         found.append(_measured(_at_start(evidence.windows("pool")), "window", pool, table))
-    sizes = wanted(
+    # The bulk of the windows, sizes and identifier lengths, in one scan.
+    bulk = wanted(
         ("socket.request.max.bytes", F.col("max_request_bytes"), F.col("api")),
         ("max.response.size", F.col("max_response_bytes"), F.col("api")),
     )
-    if sizes:
-        found.append(
-            _measured(_at_start(evidence.windows("client_api")), "window", sizes, table, client_id=F.col("client_id"))
-        )
     if keys & set(IDENTIFIER_KEYS):
-        lengths: list[Measure] = [
-            (identifier_limit_key(F.col("identifier_kind")), F.col("max_length"), F.col("identifier_kind"))
-        ]
+        bulk.append((identifier_limit_key(F.col("identifier_kind")), F.col("max_length"), F.col("identifier_kind")))
+    if bulk:
         found.append(
             _measured(
-                _at_start(evidence.windows("identifier")),
+                _at_start(evidence.windows(*BULK_SECTIONS)),
                 "window",
-                lengths,
+                bulk,
                 table,
                 client_id=F.col("client_id"),
                 identifier=F.col("identifier"),

@@ -26,7 +26,7 @@ from .impact import Candidate, CandidateError, Impact, choose_candidates, impact
 from .plots import plots_for
 from .recommend import Recommendation, policies_yaml, recommend
 from .report_html import render
-from .session import SHORT_JOB_BYTES, JavaMissingError, jvm_cpu_seconds, spark_session
+from .session import SHORT_JOB_BYTES, JavaMissingError, driver_memory_for, jvm_cpu_seconds, spark_session
 from .traffic import Traffic, measure_traffic, open_connections
 
 __all__ = ["ReportOptions", "ReportResult", "Steps", "main", "run_report", "to_parquet"]
@@ -123,7 +123,7 @@ def run_report(spark: SparkSession, options: ReportOptions, steps: Steps | None 
         )
         (out / "report.html").write_text(page, encoding="utf-8")
     opens.unpersist()
-    evidence.events.unpersist()
+    evidence.unpersist()
     (out / "run.json").write_text(
         json.dumps(
             {
@@ -166,7 +166,8 @@ def main(args: argparse.Namespace) -> int:
         inputs = find_inputs(args.events)  # a missing path is named before Spark starts
         steps = Steps()
         with steps.step(f"starting Spark ({args.master})"):
-            spark = spark_session(args.master, short_job=inputs.total_bytes < SHORT_JOB_BYTES)
+            size = inputs.total_bytes
+            spark = spark_session(args.master, short_job=size < SHORT_JOB_BYTES, driver_memory=driver_memory_for(size))
         steps.cpu = lambda: jvm_cpu_seconds(spark)
         if args.to_parquet:
             to_parquet(spark, args.events, args.to_parquet, steps)

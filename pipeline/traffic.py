@@ -24,7 +24,6 @@ from .limits import limit_key_of, normalized_kind
 __all__ = ["Peak", "Traffic", "bucket", "client_host", "measure_traffic", "open_connections"]
 
 TOP = 10
-TOP_ROWS = 500
 
 
 @dataclass(frozen=True)
@@ -158,58 +157,74 @@ def _log2_bucket(size: Column) -> Column:
     return F.when(size <= 0, 0).otherwise(F.floor(F.log2(size)) + 1).cast("int")
 
 
-def _largest(rows: DataFrame, column: str) -> list[dict[str, Any]]:
-    """The ``TOP`` client id and API pairs with the largest ``column``, each at its largest window.
+def _at_largest(size: Column) -> Column:
+    """The largest ``size`` of a group of windows, with its window (the earliest among ties)."""
+    return F.max(
+        F.struct(
+            size.alias("bytes"),
+            (-F.col("window_start")).alias("earlier"),
+            F.col("window_start"),
+            F.col("instance"),
+            F.col("requests"),
+        )
+    )
 
-    Taken from the ``TOP_ROWS`` largest rows (a top-k per partition, no shuffle, no per-client
-    aggregation): exact for the first pair, and for all ``TOP`` unless a few pairs fill ``TOP_ROWS``
-    windows between them."""
-    best = (
-        rows.filter(F.col(column).isNotNull())
-        .select("client_id", "api", "instance", "window_start", "requests", column)
-        .orderBy(F.desc(column), "client_id", "api", "window_start")
-        .limit(TOP_ROWS)
+
+def _largest(pairs: DataFrame, column: str) -> list[dict[str, Any]]:
+    """The ``TOP`` client id and API pairs with the largest ``column`` (a struct of :func:`_at_largest`)."""
+    top = (
+        pairs.groupBy("client_id", "api")
+        .agg(F.max(column).alias("at"))
+        .filter(F.col("at.bytes").isNotNull())
+        .orderBy(F.desc("at.bytes"), "client_id", "api")
+        .limit(TOP)
         .collect()
     )
-    seen: dict[tuple[Any, Any], dict[str, Any]] = {}
-    for r in best:
-        if (r["client_id"], r["api"]) not in seen and len(seen) < TOP:
-            seen[(r["client_id"], r["api"])] = {
-                "client_id": r["client_id"],
-                "api": r["api"],
-                "bytes": _int(r[column]),
-                "requests": _int(r["requests"]),
-                "instance": r["instance"],
-                "ts": r["window_start"],
-            }
-    return list(seen.values())
+    return [
+        {
+            "client_id": r["client_id"],
+            "api": r["api"],
+            "bytes": _int(r["at"]["bytes"]),
+            "requests": _int(r["at"]["requests"]),
+            "instance": r["at"]["instance"],
+            "ts": r["at"]["window_start"],
+        }
+        for r in top
+    ]
 
 
 def _sizes(evidence: Evidence) -> dict[str, Any]:
     """Over the client_api windows: the joint histogram of largest request and response sizes, and
-    the client ids and APIs with the largest of each."""
-    rows = evidence.windows("client_api")
-    joint = (
-        rows.groupBy(
-            _log2_bucket(F.col("max_request_bytes")).alias("rq"), _log2_bucket(F.col("max_response_bytes")).alias("rs")
+    the client ids and APIs with the largest of each. One scan of the windows, to a table per client
+    id, API and pair of size buckets that the rest is computed from."""
+    request, response = F.col("max_request_bytes"), F.col("max_response_bytes")
+    pairs = (
+        evidence.windows("client_api")
+        .groupBy("client_id", "api", _log2_bucket(request).alias("rq"), _log2_bucket(response).alias("rs"))
+        .agg(
+            F.count(F.lit(1)).alias("count"),
+            _at_largest(request).alias("rq_at"),
+            _at_largest(response).alias("rs_at"),
         )
-        .count()
-        .collect()
+        .cache()
     )
-    request: dict[int, int] = {}
-    response: dict[int, int] = {}
+    joint = pairs.groupBy("rq", "rs").agg(F.sum("count").alias("count")).collect()
+    request_hist: dict[int, int] = {}
+    response_hist: dict[int, int] = {}
     for r in joint:
         if r["rq"] is not None:
-            request[r["rq"]] = request.get(r["rq"], 0) + int(r["count"])
+            request_hist[r["rq"]] = request_hist.get(r["rq"], 0) + int(r["count"])
         if r["rs"] is not None:
-            response[r["rs"]] = response.get(r["rs"], 0) + int(r["count"])
-    return {
-        "request_size_hist": sorted(request.items()),
-        "response_size_hist": sorted(response.items()),
-        "largest_requests": _largest(rows, "max_request_bytes"),
-        "largest_responses": _largest(rows, "max_response_bytes"),
+            response_hist[r["rs"]] = response_hist.get(r["rs"], 0) + int(r["count"])
+    sizes = {
+        "request_size_hist": sorted(request_hist.items()),
+        "response_size_hist": sorted(response_hist.items()),
+        "largest_requests": _largest(pairs, "rq_at"),
+        "largest_responses": _largest(pairs, "rs_at"),
         "client_api_rows": sum(int(r["count"]) for r in joint),
     }
+    pairs.unpersist()
+    return sizes
 
 
 def _pool(evidence: Evidence, step: int) -> dict[str, Any]:
@@ -365,22 +380,20 @@ def _identifiers(evidence: Evidence) -> dict[str, Any]:
         )
         .filter(F.col("kind").isNotNull() & F.col("length").isNotNull())
     )
-    hist = rows.groupBy("kind", "length").count().collect()
+    # One scan: rows per kind and length, and the least client id and identifier at each length.
+    hist = (
+        rows.groupBy("kind", "length")
+        .agg(
+            F.count(F.lit(1)).alias("count"),
+            F.min("client_id").alias("client_id"),
+            F.min("identifier").alias("identifier"),
+        )
+        .collect()
+    )
     longest_of: dict[str, int] = {}
     for r in hist:
         longest_of[r["kind"]] = max(longest_of.get(r["kind"], 0), int(r["length"]))
-    # The longest of each kind: the few rows at those lengths (the least client id and identifier among ties).
-    at_longest = (
-        rows.join(
-            F.broadcast(rows.sparkSession.createDataFrame(list(longest_of.items()), "kind string, length long")),
-            ["kind", "length"],
-        )
-        .groupBy("kind", "length")
-        .agg(F.min("client_id").alias("client_id"), F.min("identifier").alias("identifier"))
-        .collect()
-        if longest_of
-        else []
-    )
+    at_longest = [r for r in hist if r["length"] == longest_of[r["kind"]]]
     histograms: dict[str, dict[int, int]] = {}
     for r in hist:
         per_length = histograms.setdefault(normalized_kind(r["kind"]), {})
