@@ -476,13 +476,12 @@ def _read_json_lines(
         raw, file_id, file_of = spark.createDataFrame([], with_corrupt), F.lit(0).cast("long"), {}
     rules = _rules()
     rule = _first_broken(rules)
-    invalid = rule.isNotNull()
     sample = F.substring(F.coalesce(F.col(_CORRUPT), F.to_json(F.struct("schema_version", "type"))), 1, 160)
     parsed = raw.select(
         *schema.fieldNames(),
         file_id.alias("_file"),
         rule.alias("_rule"),
-        F.when(invalid, sample).alias("_sample"),
+        F.when(rule.isNotNull(), sample).alias("_sample"),
     )
     if cache:
         parsed = parsed.cache()
