@@ -485,20 +485,21 @@ def _read_json_lines(
     )
     if cache:
         parsed = parsed.cache()
-    # One pass (the one that fills the cache): lines per file and problem, and the overview of the valid events.
+    # One pass (the one that fills the cache): lines per file and problem, and the overview of the valid
+    # events. Numbers only: an aggregate of text (the sample line) would make Spark sort every line.
     invalid = F.col("_rule").isNotNull()
+    bad_values = [F.when(invalid, F.col(name)).alias(f"_bad_{name}") for name in _NAMED]
     per_file = (
-        parsed.groupBy(
-            "_file",
-            "_rule",
-            "type",
-            "section",
-            "instance",
-            *[F.when(invalid, F.col(name)).alias(f"_bad_{name}") for name in _NAMED],
-        )
-        .agg(F.count(F.lit(1)).alias("lines"), F.min("_sample").alias("sample"), *_tally(~invalid))
+        parsed.groupBy("_file", "_rule", "type", "section", "instance", *bad_values)
+        .agg(F.count(F.lit(1)).alias("lines"), *_tally(~invalid))
         .collect()
     )
+    # A sample line per file and problem, from the few lines that have one.
+    sample_key = ("_file", "_rule", *[f"_bad_{name}" for name in _NAMED])
+    samples: dict[tuple[Any, ...], str] = {}
+    if any(row["_rule"] is not None for row in per_file):
+        found = parsed.filter(invalid).groupBy(*sample_key[:2], *bad_values).agg(F.min("_sample").alias("sample"))
+        samples = {tuple(row[k] for k in sample_key): row["sample"] for row in found.collect()}
     lines: dict[str, int] = {}
     problems: dict[tuple[str, str, str], InputProblem] = {}
     for row in per_file:
@@ -506,6 +507,7 @@ def _read_json_lines(
         lines[path] = lines.get(path, 0) + row["lines"]
         if row["_rule"] is not None:
             problem, detail = _problem_of(rules, row)
+            first_line = samples.get(tuple(row[k] for k in sample_key), "")
             key = (path, problem, detail)
             seen = problems.get(key)
             problems[key] = InputProblem(
@@ -513,7 +515,7 @@ def _read_json_lines(
                 problem,
                 detail,
                 row["lines"] + (seen.lines if seen else 0),
-                min(row["sample"] or "", seen.sample if seen else row["sample"] or ""),
+                min(first_line, seen.sample if seen else first_line),
             )
     for f in inputs.json_files:
         if f.half_written:

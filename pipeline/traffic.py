@@ -157,55 +157,62 @@ def _log2_bucket(size: Column) -> Column:
     return F.when(size <= 0, 0).otherwise(F.floor(F.log2(size)) + 1).cast("int")
 
 
-def _at_largest(size: Column) -> Column:
-    """The largest ``size`` of a group of windows, with its window (the earliest among ties)."""
-    return F.max(
-        F.struct(
-            size.alias("bytes"),
-            (-F.col("window_start")).alias("earlier"),
-            F.col("window_start"),
-            F.col("instance"),
-            F.col("requests"),
+def _largest(evidence: Evidence, pairs: DataFrame) -> dict[str, list[dict[str, Any]]]:
+    """The ``TOP`` client id and API pairs with the largest request and the largest response, each
+    with the window it was seen in (the earliest among ties): the pairs from ``pairs``, their windows
+    from one more scan that keeps only the windows of those pairs at those sizes."""
+    tops: list[tuple[str, str, str, int]] = []
+    for which in ("rq", "rs"):
+        top = (
+            pairs.groupBy("client_id", "api")
+            .agg(F.max(f"{which}_max").alias("bytes"))
+            .filter(F.col("bytes").isNotNull())
+            .orderBy(F.desc("bytes"), "client_id", "api")
+            .limit(TOP)
+            .collect()
         )
+        tops += [(which, r["client_id"], r["api"], int(r["bytes"])) for r in top]
+    largest: dict[str, list[dict[str, Any]]] = {"rq": [], "rs": []}
+    if not tops:
+        return largest
+    wanted = evidence.windows("client_api").sparkSession.createDataFrame(
+        tops, "which string, client_id string, api string, bytes long"
     )
-
-
-def _largest(pairs: DataFrame, column: str) -> list[dict[str, Any]]:
-    """The ``TOP`` client id and API pairs with the largest ``column`` (a struct of :func:`_at_largest`)."""
-    top = (
-        pairs.groupBy("client_id", "api")
-        .agg(F.max(column).alias("at"))
-        .filter(F.col("at.bytes").isNotNull())
-        .orderBy(F.desc("at.bytes"), "client_id", "api")
-        .limit(TOP)
+    size = F.when(F.col("which") == "rq", F.col("max_request_bytes")).otherwise(F.col("max_response_bytes"))
+    seen = (
+        evidence.windows("client_api")
+        .join(F.broadcast(wanted), ["client_id", "api"])
+        .filter(size == F.col("bytes"))
+        .groupBy("which", "client_id", "api")
+        .agg(F.min(F.struct("window_start", "instance", "requests")).alias("at"))
         .collect()
     )
-    return [
-        {
-            "client_id": r["client_id"],
-            "api": r["api"],
-            "bytes": _int(r["at"]["bytes"]),
-            "requests": _int(r["at"]["requests"]),
-            "instance": r["at"]["instance"],
-            "ts": r["at"]["window_start"],
-        }
-        for r in top
-    ]
+    at = {(r["which"], r["client_id"], r["api"]): r["at"] for r in seen}
+    for which, client_id, api, size_bytes in tops:
+        window = at.get((which, client_id, api))
+        largest[which].append(
+            {
+                "client_id": client_id,
+                "api": api,
+                "bytes": size_bytes,
+                "requests": _int(window["requests"]) if window else 0,
+                "instance": window["instance"] if window else None,
+                "ts": window["window_start"] if window else None,
+            }
+        )
+    return largest
 
 
 def _sizes(evidence: Evidence) -> dict[str, Any]:
     """Over the client_api windows: the joint histogram of largest request and response sizes, and
-    the client ids and APIs with the largest of each. One scan of the windows, to a table per client
-    id, API and pair of size buckets that the rest is computed from."""
+    the client ids and APIs with the largest of each. One scan of the windows to a table per client
+    id, API and pair of size buckets (numbers only: Spark aggregates them by hashing, where text or
+    structs would make it sort every window), then one scan for the windows of the largest."""
     request, response = F.col("max_request_bytes"), F.col("max_response_bytes")
     pairs = (
         evidence.windows("client_api")
         .groupBy("client_id", "api", _log2_bucket(request).alias("rq"), _log2_bucket(response).alias("rs"))
-        .agg(
-            F.count(F.lit(1)).alias("count"),
-            _at_largest(request).alias("rq_at"),
-            _at_largest(response).alias("rs_at"),
-        )
+        .agg(F.count(F.lit(1)).alias("count"), F.max(request).alias("rq_max"), F.max(response).alias("rs_max"))
         .cache()
     )
     joint = pairs.groupBy("rq", "rs").agg(F.sum("count").alias("count")).collect()
@@ -216,11 +223,12 @@ def _sizes(evidence: Evidence) -> dict[str, Any]:
             request_hist[r["rq"]] = request_hist.get(r["rq"], 0) + int(r["count"])
         if r["rs"] is not None:
             response_hist[r["rs"]] = response_hist.get(r["rs"], 0) + int(r["count"])
+    largest = _largest(evidence, pairs)
     sizes = {
         "request_size_hist": sorted(request_hist.items()),
         "response_size_hist": sorted(response_hist.items()),
-        "largest_requests": _largest(pairs, "rq_at"),
-        "largest_responses": _largest(pairs, "rs_at"),
+        "largest_requests": largest["rq"],
+        "largest_responses": largest["rs"],
         "client_api_rows": sum(int(r["count"]) for r in joint),
     }
     pairs.unpersist()
@@ -380,20 +388,22 @@ def _identifiers(evidence: Evidence) -> dict[str, Any]:
         )
         .filter(F.col("kind").isNotNull() & F.col("length").isNotNull())
     )
-    # One scan: rows per kind and length, and the least client id and identifier at each length.
-    hist = (
-        rows.groupBy("kind", "length")
-        .agg(
-            F.count(F.lit(1)).alias("count"),
-            F.min("client_id").alias("client_id"),
-            F.min("identifier").alias("identifier"),
-        )
-        .collect()
-    )
+    # One scan counts rows per kind and length (numbers only, hashed); a second names the least
+    # client id and identifier at each kind's longest length, from the few rows there.
+    hist = rows.groupBy("kind", "length").agg(F.count(F.lit(1)).alias("count")).collect()
     longest_of: dict[str, int] = {}
     for r in hist:
         longest_of[r["kind"]] = max(longest_of.get(r["kind"], 0), int(r["length"]))
-    at_longest = [r for r in hist if r["length"] == longest_of[r["kind"]]]
+    at_longest: list[Any] = []
+    if longest_of:
+        spark = rows.sparkSession
+        wanted = spark.createDataFrame(list(longest_of.items()), "kind string, length long")
+        at_longest = (
+            rows.join(F.broadcast(wanted), ["kind", "length"])
+            .groupBy("kind", "length")
+            .agg(F.min("client_id").alias("client_id"), F.min("identifier").alias("identifier"))
+            .collect()
+        )
     histograms: dict[str, dict[int, int]] = {}
     for r in hist:
         per_length = histograms.setdefault(normalized_kind(r["kind"]), {})
