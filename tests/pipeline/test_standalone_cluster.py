@@ -2,7 +2,10 @@
 started from the pyspark install on 127.0.0.1 (free ports), ``report --master
 spark://...`` run as an operator runs it, over the fleet's events converted by
 ``report --to-parquet``; its impact tables and recommended policies equal those
-of the job in ``local`` mode over the JSON lines."""
+of the job in ``local`` mode over the JSON lines.
+
+The conversion is the same command run in this process (``proxy.cli.main``), on
+the tests' Spark session: a second Spark JVM would only add its start-up."""
 
 from __future__ import annotations
 
@@ -18,6 +21,7 @@ from typing import Any
 import pytest
 from conftest import FLEET_CANDIDATES
 
+from proxy.cli import main as cli_main
 from proxy.tansu import free_port, stop_process, wait_for_port
 from tests.conftest import ROOT
 
@@ -77,13 +81,13 @@ def _rows(spark: Any, path: Path) -> list[tuple[Any, ...]]:
 
 
 def test_the_report_on_a_standalone_cluster_equals_the_local_one(
-    standalone_cluster: tuple[str, Path], spark: Any, fleet: Any, fleet_report: Any, tmp_path: Path
+    standalone_cluster: tuple[str, Path], spark: Any, fleet: Any, fleet_report: Any, tmp_path: Path,
+    capsys: pytest.CaptureFixture[str],
 ) -> None:
     master, work = standalone_cluster
     parquet = tmp_path / "parquet"
-    converted = report("--events", str(fleet.path), "--to-parquet", str(parquet))
-    assert converted.returncode == 0, converted.stderr[-4000:]
-    assert f"Parquet events: {parquet}" in converted.stdout
+    assert cli_main(["report", "--events", str(fleet.path), "--to-parquet", str(parquet)]) == 0
+    assert f"Parquet events: {parquet}" in capsys.readouterr().out
     assert list(parquet.rglob("*.parquet")) and (parquet / "_input_problems.json").is_file()
     out = tmp_path / "cluster-report"
     candidates = [arg for c in FLEET_CANDIDATES for arg in ("--candidate", c)]
