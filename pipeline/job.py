@@ -49,7 +49,7 @@ class Steps:
     """Names, wall time and Spark CPU time of the job's steps, printed as they end (progress on
     long runs; the CPU time says where the work went on a machine shared with others)."""
 
-    stream: TextIO | None = sys.stderr
+    stream: TextIO | None = field(default_factory=lambda: sys.stderr)  # the stderr of when it runs
     cpu: Callable[[], float | None] = lambda: None
     done: list[tuple[str, float]] = field(default_factory=list)
     cpu_done: list[tuple[str, float | None]] = field(default_factory=list)

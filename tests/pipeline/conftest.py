@@ -34,6 +34,16 @@ def spark() -> Iterator[Any]:
     session.stop()
 
 
+def report_command(*argv: str) -> int:
+    """``kafka-admission-proxy report ARGV...`` in this process: the command's own parser and function,
+    on the tests' Spark session (a Spark JVM of its own would only add its start-up). Not through
+    ``proxy.cli.main``, which would point the process's logging at this test's captured stderr."""
+    from proxy.cli import build_parser
+
+    args = build_parser().parse_args(["report", *argv])
+    return int(args.func(args))
+
+
 @dataclass(frozen=True)
 class Fleet:
     path: Path

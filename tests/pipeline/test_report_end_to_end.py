@@ -2,7 +2,8 @@
 broker, real clients over plaintext and TLS breaking limits in observe mode (a
 250-character client id, a group of three over ``group.max.size: 2``, requests
 beyond the memory pool's budget), then ``kafka-admission-proxy report`` over its
-audit directory as an operator runs it: the impact tables name that client id and
+audit directory (the command in this process, on the tests' Spark session; the
+demo's test runs it in a process of its own): the impact tables name that client id and
 that group, ``recommended-policies.yaml`` follows the traffic and passes
 ``check-config``, and ``report.html`` renders every policy section and its plots
 in a real headless Chromium."""
@@ -19,7 +20,7 @@ from typing import Any
 import pytest
 import yaml
 from confluent_kafka import Producer
-from conftest import rendered_sections
+from conftest import rendered_sections, report_command
 
 from pipeline.recommend import with_headroom
 from pipeline.report_html import SECTIONS
@@ -100,7 +101,8 @@ def make_traffic(proxy: Any, certs: Any) -> str:
 
 
 def test_report_over_a_real_proxys_audit_names_the_violators_and_renders_in_chromium(
-    tansu: Any, start_proxy: Any, certs: Any, spark: Any, chromium: Any, tmp_path: Path
+    tansu: Any, start_proxy: Any, certs: Any, spark: Any, chromium: Any, tmp_path: Path,
+    capsys: pytest.CaptureFixture[str],
 ) -> None:
     audit = tmp_path / "audit"
     proxy = start_proxy(
@@ -119,11 +121,12 @@ def test_report_over_a_real_proxys_audit_names_the_violators_and_renders_in_chro
     assert decided >= {"identifier_limits", "group_size", "memory_pool"}
 
     out = tmp_path / "report"
-    run = cli("report", "--events", str(audit), "--out", str(out), "--headroom", str(HEADROOM),
-              "--candidate", "group.max.size=2", "--candidate", "max.ssl.connections=1")
-    assert run.returncode == 0, run.stderr[-4000:]
-    assert f"report: {out / 'report.html'}" in run.stdout
-    assert "report: done in" in run.stderr  # progress on stderr, step by step
+    status = report_command("--events", str(audit), "--out", str(out), "--headroom", str(HEADROOM),
+                            "--candidate", "group.max.size=2", "--candidate", "max.ssl.connections=1")
+    run = capsys.readouterr()
+    assert status == 0, run.err[-4000:]
+    assert f"report: {out / 'report.html'}" in run.out
+    assert "report: done in" in run.err  # progress on stderr, step by step
 
     # Impact tables (Parquet): that client id and that group, under the limits they broke.
     subjects = spark.read.parquet(str(out / "impact" / "subjects")).collect()

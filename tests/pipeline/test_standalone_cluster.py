@@ -4,8 +4,8 @@ spark://...`` run as an operator runs it, over the fleet's events converted by
 ``report --to-parquet``; its impact tables and recommended policies equal those
 of the job in ``local`` mode over the JSON lines.
 
-The conversion is the same command run in this process (``proxy.cli.main``), on
-the tests' Spark session: a second Spark JVM would only add its start-up."""
+The conversion is the same command run in this process, on the tests' Spark
+session (``report_command``): a second Spark JVM would only add its start-up."""
 
 from __future__ import annotations
 
@@ -19,9 +19,8 @@ from pathlib import Path
 from typing import Any
 
 import pytest
-from conftest import FLEET_CANDIDATES
+from conftest import FLEET_CANDIDATES, report_command
 
-from proxy.cli import main as cli_main
 from proxy.tansu import free_port, stop_process, wait_for_port
 from tests.conftest import ROOT
 
@@ -86,7 +85,7 @@ def test_the_report_on_a_standalone_cluster_equals_the_local_one(
 ) -> None:
     master, work = standalone_cluster
     parquet = tmp_path / "parquet"
-    assert cli_main(["report", "--events", str(fleet.path), "--to-parquet", str(parquet)]) == 0
+    assert report_command("--events", str(fleet.path), "--to-parquet", str(parquet)) == 0
     assert f"Parquet events: {parquet}" in capsys.readouterr().out
     assert list(parquet.rglob("*.parquet")) and (parquet / "_input_problems.json").is_file()
     out = tmp_path / "cluster-report"
