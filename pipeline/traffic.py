@@ -175,13 +175,14 @@ def _largest(evidence: Evidence, pairs: DataFrame) -> dict[str, list[dict[str, A
     largest: dict[str, list[dict[str, Any]]] = {"rq": [], "rs": []}
     if not tops:
         return largest
-    wanted = evidence.windows("client_api").sparkSession.createDataFrame(
-        tops, "which string, client_id string, api string, bytes long"
-    )
+    windows = evidence.windows("client_api")
+    columns = "which string, top_client_id string, top_api string, bytes long"
+    wanted = windows.sparkSession.createDataFrame(tops, columns)
+    # null-safe: a client may send no client id, and its windows are counted under null
+    pair = F.col("client_id").eqNullSafe(F.col("top_client_id")) & F.col("api").eqNullSafe(F.col("top_api"))
     size = F.when(F.col("which") == "rq", F.col("max_request_bytes")).otherwise(F.col("max_response_bytes"))
     seen = (
-        evidence.windows("client_api")
-        .join(F.broadcast(wanted), ["client_id", "api"])
+        windows.join(F.broadcast(wanted), pair)
         .filter(size == F.col("bytes"))
         .groupBy("which", "client_id", "api")
         .agg(F.min(F.struct("window_start", "instance", "requests")).alias("at"))

@@ -63,6 +63,9 @@ def test_traffic_peaks_of_every_kind(spark: Any) -> None:
                max_response_bytes=100),
         window("client_api", 60, client_id="reader", api="fetch", requests=5, max_request_bytes=100,
                max_response_bytes=70_000),
+        # A client that sent no client id: its windows count under null, and its largest is found too.
+        {**window("client_api", 120, api="fetch", requests=3, max_request_bytes=100, max_response_bytes=90_000),
+         "instance": "p3"},
         window("identifier", 0, client_id=long_id, identifier_kind="client id", max_length=250, identifier=long_id),
         window("identifier", 0, client_id="c", identifier_kind="classic_member_id", max_length=41, identifier="m" * 41),
         decision("identifier_limits", "resource.identifier.max.length", 249, identifier_kind="transactional_id",
@@ -79,8 +82,14 @@ def test_traffic_peaks_of_every_kind(spark: Any) -> None:
     assert traffic.peak_tls is not None and traffic.peak_tls.value == 12  # two TLS listeners, same window
     assert traffic.peak_connections is not None and traffic.peak_connections.value == 42
     assert (traffic.largest_requests[0]["client_id"], traffic.largest_requests[0]["bytes"]) == ("big", 3000)
-    assert (traffic.largest_responses[0]["client_id"], traffic.largest_responses[0]["bytes"]) == ("reader", 70_000)
-    assert dict(traffic.request_size_hist) == {12: 1, 7: 1}  # 3000 -> [2048, 4096); 100 -> [64, 128)
+    assert [(r["client_id"], r["bytes"]) for r in traffic.largest_responses[:2]] == [(None, 90_000), ("reader", 70_000)]
+    assert {k: traffic.largest_responses[0][k] for k in ("instance", "ts", "requests")} == {
+        "instance": "p3", "ts": 120.0, "requests": 3
+    }
+    assert {k: traffic.largest_requests[0][k] for k in ("instance", "ts", "requests")} == {
+        "instance": "p1", "ts": 0.0, "requests": 10
+    }
+    assert dict(traffic.request_size_hist) == {12: 1, 7: 2}  # 3000 -> [2048, 4096); 100 -> [64, 128)
     assert {k: (v["length"], v["key"]) for k, v in traffic.longest.items()} == {
         "client_id": (250, "resource.identifier.max.length"),
         "classic_member_id": (41, "classic.member.id.max.length"),
