@@ -161,7 +161,7 @@ def _largest(evidence: Evidence, pairs: DataFrame) -> dict[str, list[dict[str, A
     """The ``TOP`` client id and API pairs with the largest request and the largest response, each
     with the window it was seen in (the earliest among ties): the pairs from ``pairs``, their windows
     from one more scan that keeps only the windows of those pairs at those sizes."""
-    tops: list[tuple[str, str, str, int]] = []
+    tops: list[tuple[str, str | None, str | None, int]] = []  # which, client id, API, bytes
     for which in ("rq", "rs"):
         top = (
             pairs.groupBy("client_id", "api")
