@@ -8,6 +8,8 @@ from __future__ import annotations
 
 import os
 import shutil
+import subprocess
+import sys
 from collections.abc import Iterator
 from dataclasses import dataclass
 from pathlib import Path
@@ -16,6 +18,7 @@ from typing import Any
 import pytest
 
 from bench.fleet_evidence import FleetSpec, FleetTruth, generate
+from tests.conftest import ROOT
 
 CHROMIUM = "/usr/bin/chromium"
 CHROMEDRIVER = "/usr/bin/chromedriver"
@@ -32,6 +35,13 @@ def spark() -> Iterator[Any]:
     session = spark_session("local[2]", progress=False, driver_memory="2g", short_job=True)
     yield session
     session.stop()
+
+
+def report_process(*argv: str) -> subprocess.CompletedProcess[str]:
+    """``kafka-admission-proxy report ARGV...`` as an operator runs it: a process of its own."""
+    return subprocess.run(
+        [sys.executable, "-m", "proxy.cli", "report", *argv], capture_output=True, text=True, cwd=ROOT, timeout=600
+    )
 
 
 def report_command(*argv: str) -> int:

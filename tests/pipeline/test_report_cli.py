@@ -9,26 +9,17 @@ report reads that Parquet.)"""
 from __future__ import annotations
 
 import json
-import subprocess
-import sys
 from pathlib import Path
 from typing import Any
 
 import pytest
-from conftest import rendered_sections, report_command
+from conftest import rendered_sections, report_command, report_process
 
 from bench.fleet_evidence import BIG_GROUP, LONG_CLIENT_ID
 from pipeline.recommend import with_headroom
 from pipeline.report_html import SECTIONS
-from tests.conftest import ROOT
 
 pytestmark = pytest.mark.spark
-
-
-def report(*args: str) -> subprocess.CompletedProcess[str]:
-    return subprocess.run(
-        [sys.executable, "-m", "proxy.cli", "report", *args], capture_output=True, text=True, cwd=ROOT, timeout=600
-    )
 
 
 def test_bad_lines_are_counted_and_listed_in_the_report_never_fatal(
@@ -104,6 +95,6 @@ def test_a_bad_option_is_one_line_naming_it(
 
 def test_missing_events_path_is_one_line_naming_it(tmp_path: Path) -> None:
     # As an operator runs it: its own process, which must end with that one line and no traceback.
-    run = report("--events", str(tmp_path / "nowhere"), "--out", str(tmp_path / "out"))
+    run = report_process("--events", str(tmp_path / "nowhere"), "--out", str(tmp_path / "out"))
     assert run.returncode == 2
     assert run.stderr.strip() == f"report: --events {tmp_path / 'nowhere'}: no such file or directory"

@@ -12,17 +12,15 @@ from __future__ import annotations
 import json
 import os
 import subprocess
-import sys
 import time
 from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
 
 import pytest
-from conftest import FLEET_CANDIDATES, report_command
+from conftest import FLEET_CANDIDATES, report_command, report_process
 
 from proxy.tansu import free_port, stop_process, wait_for_port
-from tests.conftest import ROOT
 
 pytestmark = pytest.mark.spark
 
@@ -68,12 +66,6 @@ def standalone_cluster(tmp_path: Path) -> Iterator[tuple[str, Path]]:
             stop_process(process, timeout=15)
 
 
-def report(*args: str) -> subprocess.CompletedProcess[str]:
-    return subprocess.run(
-        [sys.executable, "-m", "proxy.cli", "report", *args], capture_output=True, text=True, cwd=ROOT, timeout=600
-    )
-
-
 def _rows(spark: Any, path: Path) -> list[tuple[Any, ...]]:
     frame = spark.read.parquet(str(path))
     return sorted((tuple(r) for r in frame.collect()), key=repr)
@@ -90,7 +82,9 @@ def test_the_report_on_a_standalone_cluster_equals_the_local_one(
     assert list(parquet.rglob("*.parquet")) and (parquet / "_input_problems.json").is_file()
     out = tmp_path / "cluster-report"
     candidates = [arg for c in FLEET_CANDIDATES for arg in ("--candidate", c)]
-    run = report("--master", master, "--events", str(parquet), "--out", str(out), *candidates, "--headroom", "20")
+    run = report_process(
+        "--master", master, "--events", str(parquet), "--out", str(out), *candidates, "--headroom", "20"
+    )
     assert run.returncode == 0, run.stderr[-4000:]
     assert f"Spark ({master})" in run.stderr
     # The work ran on the worker's executors: it made an application directory for them.
