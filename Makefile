@@ -74,7 +74,7 @@ deploy-tools: $(TOOLS)/venv/.installed $(TOOLS)/bin/helm
 test: $(BIN)/.installed test-tools deploy-tools apache-kafka
 	$(BIN)/ruff check .
 	$(BIN)/mypy policies proxy pipeline
-	$(BIN)/pytest
+	$(BIN)/pytest -n 2 --dist loadgroup  # two workers; Spark's and Apache Kafka's tests each in one (tests/conftest.py)
 
 # Only the tests against Apache Kafka itself (tests/apache_kafka).
 test-apache-kafka: $(BIN)/.installed apache-kafka

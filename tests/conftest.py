@@ -38,6 +38,16 @@ def pytest_runtest_makereport(item: pytest.Item, call: pytest.CallInfo[None]) ->
         report.longrepr = f"skipped under REQUIRE_ALL=1 (install what it needs): {reason}"
 
 
+@pytest.hookimpl(tryfirst=True)
+def pytest_collection_modifyitems(config: pytest.Config, items: list[pytest.Item]) -> None:
+    """Under pytest-xdist's ``--dist loadgroup`` (``make test``): the tests of one JVM-backed
+    session fixture run in one worker, so Spark and the Apache Kafka brokers start once."""
+    for item in items:
+        for jvm in ("spark", "apache_kafka"):
+            if item.get_closest_marker(jvm) is not None:
+                item.add_marker(pytest.mark.xdist_group(jvm))
+
+
 @pytest.fixture(scope="session")
 def tansu() -> Iterator[TansuBroker]:
     with TansuBroker() as broker:
