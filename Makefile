@@ -78,7 +78,7 @@ test: $(BIN)/.installed test-tools deploy-tools apache-kafka
 
 # Only the tests against Apache Kafka itself (tests/apache_kafka).
 test-apache-kafka: $(BIN)/.installed apache-kafka
-	$(BIN)/pytest -m apache_kafka  # slow ones too (every fault against Apache Kafka)
+	$(BIN)/pytest -m apache_kafka
 
 bench-tools: $(BIN)/.installed
 	tools/apt-install $(BENCH_PACKAGES)

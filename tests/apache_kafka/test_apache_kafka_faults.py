@@ -45,9 +45,6 @@ def churn(bootstrap: str, stop: threading.Event) -> int:
     return clients
 
 
-# 40 s, most of it Apache Kafka's JVM starting again: run by `make test-apache-kafka`, not in the default
-# suite (15 minutes). The same faults against Tansu run there (tests/integration/test_faults.py).
-@pytest.mark.slow
 def test_idempotent_producers_through_every_fault_lose_and_duplicate_nothing(
     faulty_kafka: FaultyApacheKafka, start_proxy: Any
 ) -> None:
