@@ -438,19 +438,16 @@ def impact_tables(
     found.unpersist()
     read = {name: _readable(spark.read.parquet(f"{out}/impact/{name}")) for name in tables}
     rank = Window.partitionBy("candidate", "evidence", "subject_kind").orderBy(F.desc("occurrences"), "subject")
-    top = (
-        read["subjects"]
-        .withColumn("rank", F.row_number().over(rank))
-        .filter(F.col("rank") <= TOP_SUBJECTS)
-        .orderBy("candidate", "evidence", "subject_kind", "rank")
-        .collect()
+    top = sorted(  # small: sorted on the driver (Spark's orderBy would sample in a job of its own)
+        read["subjects"].withColumn("rank", F.row_number().over(rank)).filter(F.col("rank") <= TOP_SUBJECTS).collect(),
+        key=lambda r: (r["candidate"], r["evidence"], r["subject_kind"], r["rank"]),
     )
     top_subjects: dict[str, list[dict[str, Any]]] = {}
     for r in top:
         top_subjects.setdefault(r["candidate"], []).append(r.asDict())
     series: dict[str, list[tuple[float, int]]] = {}
-    per_bucket = read["timeline"].groupBy("candidate", "t").agg(F.sum("occurrences").alias("n")).orderBy("t")
-    for r in per_bucket.collect():
+    per_bucket = read["timeline"].groupBy("candidate", "t").agg(F.sum("occurrences").alias("n")).collect()
+    for r in sorted(per_bucket, key=lambda r: r["t"]):
         series.setdefault(r["candidate"], []).append((float(r["t"]), int(r["n"])))
     order = {c.label: n for n, c in enumerate(candidates)}
     rows = sorted((r.asDict() for r in read["summary"].collect()), key=lambda r: (order[r["candidate"]], r["evidence"]))

@@ -24,6 +24,8 @@ from .limits import limit_key_of, normalized_kind
 __all__ = ["Peak", "Traffic", "bucket", "client_host", "measure_traffic", "open_connections"]
 
 TOP = 10
+# Results collected to the driver are small and sorted there: Spark's orderBy (without a limit)
+# samples its input in a Spark job of its own first, one more job per table for nothing.
 
 
 @dataclass(frozen=True)
@@ -161,17 +163,20 @@ def _largest(evidence: Evidence, pairs: DataFrame) -> dict[str, list[dict[str, A
     """The ``TOP`` client id and API pairs with the largest request and the largest response, each
     with the window it was seen in (the earliest among ties): the pairs from ``pairs``, their windows
     from one more scan that keeps only the windows of those pairs at those sizes."""
-    tops: list[tuple[str, str | None, str | None, int]] = []  # which, client id, API, bytes
-    for which in ("rq", "rs"):
-        top = (
-            pairs.groupBy("client_id", "api")
-            .agg(F.max(f"{which}_max").alias("bytes"))
-            .filter(F.col("bytes").isNotNull())
-            .orderBy(F.desc("bytes"), "client_id", "api")
-            .limit(TOP)
-            .collect()
-        )
-        tops += [(which, r["client_id"], r["api"], int(r["bytes"])) for r in top]
+    # The top pairs of both kinds in one query: a row per pair and kind, ranked within the kind.
+    largest_of = F.array(*[F.struct(F.lit(w).alias("which"), F.col(w).alias("bytes")) for w in ("rq", "rs")])
+    ranked = Window.partitionBy("which").orderBy(F.desc("bytes"), "client_id", "api")
+    top = (
+        pairs.groupBy("client_id", "api")
+        .agg(F.max("rq_max").alias("rq"), F.max("rs_max").alias("rs"))
+        .select("client_id", "api", F.inline(largest_of))
+        .filter(F.col("bytes").isNotNull())
+        .withColumn("rank", F.row_number().over(ranked))
+        .filter(F.col("rank") <= TOP)
+        .collect()
+    )
+    top.sort(key=lambda r: (r["which"], r["rank"]))
+    tops = [(str(r["which"]), r["client_id"], r["api"], int(r["bytes"])) for r in top]
     largest: dict[str, list[dict[str, Any]]] = {"rq": [], "rs": []}
     if not tops:
         return largest
@@ -247,11 +252,11 @@ def _pool(evidence: Evidence, step: int) -> dict[str, Any]:
         F.max("capacity_bytes").alias("capacity"),
         F.sum("waits").alias("waits"),
     ).collect()[0]
-    series = (
+    series = sorted(
         rows.groupBy(bucket(F.col("window_start"), step).alias("t"))
         .agg(F.max(hwm).alias("max"), F.percentile_approx(hwm, 0.5).alias("median"), F.sum("waits").alias("waits"))
-        .orderBy("t")
-        .collect()
+        .collect(),
+        key=lambda r: r["t"],
     )
     percentiles = {}
     if stats["p"] is not None:
@@ -274,30 +279,29 @@ def _connections(evidence: Evidence, opens: DataFrame, step: int) -> dict[str, A
         .agg(F.sum("max_open").alias("open"))
         .cache()
     )
-    series = (
+    series = sorted(
         per_window.groupBy(bucket(F.col("window_start"), step).alias("t"), "instance", "tls")
         .agg(F.max("open").alias("open"))
         .groupBy("t", "tls")
         .agg(F.sum("open").alias("fleet"), F.max("open").alias("busiest"))
-        .orderBy("t", "tls")
-        .collect()
+        .collect(),
+        key=lambda r: (r["t"], r["tls"]),
     )
-    tls = (
-        per_window.filter("tls")
-        .agg(
-            F.max("open").alias("v"),
-            F.max_by("instance", "open").alias("w"),
-            F.max_by("window_start", "open").alias("t"),
-        )
-        .collect()[0]
-    )
-    both = (
+    # The peaks over all listeners and over TLS ones, per proxy and window, in one query (a window
+    # without TLS connections has a null TLS count, which max and max_by skip).
+    peaks = (
         per_window.groupBy("instance", "window_start")
-        .agg(F.sum("open").alias("open"))
+        .agg(F.sum("open").alias("all"), F.sum(F.when(F.col("tls"), F.col("open"))).alias("tls"))
         .agg(
-            F.max("open").alias("v"),
-            F.max_by("instance", "open").alias("w"),
-            F.max_by("window_start", "open").alias("t"),
+            *[
+                column
+                for count in ("all", "tls")
+                for column in (
+                    F.max(count).alias(f"{count}_v"),
+                    F.max_by("instance", count).alias(f"{count}_w"),
+                    F.max_by("window_start", count).alias(f"{count}_t"),
+                )
+            ]
         )
         .collect()[0]
     )
@@ -317,8 +321,8 @@ def _connections(evidence: Evidence, opens: DataFrame, step: int) -> dict[str, A
     per_window.unpersist()
     return {
         "connection_series": [(float(r["t"]), bool(r["tls"]), _int(r["fleet"]), _int(r["busiest"])) for r in series],
-        "peak_tls": _peak(tls, "v", "w", "t"),
-        "peak_connections": _peak(both, "v", "w", "t"),
+        "peak_tls": _peak(peaks, "tls_v", "tls_w", "tls_t"),
+        "peak_connections": _peak(peaks, "all_v", "all_w", "all_t"),
         "peak_per_ip": _peak(per_ip, "v", "w", "t"),
         "close_reasons": [(str(r["reason"]), int(r["count"])) for r in reasons],
     }
@@ -343,17 +347,17 @@ def _groups(evidence: Evidence, step: int) -> dict[str, Any]:
         .agg(F.max("peak").alias("v"), F.max_by("group_id", "peak").alias("w"), F.max_by("at", "peak").alias("t"))
         .collect()
     )
-    hist = per_group.groupBy("peak").count().orderBy("peak").collect()
+    hist = sorted(per_group.groupBy("peak").count().collect(), key=lambda r: r["peak"])
     groups = sum(int(r["count"]) for r in hist)
     shown = [r["group_id"] for r in top[:8]]
-    series_rows = (
+    series_rows = sorted(
         per_window.filter(F.col("group_id").isin(*shown))
         .groupBy("group_id", bucket(F.col("window_start"), step).alias("t"))
         .agg(F.max("members").alias("members"))
-        .orderBy("t")
         .collect()
         if shown
-        else []
+        else [],
+        key=lambda r: r["t"],
     )
     series: dict[str, list[tuple[float, int]]] = {g: [] for g in shown}
     for r in series_rows:
@@ -434,10 +438,9 @@ def _decisions(evidence: Evidence) -> list[dict[str, Any]]:
             F.max("ts").alias("last"),
             F.approx_count_distinct("client_id").alias("client_ids"),
         )
-        .orderBy(F.desc("count"))
         .collect()
     )
-    return [r.asDict() for r in rows]
+    return [r.asDict() for r in sorted(rows, key=lambda r: -r["count"])]
 
 
 def measure_traffic(evidence: Evidence, opens: DataFrame) -> Traffic:
