@@ -24,6 +24,7 @@ from .limits import limit_key_of, normalized_kind
 __all__ = ["Peak", "Traffic", "bucket", "client_host", "measure_traffic", "open_connections"]
 
 TOP = 10
+
 # Results collected to the driver are small and sorted there: Spark's orderBy (without a limit)
 # samples its input in a Spark job of its own first, one more job per table for nothing.
 

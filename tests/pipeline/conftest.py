@@ -44,14 +44,20 @@ def report_process(*argv: str) -> subprocess.CompletedProcess[str]:
     )
 
 
-def report_command(*argv: str) -> int:
-    """``kafka-admission-proxy report ARGV...`` in this process: the command's own parser and function,
-    on the tests' Spark session (a Spark JVM of its own would only add its start-up). Not through
-    ``proxy.cli.main``, which would point the process's logging at this test's captured stderr."""
+def command_in_process(*argv: str) -> int:
+    """``kafka-admission-proxy ARGV...`` in this process: the command's own parser and function, so
+    a report runs on the tests' Spark session (a Spark JVM of its own would only add its start-up).
+    Not through ``proxy.cli.main``, which would point the process's logging at this test's captured
+    stderr."""
     from proxy.cli import build_parser
 
-    args = build_parser().parse_args(["report", *argv])
+    args = build_parser().parse_args(list(argv))
     return int(args.func(args))
+
+
+def report_command(*argv: str) -> int:
+    """``kafka-admission-proxy report ARGV...`` in this process (:func:`command_in_process`)."""
+    return command_in_process("report", *argv)
 
 
 @dataclass(frozen=True)

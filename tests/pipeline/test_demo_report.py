@@ -1,8 +1,8 @@
 """``make demo`` tells the whole story: the demo's proxy writes audit events and,
 once the demo stops, ``report`` turns them into report.html and says where it is.
 The test runs the command ``make demo`` runs (read from ``make -n demo``), with
-``--exit-after-workload`` so it stops by itself, through the command's own parser and
-function in this process: its report runs on the tests' Spark session (a Spark JVM of
+``--exit-after-workload`` so it stops by itself, in this process (``command_in_process``):
+its report runs on the tests' Spark session (a Spark JVM of
 its own would add ~25 s of start-up and cold code). ``tests/integration/test_cli.py``
 runs the ``demo`` console script itself as a process."""
 
@@ -16,8 +16,8 @@ from typing import Any
 
 import pytest
 import yaml
+from conftest import command_in_process
 
-from proxy.cli import build_parser
 from tests.conftest import ROOT
 
 pytestmark = pytest.mark.spark
@@ -33,8 +33,7 @@ def test_make_demo_ends_with_the_report_over_its_own_audit_events(
     demo_dir = tmp_path / "demo"  # the same command, into a directory of this test
     command[3] = str(demo_dir)
     assert Path(command[0]).name == "kafka-admission-proxy"
-    args = build_parser().parse_args([*command[1:], "--exit-after-workload", "--records", "300"])
-    status = args.func(args)
+    status = command_in_process(*command[1:], "--exit-after-workload", "--records", "300")
     run = capsys.readouterr()
     assert status == 0, run.out[-2000:] + run.err[-4000:]
     out = demo_dir / "report"

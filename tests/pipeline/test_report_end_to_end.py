@@ -3,7 +3,7 @@ broker, real clients over plaintext and TLS breaking limits in observe mode (a
 250-character client id, a group of three over ``group.max.size: 2``, requests
 beyond the memory pool's budget), then ``kafka-admission-proxy report`` over its
 audit directory (the command in this process, on the tests' Spark session; the
-demo's test runs it in a process of its own): the impact tables name that client id and
+standalone-cluster test runs it in a process of its own): the impact tables name that client id and
 that group, ``recommended-policies.yaml`` follows the traffic and passes
 ``check-config``, and ``report.html`` renders every policy section and its plots
 in a real headless Chromium."""
