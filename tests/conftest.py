@@ -54,10 +54,22 @@ def tansu() -> Iterator[TansuBroker]:
         yield broker
 
 
+def _ephemeral_ports_start() -> int:
+    """The first port of the kernel's ephemeral range: outgoing connections and ``bind(0)`` take theirs from it."""
+    try:
+        return int(Path("/proc/sys/net/ipv4/ip_local_port_range").read_text().split()[0])
+    except (OSError, ValueError, IndexError):
+        return 32768
+
+
 def free_node_port_base(node_ids: list[int]) -> int:
-    """A base such that base + every node id is a free port."""
+    """A base such that base + every node id is a free port, below the ephemeral range. The proxy
+    opens a broker's port when it learns of the broker, seconds after this check: a port in the
+    ephemeral range could meanwhile be taken as the local port of any outgoing connection (it was,
+    once, under two test workers: "cannot listen on 127.0.0.1:33992: Address already in use")."""
+    highest = _ephemeral_ports_start() - 1 - max(node_ids, default=0)
     for _ in range(200):
-        base = random.randint(20000, 50000)
+        base = random.randint(10000, highest)
         ports = [base + n for n in node_ids]
         try:
             socks = []
