@@ -26,7 +26,14 @@ from .impact import Candidate, CandidateError, Impact, choose_candidates, impact
 from .plots import plots_for
 from .recommend import Recommendation, policies_yaml, recommend
 from .report_html import render
-from .session import SHORT_JOB_BYTES, JavaMissingError, driver_memory_for, jvm_cpu_seconds, spark_session
+from .session import (
+    SHORT_JOB_BYTES,
+    JavaMissingError,
+    driver_memory_for,
+    jvm_cpu_seconds,
+    spark_session,
+    stop_session,
+)
 from .traffic import Traffic, measure_traffic, open_connections
 
 __all__ = ["ReportOptions", "ReportResult", "Steps", "main", "run_report", "to_parquet"]
@@ -167,19 +174,27 @@ def main(args: argparse.Namespace) -> int:
         steps = Steps()
         with steps.step(f"starting Spark ({args.master})"):
             size = inputs.total_bytes
-            spark = spark_session(args.master, short_job=size < SHORT_JOB_BYTES, driver_memory=driver_memory_for(size))
-        steps.cpu = lambda: jvm_cpu_seconds(spark)
-        if args.to_parquet:
-            to_parquet(spark, args.events, args.to_parquet, steps)
-            print(f"Parquet events: {Path(args.to_parquet).resolve()}")
-        else:
-            options = ReportOptions(tuple(args.events), args.out, candidates, args.headroom)
-            result = run_report(spark, options, steps)
-            print(f"report: {result.out / 'report.html'}")
-            print(f"recommended policies: {result.out / YAML_NAME}")
-            print(f"impact tables: {result.out / 'impact'}")
-        total = sum(seconds for _, seconds in steps.done)
-        print(f"report: done in {total:.1f}s", file=sys.stderr)
+            spark = spark_session(
+                args.master,
+                short_job=size < SHORT_JOB_BYTES,
+                driver_memory=driver_memory_for(size),
+                class_archive=True,
+            )
+        try:
+            steps.cpu = lambda: jvm_cpu_seconds(spark)
+            if args.to_parquet:
+                to_parquet(spark, args.events, args.to_parquet, steps)
+                print(f"Parquet events: {Path(args.to_parquet).resolve()}")
+            else:
+                options = ReportOptions(tuple(args.events), args.out, candidates, args.headroom)
+                result = run_report(spark, options, steps)
+                print(f"report: {result.out / 'report.html'}")
+                print(f"recommended policies: {result.out / YAML_NAME}")
+                print(f"impact tables: {result.out / 'impact'}")
+            total = sum(seconds for _, seconds in steps.done)
+            print(f"report: done in {total:.1f}s", file=sys.stderr, flush=True)
+        finally:
+            stop_session(spark, say=lambda text: print(f"report: {text}", file=sys.stderr, flush=True))
         return 0
     except (EventsPathError, CandidateError, JavaMissingError) as exc:
         print(f"report: {exc}", file=sys.stderr)

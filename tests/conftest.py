@@ -48,6 +48,17 @@ def pytest_collection_modifyitems(config: pytest.Config, items: list[pytest.Item
                 item.add_marker(pytest.mark.xdist_group(jvm))
 
 
+@pytest.fixture(scope="session", autouse=True)
+def user_cache(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Path]:
+    """The run's own ``XDG_CACHE_HOME`` (reports run as processes keep the archive of Spark's classes
+    there), so the tests write nothing into the user's ~/.cache."""
+    cache = tmp_path_factory.mktemp("xdg-cache")
+    patch = pytest.MonkeyPatch()
+    patch.setenv("XDG_CACHE_HOME", str(cache))
+    yield cache
+    patch.undo()
+
+
 @pytest.fixture(scope="session")
 def tansu() -> Iterator[TansuBroker]:
     with TansuBroker() as broker:

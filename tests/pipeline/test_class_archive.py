@@ -1,0 +1,64 @@
+"""The archive of Spark's classes (JDK class data sharing) that makes a report's
+JVM start sooner: the first session on a machine writes it as its JVM exits,
+the next maps it, and one the JVM refuses (here: garbage) is deleted and made
+again. Each session is a real Spark JVM in a process of its own, with its own
+cache directory (``XDG_CACHE_HOME``); whether the JVM mapped the archive is read
+from its ``/proc/PID/maps``."""
+
+from __future__ import annotations
+
+import os
+import shutil
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+
+from tests.conftest import ROOT
+
+SESSION = """
+from pipeline.session import class_archive_path, spark_session, stop_session
+spark = spark_session("local[1]", progress=False, driver_memory="1g", short_job=True, class_archive=True)
+pid = spark.sparkContext._gateway.proc.pid
+mapped = str(class_archive_path()) in open(f"/proc/{pid}/maps").read()
+assert spark.range(5).count() == 5
+stop_session(spark, say=print)
+print("mapped" if mapped else "not mapped")
+"""
+
+
+def session() -> subprocess.CompletedProcess[str]:
+    return subprocess.run([sys.executable, "-c", SESSION], capture_output=True, text=True, cwd=ROOT, timeout=300)
+
+
+def test_first_session_writes_the_archive_the_next_maps_it_and_a_refused_one_is_replaced(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    if shutil.which("java") is None and not os.environ.get("JAVA_HOME"):
+        pytest.skip("no Java runtime for Spark (apt-get install default-jre-headless)")
+    from pipeline.session import class_archive_path
+
+    monkeypatch.setenv("XDG_CACHE_HOME", str(tmp_path))  # this test's sessions inherit it
+    archive = class_archive_path()
+    archive.parent.mkdir(parents=True)
+    archive.write_bytes(b"not an archive" * 100)
+
+    refused = session()
+    assert refused.returncode == 0, refused.stderr[-2000:]
+    assert refused.stdout.splitlines()[-1] == "not mapped"
+    assert "warning" not in refused.stdout + refused.stderr  # the JVM's CDS warnings are silenced
+    assert not archive.exists(), "a refused archive is deleted"
+
+    first = session()
+    assert first.returncode == 0, first.stderr[-2000:]
+    assert first.stdout.splitlines()[-1] == "not mapped"
+    assert "saving Spark's classes" in first.stdout
+    assert archive.is_file() and archive.stat().st_size > 1_000_000
+    assert sorted(p.name for p in archive.parent.iterdir()) == [archive.name], "no partial archive left"
+
+    second = session()
+    assert second.returncode == 0, second.stderr[-2000:]
+    assert second.stdout.splitlines()[-1] == "mapped"
+    assert "saving Spark's classes" not in second.stdout
+    assert archive.is_file()
