@@ -1373,6 +1373,12 @@ class GroupSizePolicy:
                 self._drop(g, tracked)
         for member_id, instance_id in listed:
             slot = self._find(g, member_id, instance_id)
+            if slot is None and member_id in g.pending:
+                # Answered MEMBER_ID_REQUIRED here and not joined since: Kafka lists no such member, a
+                # coordinator that does (Tansu) counts a join it has yet to see. It is counted when it
+                # joins with its id; taken as a member now, that join would be a known member's, let in
+                # beyond the cap without a decision.
+                continue
             if slot is None:
                 self._new_slot(g, member_id, instance_id, now, self._default_session(g))
             elif slot.member_id != member_id or (instance_id is not None and slot.instance_id != instance_id):

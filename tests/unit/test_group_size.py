@@ -1195,6 +1195,32 @@ def test_a_describe_answer_replaces_the_tracked_members() -> None:
     forwarded(policy.on_join_request(G, "", None, 3.0))
 
 
+@pytest.mark.parametrize("mode", [Mode.ENFORCE, Mode.OBSERVE])
+@pytest.mark.parametrize("state", ["Empty", None])
+def test_members_the_coordinator_lists_while_their_join_is_pending_count_when_they_join(
+    mode: Mode, state: str | None
+) -> None:
+    """Three consumers start at once in front of Tansu, whose DescribeGroups lists members that were
+    only answered MEMBER_ID_REQUIRED (Kafka lists none of those). Taken as members, they would all be
+    known when they rejoin with their ids, and the third, beyond group.max.size=2, got in without a
+    decision (seen once in the end-to-end report test, in observe mode). They stay pending instead,
+    so their joins are counted: the third is refused (observed: recorded and forwarded)."""
+    policy = GroupSizePolicy(GroupSizeConfig(group_max_size=2), mode)
+    now = itertools.count(1.0, 0.01)
+    for member in "abc":
+        decision, ticket = policy.on_join_request(G, "", None, next(now), rebalance_timeout_ms=REBALANCE_MS)
+        assert decision is None
+        policy.on_join_response(G, "", None, MEMBER_ID_REQUIRED, member, -1, next(now), ticket=ticket)
+    policy.observe_group_size(G, [(m, None) for m in "abc"], next(now), state=state, sent_at=0.5)
+    assert policy.view(G).members == 0  # type: ignore[union-attr]
+    forwarded(policy.on_join_request(G, "a", None, next(now), rebalance_timeout_ms=REBALANCE_MS))
+    forwarded(policy.on_join_request(G, "b", None, next(now), rebalance_timeout_ms=REBALANCE_MS))
+    decision, ticket = policy.on_join_request(G, "c", None, next(now), rebalance_timeout_ms=REBALANCE_MS)
+    assert decision is not None and decision.reason.startswith("group.max.size=2 reached")
+    assert decision.mode is mode and decision.enforced == (mode is Mode.ENFORCE)
+    assert (ticket is None) == (mode is Mode.ENFORCE)  # observed: forwarded all the same
+
+
 def test_members_that_joined_after_the_describe_was_sent_are_kept() -> None:
     policy = GroupSizePolicy(GroupSizeConfig(group_max_size=3))
     policy.observe_group_size(G, [("a", None)], 0.0, state="Stable")
