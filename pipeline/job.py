@@ -14,6 +14,7 @@ import json
 import sys
 import time
 from collections.abc import Callable, Iterator, Sequence
+from concurrent.futures import ThreadPoolExecutor
 from contextlib import contextmanager
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -95,40 +96,43 @@ def run_report(spark: SparkSession, options: ReportOptions, steps: Steps | None 
         inputs = find_inputs(options.events)
     with steps.step(f"reading {inputs.described}"):
         evidence = read_evidence(spark, inputs, cache=options.cache)
-    seen = evidence.overview
-    if steps.stream is not None:
-        print(f"report: {seen.events:,} valid events, {evidence.problem_lines:,} lines not valid", file=steps.stream)
     with steps.step("traffic aggregates"):
         opens = open_connections(evidence.connections).cache()
         traffic = measure_traffic(evidence, opens)
+    seen = evidence.overview
+    if steps.stream is not None:
+        print(f"report: {seen.events:,} valid events, {evidence.problem_lines:,} lines not valid", file=steps.stream)
     with steps.step("recommendations"):
         recs = recommend(traffic, options.headroom_pct)
         (out / YAML_NAME).write_text(policies_yaml(recs, traffic, options.headroom_pct))
     configured = {(d["limit_key"], int(d["limit"])) for d in traffic.decisions if d["limit"] is not None}
     recommended = [(r.key, r.value) for r in recs if not isinstance(r.value, bool)]
     candidates = choose_candidates(options.candidates, sorted(configured), recommended)
-    with steps.step(f"impact of {len(candidates)} candidate limits"):
-        impact = impact_tables(spark, evidence, opens, candidates, str(out), traffic.bucket_seconds)
-    with steps.step("report.html"):
-        limits = {r.key: r.value for r in recs if not isinstance(r.value, bool)}
-        run = {
-            "spark": spark.version,
-            "master": str(spark.sparkContext.master),
-            "inputs": ", ".join(options.events),
-            "headroom": f"{options.headroom_pct:g}%",
-            "time bucket": f"{traffic.bucket_seconds} s",
-        }
-        page = render(
-            traffic=traffic,
-            recs=recs,
-            impact=impact,
-            plots=plots_for(traffic, limits),
-            problems=evidence.problems,
-            inputs=inputs.described,
-            timings=steps.done,
-            run=run,
-        )
-        (out / "report.html").write_text(page, encoding="utf-8")
+    limits = {r.key: r.value for r in recs if not isinstance(r.value, bool)}
+    with ThreadPoolExecutor(1, thread_name_prefix="plots") as drawing:
+        # matplotlib draws the traffic's plots (2-3 s of Python) while Spark works out the impact
+        plots = drawing.submit(plots_for, traffic, limits)
+        with steps.step(f"impact of {len(candidates)} candidate limits"):
+            impact = impact_tables(spark, evidence, opens, candidates, str(out), traffic.bucket_seconds)
+        with steps.step("report.html"):
+            run = {
+                "spark": spark.version,
+                "master": str(spark.sparkContext.master),
+                "inputs": ", ".join(options.events),
+                "headroom": f"{options.headroom_pct:g}%",
+                "time bucket": f"{traffic.bucket_seconds} s",
+            }
+            page = render(
+                traffic=traffic,
+                recs=recs,
+                impact=impact,
+                plots=plots.result(),
+                problems=evidence.problems,
+                inputs=inputs.described,
+                timings=steps.done,
+                run=run,
+            )
+            (out / "report.html").write_text(page, encoding="utf-8")
     opens.unpersist()
     evidence.unpersist()
     (out / "run.json").write_text(

@@ -47,6 +47,9 @@ def setup_logging(fmt: str = "text", level: str = "INFO") -> None:
     root = logging.getLogger()
     root.handlers[:] = [handler]
     root.setLevel(level.upper())
+    # The first matplotlib import on a machine (`report`) builds its font cache and says so at INFO: not
+    # the operator's business (a `report` stopped by a bad option must print that one line only).
+    logging.getLogger("matplotlib").setLevel(max(root.level, logging.WARNING))
 
 
 class RateLimitedLog:

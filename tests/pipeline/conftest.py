@@ -145,7 +145,7 @@ def evidence_of(spark: Any, events: list[dict[str, Any]]) -> Any:
         F.count(F.lit(1)).alias("n"), F.min("ts").alias("first"), F.max("ts").alias("last"),
         F.max("window_seconds").alias("window_seconds"),
     )
-    return Evidence(frame, overview=Overview.of(tally.collect()))
+    return Evidence(frame, known=Overview.of(tally.collect()))
 
 
 def window(section: str, start: float, **fields: Any) -> dict[str, Any]:
