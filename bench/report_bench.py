@@ -59,6 +59,13 @@ def main() -> int:
         print(f"generated {truth.events:,} events in {time.monotonic() - started:.0f} s into {events_dir}")
     size = sum(p.stat().st_size for p in events_dir.rglob("*") if p.is_file())
     print(f"input: {size / 1e9:.2f} GB of JSON lines")
+    from pipeline.session import class_archive_path
+
+    archive = class_archive_path()
+    if archive.is_file():
+        print(f"Spark's class archive: {archive} (mapped by every run)")
+    else:  # the first report writes it as its JVM exits, 10-20 s counted in its time
+        print(f"Spark's class archive: written by the first run below, into {archive}")
     json_out, parquet, parquet_out = args.dir / "report-json", args.dir / "parquet", args.dir / "report-parquet"
     for path in (json_out, parquet, parquet_out):
         shutil.rmtree(path, ignore_errors=True)

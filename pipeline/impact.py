@@ -33,7 +33,7 @@ from pyspark.sql import Column, DataFrame, SparkSession, Window
 from pyspark.sql import functions as F
 from pyspark.sql.types import LongType, StringType, StructField, StructType
 
-from .events import BULK_SECTIONS, Evidence, union_all
+from .events import Evidence, union_all
 from .limits import IDENTIFIER_KEYS, KAFKA_DEFAULTS, LIMITS, identifier_limit_key
 from .traffic import bucket, client_host
 
@@ -214,17 +214,26 @@ def _window_observations(evidence: Evidence, opens: DataFrame, smallest: dict[st
     pool = wanted(("queued.max.request.bytes", F.col("high_water_mark_bytes"), lit("in-flight high-water mark")))
     if pool:
         found.append(_measured(_at_start(evidence.windows("pool")), "window", pool, table))
-    # The bulk of the windows, sizes and identifier lengths, in one scan.
-    bulk = wanted(
-        ("socket.request.max.bytes", F.col("max_request_bytes"), F.col("api")),
-        ("max.response.size", F.col("max_response_bytes"), F.col("api")),
-    )
-    if keys & set(IDENTIFIER_KEYS):
+    # The bulk of the windows, sizes and identifier lengths, in one scan of the sections where the bulk
+    # counts saw a value some candidate acts on (none: no scan; the recommended sizes are above every one).
+    largest = _largest_in_bulk(evidence)
+    sizes = [
+        (key, value, detail)
+        for key, value, detail, seen in (
+            ("socket.request.max.bytes", F.col("max_request_bytes"), F.col("api"), largest["rq"]),
+            ("max.response.size", F.col("max_response_bytes"), F.col("api"), largest["rs"]),
+        )
+        if key in keys and seen > smallest[key]
+    ]
+    bulk = wanted(*sizes)
+    sections = ["client_api"] if bulk else []
+    if any(largest["identifier"] > smallest[k] for k in keys & set(IDENTIFIER_KEYS)):
         bulk.append((identifier_limit_key(F.col("identifier_kind")), F.col("max_length"), F.col("identifier_kind")))
+        sections.append("identifier")
     if bulk:
         found.append(
             _measured(
-                _at_start(evidence.windows(*BULK_SECTIONS)),
+                _at_start(evidence.windows(*sections)),
                 "window",
                 bulk,
                 table,
@@ -233,6 +242,16 @@ def _window_observations(evidence: Evidence, opens: DataFrame, smallest: dict[st
             )
         )
     return found
+
+
+def _largest_in_bulk(evidence: Evidence) -> dict[str, int]:
+    """The largest request, response and identifier length of the bulk windows (-1: none), from their counts."""
+    largest = {"rq": -1, "rs": -1, "identifier": -1}
+    for r in evidence.bulk_counts:
+        for name, column in (("rq", "rq_max"), ("rs", "rs_max"), ("identifier", "max_length")):
+            if r[column] is not None:
+                largest[name] = max(largest[name], int(r[column]))
+    return largest
 
 
 def _decision_observations(evidence: Evidence, keys: set[str]) -> DataFrame:

@@ -12,9 +12,11 @@ the peaks per listener.
 from __future__ import annotations
 
 import math
+import operator
 from collections.abc import Callable
 from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass, field
+from functools import reduce
 from typing import Any
 
 from pyspark.sql import Column, DataFrame, Window
@@ -163,6 +165,9 @@ def _peak(row: Any, value: str, where: str, ts: str) -> Peak | None:
     return Peak(int(row[value]), str(row[where]), float(row[ts]) if row[ts] is not None else None)
 
 
+_SIZE_COLUMNS = (("rq", "max_request_bytes"), ("rs", "max_response_bytes"))
+
+
 def _largest(evidence: Evidence, pairs: DataFrame) -> dict[str, list[dict[str, Any]]]:
     """The ``TOP`` client id and API pairs with the largest request and the largest response, each
     with the window it was seen in (the earliest among ties): the pairs from ``pairs``, their windows
@@ -182,7 +187,11 @@ def _largest(evidence: Evidence, pairs: DataFrame) -> dict[str, list[dict[str, A
     largest: dict[str, list[dict[str, Any]]] = {"rq": [], "rs": []}
     if not tops:
         return largest
-    windows = evidence.windows("client_api")
+    # Numbers first: only windows at least as large as the smallest of the top ones get to the join
+    # (their client ids are read and hashed; for 10 million events, 7.6 million were).
+    smallest = {which: min(b for w, _, _, b in tops if w == which) for which, _, _, _ in tops}
+    at_least = [F.col(column) >= smallest[which] for which, column in _SIZE_COLUMNS if which in smallest]
+    windows = evidence.windows("client_api").filter(reduce(operator.or_, at_least))
     columns = "which string, top_client_id string, top_api string, bytes long"
     wanted = windows.sparkSession.createDataFrame(tops, columns)
     # null-safe: a client may send no client id, and its windows are counted under null
