@@ -25,6 +25,7 @@ from __future__ import annotations
 
 import operator
 from collections.abc import Iterable, Sequence
+from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass
 from functools import reduce
 from typing import Any
@@ -228,7 +229,9 @@ def _window_observations(evidence: Evidence, opens: DataFrame, smallest: dict[st
     bulk = wanted(*sizes)
     sections = ["client_api"] if bulk else []
     if any(largest["identifier"] > smallest[k] for k in keys & set(IDENTIFIER_KEYS)):
-        bulk.append((identifier_limit_key(F.col("identifier_kind")), F.col("max_length"), F.col("identifier_kind")))
+        kinds = {r["identifier_kind"] for r in evidence.bulk_counts if r["identifier_kind"] is not None}
+        limit_key = identifier_limit_key(F.col("identifier_kind"), kinds)
+        bulk.append((limit_key, F.col("max_length"), F.col("identifier_kind")))
         sections.append("identifier")
     if bulk:
         found.append(
@@ -452,24 +455,41 @@ def impact_tables(
         "subjects": subjects(found),
         "timeline": timeline(found, seconds),
     }
-    for name, frame in tables.items():
-        frame.coalesce(1).write.mode("overwrite").parquet(f"{out}/impact/{name}")
-    found.unpersist()
-    read = {name: _readable(spark.read.parquet(f"{out}/impact/{name}")) for name in tables}
-    rank = Window.partitionBy("candidate", "evidence", "subject_kind").orderBy(F.desc("occurrences"), "subject")
+
+    def write(name: str) -> None:
+        tables[name].coalesce(1).write.mode("overwrite").parquet(f"{out}/impact/{name}")
+
+    # The first table fills the cache of hits; then the other two are written side by side, and the
+    # three read back side by side (while Spark runs one, the driver plans the next).
+    write("summary")
+    with ThreadPoolExecutor(3, thread_name_prefix="impact") as pool:
+        list(pool.map(write, ("subjects", "timeline")))
+        found.unpersist()
+        read = {name: _readable(spark.read.parquet(f"{out}/impact/{name}")) for name in tables}
+        rank = Window.partitionBy("candidate", "evidence", "subject_kind").orderBy(F.desc("occurrences"), "subject")
+        top_rows = pool.submit(
+            lambda: (
+                read["subjects"]
+                .withColumn("rank", F.row_number().over(rank))
+                .filter(F.col("rank") <= TOP_SUBJECTS)
+                .collect()
+            )
+        )
+        bucket_rows = pool.submit(
+            lambda: read["timeline"].groupBy("candidate", "t").agg(F.sum("occurrences").alias("n")).collect()
+        )
+        summary_rows = pool.submit(read["summary"].collect)
     top = sorted(  # small: sorted on the driver (Spark's orderBy would sample in a job of its own)
-        read["subjects"].withColumn("rank", F.row_number().over(rank)).filter(F.col("rank") <= TOP_SUBJECTS).collect(),
-        key=lambda r: (r["candidate"], r["evidence"], r["subject_kind"], r["rank"]),
+        top_rows.result(), key=lambda r: (r["candidate"], r["evidence"], r["subject_kind"], r["rank"])
     )
     top_subjects: dict[str, list[dict[str, Any]]] = {}
     for r in top:
         top_subjects.setdefault(r["candidate"], []).append(r.asDict())
     series: dict[str, list[tuple[float, int]]] = {}
-    per_bucket = read["timeline"].groupBy("candidate", "t").agg(F.sum("occurrences").alias("n")).collect()
-    for r in sorted(per_bucket, key=lambda r: r["t"]):
+    for r in sorted(bucket_rows.result(), key=lambda r: r["t"]):
         series.setdefault(r["candidate"], []).append((float(r["t"]), int(r["n"])))
     order = {c.label: n for n, c in enumerate(candidates)}
-    rows = sorted((r.asDict() for r in read["summary"].collect()), key=lambda r: (order[r["candidate"]], r["evidence"]))
+    rows = sorted((r.asDict() for r in summary_rows.result()), key=lambda r: (order[r["candidate"]], r["evidence"]))
     return Impact(tuple(candidates), rows, top_subjects, series)
 
 

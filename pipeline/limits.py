@@ -9,6 +9,7 @@ either as the enum's name (``client_id``) or its text (``client id``).
 
 from __future__ import annotations
 
+from collections.abc import Iterable
 from dataclasses import dataclass
 from typing import Final
 
@@ -71,8 +72,9 @@ def limit_key_of(kind: str) -> str:
     return _KIND_TO_KEY.get(normalized_kind(kind), _GENERAL_KEY)
 
 
-def identifier_limit_key(kind: Column) -> Column:
-    """:func:`limit_key_of` for a column of kinds (a map lookup per row, no regular expression)."""
-    table = F.create_map(*[F.lit(x) for pair in _KIND_TO_KEY.items() for x in pair])
-    norm = F.translate(F.lower(kind), " -.", "___")
-    return F.coalesce(F.try_element_at(table, norm), F.lit(_GENERAL_KEY))
+def identifier_limit_key(kind: Column, kinds: Iterable[str]) -> Column:
+    """:func:`limit_key_of` for a column of kinds, any of ``kinds`` (the kinds there are: each is looked
+    up here once and matched per row as it is written; Spark's ``translate`` of every row's kind, to
+    normalize it there, built its table again for each row)."""
+    table = F.create_map(*[F.lit(x) for k in sorted(set(kinds)) for x in (k, limit_key_of(k))])
+    return F.coalesce(F.try_element_at(table, kind), F.lit(_GENERAL_KEY))

@@ -286,7 +286,17 @@ def _pool(evidence: Evidence, step: int) -> dict[str, Any]:
     }
 
 
-def _connections(evidence: Evidence, opens: DataFrame, step: int) -> dict[str, Any]:
+def _peak_per_ip(opens: DataFrame) -> dict[str, Any]:
+    """The most connections open at once from one client host (this query fills the cache of ``opens``)."""
+    per_ip = opens.agg(
+        F.max("open_ip").alias("v"),
+        F.max_by(F.concat_ws(" on ", "host", "instance"), "open_ip").alias("w"),
+        F.max_by("ts", "open_ip").alias("t"),
+    ).collect()[0]
+    return {"peak_per_ip": _peak(per_ip, "v", "w", "t")}
+
+
+def _connections(evidence: Evidence, step: int) -> dict[str, Any]:
     per_window = (
         evidence.windows("connections")
         .groupBy("instance", "window_start", F.coalesce(F.col("tls"), F.lit(False)).alias("tls"))
@@ -319,11 +329,6 @@ def _connections(evidence: Evidence, opens: DataFrame, step: int) -> dict[str, A
         )
         .collect()[0]
     )
-    per_ip = opens.agg(
-        F.max("open_ip").alias("v"),
-        F.max_by(F.concat_ws(" on ", "host", "instance"), "open_ip").alias("w"),
-        F.max_by("ts", "open_ip").alias("t"),
-    ).collect()[0]
     reasons = (
         evidence.connections.filter(F.col("event") == "close")
         .groupBy(F.coalesce(F.col("reason"), F.lit("(none)")).alias("reason"))
@@ -337,7 +342,6 @@ def _connections(evidence: Evidence, opens: DataFrame, step: int) -> dict[str, A
         "connection_series": [(float(r["t"]), bool(r["tls"]), _int(r["fleet"]), _int(r["busiest"])) for r in series],
         "peak_tls": _peak(peaks, "tls_v", "tls_w", "tls_t"),
         "peak_connections": _peak(peaks, "all_v", "all_w", "all_t"),
-        "peak_per_ip": _peak(per_ip, "v", "w", "t"),
         "close_reasons": [(str(r["reason"]), int(r["count"])) for r in reasons],
     }
 
@@ -480,10 +484,11 @@ def measure_traffic(evidence: Evidence, opens: DataFrame, threads: int = 3) -> T
         return evidence.overview.bucket_seconds
 
     parts: list[Callable[[], dict[str, Any]]] = [  # the longest first
+        lambda: _peak_per_ip(opens),
         lambda: {"overview": evidence.overview},
         lambda: _size_histograms(evidence),  # counts the bulk windows, which the overview waits for
         lambda: _largest_sizes(evidence),
-        lambda: _connections(evidence, opens, step()),
+        lambda: _connections(evidence, step()),
         lambda: _identifiers(evidence),
         lambda: _groups(evidence, step()),
         lambda: _pool(evidence, step()),
