@@ -24,7 +24,7 @@ group reach exactly ``group.max.size`` members and a frame be exactly
 from __future__ import annotations
 
 import operator
-from collections.abc import Iterable, Sequence
+from collections.abc import Callable, Iterable, Sequence
 from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass
 from functools import reduce
@@ -446,15 +446,24 @@ class Impact:
 
 
 def impact_tables(
-    spark: SparkSession, evidence: Evidence, opens: DataFrame, candidates: Sequence[Candidate], out: str, seconds: int
+    spark: SparkSession,
+    evidence: Evidence,
+    opens: DataFrame,
+    candidates: Sequence[Candidate],
+    out: str,
+    seconds: int,
+    planned: Callable[[], object] = lambda: None,
 ) -> Impact:
-    """Write ``out/impact/{summary,subjects,timeline}`` (Parquet) and return what the report shows."""
+    """Write ``out/impact/{summary,subjects,timeline}`` (Parquet) and return what the report shows.
+    ``planned`` is called once the tables' plans are made (the Python side's share of the work)."""
     found = hits(spark, evidence, opens, candidates).cache()
     tables = {
         "summary": summary(spark, found, candidates),
         "subjects": subjects(found),
         "timeline": timeline(found, seconds),
     }
+
+    planned()
 
     def write(name: str) -> None:
         tables[name].coalesce(1).write.mode("overwrite").parquet(f"{out}/impact/{name}")
