@@ -220,11 +220,10 @@ def _largest(evidence: Evidence, pairs: DataFrame) -> dict[str, list[dict[str, A
     return largest
 
 
-# Sizes over the client_api windows: a joint histogram of the largest request and response, and the
-# client ids and APIs with the largest of each; each one scan of the windows to a small table (numbers,
-# or client id and API: Spark aggregates those by hashing, where structs make it sort every window). One
-# aggregate keyed by client id, API and both size buckets took 2.5 times the CPU of the two (10 million
-# events: 250,000 groups where these have 200 and 14,000).
+# Sizes over the client_api windows: a joint histogram of the largest request and response (from the
+# bulk counts, Evidence.bulk_counts), and the client ids and APIs with the largest of each (a scan to a
+# table per client id and API). One aggregate keyed by client id, API and both size buckets took 2.5
+# times the CPU of the two (10 million events: 250,000 groups where these have a few thousand and 14,000).
 
 
 def _size_histograms(evidence: Evidence) -> dict[str, Any]:
