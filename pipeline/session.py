@@ -57,10 +57,13 @@ _archive_being_written: tuple[Path, Path] | None = None  # (being written, where
 
 
 def class_archive_path() -> Path:
-    """Where this machine's archive of Spark's classes is: one per PySpark version and Java binary."""
+    """Where this machine's archive of Spark's classes is: one per PySpark install (its jars are the
+    classpath the JVM checks the archive against) and Java binary."""
     java = os.path.realpath(_java())
     stat = os.stat(java)
-    key = hashlib.sha256(f"{pyspark.__version__} {java} {stat.st_size} {stat.st_mtime_ns}".encode()).hexdigest()
+    install = os.path.dirname(os.path.realpath(pyspark.__file__))
+    made_for = f"{install} {pyspark.__version__} {java} {stat.st_size} {stat.st_mtime_ns}"
+    key = hashlib.sha256(made_for.encode()).hexdigest()
     cache = Path(os.environ.get("XDG_CACHE_HOME") or Path.home() / ".cache")
     return cache / "kafka-admission-proxy" / f"spark-{pyspark.__version__}-classes-{key[:12]}.jsa"
 
