@@ -626,12 +626,13 @@ def read_evidence(
     lines: dict[str, int] = {}
     seen = Overview()
     counts: list[Callable[[], Overview]] = []
+    bulk_apart = not inputs.json_files  # JSON lines are counted as they are parsed: all of them
     if inputs.json_files:
         events, found, lines, seen = _read_json_lines(spark, inputs, cache, schema)
         frames.append(events)
         problems += found
     for directory in inputs.parquet_dirs:
-        events, stored, count = _read_parquet(spark, directory, schema, bulk_apart=not inputs.json_files)
+        events, stored, count = _read_parquet(spark, directory, schema, bulk_apart)
         frames.append(events)
         problems += stored
         counts.append(count)
@@ -646,7 +647,7 @@ def read_evidence(
         lines,
         seen,
         count_rest,
-        bulk_apart=not inputs.json_files,  # JSON lines are counted as they are parsed: all of them
+        bulk_apart=bulk_apart,
         cache_rest=bool(inputs.json_files),
     )
 
