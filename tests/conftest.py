@@ -41,11 +41,16 @@ def pytest_runtest_makereport(item: pytest.Item, call: pytest.CallInfo[None]) ->
 @pytest.hookimpl(tryfirst=True)
 def pytest_collection_modifyitems(config: pytest.Config, items: list[pytest.Item]) -> None:
     """Under pytest-xdist's ``--dist loadgroup`` (``make test``): the tests of one JVM-backed
-    session fixture run in one worker, so Spark and the Apache Kafka brokers start once."""
+    session fixture run in one worker, so Spark and the Apache Kafka brokers start once. The tests
+    that run the demo, which binds fixed ports (29092, 9464), run in one worker too: the Spark
+    tests' (``make demo``'s test is one of them). In two workers at once, one demo held 29092 while
+    the test that holds it itself to see the demo refuse it found it taken, then free for the demo."""
+    groups = {"spark": "spark", "apache_kafka": "apache_kafka", "demo_ports": "spark"}
     for item in items:
-        for jvm in ("spark", "apache_kafka"):
-            if item.get_closest_marker(jvm) is not None:
-                item.add_marker(pytest.mark.xdist_group(jvm))
+        for marker, group in groups.items():
+            if item.get_closest_marker(marker) is not None:
+                item.add_marker(pytest.mark.xdist_group(group))
+                break
 
 
 @pytest.fixture(scope="session", autouse=True)

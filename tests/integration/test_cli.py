@@ -6,6 +6,8 @@ import json
 import subprocess
 import sys
 
+import pytest
+
 from tests.raw_kafka import RawConnection
 
 
@@ -25,6 +27,7 @@ def test_json_logs_name_peer_listener_and_cause_of_a_connection_failure(tansu, s
     assert failure["level"] == "warning"
 
 
+@pytest.mark.demo_ports
 def test_demo_runs_the_workload_through_the_proxy_and_stops_everything() -> None:
     result = subprocess.run(
         [sys.executable, "-m", "proxy.cli", "demo", "--exit-after-workload", "--records", "300"],

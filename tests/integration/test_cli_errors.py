@@ -11,6 +11,7 @@ from collections.abc import Iterator
 from contextlib import contextmanager
 from pathlib import Path
 
+import pytest
 import yaml
 
 from proxy.tansu import free_port
@@ -74,6 +75,7 @@ def test_the_admin_port_in_use_is_named(tmp_path: Path) -> None:
     )
 
 
+@pytest.mark.demo_ports
 def test_the_demo_with_its_listener_port_in_use_says_so() -> None:
     # The demo's sample config binds fixed ports (29092, admin 9464): hold the first.
     with port_in_use("127.0.0.1", 29092):
