@@ -48,10 +48,11 @@ def _java() -> str:
 
 
 # Spark's driver JVM loads its classes from 280 jars, a lookup through the jars for each: 3-4 s
-# to start a session and 3-4 s more in a report's first queries (10 million events from Parquet: start
-# 5.3-7.7 s -> 2.7-3.3 s, first query 7.4-9.9 s -> 5.4-6.4 s). The JDK's class data sharing (CDS) maps
-# them from an archive instead: the first report on a machine writes it as its JVM exits, later ones
-# map it. A stale or broken archive is refused by the JVM, which then loads classes as usual.
+# to start a session and 3-4 s more in a report's first queries (10 million events from Parquet, two
+# alternating runs each: start 6.2-6.9 s -> 2.1-3.3 s, first query 9.4-9.7 s -> 5.6-6.4 s; bench/RESULTS.md).
+# The JDK's class data sharing (CDS) maps them from an archive instead: the first report on a machine
+# writes it as its JVM exits, later ones map it. A stale or broken archive is refused by the JVM, which
+# then loads classes as usual.
 _QUIET_CDS = "-Xlog:cds=off -Xlog:cds+dynamic=off -Xlog:class+path=off"
 _archive_being_written: tuple[Path, Path] | None = None  # (being written, where it goes)
 
