@@ -11,8 +11,9 @@ fatal. The schema is given to Spark, not inferred, so the files are parsed once.
 from __future__ import annotations
 
 import json
+import operator
 import os
-from collections.abc import Callable, Iterable, Sequence
+from collections.abc import Iterable, Sequence
 from dataclasses import dataclass, field
 from functools import cached_property, reduce
 from pathlib import Path
@@ -273,14 +274,14 @@ class Overview:
         )
 
 
-def _tally(valid: Column) -> list[Column]:
-    """The aggregates :meth:`Overview.of` reads, over the valid events of a group (grouped by
-    type, section and instance at least)."""
+def _tally() -> list[Column]:
+    """The aggregates :meth:`Overview.of` reads, over a group of events (grouped by type, section and
+    instance at least)."""
     return [
-        F.count_if(valid).alias("n"),
-        F.min(F.when(valid, F.col("ts"))).alias("first"),
-        F.max(F.when(valid, F.col("ts"))).alias("last"),
-        F.max(F.when(valid, F.col("window_seconds"))).alias("window_seconds"),
+        F.count(F.lit(1)).alias("n"),
+        F.min("ts").alias("first"),
+        F.max("ts").alias("last"),
+        F.max("window_seconds").alias("window_seconds"),
     ]
 
 
@@ -307,12 +308,6 @@ class Evidence:
     problems: tuple[InputProblem, ...] = ()
     files_read: int = 0
     lines_per_file: dict[str, int] = field(default_factory=dict)
-    known: Overview = Overview()  # what reading them told (JSON lines: everything)
-    # What is left to count, by a Spark query of its own (Parquet), run the first time ``overview`` is read:
-    # the report starts it beside other queries that do not need it. With ``bulk_apart`` it counts all
-    # but the bulk windows, which ``bulk_counts`` counts on its way.
-    count_rest: Callable[[], Overview] | None = None
-    bulk_apart: bool = False
     # Keep the rest in memory once queried. Not for Parquet alone: its partitions (kind and
     # section) and columns are read directly, cheaper than filling a cache (10 million events:
     # the cache of the 817,000 others took 10 s to fill, longer than every query over it).
@@ -320,11 +315,12 @@ class Evidence:
 
     @cached_property
     def overview(self) -> Overview:
-        """How many valid events of each kind, from which proxies, over which span of time."""
-        if self.count_rest is None:
-            return self.known
-        seen = self.known.merged(self.count_rest())
-        return seen.merged(Overview.of(self.bulk_counts)) if self.bulk_apart else seen
+        """How many valid events of each kind, from which proxies, over which span of time: the rest
+        counted by a query of its own, the bulk windows by :attr:`bulk_counts` on its way (10 million
+        events from JSON lines: counting every line per file and kind as it was parsed was 14 s of the
+        read; per file alone, under 1 s)."""
+        tally = self.rest.groupBy("type", "section", "instance").agg(*_tally())
+        return Overview.of(tally.collect()).merged(Overview.of(self.bulk_counts))
 
     @cached_property
     def bulk_counts(self) -> list[Any]:
@@ -335,7 +331,7 @@ class Evidence:
         identifier histograms and, from Parquet, the overview of 9 events in 10 come from it (10 million
         events: three scans of the bulk windows were 12 s of CPU, these two 7 s)."""
         tally = [
-            *_tally(F.lit(True)),
+            *_tally(),
             F.max("max_request_bytes").alias("rq_max"),
             F.max("max_response_bytes").alias("rs_max"),
         ]
@@ -490,9 +486,9 @@ def _rules() -> list[_Rule]:
 
 
 def _first_broken(rules: Sequence[_Rule]) -> Column:
-    """The index of the first rule a line breaks; null for a valid event. A small integer per line:
-    the problem texts are made on the driver, for the few lines that have one (texts built per
-    line in generated code made reading several times slower)."""
+    """The index of the first rule a line breaks; null for a valid event. A small integer per bad line:
+    the problem texts are made on the driver (texts built per line in generated code made reading
+    several times slower)."""
     index = F.lit(None).cast("int")
     for n in reversed(range(len(rules))):
         index = F.when(rules[n].broken, F.lit(n)).otherwise(index)
@@ -503,18 +499,24 @@ def _problem_of(rules: Sequence[_Rule], row: Any) -> tuple[str, str]:
     rule = rules[row["_rule"]]
     if rule.value is None:
         return rule.problem, rule.detail
-    fields = row.asDict()
-    value = fields.get(f"_bad_{rule.value}", fields.get(rule.value))
+    value = row[f"_bad_{rule.value}"]
     return rule.problem, rule.detail.format("missing" if value is None else value)
 
 
-# Values a problem's detail may name that are not already part of the per-file grouping.
-_NAMED = ("schema_version", "mode", "action", "event")
+# The values a problem's detail may name.
+_NAMED = ("schema_version", "type", "mode", "action", "event", "section")
+
+
+def _valid(rules: Sequence[_Rule]) -> Column:
+    """True for a line that breaks none of ``rules``: one test per line. Which rule a bad line breaks
+    is worked out for the few bad lines only (the first rule broken, worked out for every line, was
+    a quarter of the read of 10 million events)."""
+    return ~F.coalesce(reduce(operator.or_, [rule.broken for rule in rules]), F.lit(False))
 
 
 def _read_json_lines(
     spark: SparkSession, inputs: Inputs, cache: bool, schema: StructType
-) -> tuple[DataFrame, list[InputProblem], dict[str, int], Overview]:
+) -> tuple[DataFrame, list[InputProblem], dict[str, int]]:
     # Spark refuses a path that is gone when it plans the read; a file that goes after
     # that is skipped (spark.sql.files.ignoreMissingFiles). Either way it is listed below.
     present = [f.path for f in inputs.json_files if Path(f.path).exists()]
@@ -537,47 +539,43 @@ def _read_json_lines(
     else:
         raw, file_id, file_of = spark.createDataFrame([], with_corrupt), F.lit(0).cast("long"), {}
     rules = _rules()
-    rule = _first_broken(rules)
-    sample = F.substring(F.coalesce(F.col(_CORRUPT), F.to_json(F.struct("schema_version", "type"))), 1, 160)
-    parsed = raw.select(
-        *schema.fieldNames(),
-        file_id.alias("_file"),
-        rule.alias("_rule"),
-        F.when(rule.isNotNull(), sample).alias("_sample"),
-    )
+    parsed = raw.select(*schema.fieldNames(), _CORRUPT, file_id.alias("_file"), _valid(rules).alias("_valid"))
     if cache:
         parsed = parsed.cache()
-    # One pass (the one that fills the cache): lines per file and problem, and the overview of the valid
-    # events. Numbers only: an aggregate of text (the sample line) would make Spark sort every line.
-    invalid = F.col("_rule").isNotNull()
-    bad_values = [F.when(invalid, F.col(name)).alias(f"_bad_{name}") for name in _NAMED]
+    # One pass (the one that fills the cache): lines per file, and how many are not valid events.
     per_file = (
-        parsed.groupBy("_file", "_rule", "type", "section", "instance", *bad_values)
-        .agg(F.count(F.lit(1)).alias("lines"), *_tally(~invalid))
+        parsed.groupBy("_file")
+        .agg(F.count(F.lit(1)).alias("lines"), F.count_if(~F.col("_valid")).alias("bad"))
         .collect()
     )
-    # A sample line per file and problem, from the few lines that have one.
-    sample_key = ("_file", "_rule", *[f"_bad_{name}" for name in _NAMED])
-    samples: dict[tuple[Any, ...], str] = {}
-    if any(row["_rule"] is not None for row in per_file):
-        found = parsed.filter(invalid).groupBy(*sample_key[:2], *bad_values).agg(F.min("_sample").alias("sample"))
-        samples = {tuple(row[k] for k in sample_key): row["sample"] for row in found.collect()}
     lines: dict[str, int] = {}
-    problems: dict[tuple[str, str, str], InputProblem] = {}
     for row in per_file:
         path = file_of.get(row["_file"], str(row["_file"]))
         lines[path] = lines.get(path, 0) + row["lines"]
-        if row["_rule"] is not None:
+    problems: dict[tuple[str, str, str], InputProblem] = {}
+    if any(row["bad"] for row in per_file):
+        # The bad lines per file, rule broken and the values the problem names, with a sample line.
+        # Numbers and short values only: an aggregate of text (the sample line) would make Spark sort
+        # every line.
+        rule = _first_broken(rules)
+        sample = F.substring(F.coalesce(F.col(_CORRUPT), F.to_json(F.struct("schema_version", "type"))), 1, 160)
+        by = [F.col("_file"), rule.alias("_rule"), *[F.col(name).alias(f"_bad_{name}") for name in _NAMED]]
+        found = (
+            parsed.filter(~F.col("_valid"))
+            .groupBy(*by)
+            .agg(F.count(F.lit(1)).alias("lines"), F.min(sample).alias("sample"))
+            .collect()
+        )
+        for row in found:
+            path = file_of.get(row["_file"], str(row["_file"]))
             problem, detail = _problem_of(rules, row)
-            first_line = samples.get(tuple(row[k] for k in sample_key), "")
-            key = (path, problem, detail)
-            seen = problems.get(key)
-            problems[key] = InputProblem(
+            seen = problems.get((path, problem, detail))
+            problems[(path, problem, detail)] = InputProblem(
                 path,
                 problem,
                 detail,
                 row["lines"] + (seen.lines if seen else 0),
-                min(first_line, seen.sample if seen else first_line),
+                min(row["sample"], seen.sample) if seen else row["sample"],
             )
     for f in inputs.json_files:
         if f.half_written:
@@ -595,14 +593,12 @@ def _read_json_lines(
         if f.path not in lines:
             reason = "vanished while read (rotated away?)" if not Path(f.path).exists() else "unreadable"
             problems[(f.path, "unreadable", reason)] = InputProblem(f.path, "unreadable", reason, 0)
-    events = parsed.filter(F.col("_rule").isNull()).select(*schema.fieldNames())
+    events = parsed.filter(F.col("_valid")).select(*schema.fieldNames())
     ordered = sorted(problems.values(), key=lambda p: (p.file, p.problem, p.detail))
-    return events, ordered, lines, Overview.of(r for r in per_file if r["n"])
+    return events, ordered, lines
 
 
-def _read_parquet(
-    spark: SparkSession, directory: str, schema: StructType, bulk_apart: bool
-) -> tuple[DataFrame, list[InputProblem], Callable[[], Overview]]:
+def _read_parquet(spark: SparkSession, directory: str, schema: StructType) -> tuple[DataFrame, list[InputProblem]]:
     events = spark.read.schema(EVENT_SCHEMA).option("basePath", directory).parquet(directory)
     # Not cached: Parquet is read by column and by kind and section (its partitions), and
     # decoding the few columns a query needs is cheaper than keeping every column in memory.
@@ -611,9 +607,7 @@ def _read_parquet(
     problems = []
     if stored.is_file():
         problems = [InputProblem(**p) for p in json.loads(stored.read_text())]
-    counted = events.filter(~_bulk()) if bulk_apart else events
-    tally = counted.groupBy("type", "section", "instance").agg(*_tally(F.lit(True)))
-    return events, problems, lambda: Overview.of(tally.collect())
+    return events, problems
 
 
 def read_evidence(
@@ -624,32 +618,18 @@ def read_evidence(
     frames: list[DataFrame] = []
     problems: list[InputProblem] = [InputProblem(p, "empty", "no lines", 0) for p in inputs.empty_files]
     lines: dict[str, int] = {}
-    seen = Overview()
-    counts: list[Callable[[], Overview]] = []
-    bulk_apart = not inputs.json_files  # JSON lines are counted as they are parsed: all of them
     if inputs.json_files:
-        events, found, lines, seen = _read_json_lines(spark, inputs, cache, schema)
+        events, found, lines = _read_json_lines(spark, inputs, cache, schema)
         frames.append(events)
         problems += found
     for directory in inputs.parquet_dirs:
-        events, stored, count = _read_parquet(spark, directory, schema, bulk_apart)
+        events, stored = _read_parquet(spark, directory, schema)
         frames.append(events)
         problems += stored
-        counts.append(count)
     if not frames:
         frames.append(spark.createDataFrame([], schema))
     files = len(inputs.json_files) + len(inputs.parquet_dirs)
-    count_rest = (lambda: reduce(Overview.merged, (count() for count in counts))) if counts else None
-    return Evidence(
-        union_all(frames),
-        tuple(problems),
-        files,
-        lines,
-        seen,
-        count_rest,
-        bulk_apart=bulk_apart,
-        cache_rest=bool(inputs.json_files),
-    )
+    return Evidence(union_all(frames), tuple(problems), files, lines, cache_rest=bool(inputs.json_files))
 
 
 def write_parquet(evidence: Evidence, out: str) -> None:

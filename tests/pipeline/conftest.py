@@ -129,9 +129,7 @@ def rendered_sections(driver: Any, page: Path) -> dict[str, Any]:
 
 def evidence_of(spark: Any, events: list[dict[str, Any]]) -> Any:
     """Evidence made of these version-2 events (a small DataFrame, the schema's every column)."""
-    from pyspark.sql import functions as F
-
-    from pipeline.events import EVENT_COLUMNS, EVENT_SCHEMA, Evidence, Overview
+    from pipeline.events import EVENT_COLUMNS, EVENT_SCHEMA, Evidence
 
     doubles = {f.name for f in EVENT_SCHEMA.fields if f.dataType.typeName() == "double"}
 
@@ -140,12 +138,7 @@ def evidence_of(spark: Any, events: list[dict[str, Any]]) -> Any:
         return float(v) if column in doubles and v is not None else v
 
     rows = [tuple(value({"schema_version": 2, "instance": "p1", **e}, c) for c in EVENT_COLUMNS) for e in events]
-    frame = spark.createDataFrame(rows, EVENT_SCHEMA)
-    tally = frame.groupBy("type", "section", "instance").agg(
-        F.count(F.lit(1)).alias("n"), F.min("ts").alias("first"), F.max("ts").alias("last"),
-        F.max("window_seconds").alias("window_seconds"),
-    )
-    return Evidence(frame, known=Overview.of(tally.collect()))
+    return Evidence(spark.createDataFrame(rows, EVENT_SCHEMA))
 
 
 def window(section: str, start: float, **fields: Any) -> dict[str, Any]:
