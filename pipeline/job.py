@@ -24,7 +24,7 @@ from pyspark.sql import SparkSession
 
 from .events import EVENT_SCHEMA, EventsPathError, Evidence, Inputs, find_inputs, read_evidence, write_parquet
 from .impact import Candidate, CandidateError, Impact, choose_candidates, impact_tables, parse_candidate
-from .plots import Plot, plots_for
+from .plots import Plot, load_in_background, plots_for
 from .recommend import Recommendation, policies_yaml, recommend
 from .report_html import render
 from .session import (
@@ -186,6 +186,7 @@ def main(args: argparse.Namespace) -> int:
             raise CandidateError(f"--headroom {args.headroom:g}: a percentage from 0 to 1000")
         inputs = find_inputs(args.events)  # a missing path is named before Spark starts
         steps = Steps()
+        load_in_background()
         with steps.step(f"starting Spark ({args.master})"):
             size = inputs.total_bytes
             spark = spark_session(

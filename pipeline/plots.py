@@ -4,22 +4,38 @@ URIs, so report.html needs no network and no files beside it."""
 from __future__ import annotations
 
 import base64
+import functools
 import io
+import threading
 from collections.abc import Sequence
 from datetime import UTC
-
-import matplotlib
-
-matplotlib.use("Agg")  # no display; must precede any pyplot import anywhere in the process
-
-from matplotlib.axes import Axes
-from matplotlib.figure import Figure
+from typing import TYPE_CHECKING
 
 from .traffic import Traffic, nice_bytes
 
-__all__ = ["Plot", "impact_timeline", "plots_for"]
+if TYPE_CHECKING:
+    from matplotlib.axes import Axes
+    from matplotlib.figure import Figure
 
-matplotlib.rcParams.update({"svg.hashsalt": "kafka-admission-proxy", "font.size": 9})
+__all__ = ["Plot", "impact_timeline", "load_in_background", "plots_for"]
+
+
+@functools.cache
+def _figure_class() -> type[Figure]:
+    """matplotlib, set up once. Importing it is 0.4 s of Python: :func:`load_in_background` does it
+    while Spark's JVM starts, not before."""
+    import matplotlib
+
+    matplotlib.use("Agg")  # no display; must precede any pyplot import anywhere in the process
+    matplotlib.rcParams.update({"svg.hashsalt": "kafka-admission-proxy", "font.size": 9})
+    from matplotlib.figure import Figure
+
+    return Figure
+
+
+def load_in_background() -> None:
+    """Import matplotlib in a thread of its own (the first plot waits for it)."""
+    threading.Thread(target=_figure_class, name="matplotlib import", daemon=True).start()
 
 
 class Plot:
@@ -34,7 +50,7 @@ class Plot:
 
 
 def _figure(width: float = 8.0, height: float = 3.2) -> Figure:
-    return Figure(figsize=(width, height), layout="constrained")
+    return _figure_class()(figsize=(width, height), layout="constrained")
 
 
 def _times(ts: Sequence[float]) -> list[float]:
