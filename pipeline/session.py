@@ -79,9 +79,24 @@ def _alive(pid: int) -> bool:
     return True
 
 
+def _classpath_directories() -> list[str]:
+    """Directories Spark's launcher puts on the driver's classpath (its configuration directories, extra
+    class paths). The JDK writes no class archive for a classpath with a non-empty directory, and maps
+    none written without it: with one, sessions load classes as usual (they refused, deleted and failed
+    to write the archive in turn, every run)."""
+    spark_home = os.environ.get("SPARK_HOME") or os.path.dirname(os.path.realpath(pyspark.__file__))
+    candidates = [os.environ.get("SPARK_CONF_DIR") or os.path.join(spark_home, "conf")]
+    candidates += [os.environ.get(name, "") for name in ("HADOOP_CONF_DIR", "YARN_CONF_DIR")]
+    for name in ("SPARK_DIST_CLASSPATH", "SPARK_CLASSPATH"):
+        candidates += os.environ.get(name, "").split(os.pathsep)
+    return [c for c in candidates if c and os.path.isdir(c) and any(os.scandir(c))]
+
+
 def _class_archive_options(archive: Path) -> str:
     """The driver JVM's options to map ``archive``, or to write it as it exits when there is none."""
     global _archive_being_written
+    if _classpath_directories():
+        return ""
     if archive.is_file():
         return f"-XX:SharedArchiveFile={archive} {_QUIET_CDS}"
     try:
@@ -163,7 +178,9 @@ def spark_session(
     mapping = None
     if class_archive and SparkContext._gateway is None:  # options reach a JVM only when this starts it
         mapping = class_archive_path()
-        driver_options.append(_class_archive_options(mapping))
+        options = _class_archive_options(mapping)
+        driver_options += [options] if options else []
+        mapping = mapping if options else None
     if driver_options:
         builder = builder.config("spark.driver.extraJavaOptions", " ".join(driver_options))
     if short_job:

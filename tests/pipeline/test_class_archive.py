@@ -28,8 +28,10 @@ print("mapped" if mapped else "not mapped")
 """
 
 
-def session() -> subprocess.CompletedProcess[str]:
-    return subprocess.run([sys.executable, "-c", SESSION], capture_output=True, text=True, cwd=ROOT, timeout=300)
+def session(**env: str) -> subprocess.CompletedProcess[str]:
+    environment = {**os.environ, **env}
+    return subprocess.run([sys.executable, "-c", SESSION], capture_output=True, text=True, cwd=ROOT, timeout=300,
+                          env=environment)
 
 
 def test_first_session_writes_the_archive_the_next_maps_it_and_a_refused_one_is_replaced(
@@ -62,3 +64,17 @@ def test_first_session_writes_the_archive_the_next_maps_it_and_a_refused_one_is_
     assert second.stdout.splitlines()[-1] == "mapped"
     assert "saving Spark's classes" not in second.stdout
     assert archive.is_file()
+
+    # A configuration directory (SPARK_CONF_DIR) is on the driver's classpath, and the JDK neither maps nor
+    # writes an archive with a directory there: such sessions use none and leave this one alone (they
+    # refused and deleted it, then failed to write theirs).
+    conf = tmp_path / "spark-conf"
+    conf.mkdir()
+    (conf / "spark-defaults.conf").write_text("spark.ui.enabled false\n")
+    written = archive.stat().st_mtime_ns
+    with_conf = session(SPARK_CONF_DIR=str(conf))
+    assert with_conf.returncode == 0, with_conf.stderr[-2000:]
+    assert with_conf.stdout.splitlines()[-1] == "not mapped"
+    assert "saving Spark's classes" not in with_conf.stdout
+    assert archive.is_file() and archive.stat().st_mtime_ns == written, "the archive is kept as it was"
+    assert sorted(p.name for p in archive.parent.iterdir()) == [archive.name]
