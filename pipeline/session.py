@@ -7,6 +7,7 @@ import hashlib
 import os
 import shutil
 import subprocess
+import time
 from collections.abc import Callable
 from pathlib import Path
 from typing import Any
@@ -98,6 +99,10 @@ def _class_archive_options(archive: Path) -> str:
     if _classpath_directories():
         return ""
     if archive.is_file():
+        try:
+            os.utime(archive)  # when it was last used, for _drop_unused_archives
+        except OSError:
+            pass
         return f"-XX:SharedArchiveFile={archive} {_QUIET_CDS}"
     try:
         archive.parent.mkdir(parents=True, exist_ok=True)
@@ -237,8 +242,24 @@ def stop_session(spark: SparkSession, say: Callable[[str], None] = lambda _: Non
         return
     if proc.returncode == 0 and partial.is_file():
         os.replace(partial, archive)
+        _drop_unused_archives(archive)
     else:
         partial.unlink(missing_ok=True)
+
+
+UNUSED_ARCHIVE_DAYS = 30
+
+
+def _drop_unused_archives(kept: Path) -> None:
+    """Delete the archives beside ``kept`` that no session has mapped for ``UNUSED_ARCHIVE_DAYS`` (of
+    PySpark installs or Java runtimes since removed or replaced: 190 MB each, one per virtualenv)."""
+    oldest = time.time() - UNUSED_ARCHIVE_DAYS * 86400
+    for other in kept.parent.glob("spark-*-classes-*.jsa"):
+        try:
+            if other != kept and other.stat().st_mtime < oldest:
+                other.unlink()
+        except OSError:
+            pass  # gone already, or not ours to delete
 
 
 def jvm_cpu_seconds(spark: SparkSession) -> float | None:

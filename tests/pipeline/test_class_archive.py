@@ -1,9 +1,10 @@
 """The archive of Spark's classes (JDK class data sharing) that makes a report's
 JVM start sooner: the first session on a machine writes it as its JVM exits,
 the next maps it, and one the JVM refuses (here: garbage) is deleted and made
-again. Each session is a real Spark JVM in a process of its own, with its own
-cache directory (``XDG_CACHE_HOME``); whether the JVM mapped the archive is read
-from its ``/proc/PID/maps``."""
+again; writing one deletes those of other installs unused for 30 days. Each
+session is a real Spark JVM in a process of its own, with its own cache
+directory (``XDG_CACHE_HOME``); whether the JVM mapped the archive is read from
+its ``/proc/PID/maps``."""
 
 from __future__ import annotations
 
@@ -11,6 +12,7 @@ import os
 import shutil
 import subprocess
 import sys
+import time
 from pathlib import Path
 
 import pytest
@@ -39,7 +41,7 @@ def test_first_session_writes_the_archive_the_next_maps_it_and_a_refused_one_is_
 ) -> None:
     if shutil.which("java") is None and not os.environ.get("JAVA_HOME"):
         pytest.skip("no Java runtime for Spark (apt-get install default-jre-headless)")
-    from pipeline.session import class_archive_path
+    from pipeline.session import UNUSED_ARCHIVE_DAYS, class_archive_path
 
     monkeypatch.setenv("XDG_CACHE_HOME", str(tmp_path))  # this test's sessions inherit it
     archive = class_archive_path()
@@ -52,12 +54,23 @@ def test_first_session_writes_the_archive_the_next_maps_it_and_a_refused_one_is_
     assert "warning" not in refused.stdout + refused.stderr  # the JVM's CDS warnings are silenced
     assert not archive.exists(), "a refused archive is deleted"
 
+    # Archives of other installs: one no session has mapped for longer than UNUSED_ARCHIVE_DAYS, one recent.
+    unused = archive.with_name("spark-0.0.0-classes-000000000000.jsa")
+    recent = archive.with_name("spark-0.0.0-classes-111111111111.jsa")
+    for other in (unused, recent):
+        other.write_bytes(b"archive of another install")
+    long_ago = time.time() - (UNUSED_ARCHIVE_DAYS + 1) * 86400
+    os.utime(unused, (long_ago, long_ago))
+
     first = session()
     assert first.returncode == 0, first.stderr[-2000:]
     assert first.stdout.splitlines()[-1] == "not mapped"
     assert "saving Spark's classes" in first.stdout
     assert archive.is_file() and archive.stat().st_size > 1_000_000
-    assert sorted(p.name for p in archive.parent.iterdir()) == [archive.name], "no partial archive left"
+    assert sorted(p.name for p in archive.parent.iterdir()) == sorted([archive.name, recent.name]), (
+        "no partial archive left; the unused one of another install deleted, the recent one kept"
+    )
+    recent.unlink()
 
     second = session()
     assert second.returncode == 0, second.stderr[-2000:]
