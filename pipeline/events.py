@@ -328,7 +328,7 @@ class Evidence:
         largest request and response (``rq``, ``rs``: :func:`size_bucket`), identifier kind and longest
         length, a few thousand rows with the overview's tally (``n``, ``first``, ``last``,
         ``window_seconds``) and the largest request and response (``rq_max``, ``rs_max``). The size and
-        identifier histograms and, from Parquet, the overview of 9 events in 10 come from it (10 million
+        identifier histograms and the overview of 9 events in 10 come from it (10 million
         events: three scans of the bulk windows were 12 s of CPU, these two 7 s)."""
         tally = [
             *_tally(),

@@ -90,7 +90,7 @@ def _classpath_directories() -> list[str]:
     candidates += [os.environ.get(name, "") for name in ("HADOOP_CONF_DIR", "YARN_CONF_DIR")]
     for name in ("SPARK_DIST_CLASSPATH", "SPARK_CLASSPATH"):
         candidates += os.environ.get(name, "").split(os.pathsep)
-    return [c for c in candidates if c and os.path.isdir(c) and any(os.scandir(c))]
+    return [c for c in candidates if c and os.path.isdir(c) and os.listdir(c)]
 
 
 def _class_archive_options(archive: Path) -> str:
@@ -182,10 +182,11 @@ def spark_session(
     driver_options = [_QUICK_JIT] if short_job else []
     mapping = None
     if class_archive and SparkContext._gateway is None:  # options reach a JVM only when this starts it
-        mapping = class_archive_path()
-        options = _class_archive_options(mapping)
-        driver_options += [options] if options else []
-        mapping = mapping if options else None
+        archive = class_archive_path()
+        options = _class_archive_options(archive)
+        if options:
+            driver_options.append(options)
+            mapping = archive
     if driver_options:
         builder = builder.config("spark.driver.extraJavaOptions", " ".join(driver_options))
     if short_job:
