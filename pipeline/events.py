@@ -554,8 +554,11 @@ def _read_json_lines(
         .collect()
     )
     lines: dict[str, int] = {}
+    def path_of(row: Any) -> str:
+        return file_of.get(row["_file"], str(row["_file"]))
+
     for row in per_file:
-        path = file_of.get(row["_file"], str(row["_file"]))
+        path = path_of(row)
         lines[path] = lines.get(path, 0) + row["lines"]
     problems: dict[tuple[str, str, str], InputProblem] = {}
     if any(row["bad"] for row in per_file):
@@ -572,7 +575,7 @@ def _read_json_lines(
             .collect()
         )
         for row in found:
-            path = file_of.get(row["_file"], str(row["_file"]))
+            path = path_of(row)
             problem, detail = _problem_of(rules, row)
             seen = problems.get((path, problem, detail))
             problems[(path, problem, detail)] = InputProblem(

@@ -58,6 +58,9 @@ _QUIET_CDS = "-Xlog:cds=off -Xlog:cds+dynamic=off -Xlog:class+path=off"
 _archive_being_written: tuple[Path, Path] | None = None  # (being written, where it goes)
 
 
+_ARCHIVE_NAME = "spark-{version}-classes-{key}.jsa"
+
+
 def class_archive_path() -> Path:
     """Where this machine's archive of Spark's classes is: one per PySpark install (its jars are the
     classpath the JVM checks the archive against) and Java binary."""
@@ -67,7 +70,7 @@ def class_archive_path() -> Path:
     made_for = f"{install} {pyspark.__version__} {java} {stat.st_size} {stat.st_mtime_ns}"
     key = hashlib.sha256(made_for.encode()).hexdigest()
     cache = Path(os.environ.get("XDG_CACHE_HOME") or Path.home() / ".cache")
-    return cache / "kafka-admission-proxy" / f"spark-{pyspark.__version__}-classes-{key[:12]}.jsa"
+    return cache / "kafka-admission-proxy" / _ARCHIVE_NAME.format(version=pyspark.__version__, key=key[:12])
 
 
 def _alive(pid: int) -> bool:
@@ -255,7 +258,7 @@ def _drop_unused_archives(kept: Path) -> None:
     """Delete the archives beside ``kept`` that no session has mapped for ``UNUSED_ARCHIVE_DAYS`` (of
     PySpark installs or Java runtimes since removed or replaced: 190 MB each, one per virtualenv)."""
     oldest = time.time() - UNUSED_ARCHIVE_DAYS * 86400
-    for other in kept.parent.glob("spark-*-classes-*.jsa"):
+    for other in kept.parent.glob(_ARCHIVE_NAME.format(version="*", key="*")):
         try:
             if other != kept and other.stat().st_mtime < oldest:
                 other.unlink()
