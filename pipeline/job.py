@@ -34,6 +34,7 @@ from .session import (
     jvm_cpu_seconds,
     spark_session,
     stop_session,
+    whole_stage_codegen,
 )
 from .traffic import Traffic, measure_traffic, open_connections
 
@@ -90,10 +91,15 @@ class ReportResult:
 def run_report(spark: SparkSession, options: ReportOptions, steps: Steps | None = None) -> ReportResult:
     """The report over ``options.events`` into ``options.out`` on an existing session."""
     steps = steps or Steps()
-    out = Path(options.out).resolve()
-    out.mkdir(parents=True, exist_ok=True)
     with steps.step("finding input files"):
         inputs = find_inputs(options.events)
+    with whole_stage_codegen(spark, enabled=not inputs.json_files):
+        return _report(spark, options, inputs, steps)
+
+
+def _report(spark: SparkSession, options: ReportOptions, inputs: Inputs, steps: Steps) -> ReportResult:
+    out = Path(options.out).resolve()
+    out.mkdir(parents=True, exist_ok=True)
     with steps.step(f"reading {inputs.described}"):
         evidence = read_evidence(spark, inputs, cache=options.cache)
     with steps.step("traffic aggregates"):
@@ -131,6 +137,7 @@ def run_report(spark: SparkSession, options: ReportOptions, steps: Steps | None 
                 "inputs": ", ".join(options.events),
                 "headroom": f"{options.headroom_pct:g}%",
                 "time bucket": f"{traffic.bucket_seconds} s",
+                "whole-stage codegen": str(spark.conf.get("spark.sql.codegen.wholeStage")),
             }
             page = render(
                 traffic=traffic,

@@ -30,6 +30,9 @@ def test_bad_lines_are_counted_and_listed_in_the_report_never_fatal(
     run = json.loads((fleet_report.out / "run.json").read_text())
     assert run["events"] == truth.events  # every valid event read, around the bad lines
     assert run["problem_lines"] == truth.malformed + truth.v1 + 1
+    # JSON lines are queried without whole-stage code generation, and the session gets it back after.
+    assert run["whole-stage codegen"] == "false"
+    assert fleet_report.evidence.events.sparkSession.conf.get("spark.sql.codegen.wholeStage") == "true"
     by_problem: dict[str, int] = {}
     for p in fleet_report.evidence.problems:
         by_problem[p.problem] = by_problem.get(p.problem, 0) + p.lines

@@ -95,6 +95,8 @@ def test_the_report_on_a_standalone_cluster_equals_the_local_one(
     local_run = json.loads((local / "run.json").read_text())
     for key in ("events", "by_kind", "problem_lines", "candidates"):
         assert on_cluster_run[key] == local_run[key], key
+    # Whole-stage code generation: on for Parquet, off for JSON lines (pipeline.session.whole_stage_codegen).
+    assert (on_cluster_run["whole-stage codegen"], local_run["whole-stage codegen"]) == ("true", "false")
     for table in ("summary", "subjects", "timeline"):
         on_cluster, in_local = _rows(spark, out / "impact" / table), _rows(spark, local / "impact" / table)
         assert on_cluster and on_cluster == in_local, table
