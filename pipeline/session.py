@@ -217,7 +217,7 @@ def whole_stage_codegen(spark: SparkSession, enabled: bool) -> Iterator[None]:
 
     Off for JSON lines: each of a report's ~30 queries over the cached events had its own Java
     class generated, compiled and then JIT-compiled, and with the cache's 38 columns that took more
-    CPU than the rows did (10 million events: 102-113 s -> 81-85 s; traffic 28-38 s -> 23 s).
+    CPU than the rows did (10 million events: 102-113 s -> 83-95 s; traffic 27-38 s -> 23-27 s).
     On for Parquet, whose column-at-a-time reading needs it (the same events: 26 s -> 38 s off)."""
     before = spark.conf.get(_WHOLE_STAGE) or "true"
     spark.conf.set(_WHOLE_STAGE, "true" if enabled else "false")
