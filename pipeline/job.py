@@ -29,6 +29,7 @@ from .recommend import Recommendation, policies_yaml, recommend
 from .report_html import render
 from .session import (
     SHORT_JOB_BYTES,
+    WHOLE_STAGE_CODEGEN,
     JavaMissingError,
     driver_memory_for,
     jvm_cpu_seconds,
@@ -137,7 +138,7 @@ def _report(spark: SparkSession, options: ReportOptions, inputs: Inputs, steps: 
                 "inputs": ", ".join(options.events),
                 "headroom": f"{options.headroom_pct:g}%",
                 "time bucket": f"{traffic.bucket_seconds} s",
-                "whole-stage codegen": str(spark.conf.get("spark.sql.codegen.wholeStage")),
+                "whole-stage codegen": str(spark.conf.get(WHOLE_STAGE_CODEGEN)),
             }
             page = render(
                 traffic=traffic,

@@ -20,6 +20,7 @@ from pyspark.sql import SparkSession
 
 __all__ = [
     "SHORT_JOB_BYTES",
+    "WHOLE_STAGE_CODEGEN",
     "JavaMissingError",
     "class_archive_path",
     "driver_memory_for",
@@ -211,7 +212,7 @@ def spark_session(
     return spark
 
 
-_WHOLE_STAGE = "spark.sql.codegen.wholeStage"
+WHOLE_STAGE_CODEGEN = "spark.sql.codegen.wholeStage"
 
 
 @contextmanager
@@ -222,12 +223,12 @@ def whole_stage_codegen(spark: SparkSession, enabled: bool) -> Iterator[None]:
     class generated, compiled and then JIT-compiled, and with the cache's 38 columns that took more
     CPU than the rows did (10 million events: 102-113 s -> 83-95 s; traffic 27-38 s -> 23-27 s).
     On for Parquet, whose column-at-a-time reading needs it (the same events: 26 s -> 38 s off)."""
-    before = spark.conf.get(_WHOLE_STAGE) or "true"
-    spark.conf.set(_WHOLE_STAGE, "true" if enabled else "false")
+    before = spark.conf.get(WHOLE_STAGE_CODEGEN) or "true"
+    spark.conf.set(WHOLE_STAGE_CODEGEN, "true" if enabled else "false")
     try:
         yield
     finally:
-        spark.conf.set(_WHOLE_STAGE, before)
+        spark.conf.set(WHOLE_STAGE_CODEGEN, before)
 
 
 def _jvm_pid(spark: SparkSession) -> int | None:
