@@ -573,10 +573,10 @@ def _read_json_lines(
         .agg(F.count(F.lit(1)).alias("lines"), F.sum("_bad").alias("bad"))
         .collect()
     )
-    lines: dict[str, int] = {}
     def path_of(row: Any) -> str:
         return file_of.get(row["_file"], str(row["_file"]))
 
+    lines: dict[str, int] = {}
     for row in per_file:
         path = path_of(row)
         lines[path] = lines.get(path, 0) + row["lines"]
