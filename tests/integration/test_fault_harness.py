@@ -11,6 +11,8 @@ from typing import Any
 
 import pytest
 
+from proxy.connection import MAX_PENDING_REQUESTS
+from proxy.framing import RECEIVE_SIZE
 from tests.clients import create_topic, unique
 from tests.conftest import wait_until
 from tests.faults import ConnectionStorm, FaultyTansu, NonReadingClient, ProducerTraffic, Slowloris, serves
@@ -93,16 +95,29 @@ def test_slowloris_senders_are_dropped_after_request_body_timeout(tansu: Any, st
 
 def test_a_client_that_stops_reading_is_pushed_back_without_memory_growth(tansu: Any, start_proxy: Any) -> None:
     proxy = start_proxy(tansu.bootstrap)
-    rss_before = rss_kib(proxy.process.pid)
     # ApiVersions: a response of fixed size (a Metadata response grows with the topics
     # the session's broker holds, and so would what the socket buffers hold).
-    client = NonReadingClient(proxy.bootstrap, api_versions_frame(1))
+    request = api_versions_frame(1)
+    with RawConnection(proxy.bootstrap) as conn:  # also warms the proxy up: its first connection is not counted
+        conn.send(request)
+        response_size = len(conn.read_frame())
+    taken_before = proxy.metric("kafka_admission_requests_total", api="api_versions")
+    written_before = proxy.metric("kafka_admission_response_bytes_total")
+    rss_before = rss_kib(proxy.process.pid)
+    client = NonReadingClient(proxy.bootstrap, request)
     try:
         assert client.send_until_blocked(seconds=30), f"sent {client.sent_frames} frames without being pushed back"
         time.sleep(0.5)
-        # The kernel holds ~100k of its requests in socket buffers; the proxy takes at
-        # most MAX_PENDING_REQUESTS of them (without that cap it held them all: +30-50 MB).
-        assert rss_kib(proxy.process.pid) - rss_before < 12 * 1024
+        # What the proxy holds for it: requests read and not yet written back whole. The kernel
+        # holds the rest of the ~100k sent in socket buffers; the proxy stops reading at
+        # MAX_PENDING_REQUESTS, plus what one receive from the client held and one response write
+        # being blocked: 1,000-2,000 here (without the cap it held ~20,000).
+        taken = proxy.metric("kafka_admission_requests_total", api="api_versions") - taken_before
+        answered = (proxy.metric("kafka_admission_response_bytes_total") - written_before) // response_size
+        bound = MAX_PENDING_REQUESTS + RECEIVE_SIZE // len(request) + RECEIVE_SIZE // response_size + 1
+        assert 0 < taken - answered <= bound, (taken, answered, client.sent_frames)
+        # Memory, coarsely: a few MB (the requests held, and their responses).
+        assert rss_kib(proxy.process.pid) - rss_before < 32 * 1024
         assert serves(proxy.bootstrap)  # everyone else is served meanwhile
     finally:
         client.close()
