@@ -78,7 +78,7 @@ def test_idempotent_producers_through_every_fault_lose_and_duplicate_nothing(
 
         # 1. LRU eviction of the producers' idle connections by new clients, for 4 s.
         stop = threading.Event()
-        churner = threading.Thread(target=lambda: seen.__setitem__("churn_clients", churn(proxy.bootstrap, stop)))
+        churner = threading.Thread(target=lambda: seen.__setitem__("churn_answered", churn(proxy.bootstrap, stop)))
         churner.start()
         time.sleep(4)
         stop.set()
@@ -116,5 +116,5 @@ def test_idempotent_producers_through_every_fault_lose_and_duplicate_nothing(
     # Every client is gone: so is every connection the proxy had to the broker.
     wait_until(lambda: sockets_to(proxy.process.pid, faulty_kafka.port) == 0, timeout=10)
     figures("idempotent through every fault (Apache Kafka)", acked=acked, consumed=len(values), lost=0,
-            duplicated=0, evictions=int(evicted), churn_clients=seen.get("churn_clients"),
-            phases="; ".join(f"{k}: {v}" for k, v in seen.items() if k != "churn_clients"))
+            duplicated=0, evictions=int(evicted), churn_answered=seen.get("churn_answered"),
+            phases="; ".join(f"{k}: {v}" for k, v in seen.items() if k != "churn_answered"))
