@@ -573,6 +573,7 @@ def _read_json_lines(
         .agg(F.count(F.lit(1)).alias("lines"), F.sum("_bad").alias("bad"))
         .collect()
     )
+
     def path_of(row: Any) -> str:
         return file_of.get(row["_file"], str(row["_file"]))
 
