@@ -18,7 +18,6 @@ from dataclasses import dataclass, field
 from functools import cached_property, reduce
 from pathlib import Path
 from typing import Any
-from urllib.parse import unquote, urlparse
 
 from pyspark.sql import Column, DataFrame, SparkSession
 from pyspark.sql import functions as F
@@ -32,6 +31,8 @@ from pyspark.sql.types import (
     StructField,
     StructType,
 )
+
+from . import json_lines
 
 __all__ = [
     "EVENT_SCHEMA",
@@ -158,6 +159,8 @@ _ENUMS = {
     "event": ("open", "close"),
     "section": SECTIONS,
 }
+# The rules above as data, for the Spark tasks that convert JSON lines (pipeline.json_lines)
+CONTRACT = json_lines.Contract(SCHEMA_VERSION, ("ts", "instance"), _REQUIRED, _ENUMS, SECTIONS)
 
 
 class EventsPathError(ValueError):
@@ -304,19 +307,6 @@ def _is_rest() -> Column:
     return F.col("type").isin(*(k for k in KINDS if k != "window")) | F.col("section").isin(*others)
 
 
-def _cache_order() -> Column:
-    """The order cached JSON lines are kept in within each partition: the lines that are not valid events,
-    the rest, then each bulk section. Spark keeps each column's least and greatest value per batch of
-    10,000 cached rows and skips the batches a filter rules out, so a query of one section or of the rest
-    reads its own batches only (10 million events: filling the rest's cache 8.1 s -> 3.0-3.5 s of CPU, the
-    input's order kept every kind in every batch). A small integer, sorted by its prefix alone."""
-    window = F.col("type") == "window"
-    rank = F.when(F.col("_bad") == 1, 0)
-    for n, section in enumerate(BULK_SECTIONS, start=2):
-        rank = rank.when(window & (F.col("section") == section), n)
-    return rank.otherwise(1)
-
-
 @dataclass(frozen=True)
 class Evidence:
     """The valid version-2 events, what was wrong with the rest, and an overview."""
@@ -325,10 +315,6 @@ class Evidence:
     problems: tuple[InputProblem, ...] = ()
     files_read: int = 0
     lines_per_file: dict[str, int] = field(default_factory=dict)
-    # Keep the rest in memory once queried. Not for Parquet alone: its partitions (kind and
-    # section) and columns are read directly, cheaper than filling a cache (10 million events:
-    # the cache of the 817,000 others took 10 s to fill, longer than every query over it).
-    cache_rest: bool = True
 
     @cached_property
     def overview(self) -> Overview:
@@ -377,14 +363,10 @@ class Evidence:
 
     @cached_property
     def rest(self) -> DataFrame:
-        """Every event but the windows of :data:`BULK_SECTIONS`."""
-        rest = self.events.filter(_is_rest())
-        if not self.cache_rest:
-            return rest
-        # A tenth of the events, kept in as many partitions as there are cores rather than one per input
-        # split of the JSON lines (27 for 10 million events): each of the ~30 queries over it ran that
-        # many tasks, and the impact's union of four scans 112.
-        return rest.coalesce(self.events.sparkSession.sparkContext.defaultParallelism).cache()
+        """Every event but the windows of :data:`BULK_SECTIONS`. Not cached: read from its partitions (kind
+        and section) by column, it is cheaper than filling a cache (10 million events: the cache of these
+        817,000 took 10 s to fill, longer than every query over it)."""
+        return self.events.filter(_is_rest())
 
     @property
     def decisions(self) -> DataFrame:
@@ -398,11 +380,6 @@ class Evidence:
         """The windows of ``sections`` (one scan for several)."""
         source = self.events if set(sections) & set(BULK_SECTIONS) else self.rest
         return source.filter((F.col("type") == "window") & F.col("section").isin(*sections))
-
-    def unpersist(self) -> None:
-        if "rest" in self.__dict__:
-            self.rest.unpersist()
-        self.events.unpersist()
 
     @property
     def problem_lines(self) -> int:
@@ -470,10 +447,6 @@ def find_inputs(paths: Sequence[str]) -> Inputs:
     return Inputs(tuple(json_files), tuple(parquet), tuple(empty))
 
 
-def _local_path(uri: str) -> str:
-    return unquote(urlparse(uri).path) if uri.startswith("file:") else uri
-
-
 @dataclass(frozen=True)
 class _Rule:
     """A rule a version-2 line can break: its problem, and its detail (``{}``: the offending value)."""
@@ -494,7 +467,7 @@ def _rules() -> list[_Rule]:
         _Rule(F.col(_CORRUPT).isNotNull(), "malformed", "not a JSON object of the v2 types"),
         _Rule(version.isNull(), "unknown_version", "schema_version missing"),
         _Rule(~kind.isin(*KINDS) | kind.isNull(), "invalid", "type {}", "type"),
-        *[_Rule(F.col(name).isNull(), "invalid", f"no {name}") for name in ("ts", "instance")],
+        *[_Rule(F.col(name).isNull(), "invalid", f"no {name}") for name in CONTRACT.always],
         *[
             _Rule((kind == event_kind) & F.col(name).isNull(), "invalid", f"{event_kind} without {name}")
             for event_kind, names in _REQUIRED.items()
@@ -537,66 +510,49 @@ def _valid(rules: Sequence[_Rule]) -> Column:
 
 
 def _read_json_lines(
-    spark: SparkSession, inputs: Inputs, cache: bool, schema: StructType
+    spark: SparkSession, inputs: Inputs, schema: StructType, scratch: str
 ) -> tuple[DataFrame, list[InputProblem], dict[str, int]]:
-    # Spark refuses a path that is gone when it plans the read; a file that goes after
-    # that is skipped (spark.sql.files.ignoreMissingFiles). Either way it is listed below.
+    # Spark tasks turn the files into Parquet of their valid events in scratch (pipeline.json_lines) and
+    # keep every other line as it was; Spark's JSON reader reads those, and the rules name what is wrong
+    # with each. A file that is gone by then, or cannot be read, is listed below.
     present = [f.path for f in inputs.json_files if Path(f.path).exists()]
-    with_corrupt = StructType([*schema.fields, StructField(_CORRUPT, StringType())])
-    if present:
-        raw = (
+    converted = json_lines.convert(spark, present, scratch, schema, CONTRACT)
+    lines = {present[n]: count for n, count in converted.lines.items()}
+    if converted.parquet:
+        events = spark.read.schema(schema).option("basePath", converted.parquet).parquet(converted.parquet)
+        events = events.select(*schema.fieldNames())
+    else:
+        events = spark.createDataFrame([], schema)
+    problems: dict[tuple[str, str, str], InputProblem] = {}
+    if converted.refused:
+        with_corrupt = StructType([*schema.fields, StructField(_CORRUPT, StringType())])
+        index = F.regexp_extract(F.col("_metadata.file_path"), r"part-(\d+)", 1).cast("int")
+        rules = _rules()
+        refused = (
             spark.read.schema(with_corrupt)
             .option("mode", "PERMISSIVE")
             .option("columnNameOfCorruptRecord", _CORRUPT)
-            .json(present)
+            .json(list(converted.refused))
+            .select("*", index.alias(json_lines.FILE_COLUMN))
+            # Kept in memory, every column parsed: uncached, Spark's reader parses only the columns a
+            # query reads, so a line with a bad value in another column (a float for a long) would be
+            # valid to the problems' query and malformed to the events'. Few lines (10 million events: 200).
+            .cache()
         )
-        # Each line carries a hash of its file's name (8 bytes instead of the path, in a cache of
-        # millions of lines), named again from the files Spark reads.
-        file_id = F.xxhash64(F.col("_metadata.file_path"))
-        # (inputFiles() spells local files file:///..., the metadata column file:/...)
-        uris = spark.createDataFrame([(u,) for u in raw.inputFiles()], "uri string")
-        uri = F.regexp_replace("uri", "^file:///", "file:/")
-        named = uris.select(uri.alias("uri"), F.xxhash64(uri).alias("id")).collect()
-        file_of = {int(r["id"]): _local_path(r["uri"]) for r in named}
-    else:
-        raw, file_id, file_of = spark.createDataFrame([], with_corrupt), F.lit(0).cast("long"), {}
-    rules = _rules()
-    # 1 for a line that is not a valid event: a number, not a boolean, so that Spark can skip the cached
-    # batches of valid lines by its value (a test of a boolean becomes a NOT, evaluated row by row).
-    not_valid = F.when(_valid(rules), 0).otherwise(1)
-    parsed = raw.select(*schema.fieldNames(), _CORRUPT, file_id.alias("_file"), not_valid.alias("_bad"))
-    if cache:
-        parsed = parsed.sortWithinPartitions(_cache_order()).cache()
-    # One pass (the one that fills the cache): lines per file, and how many are not valid events.
-    per_file = (
-        parsed.groupBy("_file")
-        .agg(F.count(F.lit(1)).alias("lines"), F.sum("_bad").alias("bad"))
-        .collect()
-    )
-
-    def path_of(row: Any) -> str:
-        return file_of.get(row["_file"], str(row["_file"]))
-
-    lines: dict[str, int] = {}
-    for row in per_file:
-        path = path_of(row)
-        lines[path] = lines.get(path, 0) + row["lines"]
-    problems: dict[tuple[str, str, str], InputProblem] = {}
-    if any(row["bad"] for row in per_file):
-        # The bad lines per file, rule broken and the values the problem names, with a sample line.
-        # Numbers and short values only: an aggregate of text (the sample line) would make Spark sort
-        # every line.
+        # The refused lines per file, rule broken (null: none) and the values a problem names, with a
+        # sample line: one query. Numbers and short values only: an aggregate of text (the sample line)
+        # would make Spark sort every line.
         rule = _first_broken(rules)
         sample = F.substring(F.coalesce(F.col(_CORRUPT), F.to_json(F.struct("schema_version", "type"))), 1, 160)
-        by = [F.col("_file"), rule.alias("_rule"), *[F.col(name).alias(f"_bad_{name}") for name in _NAMED]]
-        found = (
-            parsed.filter(F.col("_bad") == 1)
-            .groupBy(*by)
-            .agg(F.count(F.lit(1)).alias("lines"), F.min(sample).alias("sample"))
-            .collect()
-        )
-        for row in found:
-            path = path_of(row)
+        by = [F.col(json_lines.FILE_COLUMN), rule.alias("_rule"), *[F.col(n).alias(f"_bad_{n}") for n in _NAMED]]
+        found = refused.groupBy(*by).agg(F.count(F.lit(1)).alias("lines"), F.min(sample).alias("sample")).collect()
+        if any(row["_rule"] is None for row in found):
+            # Lines pyarrow refused that are valid events to Spark's reader (its lenient forms, such as
+            # single quotes) join the rest.
+            events = events.unionByName(refused.filter(_valid(rules)).select(*schema.fieldNames()))
+        for row in (row for row in found if row["_rule"] is not None):
+            index_of = row[json_lines.FILE_COLUMN]
+            path = present[index_of] if 0 <= index_of < len(present) else str(index_of)
             problem, detail = _problem_of(rules, row)
             seen = problems.get((path, problem, detail))
             problems[(path, problem, detail)] = InputProblem(
@@ -622,7 +578,6 @@ def _read_json_lines(
         if f.path not in lines:
             reason = "vanished while read (rotated away?)" if not Path(f.path).exists() else "unreadable"
             problems[(f.path, "unreadable", reason)] = InputProblem(f.path, "unreadable", reason, 0)
-    events = parsed.filter(F.col("_bad") == 0).select(*schema.fieldNames())
     ordered = sorted(problems.values(), key=lambda p: (p.file, p.problem, p.detail))
     return events, ordered, lines
 
@@ -639,16 +594,15 @@ def _read_parquet(spark: SparkSession, directory: str, schema: StructType) -> tu
     return events, problems
 
 
-def read_evidence(
-    spark: SparkSession, inputs: Inputs, cache: bool = True, schema: StructType = REPORT_SCHEMA
-) -> Evidence:
+def read_evidence(spark: SparkSession, inputs: Inputs, scratch: str, schema: StructType = REPORT_SCHEMA) -> Evidence:
     """Read every input with ``schema`` (the report's columns by default; ``EVENT_SCHEMA`` keeps every
-    field). With ``cache`` the parsed events are kept in memory for the queries that follow."""
+    field). JSON lines are converted into ``scratch`` first, a directory Spark's tasks can write and read
+    that must outlive the Evidence."""
     frames: list[DataFrame] = []
     problems: list[InputProblem] = [InputProblem(p, "empty", "no lines", 0) for p in inputs.empty_files]
     lines: dict[str, int] = {}
     if inputs.json_files:
-        events, found, lines = _read_json_lines(spark, inputs, cache, schema)
+        events, found, lines = _read_json_lines(spark, inputs, schema, scratch)
         frames.append(events)
         problems += found
     for directory in inputs.parquet_dirs:
@@ -658,7 +612,7 @@ def read_evidence(
     if not frames:
         frames.append(spark.createDataFrame([], schema))
     files = len(inputs.json_files) + len(inputs.parquet_dirs)
-    return Evidence(union_all(frames), tuple(problems), files, lines, cache_rest=bool(inputs.json_files))
+    return Evidence(union_all(frames), tuple(problems), files, lines)
 
 
 def write_parquet(evidence: Evidence, out: str) -> None:

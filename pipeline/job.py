@@ -12,6 +12,7 @@ from __future__ import annotations
 import argparse
 import json
 import sys
+import tempfile
 import time
 from collections.abc import Callable, Iterator, Sequence
 from concurrent.futures import Future, ThreadPoolExecutor
@@ -29,13 +30,11 @@ from .recommend import Recommendation, policies_yaml, recommend
 from .report_html import render
 from .session import (
     SHORT_JOB_BYTES,
-    WHOLE_STAGE_CODEGEN,
     JavaMissingError,
     driver_memory_for,
     jvm_cpu_seconds,
     spark_session,
     stop_session,
-    whole_stage_codegen,
 )
 from .traffic import Traffic, measure_traffic, open_connections
 
@@ -51,7 +50,6 @@ class ReportOptions:
     out: str
     candidates: tuple[Candidate, ...] = ()
     headroom_pct: float = 20.0
-    cache: bool = True
 
 
 @dataclass
@@ -94,15 +92,18 @@ def run_report(spark: SparkSession, options: ReportOptions, steps: Steps | None 
     steps = steps or Steps()
     with steps.step("finding input files"):
         inputs = find_inputs(options.events)
-    with whole_stage_codegen(spark, enabled=not inputs.json_files):
-        return _report(spark, options, inputs, steps)
-
-
-def _report(spark: SparkSession, options: ReportOptions, inputs: Inputs, steps: Steps) -> ReportResult:
     out = Path(options.out).resolve()
     out.mkdir(parents=True, exist_ok=True)
+    # JSON lines are converted to Parquet here while the report runs (pipeline.json_lines)
+    with tempfile.TemporaryDirectory(prefix=".events-", dir=out) as scratch:
+        return _report(spark, options, inputs, steps, out, scratch)
+
+
+def _report(
+    spark: SparkSession, options: ReportOptions, inputs: Inputs, steps: Steps, out: Path, scratch: str
+) -> ReportResult:
     with steps.step(f"reading {inputs.described}"):
-        evidence = read_evidence(spark, inputs, cache=options.cache)
+        evidence = read_evidence(spark, inputs, scratch)
     with steps.step("traffic aggregates"):
         opens = open_connections(evidence.connections).cache()
         traffic = measure_traffic(evidence, opens)
@@ -138,7 +139,6 @@ def _report(spark: SparkSession, options: ReportOptions, inputs: Inputs, steps: 
                 "inputs": ", ".join(options.events),
                 "headroom": f"{options.headroom_pct:g}%",
                 "time bucket": f"{traffic.bucket_seconds} s",
-                "whole-stage codegen": str(spark.conf.get(WHOLE_STAGE_CODEGEN)),
             }
             page = render(
                 traffic=traffic,
@@ -152,7 +152,6 @@ def _report(spark: SparkSession, options: ReportOptions, inputs: Inputs, steps: 
             )
             (out / "report.html").write_text(page, encoding="utf-8")
     opens.unpersist()
-    evidence.unpersist()
     (out / "run.json").write_text(
         json.dumps(
             {
@@ -175,8 +174,13 @@ def to_parquet(spark: SparkSession, events: Sequence[str], target: str, steps: S
     steps = steps or Steps()
     with steps.step("finding input files"):
         inputs = find_inputs(events)
-    with steps.step(f"converting {inputs.described} to Parquet"):
-        evidence = read_evidence(spark, inputs, cache=False, schema=EVENT_SCHEMA)
+    parent = Path(target).resolve().parent
+    parent.mkdir(parents=True, exist_ok=True)
+    with (
+        steps.step(f"converting {inputs.described} to Parquet"),
+        tempfile.TemporaryDirectory(prefix=".events-", dir=parent) as scratch,
+    ):
+        evidence = read_evidence(spark, inputs, scratch, schema=EVENT_SCHEMA)
         write_parquet(evidence, target)
     if steps.stream is not None:
         print(

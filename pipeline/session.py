@@ -7,9 +7,9 @@ import hashlib
 import os
 import shutil
 import subprocess
+import sys
 import time
-from collections.abc import Callable, Iterator
-from contextlib import contextmanager
+from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 from urllib.parse import urlparse
@@ -20,14 +20,12 @@ from pyspark.sql import SparkSession
 
 __all__ = [
     "SHORT_JOB_BYTES",
-    "WHOLE_STAGE_CODEGEN",
     "JavaMissingError",
     "class_archive_path",
     "driver_memory_for",
     "jvm_cpu_seconds",
     "spark_session",
     "stop_session",
-    "whole_stage_codegen",
 ]
 
 _LOOPBACK = ("127.0.0.1", "localhost", "::1")
@@ -167,6 +165,10 @@ def spark_session(
     archive of Spark's classes; :func:`stop_session` puts a new one in place.
     """
     _java()
+    # Spark's Python tasks (pipeline.json_lines) run this interpreter, which has pyarrow, unless the
+    # operator names another; on a cluster the same path must exist on every worker. PySpark reads the
+    # variable, not a setting, when the session starts.
+    os.environ.setdefault("PYSPARK_PYTHON", sys.executable)
     builder = (
         SparkSession.builder.master(master)
         .appName("kafka-admission-proxy report")
@@ -210,25 +212,6 @@ def spark_session(
     spark.sparkContext.setLogLevel("ERROR")
     spark.conf.set("spark.sql.shuffle.partitions", str(max(2, spark.sparkContext.defaultParallelism)))
     return spark
-
-
-WHOLE_STAGE_CODEGEN = "spark.sql.codegen.wholeStage"
-
-
-@contextmanager
-def whole_stage_codegen(spark: SparkSession, enabled: bool) -> Iterator[None]:
-    """Queries run with Spark's whole-stage code generation on or off, as before afterwards.
-
-    Off for JSON lines: each of a report's ~30 queries over the cached events had its own Java
-    class generated, compiled and then JIT-compiled, and with the cache's 38 columns that took more
-    CPU than the rows did (10 million events: 102-113 s -> 83-95 s; traffic 27-38 s -> 23-27 s).
-    On for Parquet, whose column-at-a-time reading needs it (the same events: 26 s -> 38 s off)."""
-    before = spark.conf.get(WHOLE_STAGE_CODEGEN) or "true"
-    spark.conf.set(WHOLE_STAGE_CODEGEN, "true" if enabled else "false")
-    try:
-        yield
-    finally:
-        spark.conf.set(WHOLE_STAGE_CODEGEN, before)
 
 
 def _jvm_pid(spark: SparkSession) -> int | None:

@@ -103,7 +103,7 @@ def test_bad_lines_are_counted_per_file_by_kind_and_the_rest_is_read(spark: Any,
     (tmp_path / ".p1-3.jsonl.tmp").write_text("hidden files are not read\n")
 
     inputs = find_inputs([str(tmp_path)])
-    evidence = read_evidence(spark, inputs)
+    evidence = read_evidence(spark, inputs, str(tmp_path / "_scratch"))
     assert evidence.events.count() == 3
     found = {(Path(p.file).name, p.problem, p.detail): p.lines for p in evidence.problems}
     assert found == {
@@ -126,7 +126,7 @@ def test_a_file_rotated_away_between_listing_and_reading_is_listed_not_fatal(spa
     (tmp_path / "rotated.jsonl").write_text(line + "\n")
     inputs = find_inputs([str(tmp_path)])
     (tmp_path / "rotated.jsonl").unlink()  # the proxy's disk bound deleted it
-    evidence = read_evidence(spark, inputs)
+    evidence = read_evidence(spark, inputs, str(tmp_path / "_scratch"))
     assert evidence.events.count() == 1
     (problem,) = evidence.problems
     assert (Path(problem.file).name, problem.problem) == ("rotated.jsonl", "unreadable")
@@ -139,9 +139,9 @@ def test_a_missing_events_path_is_one_error_naming_it(tmp_path: Path) -> None:
 
 
 def test_parquet_conversion_keeps_every_event_and_the_input_problems(spark: Any, fleet: Any, tmp_path: Path) -> None:
-    evidence = read_evidence(spark, find_inputs([str(fleet.path)]), cache=False, schema=EVENT_SCHEMA)
+    evidence = read_evidence(spark, find_inputs([str(fleet.path)]), str(tmp_path / "scratch"), schema=EVENT_SCHEMA)
     write_parquet(evidence, str(tmp_path / "pq"))
-    again = read_evidence(spark, find_inputs([str(tmp_path / "pq")]), schema=EVENT_SCHEMA)
+    again = read_evidence(spark, find_inputs([str(tmp_path / "pq")]), str(tmp_path / "scratch2"), schema=EVENT_SCHEMA)
     assert again.events.count() == fleet.truth.events
     assert sorted(again.events.columns) == sorted(EVENT_SCHEMA.fieldNames())
     totals = [F.sum("bytes_in"), F.sum("duration_seconds"), F.max("max_members")]  # fields the report does not read
