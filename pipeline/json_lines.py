@@ -37,6 +37,7 @@ FILE_COLUMN = "_file"  # of a refused line: its input file's index in the list g
 # 5%), and a block with a line it refuses is parsed again up to that line.
 _BLOCK = 4 << 20
 _ROW_GROUP = 1 << 16
+_NOT_AN_OBJECT_LINE = re.compile(rb"\n[^{]")
 _STOPPED_AT = re.compile(r"in row (\d+)$")  # how pyarrow names the line it could not parse (0: the first)
 _NULL = "__HIVE_DEFAULT_PARTITION__"  # the directory name of a null partition value, as Spark writes it
 
@@ -109,16 +110,18 @@ def _parse(block: bytes, arrow: pa.Schema, parsed: list[tuple[pa.Table, bytes]],
     pending = [block]
     while pending:
         piece = pending.pop()
-        body = piece.lstrip()
-        if not body:  # blank lines: Spark skips them too
+        if not piece.startswith(b"{"):
+            # A line that does not start an object (blank, indented, not an object) is Spark's to read, or
+            # to skip when blank; pyarrow is not asked (it crashes on a piece that starts with null, 26.0).
+            end = piece.find(b"\n") + 1 or len(piece)
+            if piece[:end].strip():
+                refused.append(_line(piece[:end]))
+            if end < len(piece):
+                pending.append(piece[end:])
             continue
-        if not body.startswith(b"{"):
-            # Not an object, so not an event: left to Spark's reader without asking pyarrow, which
-            # crashes on a piece that starts with null (pyarrow 26).
-            start = piece.rfind(b"\n", 0, len(piece) - len(body)) + 1
-            end = piece.find(b"\n", start) + 1 or len(piece)
-            refused.append(_line(piece[start:end]))
-            pending.append(piece[end:])
+        other = _NOT_AN_OBJECT_LINE.search(piece)
+        if other is not None:  # such a line further on: parsed apart, so that each row is its line
+            pending += [piece[other.start() + 1 :], piece[: other.start() + 1]]
             continue
         stopped_at = None
         try:
@@ -127,7 +130,7 @@ def _parse(block: bytes, arrow: pa.Schema, parsed: list[tuple[pa.Table, bytes]],
                 read_options=pj.ReadOptions(use_threads=False, block_size=len(piece) + 1),
                 parse_options=pj.ParseOptions(explicit_schema=arrow, unexpected_field_behavior="ignore"),
             )
-            if table.num_rows == _lines(piece):  # not so with blank lines, or two objects on one line
+            if table.num_rows == _lines(piece):  # one row per line; not so with two objects on a line
                 parsed.append((table, piece))
                 continue
         except pa.ArrowInvalid as error:

@@ -8,6 +8,7 @@ from __future__ import annotations
 
 import gzip
 import json
+import random
 from pathlib import Path
 from typing import Any
 
@@ -159,3 +160,34 @@ def test_gzip_and_many_blocks_read_the_same(spark: Any, tmp_path: Path, monkeypa
     # The refused lines Spark's reader takes as events (NaN, single quotes, ...) make up the rest.
     taken_by_spark, _ = _oracle(spark, tmp_path / "whole" / "refused" / "part-00000.jsonl")
     assert written_rows + len(taken_by_spark) == len(rows) and taken_by_spark
+
+
+MORE_ODD = ["null", " null", "1", "true", '"s"', "[]", "{}", "{", '{"a":', '{"breaches":[null]}', "\t", "\r",
+            "{" * 200 + "}" * 200, "\ufeff{}", "{}\r", " " + _with(client_id="indented")]
+
+
+def _split(piece: bytes) -> list[bytes]:
+    return piece.removesuffix(b"\n").split(b"\n")
+
+
+@pytest.mark.parametrize("seed", range(3))
+def test_every_line_is_one_row_or_refused_whatever_its_neighbours(seed: int) -> None:
+    """Blocks of odd lines in random order: each non-blank line is either one parsed row (its own: a blank
+    line beside two objects on one line once shifted a row onto the wrong line) or refused, as it was."""
+    rng = random.Random(seed)
+    arrow = to_arrow_schema(REPORT_SCHEMA)
+    pool = [*ODD_LINES, *MORE_ODD]
+    for _ in range(200):
+        lines = [rng.choice(pool) for _ in range(rng.randint(1, 12))]
+        block = ("\n".join(lines) + rng.choice(["", "\n"])).encode()
+        parsed: list[Any] = []
+        refused: list[bytes] = []
+        json_lines._parse(block, arrow, parsed, refused)
+        kept = [line for table, piece in parsed for line in _split(piece)]
+        assert sum(t.num_rows for t, _ in parsed) == len(kept)
+        assert sorted(kept + [r.rstrip(b"\n") for r in refused]) == sorted(
+            line.encode() for line in "\n".join(lines).split("\n") if line.strip()
+        )
+        for table, piece in parsed:
+            ids = [json.loads(line).get("client_id") for line in _split(piece)]
+            assert table.column("client_id").to_pylist() == ids
