@@ -20,7 +20,7 @@ from pyspark.sql.types import StringType, StructField, StructType
 
 from pipeline import events as ev
 from pipeline import json_lines
-from pipeline.events import REPORT_SCHEMA, find_inputs, read_evidence
+from pipeline.events import EVENT_SCHEMA, REPORT_SCHEMA, find_inputs, read_evidence
 
 pytestmark = pytest.mark.spark
 
@@ -63,6 +63,8 @@ ODD_LINES = [
     json.dumps({k: v for k, v in GOOD.items() if k != "window_start"}),
     _with(mode="sometimes"),
     _with(extra={"x": [1, {"y": 2}]}, breaches=[{"kind": "client_id", "path": "x", "length": 3, "limit": 2}]),
+    _with(breaches=[{"kind": "client_id", "length": "3"}]),  # a string for a long, inside a list
+    _with(breaches=[None, {}]),
     json.dumps({"schema_version": 2, "type": "decision", "ts": 1.0, "instance": "p", "policy": "x", "mode": "observe",
                 "action": "refuse", "reason": "r", "limit_key": "k", "limit": 3, "client_id": "c"}),
     json.dumps({"schema_version": 2, "type": "connection", "ts": 2.0, "instance": "p", "event": "open",
@@ -80,21 +82,23 @@ ODD_LINES = [
 ]
 
 
-def _rows(frame: Any) -> list[tuple[Any, ...]]:
+def _rows(frame: Any, schema: StructType = REPORT_SCHEMA) -> list[tuple[Any, ...]]:
     """Rows to compare: NaN (Spark's reader takes it) equals NaN here."""
-    rows = [tuple("NaN" if v != v else v for v in r) for r in frame.select(*REPORT_SCHEMA.fieldNames()).collect()]
+    rows = [tuple("NaN" if v != v else v for v in r) for r in frame.select(*schema.fieldNames()).collect()]
     return sorted(rows, key=repr)
 
 
-def _oracle(spark: Any, path: Path) -> tuple[list[tuple[Any, ...]], dict[tuple[str, str], int]]:
+def _oracle(
+    spark: Any, path: Path, fields: StructType = REPORT_SCHEMA
+) -> tuple[list[tuple[Any, ...]], dict[tuple[str, str], int]]:
     """The valid events and the problems, as Spark's own JSON reader and the report's rules find them."""
     rules = ev._rules()
-    schema = StructType([*REPORT_SCHEMA.fields, StructField(ev._CORRUPT, StringType())])
+    schema = StructType([*fields.fields, StructField(ev._CORRUPT, StringType())])
     raw = (
         spark.read.schema(schema).option("mode", "PERMISSIVE").option("columnNameOfCorruptRecord", ev._CORRUPT)
         .json(str(path)).cache()
     )
-    valid = raw.filter(ev._valid(rules)).select(*REPORT_SCHEMA.fieldNames())
+    valid = raw.filter(ev._valid(rules))
     named = raw.filter(~ev._valid(rules)).select(
         ev._first_broken(rules).alias("_rule"), *[F.col(n).alias(f"_bad_{n}") for n in ev._NAMED]
     )
@@ -102,22 +106,25 @@ def _oracle(spark: Any, path: Path) -> tuple[list[tuple[Any, ...]], dict[tuple[s
     for row in named.collect():
         key = ev._problem_of(rules, row)
         problems[key] = problems.get(key, 0) + 1
-    return _rows(valid), problems
+    return _rows(valid, fields), problems
 
 
-def _read(spark: Any, path: Path, scratch: Path) -> tuple[list[tuple[Any, ...]], dict[tuple[str, str], int], Any]:
-    evidence = read_evidence(spark, find_inputs([str(path)]), str(scratch))
-    rows = _rows(evidence.events)
+def _read(
+    spark: Any, path: Path, scratch: Path, schema: StructType = REPORT_SCHEMA
+) -> tuple[list[tuple[Any, ...]], dict[tuple[str, str], int], Any]:
+    evidence = read_evidence(spark, find_inputs([str(path)]), str(scratch), schema)
+    rows = _rows(evidence.events, schema)
     problems = {(p.problem, p.detail): p.lines for p in evidence.problems}
     return rows, problems, evidence
 
 
-def test_odd_lines_read_as_spark_reads_them(spark: Any, tmp_path: Path) -> None:
+@pytest.mark.parametrize("schema", [REPORT_SCHEMA, EVENT_SCHEMA], ids=["report", "every field"])
+def test_odd_lines_read_as_spark_reads_them(spark: Any, tmp_path: Path, schema: StructType) -> None:
     path = tmp_path / "in" / "odd.jsonl"
     path.parent.mkdir()
     path.write_text("\n".join(ODD_LINES) + "\n" + _with()[:40])  # the last line cut off, no newline
-    expected_rows, expected_problems = _oracle(spark, path)
-    rows, problems, evidence = _read(spark, path, tmp_path / "scratch")
+    expected_rows, expected_problems = _oracle(spark, path, schema)
+    rows, problems, evidence = _read(spark, path, tmp_path / "scratch", schema)
     assert rows == expected_rows
     # Spark's lenient forms are valid events to it, and so to the report: NaN, single quotes, the number's text
     assert len(rows) >= 6
