@@ -36,7 +36,7 @@ FILE_COLUMN = "_file"  # of a refused line: its input file's index in the list g
 # Bytes parsed at a time. Per call pyarrow costs a little (1 MiB blocks: 40% more CPU than 16 MiB, 4 MiB:
 # 5%), and a block with a line it refuses is parsed again up to that line.
 _BLOCK = 4 << 20
-_ROW_GROUP = 1 << 16
+_ROW_GROUP = 1 << 18
 _NOT_AN_OBJECT_LINE = re.compile(rb"\n[^{]")
 _STOPPED_AT = re.compile(r"in row (\d+)$")  # how pyarrow names the line it could not parse (0: the first)
 _NULL = "__HIVE_DEFAULT_PARTITION__"  # the directory name of a null partition value, as Spark writes it
@@ -179,8 +179,9 @@ def _valid(table: pa.Table, contract: Contract) -> pa.Array:
 
 
 class _Writers:
-    """One Parquet file per partition (type and section) a task's events fall in, written in row groups of
-    ``_ROW_GROUP`` rows (a row group per block parsed made the queries after slower)."""
+    """One Parquet file per partition (type and section) a task's events fall in, written ``_ROW_GROUP``
+    rows or more at a time: the report over 10 million events took 30.5-32.8 s from row groups of 64 Ki
+    rows, 28.5-29.4 s from these (29.5-29.6 s from what Spark writes), and longer from one per block."""
 
     def __init__(self, root: Path, index: int, parsed: pa.Schema) -> None:
         self.root, self.index = root, index
