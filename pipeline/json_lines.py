@@ -8,8 +8,8 @@ into columns, and each task writes its valid events as Parquet partitioned by ki
 The tasks run wherever Spark runs them (on a standalone cluster, its workers); only counts come back.
 
 pyarrow is stricter than Spark: a line it accepts reads as Spark reads it, and it refuses the rest (not
-JSON, a value of the wrong type, a duplicate key, Spark's lenient forms such as single quotes or NaN, two
-objects on a line; tests/pipeline/test_json_lines.py holds Spark's reader to that). A line it refuses, or
+JSON, a value of the wrong type, a duplicate key, Spark's lenient forms such as single quotes, two objects
+on a line; tests/pipeline/test_json_lines.py holds Spark's reader to that). A line it refuses, or
 one that breaks a rule of the schema (``Contract``), is kept as it was, for Spark's JSON reader, which
 names what is wrong with it by the same rules as ever. Blank lines are skipped, as Spark skips them.
 """

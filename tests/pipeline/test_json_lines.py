@@ -164,7 +164,7 @@ def test_gzip_and_many_blocks_read_the_same(spark: Any, tmp_path: Path, monkeypa
     assert outcome[0] == outcome[1]
     (_, _, lines_read), written_rows, _, refused = outcome[0]
     assert lines_read == written_rows + len(refused) == sum(1 for line in lines if line.strip())
-    # The refused lines Spark's reader takes as events (NaN, single quotes, ...) make up the rest.
+    # The refused lines Spark's reader takes as events (single quotes, a number for a string, ...) make up the rest.
     taken_by_spark, _ = _oracle(spark, tmp_path / "whole" / "refused" / "part-00000.jsonl")
     assert written_rows + len(taken_by_spark) == len(rows) and taken_by_spark
 
