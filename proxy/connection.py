@@ -311,7 +311,13 @@ class ClientConnection:
                     self._waiting_for = "pool memory"
                     self._partial_ticket = await self._reserve(splitter.frame_size, trio.current_time())
                 self._waiting_for = "its body"
-                data = await client.receive(max(RECEIVE_SIZE, min(splitter.wanted, MAX_RECEIVE)))
+                if session.in_flight >= MAX_PENDING_REQUESTS:
+                    # At the cap: the rest of this frame only, so that the cap holds reading right after
+                    # it (a receive ending mid-frame otherwise read on past the cap, 64 KiB at a time).
+                    # wanted is 0 until the frame's first part is held apart: then one byte first.
+                    data = await client.receive(max(1, min(splitter.wanted, MAX_RECEIVE)))
+                else:
+                    data = await client.receive(max(RECEIVE_SIZE, min(splitter.wanted, MAX_RECEIVE)))
             else:
                 if session.in_flight >= MAX_PENDING_REQUESTS:
                     self._room = trio.Event()  # the response pump sets it once half are answered
