@@ -531,14 +531,13 @@ def _read_json_lines(
     problems: dict[tuple[str, str, str], InputProblem] = {}
     if converted.refused:
         with_corrupt = StructType([*schema.fields, StructField(_CORRUPT, StringType())])
-        index = F.regexp_extract(F.col("_metadata.file_path"), r"part-(\d+)", 1).cast("int")
         rules = _rules()
         refused = (
             spark.read.schema(with_corrupt)
             .option("mode", "PERMISSIVE")
             .option("columnNameOfCorruptRecord", _CORRUPT)
             .json(list(converted.refused))
-            .select("*", index.alias(json_lines.FILE_COLUMN))
+            .select("*", json_lines.refused_file_index().alias(json_lines.FILE_COLUMN))
             # Kept in memory, every column parsed: uncached, Spark's reader parses only the columns a
             # query reads, so a line with a bad value in another column (a float for a long) would be
             # valid to the problems' query and malformed to the events'. Few lines (10 million events: 200).
