@@ -184,13 +184,23 @@ class Inputs:
     @property
     def total_bytes(self) -> int:
         """Bytes of every input file (JSON lines and Parquet)."""
-        parquet = sum(
+        return sum(f.size for f in self.json_files) + self._parquet_dir_bytes()
+
+    @property
+    def parquet_bytes(self) -> int:
+        """About what these events take as Parquet, which is what Spark's JVM reads: JSON lines are
+        converted in Python tasks first (pipeline.json_lines). 10 million synthetic events: 3,151.8 MB
+        of JSON lines, 151 MB as Parquet; gzip shrinks the same lines 13.7 times."""
+        converted = sum(f.size * 2 // 3 if f.path.endswith(".gz") else f.size // 20 for f in self.json_files)
+        return converted + self._parquet_dir_bytes()
+
+    def _parquet_dir_bytes(self) -> int:
+        return sum(
             (Path(root) / name).stat().st_size
             for directory in self.parquet_dirs
             for root, _, names in os.walk(directory)
             for name in names
         )
-        return sum(f.size for f in self.json_files) + parquet
 
     @property
     def described(self) -> str:

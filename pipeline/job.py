@@ -200,11 +200,10 @@ def main(args: argparse.Namespace) -> int:
         steps = Steps()
         load_in_background()
         with steps.step(f"starting Spark ({args.master})"):
-            size = inputs.total_bytes
             spark = spark_session(
                 args.master,
-                short_job=size < SHORT_JOB_BYTES,
-                driver_memory=driver_memory_for(size),
+                short_job=inputs.parquet_bytes < SHORT_JOB_BYTES,
+                driver_memory=driver_memory_for(inputs.total_bytes),
                 class_archive=True,
             )
         try:

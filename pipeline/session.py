@@ -121,10 +121,12 @@ def _class_archive_options(archive: Path) -> str:
     return f"-XX:ArchiveClassesAtExit={partial} {_QUIET_CDS}"
 
 
-# Below this much input a run lasts seconds: the JVM's optimizing compiler (C2) would spend
-# more CPU compiling Spark's generated code than it saves (measured: half the CPU of a
-# 24,000-event report). Larger inputs keep the default tiered compilation.
-SHORT_JOB_BYTES = 256 * 1024 * 1024
+# Below this much input as Parquet (Inputs.parquet_bytes) the JVM's optimizing compiler (C2) spends
+# more CPU compiling each query's generated code than it saves before the query ends: C1 alone was
+# faster in every report measured on 2 cores (bench/RESULTS.md), 24,000 events (half the CPU) to 40
+# million (151-604 MB: 30-40 s vs 35-47 s, 63.9 s vs 73.9 s; from JSON lines 47-50 s vs 53-61 s).
+# Larger inputs, not measured, keep the JVM's default tiered compilation.
+SHORT_JOB_BYTES = 640 * 1024 * 1024
 _QUICK_JIT = "-XX:TieredStopAtLevel=1"
 
 

@@ -13,7 +13,15 @@ import pytest
 from pyspark.sql import functions as F
 from pyspark.sql.types import ArrayType, BooleanType, DataType, DoubleType, LongType, StringType, StructType
 
-from pipeline.events import EVENT_SCHEMA, EventsPathError, find_inputs, read_evidence, write_parquet
+from pipeline.events import (
+    EVENT_SCHEMA,
+    EventsPathError,
+    InputFile,
+    Inputs,
+    find_inputs,
+    read_evidence,
+    write_parquet,
+)
 
 ROOT = Path(__file__).resolve().parents[2]
 SCHEMA_FILE = ROOT / "schema" / "audit-event-v2.schema.json"
@@ -151,3 +159,16 @@ def test_parquet_conversion_keeps_every_event_and_the_input_problems(spark: Any,
     assert by_type == dict(fleet.truth.by_type)
     assert again.problems == evidence.problems
     assert sum(p.lines for p in again.problems) == fleet.truth.malformed + fleet.truth.v1 + 1
+
+
+def test_json_lines_count_for_the_jvm_as_the_parquet_they_become(tmp_path: Path) -> None:
+    """The report's JIT choice (pipeline.session.SHORT_JOB_BYTES) weighs what the JVM will read."""
+    part = tmp_path / "pq" / "type=window"
+    part.mkdir(parents=True)
+    (part / "part-0.parquet").write_bytes(b"x" * 1000)
+    inputs = Inputs(
+        json_files=(InputFile("a.jsonl", 2_000_000, False), InputFile("b.jsonl.gz", 300_000, False)),
+        parquet_dirs=(str(tmp_path / "pq"),),
+    )
+    assert inputs.total_bytes == 2_301_000
+    assert inputs.parquet_bytes == 100_000 + 200_000 + 1000
