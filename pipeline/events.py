@@ -353,25 +353,29 @@ class Evidence:
             F.max("max_response_bytes").alias("rs_max"),
         ]
         none = F.lit(None)
+
+        def section(name: str) -> list[Column]:
+            # the same for every row of the scan: named after it, not hashed per row (10 million events:
+            # 4.6-4.9 -> 3.9-4.5 s of JVM CPU for the client_api windows, warm)
+            return [F.lit("window").alias("type"), F.lit(name).alias("section")]
+
         # One aggregate per section, with the other section's keys null: a single one over both, keyed by
         # all of them, took twice the CPU.
         sizes = (
             self.windows("client_api")
             .groupBy(
-                "type",
-                "section",
                 "instance",
                 size_bucket(F.col("max_request_bytes")).alias("rq"),
                 size_bucket(F.col("max_response_bytes")).alias("rs"),
             )
             .agg(*tally)
-            .select("*", none.alias("identifier_kind"), none.alias("max_length"))
+            .select(*section("client_api"), "*", none.alias("identifier_kind"), none.alias("max_length"))
         )
         lengths = (
             self.windows("identifier")
-            .groupBy("type", "section", "instance", "identifier_kind", "max_length")
+            .groupBy("instance", "identifier_kind", "max_length")
             .agg(*tally)
-            .select("*", none.alias("rq"), none.alias("rs"))
+            .select(*section("identifier"), "*", none.alias("rq"), none.alias("rs"))
         )
         return [*sizes.collect(), *lengths.collect()]
 
