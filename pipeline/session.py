@@ -123,8 +123,9 @@ def _class_archive_options(archive: Path) -> str:
 
 # Below this much input as Parquet (Inputs.parquet_bytes) the JVM's optimizing compiler (C2) spends
 # more CPU compiling each query's generated code than it saves before the query ends: C1 alone was
-# faster in every report measured on 2 cores (bench/RESULTS.md), 24,000 events (half the CPU) to 40
-# million (151-604 MB: 30-40 s vs 35-47 s, 63.9 s vs 73.9 s; from JSON lines 47-50 s vs 53-61 s).
+# faster in every report measured on 2 cores (bench/RESULTS.md), from 24,000 events (half the CPU) to
+# 40 million as Parquet (10, 20, 40 million: 32.3 vs 35.2 s, 39.8 vs 45.5-47.3 s, 63.9 vs 73.9 s)
+# and 10 million from JSON lines (49.9-53.5 s vs 56.6-61.5 s, back to back).
 # Larger inputs, not measured, keep the JVM's default tiered compilation.
 SHORT_JOB_BYTES = 640 * 1024 * 1024
 _QUICK_JIT = "-XX:TieredStopAtLevel=1"
