@@ -314,8 +314,7 @@ class ClientConnection:
                 if session.in_flight >= MAX_PENDING_REQUESTS:
                     # At the cap: the rest of this frame only, so that the cap holds reading right after
                     # it (a receive ending mid-frame otherwise read on past the cap, 64 KiB at a time).
-                    # wanted is 0 until the frame's first part is held apart: then one byte first.
-                    data = await client.receive(max(1, min(splitter.wanted, MAX_RECEIVE)))
+                    data = await client.receive(min(splitter.wanted, MAX_RECEIVE))
                 else:
                     data = await client.receive(max(RECEIVE_SIZE, min(splitter.wanted, MAX_RECEIVE)))
             else:

@@ -61,8 +61,10 @@ class FrameSplitter:
 
     @property
     def wanted(self) -> int:
-        """Bytes still missing for the frame being gathered (a hint for the read size)."""
-        return self._need - self._held if self._parts else 0
+        """Bytes still missing for the frame being gathered (a hint for the read size): 0 when no byte
+        of one is held, at least 1 while ``frame_size`` says its body is still to come."""
+        held = self._held if self._parts else len(self._buf) - self._pos
+        return max(0, self._need - held) if held else 0
 
     def truncated(self) -> str:
         """What is held of an incomplete frame, for the line that says the stream ended in it."""

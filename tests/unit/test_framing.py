@@ -61,14 +61,25 @@ def test_a_length_over_the_limit_is_refused_before_its_body_arrives() -> None:
 
 def test_a_frame_whose_body_is_missing_says_its_size_and_what_it_still_wants() -> None:
     splitter = FrameSplitter(sniff=False)
+    assert splitter.wanted == 0
     splitter.feed((1000).to_bytes(4, "big") + b"x" * 100)
     assert splitter.next_frame(4096) is None
     assert splitter.frame_size == 1000
+    assert splitter.wanted == 1004 - 104  # the first part still in the receive it came in
     splitter.feed(b"y" * 10)
     assert splitter.wanted == 1004 - 114
     splitter.feed(b"z" * 890)
     assert splitter.next_frame(4096) == (0, 1004)
     assert splitter.frame_size == 0
+    assert splitter.wanted == 0
+
+
+def test_a_length_prefix_cut_by_a_receive_wants_the_rest_of_it() -> None:
+    splitter = FrameSplitter(sniff=False)
+    splitter.feed(frame(b"x" * 20) + b"\x00\x00")
+    assert splitter.next_frame(100) == (0, 24)
+    assert splitter.next_frame(100) is None
+    assert splitter.wanted == 2
 
 
 def test_observe_mode_admits_a_refused_frame_once_and_the_next_is_checked_again() -> None:
