@@ -129,6 +129,10 @@ def _class_archive_options(archive: Path) -> str:
 # Larger inputs, not measured, keep the JVM's default tiered compilation.
 SHORT_JOB_BYTES = 640 * 1024 * 1024
 _QUICK_JIT = "-XX:TieredStopAtLevel=1"
+# A report is a batch job: throughput, not pause times. The JDK's default collector (G1) costs every
+# reference store a write barrier, which C1's code runs out of line (10 million events from Parquet,
+# 4 pairs back to back: 26.0-29.5 s with the parallel collector against 29.0-33.4 s with G1).
+_THROUGHPUT_GC = "-XX:+UseParallelGC"
 
 
 _GIB = 1 << 30
@@ -201,7 +205,7 @@ def spark_session(
         .config("spark.ui.enabled", "false")
         .config("spark.ui.showConsoleProgress", "true" if progress else "false")
     )
-    driver_options = [_QUICK_JIT] if short_job else []
+    driver_options = [_THROUGHPUT_GC, *([_QUICK_JIT] if short_job else [])]
     mapping = None
     if class_archive and SparkContext._gateway is None:  # options reach a JVM only when this starts it
         archive = class_archive_path()
@@ -209,8 +213,7 @@ def spark_session(
         if options:
             driver_options.append(options)
             mapping = archive
-    if driver_options:
-        builder = builder.config("spark.driver.extraJavaOptions", " ".join(driver_options))
+    builder = builder.config("spark.driver.extraJavaOptions", " ".join(driver_options))
     if short_job:
         builder = builder.config("spark.executor.extraJavaOptions", _QUICK_JIT)
     host = urlparse(master).hostname if master.startswith("spark://") else "127.0.0.1"
