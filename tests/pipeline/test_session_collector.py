@@ -9,6 +9,7 @@ import os
 import subprocess
 import sys
 
+from pipeline.session import _OPERATOR_JVM_OPTIONS
 from tests.conftest import ROOT
 
 SESSION = """
@@ -21,7 +22,7 @@ print("collectors:", ", ".join(sorted(str(bean.getName()) for bean in beans)))
 
 
 def collectors(**env: str) -> str:
-    environment = {k: v for k, v in os.environ.items() if k not in ("JAVA_TOOL_OPTIONS", "PYSPARK_SUBMIT_ARGS")}
+    environment = {k: v for k, v in os.environ.items() if k not in _OPERATOR_JVM_OPTIONS}
     run = subprocess.run([sys.executable, "-c", SESSION], capture_output=True, text=True, cwd=ROOT, timeout=300,
                          env={**environment, **env})
     assert run.returncode == 0, run.stderr[-3000:]
@@ -34,5 +35,5 @@ def test_the_report_jvm_runs_the_parallel_collector() -> None:
 
 
 def test_a_collector_chosen_in_the_operators_jvm_options_stays() -> None:
-    # Spark's option added to it, the JVM would end at once: "Multiple garbage collectors selected".
+    # With the parallel collector added to it, the JVM would end at once: "Multiple garbage collectors selected".
     assert collectors(JAVA_TOOL_OPTIONS="-XX:+UseSerialGC") == "collectors: Copy, MarkSweepCompact"
