@@ -200,6 +200,19 @@ class ConnectionCounts:
     listeners: Mapping[str, int]
 
 
+@dataclass(frozen=True, slots=True)
+class OpenCounts:
+    """What the limits counted right after a connection was admitted, itself included: the live
+    counts (closing connections left out) that ``max.connections`` and ``max.ssl.connections``
+    compare (None where the connection does not count against the cap: a protected listener, or
+    plaintext for the TLS cap), and the count of its IP (``max.connections.per.ip``). The audit
+    records them, so the report can tell which connections a lower limit would have refused."""
+
+    broker: int | None
+    ssl: int | None
+    ip: int
+
+
 # ---------------------------------------------------------------------------
 # The policy
 
@@ -300,6 +313,15 @@ class ConnectionQuotas:
     def ip_count(self, ip: str) -> int:
         """Connections counted for ``ip``, protected and closing ones included."""
         return self._ip_count.get(ip, 0)
+
+    def open_counts(self, conn_id: str) -> OpenCounts:
+        """What each limit counts now, with ``conn_id`` (admitted, not closing) among them."""
+        conn = self._conns[conn_id]
+        ip = self._ip_count[conn.ip]
+        if conn.protected:
+            return OpenCounts(None, None, ip)
+        ssl = self._ssl_count - self._ssl_closing if conn.tls else None
+        return OpenCounts(self._broker_count - self._broker_closing, ssl, ip)
 
     def counts(self) -> ConnectionCounts:
         """A snapshot of the counts, for metrics."""

@@ -29,6 +29,7 @@ from typing import NoReturn
 import trio
 
 from policies.api_keys import PRODUCE
+from policies.connections import OpenCounts
 from policies.decision import Action, Decision, Policy
 from policies.frame_check import FrameKind, decide_request_prefix, looks_like_http, looks_like_tls
 from policies.mode import Mode
@@ -102,6 +103,7 @@ class ClientConnection:
         self.conn_id = f"{port.listener}-{next(_ids)}"
         self.tls = port.tls is not None
         self.where = Where(port.listener, self.peer, self.conn_id, self.tls)
+        self.open_counts: OpenCounts | None = None  # set by the gate as it admits this connection
         self.session = Session()
         self.upstream_address = "unconnected"
         self._scope = trio.CancelScope()  # cancelled to close the connection from outside
@@ -681,6 +683,12 @@ class ClientConnection:
             "client_address": self.peer,
             "tls": self.tls,
         }
+        if event == "open" and self.open_counts is not None:
+            # the counts the connection limits compared at its admission (the report's connection impact)
+            counts = self.open_counts
+            record.update(
+                open_connections=counts.broker, open_ssl_connections=counts.ssl, open_ip_connections=counts.ip
+            )
         if event == "close":
             record.update(
                 reason=self.end_reason,

@@ -21,7 +21,7 @@ import trio
 from prometheus_client.core import GaugeMetricFamily
 from prometheus_client.registry import Collector
 
-from policies.connections import ConnectionLimits, ConnectionQuotas
+from policies.connections import ConnectionLimits, ConnectionQuotas, OpenCounts
 from policies.decision import Action, Decision, Policy
 from policies.mode import Mode
 
@@ -39,6 +39,7 @@ class Closable(Protocol):
     peer_ip: str
     tls: bool
     where: Where
+    open_counts: OpenCounts | None  # what the limits counted once it was admitted (for the audit)
 
     def close_now(self, cause: str, reason: str) -> None: ...
 
@@ -99,6 +100,7 @@ class ConnectionGate:
             if decision.enforced and decision.action is Action.REFUSE:
                 return False
         self._open[conn.conn_id] = conn
+        conn.open_counts = self.quotas.open_counts(conn.conn_id)
         self._rearm_reaper()  # a new connection is idle until its first request
         if decision is not None and decision.enforced and decision.action is Action.EVICT:
             for victim in decision.victims:

@@ -19,6 +19,7 @@ from policies.connections import (
     MAX_SSL_CONNECTIONS,
     ConnectionLimits,
     ConnectionQuotas,
+    OpenCounts,
     listener_max_connections_key,
 )
 from policies.decision import Action, Decision, Policy
@@ -286,6 +287,21 @@ def test_the_per_ip_limit_counts_protected_listeners_and_closing_connections() -
     refuses(accept(q, "d", ip="10.1.1.1"))
     q.on_closed("a")
     assert q.ip_count("10.1.1.1") == 1
+
+
+def test_open_counts_are_what_each_cap_compared_after_admitting_the_connection() -> None:
+    q = quotas(protected=(INTERNAL,), max_ssl_connections=2)
+    accept(q, "r", listener=INTERNAL, ip="10.1.1.1", tls=False)
+    assert q.open_counts("r") == OpenCounts(None, None, 1)  # protected: only its IP counts it
+    accept(q, "t1", ip="10.1.1.1")
+    assert q.open_counts("t1") == OpenCounts(1, 1, 2)
+    accept(q, "p1", listener=PLAIN, ip="10.2.2.2")
+    assert q.open_counts("p1") == OpenCounts(2, None, 1)  # plaintext: not counted by the TLS cap
+    accept(q, "t2", ip="10.2.2.2")
+    assert evicts(accept(q, "t3", ip="10.2.2.2")) == ("t1",)
+    # t1 is closing: the caps no longer count it, its IP still does (as max.connections.per.ip does)
+    assert q.open_counts("t3") == OpenCounts(3, 2, 3)
+    assert q.open_counts("r") == OpenCounts(None, None, 2)
 
 
 # ---------------------------------------------------------------------------
