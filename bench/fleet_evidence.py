@@ -240,6 +240,7 @@ def _instance_events(spec: FleetSpec, i: int, out: Path) -> FleetTruth:
         str, tuple[Client, str, bool, float, str]
     ] = {}  # conn id -> (client, address, tls, opened, listener)
     per_ip: Counter[str] = Counter()
+    open_tls = [0]  # TLS connections open now
 
     def open_conn(client: Client, ts: float) -> None:
         nonlocal conn_seq
@@ -251,6 +252,7 @@ def _instance_events(spec: FleetSpec, i: int, out: Path) -> FleetTruth:
         open_conns[conn_id] = (client, address, tls, ts, listener)
         per_ip[client.host] += 1
         truth.peak_per_ip = max(truth.peak_per_ip, per_ip[client.host])
+        open_tls[0] += tls
         writer.write(
             {
                 **base,
@@ -261,12 +263,17 @@ def _instance_events(spec: FleetSpec, i: int, out: Path) -> FleetTruth:
                 "listener": listener,
                 "client_address": address,
                 "tls": tls,
+                # what a proxy's connection limits counted as they admitted it, itself included
+                "open_connections": len(open_conns),
+                "open_ssl_connections": open_tls[0] if tls else None,
+                "open_ip_connections": per_ip[client.host],
             }
         )
 
     def close_conn(conn_id: str, ts: float, reason: str) -> None:
         client, address, tls, opened, listener = open_conns.pop(conn_id)
         per_ip[client.host] -= 1
+        open_tls[0] -= tls
         writer.write(
             {
                 **base,
@@ -287,8 +294,7 @@ def _instance_events(spec: FleetSpec, i: int, out: Path) -> FleetTruth:
         )
 
     def tls_open() -> tuple[int, int]:
-        tls = sum(1 for c in open_conns.values() if c[2])
-        return tls, len(open_conns) - tls
+        return open_tls[0], len(open_conns) - open_tls[0]
 
     start = spec.start + i * 0.37  # proxies' windows are not aligned to the same instant
     for client in clients:

@@ -100,6 +100,9 @@ EVENT_SCHEMA = _schema(
     ("direction", _S),
     # connection
     ("event", _S),
+    ("open_connections", _L),
+    ("open_ssl_connections", _L),
+    ("open_ip_connections", _L),
     ("duration_seconds", _D),
     ("requests", _L),
     ("bytes_in", _L),

@@ -8,8 +8,9 @@ Three kinds of evidence answer it, each in its own unit of ``occurrences``:
 * ``window``: observation windows over the limit (a group of 57 members in a
   window is over ``group.max.size=50``; Kafka refuses the joins beyond 50);
 * ``connection``: connections opened while the count per proxy, per proxy over
-  TLS, or per client host was already at the limit (Kafka's ``ConnectionQuotas``
-  and KIP-1015 would have refused them or evicted an idle one);
+  TLS, or per client host was already at the limit (the counts the proxy's limits
+  took as they admitted it; Kafka's ``ConnectionQuotas`` and KIP-1015 would have
+  refused them or evicted an idle one);
 * ``decision``: decisions the proxies recorded that the candidate would also
   have taken (a join refused at ``group.max.size=100`` is refused at 50 too; an
   identifier of 250 characters breaks a limit of 249).
@@ -204,9 +205,9 @@ def _window_observations(evidence: Evidence, opens: DataFrame, smallest: dict[st
         )
         found.append(_measured(open_at_once, "window", per_proxy, table))
     counted = wanted(
-        ("max.connections", F.col("open_all"), F.col("listener")),
-        ("max.ssl.connections", F.when(F.col("tls"), F.col("open_tls")), F.col("listener")),
-        ("max.connections.per.ip", F.col("open_ip"), F.col("listener")),
+        ("max.connections", F.col("open_connections"), F.col("listener")),
+        ("max.ssl.connections", F.col("open_ssl_connections"), F.col("listener")),
+        ("max.connections.per.ip", F.col("open_ip_connections"), F.col("listener")),
     )
     if counted:
         found.append(

@@ -105,7 +105,7 @@ def _report(
     with steps.step(f"reading {inputs.described}"):
         evidence = read_evidence(spark, inputs, scratch)
     with steps.step("traffic aggregates"):
-        opens = open_connections(evidence.connections).cache()
+        opens = open_connections(evidence.connections)
         traffic = measure_traffic(evidence, opens)
     seen = evidence.overview
     if steps.stream is not None:
@@ -151,7 +151,6 @@ def _report(
                 run=run,
             )
             (out / "report.html").write_text(page, encoding="utf-8")
-    opens.unpersist()
     (out / "run.json").write_text(
         json.dumps(
             {

@@ -282,7 +282,13 @@ def _facts(section: str, t: Traffic) -> str:
             if p is not None
         ]
         closes = _table(["close reason", "connections"], t.close_reasons) if t.close_reasons else ""
-        return _table(["", "connections", "where", "when"], peaks) + closes
+        uncounted = (
+            f"<p>{t.uncounted_opens:,} connection opens carry no counts (written before proxies recorded"
+            " them): no connection limit is judged on them.</p>"
+            if t.uncounted_opens
+            else ""
+        )
+        return _table(["", "connections", "where", "when"], peaks) + uncounted + closes
     if section == "group-size":
         return f"<p>{t.groups:,} groups.</p>" + _table(
             ["largest groups", "kind", "members", "when"],

@@ -3,10 +3,10 @@ sizes per client id and API, group sizes, pool depth, connections (TLS and
 plaintext), identifier lengths, and the decisions recorded. The report's plots
 and the recommended limits are made from these; only they reach the driver.
 
-Connections open at once per proxy, per proxy over TLS, and per proxy and client
-host are counted from the connection lifecycle events in time order (Kafka's
-``ConnectionQuotas`` counts the same three); the windows' ``max_open`` give
-the peaks per listener.
+Connections open at once per proxy, per proxy over TLS, and per client host are
+what each proxy's connection limits counted as they admitted a connection
+(Kafka's ``ConnectionQuotas`` counts the same three), recorded in its open event;
+the windows' ``max_open`` give the peaks per listener.
 """
 
 from __future__ import annotations
@@ -63,6 +63,7 @@ class Traffic:
     peak_tls: Peak | None = None
     peak_connections: Peak | None = None
     peak_per_ip: Peak | None = None
+    uncounted_opens: int = 0  # connection opens without the proxy's counts (files from before they were recorded)
     close_reasons: list[tuple[str, int]] = field(default_factory=list)
     # groups
     largest_groups: list[dict[str, Any]] = field(default_factory=list)  # group_id, kind, peak, ts
@@ -101,61 +102,28 @@ def client_host(address: Column) -> Column:
     return F.when(F.instr(address, ":") == 0, address).when(bracketed, unbracketed).otherwise(host)
 
 
+# What the proxy's connection limits counted as they admitted a connection (audit: connection open)
+COUNTED = ("open_connections", "open_ssl_connections", "open_ip_connections")
+
+
 def _int(value: Any) -> int:
     return int(value) if value is not None else 0
 
 
 def open_connections(connections: DataFrame) -> DataFrame:
-    """One row per connection opened: instance, ts, conn_id, listener, host, tls,
-    and the connections open right after it on that proxy (``open_all``), over TLS (``open_tls``,
-    TLS connections only) and from that client host (``open_ip``).
-
-    Closes count before opens at the same instant. Connections already open when the
-    evidence begins show up as closes without an open: each partition's count is lifted
-    by its lowest dip below zero, so it never goes negative.
-    """
-    delta = F.when(F.col("event") == "open", 1).otherwise(-1)
-    # Only what the counts and their readers need goes through the sorts: every column is copied at each.
-    c = connections.select(
+    """One row per connection opened: instance, ts, conn_id, listener, host, tls, and what the
+    proxy's connection limits counted as they admitted it, itself included: ``open_connections``
+    (``max.connections``), ``open_ssl_connections`` (``max.ssl.connections``, TLS only) and
+    ``open_ip_connections`` (``max.connections.per.ip``). Opens written before proxies recorded
+    the counts have them null: no limit is judged on those (``_peak_per_ip`` counts them)."""
+    return connections.filter(F.col("event") == "open").select(
         "instance",
         "ts",
         "conn_id",
         "listener",
-        "tls",
         client_host(F.col("client_address")).alias("host"),
-        delta.alias("delta"),
-        (delta * F.col("tls").cast("int")).alias("delta_tls"),
-    )
-    order = ("ts", "delta", "conn_id")
-    upto = Window.unboundedPreceding, Window.currentRow
-    per_proxy = Window.partitionBy("instance").orderBy(*order).rowsBetween(*upto)
-    per_host = Window.partitionBy("instance", "host").orderBy(*order).rowsBetween(*upto)
-    counted = c.select(
-        "*",
-        F.sum("delta").over(per_proxy).alias("run_all"),
-        F.sum("delta_tls").over(per_proxy).alias("run_tls"),
-        F.sum("delta").over(per_host).alias("run_ip"),
-    )
-    whole_proxy, whole_host = Window.partitionBy("instance"), Window.partitionBy("instance", "host")
-
-    def lifted(run: str, scope: Any) -> Column:
-        return (F.col(run) - F.least(F.lit(0), F.min(run).over(scope))).cast("long")
-
-    return (
-        counted.select(
-            "instance",
-            "ts",
-            "conn_id",
-            "listener",
-            "host",
-            "tls",
-            "delta",
-            lifted("run_all", whole_proxy).alias("open_all"),
-            lifted("run_tls", whole_proxy).alias("open_tls"),
-            lifted("run_ip", whole_host).alias("open_ip"),
-        )
-        .filter(F.col("delta") == 1)
-        .drop("delta")
+        "tls",
+        *COUNTED,
     )
 
 
@@ -286,13 +254,14 @@ def _pool(evidence: Evidence, step: int) -> dict[str, Any]:
 
 
 def _peak_per_ip(opens: DataFrame) -> dict[str, Any]:
-    """The most connections open at once from one client host (this query fills the cache of ``opens``)."""
+    """The most connections open at once from one client host, and how many opens carry no counts."""
     per_ip = opens.agg(
-        F.max("open_ip").alias("v"),
-        F.max_by(F.concat_ws(" on ", "host", "instance"), "open_ip").alias("w"),
-        F.max_by("ts", "open_ip").alias("t"),
+        F.max("open_ip_connections").alias("v"),
+        F.max_by(F.concat_ws(" on ", "host", "instance"), "open_ip_connections").alias("w"),
+        F.max_by("ts", "open_ip_connections").alias("t"),
+        F.count_if(F.col("open_ip_connections").isNull()).alias("uncounted"),
     ).collect()[0]
-    return {"peak_per_ip": _peak(per_ip, "v", "w", "t")}
+    return {"peak_per_ip": _peak(per_ip, "v", "w", "t"), "uncounted_opens": _int(per_ip["uncounted"])}
 
 
 def _connections(evidence: Evidence, step: int) -> dict[str, Any]:

@@ -151,6 +151,11 @@ def connection(event: str, ts: float, conn_id: str, address: str, tls: bool, **f
             "client_address": address, "tls": tls, **fields}
 
 
+def counted(connections: int | None, ssl: int | None, ip: int) -> dict[str, Any]:
+    """What a proxy's connection limits counted as they admitted a connection (its open event)."""
+    return {"open_connections": connections, "open_ssl_connections": ssl, "open_ip_connections": ip}
+
+
 def decision(policy: str, limit_key: str, limit: int, ts: float = 100.0, **fields: Any) -> dict[str, Any]:
     return {"type": "decision", "ts": ts, "policy": policy, "mode": "observe", "action": "refuse",
             "reason": "test", "limit_key": limit_key, "limit": limit, **fields}

@@ -7,7 +7,7 @@ from __future__ import annotations
 from typing import Any
 
 import pytest
-from conftest import connection, decision, evidence_of, window
+from conftest import connection, counted, decision, evidence_of, window
 
 from pipeline.impact import Candidate, CandidateError, choose_candidates, hits, parse_candidate, subjects, summary
 from pipeline.traffic import open_connections
@@ -24,10 +24,11 @@ def evidence(spark: Any) -> Any:
         window("group", 0, group_id="k1", group_kind="consumer", max_members=60),
         decision("group_size", "group.max.size", 100, client_id="joiner", client_address="10.0.0.7:4000",
                  group_id="g1", api="join_group"),
-        connection("open", 1.0, "c1", "10.0.0.1:5001", True),
-        connection("open", 3.0, "c3", "10.0.0.2:5003", True),
+        connection("open", 1.0, "c1", "10.0.0.1:5001", True, **counted(1, 1, 1)),
+        connection("open", 3.0, "c3", "10.0.0.2:5003", True, **counted(2, 2, 1)),
         connection("close", 4.0, "c3", "10.0.0.2:5003", True, client_id="tls-b"),
-        connection("open", 5.0, "c4", "10.0.0.1:5004", True),
+        connection("open", 5.0, "c4", "10.0.0.1:5004", True, **counted(2, 2, 2)),
+        connection("open", 6.0, "x1", "10.0.0.3:5005", True, **counted(None, None, 1)),  # a protected listener
         window("identifier", 0, client_id="x" * 250, identifier_kind="client id", max_length=250, identifier="x" * 250),
         window("identifier", 0, client_id="ok", identifier_kind="client id", max_length=249, identifier="o" * 249),
         window("client_api", 0, client_id="big", api="produce", max_request_bytes=1500, max_response_bytes=10),
@@ -65,6 +66,15 @@ def test_the_tls_cap_names_hosts_and_the_client_id_from_the_close_event(spark: A
     assert {(kind, s) for _, e, kind, s in who if e == "connection"} == {
         ("client_address", "10.0.0.2"), ("client_id", "tls-b"), ("client_address", "10.0.0.1"), ("instance", "p1"),
     }  # c3 (2nd TLS connection, named by its close) and c4 (2nd again, after c3 closed; no close yet)
+
+
+def test_the_per_ip_and_broker_caps_judge_the_counts_the_proxy_recorded(spark: Any, evidence: Any) -> None:
+    who = _who(spark, evidence, "max.connections.per.ip=1", "max.connections=1")
+    assert {(c, s) for c, e, kind, s in who if kind == "client_address"} == {
+        ("max.connections.per.ip=1", "10.0.0.1"),  # c4: its host's 2nd
+        ("max.connections=1", "10.0.0.2"),  # c3 and c4: the proxy's 2nd; x1 (protected) is not counted
+        ("max.connections=1", "10.0.0.1"),
+    }
 
 
 def test_identifiers_sizes_and_pool_over_their_candidates(spark: Any, evidence: Any) -> None:

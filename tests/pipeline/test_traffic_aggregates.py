@@ -1,13 +1,13 @@
-"""The traffic aggregates on small DataFrames: connection counts in time order
-(per proxy, over TLS, per client host), and the peaks the recommendations and
-plots are made of."""
+"""The traffic aggregates on small DataFrames: the connection counts the proxies
+recorded (per proxy, over TLS, per client host), and the peaks the recommendations
+and plots are made of."""
 
 from __future__ import annotations
 
 from typing import Any
 
 import pytest
-from conftest import connection, decision, evidence_of, window
+from conftest import connection, counted, decision, evidence_of, window
 
 from pipeline.events import Overview
 from pipeline.traffic import measure_traffic, open_connections
@@ -15,27 +15,28 @@ from pipeline.traffic import measure_traffic, open_connections
 pytestmark = pytest.mark.spark
 
 
-def test_open_connections_are_counted_per_proxy_over_tls_and_per_host_in_time_order(spark: Any) -> None:
+def test_open_connections_carry_the_counts_the_proxy_recorded_and_the_client_host(spark: Any) -> None:
     evidence = evidence_of(spark, [
-        connection("close", 0.5, "c0", "10.0.0.9:4000", False),  # opened before the evidence began
-        connection("open", 1.0, "c1", "10.0.0.1:5001", True),
-        connection("open", 2.0, "c2", "10.0.0.1:5002", False),
-        connection("open", 3.0, "c3", "10.0.0.2:5003", True),
-        connection("close", 4.0, "c1", "10.0.0.1:5001", True, client_id="a"),
-        connection("open", 5.0, "c4", "10.0.0.1:5004", True),
-        connection("open", 5.0, "c5", "[::1]:5005", True),  # same instant: counted one after the other
-        {**connection("open", 1.0, "d1", "10.0.0.1:6000", True), "instance": "p2"},
+        connection("open", 1.0, "c1", "10.0.0.1:5001", True, **counted(1, 1, 1)),
+        connection("open", 2.0, "c2", "10.0.0.1:5002", False, **counted(2, None, 2)),
+        connection("close", 4.0, "c1", "10.0.0.1:5001", True, client_id="a"),  # not an open: no row
+        connection("open", 5.0, "c5", "[::1]:5005", True, **counted(2, 1, 1)),
+        connection("open", 6.0, "c6", "10.0.0.2:5006", False),  # written before proxies recorded counts
     ])
-    rows = open_connections(evidence.connections).collect()
-    counts = {r["conn_id"]: (r["open_all"], r["open_tls"], r["open_ip"], r["host"]) for r in rows}
+    connections = open_connections(evidence.connections)
+    rows = connections.collect()
+    counts = {r["conn_id"]: (r["open_connections"], r["open_ssl_connections"], r["open_ip_connections"], r["host"])
+              for r in rows}
     assert counts == {
         "c1": (1, 1, 1, "10.0.0.1"),
-        "c2": (2, 1, 2, "10.0.0.1"),
-        "c3": (3, 2, 1, "10.0.0.2"),
-        "c4": (3, 2, 2, "10.0.0.1"),
-        "c5": (4, 3, 1, "::1"),
-        "d1": (1, 1, 1, "10.0.0.1"),  # another proxy counts on its own
+        "c2": (2, None, 2, "10.0.0.1"),
+        "c5": (2, 1, 1, "::1"),
+        "c6": (None, None, None, "10.0.0.2"),
     }
+    traffic = measure_traffic(evidence, connections)
+    assert traffic.peak_per_ip is not None
+    assert (traffic.peak_per_ip.value, traffic.peak_per_ip.where) == (2, "10.0.0.1 on p1")
+    assert traffic.uncounted_opens == 1
 
 
 def test_time_buckets_are_round_and_at_least_one_window() -> None:
