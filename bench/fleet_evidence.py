@@ -61,6 +61,9 @@ SIZES: dict[str, tuple[tuple[float, float], tuple[float, float]]] = {
     "init_producer_id": ((60, 0.2), (40, 0.1)),
     "api_versions": ((40, 0.1), (500, 0.1)),
 }
+# What the files hold; a benchmark's fleet made under another format is made again (2: connection
+# opens carry the counts the proxy's limits took).
+FORMAT = 2
 MAX_REQUEST = 8 * 1024 * 1024
 MAX_RESPONSE = 50 * 1024 * 1024
 LONG_CLIENT_ID = "etl-backfill-" + "x" * 237  # 250 characters: one over KIP-1233's 249

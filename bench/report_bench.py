@@ -19,7 +19,7 @@ from pathlib import Path
 ROOT = Path(__file__).resolve().parent.parent
 sys.path.insert(0, str(ROOT))
 
-from bench.fleet_evidence import generate, spec_for_events  # noqa: E402
+from bench.fleet_evidence import FORMAT, generate, spec_for_events  # noqa: E402
 
 
 def _run(*args: str) -> tuple[float, str]:
@@ -47,7 +47,8 @@ def main() -> int:
     parser.add_argument("--regenerate", action="store_true")
     args = parser.parse_args()
     events_dir = args.dir / f"events-{args.events}"
-    if args.regenerate or not events_dir.is_dir():
+    made_as = events_dir / ".fleet-format"  # hidden: report reads no hidden files
+    if args.regenerate or not made_as.is_file() or made_as.read_text() != str(FORMAT):
         shutil.rmtree(events_dir, ignore_errors=True)
         started = time.monotonic()
         # The fleet of fleet_evidence.py's defaults: 20 proxies, 2,000 client ids, 400 groups.
@@ -56,6 +57,7 @@ def main() -> int:
             malformed_lines=100, v1_lines=100,
         )
         truth = generate(spec, events_dir, workers=2)
+        made_as.write_text(str(FORMAT))
         print(f"generated {truth.events:,} events in {time.monotonic() - started:.0f} s into {events_dir}")
     size = sum(p.stat().st_size for p in events_dir.rglob("*") if p.is_file())
     print(f"input: {size / 1e9:.2f} GB of JSON lines")
