@@ -99,3 +99,23 @@ def test_traffic_peaks_of_every_kind(spark: Any) -> None:
     longest = traffic.longest_for("resource.identifier.max.length")
     assert longest is not None and longest.value == 260
     assert [(d["policy"], d["count"]) for d in traffic.decisions] == [("identifier_limits", 1)]
+
+
+def test_the_largest_sizes_pairs_come_from_the_top_windows_or_from_every_window(spark: Any, monkeypatch: Any) -> None:
+    import pipeline.traffic
+
+    # 12 clients with one window each (1 KiB .. 12 KiB), and one client with 20 windows of 1 MiB
+    windows = [window("client_api", 0, client_id=f"c{n:02d}", api="produce", requests=1,
+                      max_request_bytes=1024 * n, max_response_bytes=1024 * n) for n in range(1, 13)]
+    windows += [window("client_api", 60 * n, client_id="bulk", api="produce", requests=2,
+                       max_request_bytes=1 << 20, max_response_bytes=1 << 20) for n in range(20)]
+    evidence = evidence_of(spark, windows)
+    expected = [("bulk", 1 << 20)] + [(f"c{n:02d}", 1024 * n) for n in range(12, 3, -1)]
+    # 10: only bulk's windows are in the top size bucket, too few pairs: every window is grouped;
+    # 29: the buckets from 4 KiB up hold 29 windows of 10 pairs: c01-c03 are left out, exactly
+    for rows in (10, 29):
+        monkeypatch.setattr(pipeline.traffic, "PAIR_ROWS", rows)
+        traffic = measure_traffic(evidence, open_connections(evidence.connections))
+        assert [(r["client_id"], r["bytes"]) for r in traffic.largest_requests] == expected
+        assert [(r["client_id"], r["bytes"]) for r in traffic.largest_responses] == expected
+        assert traffic.largest_requests[0]["ts"] == 0.0  # the earliest of bulk's 1 MiB windows
