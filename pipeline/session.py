@@ -195,9 +195,8 @@ def spark_session(
         # Cached events stored as they are: dictionary-encoding them took longer than every query
         # over them saved (1 million events: 8.0 s to cache compressed, 5.5 s not).
         .config("spark.sql.inMemoryColumnarStorage.compressed", "false")
-        # The connection counts run window functions over each proxy's lifecycle events: above
-        # 4,096 rows a partition (the default) Spark buffers it in a slower sorter-backed array
-        # (10 million events: the window stage's CPU 12.6 s -> 9.4 s with a million rows in memory).
+        # Window functions (the rankings of the largest pairs and of the impact's subjects) buffer
+        # each partition: above 4,096 rows (the default) in a slower sorter-backed array.
         .config("spark.sql.windowExec.buffer.in.memory.threshold", str(1 << 20))
         # The audit files are local paths, listed by the driver in milliseconds: above 32 paths Spark
         # lists them in a job of one task per path instead (60 files: 0.9 s).
