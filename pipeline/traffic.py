@@ -256,7 +256,7 @@ def _largest_sizes(evidence: Evidence) -> dict[str, Any]:
     return {"largest_requests": largest["rq"], "largest_responses": largest["rs"]}
 
 
-def _pool(evidence: Evidence, step: int) -> dict[str, Any]:
+def _pool(evidence: Evidence, step: Callable[[], int]) -> dict[str, Any]:
     rows = evidence.windows("pool").filter(F.col("high_water_mark_bytes").isNotNull())
     hwm = F.col("high_water_mark_bytes")
     stats = rows.agg(
@@ -268,7 +268,7 @@ def _pool(evidence: Evidence, step: int) -> dict[str, Any]:
         F.sum("waits").alias("waits"),
     ).collect()[0]
     series = sorted(
-        rows.groupBy(bucket(F.col("window_start"), step).alias("t"))
+        rows.groupBy(bucket(F.col("window_start"), step()).alias("t"))
         .agg(F.max(hwm).alias("max"), F.percentile_approx(hwm, 0.5).alias("median"), F.sum("waits").alias("waits"))
         .collect(),
         key=lambda r: r["t"],
@@ -298,20 +298,12 @@ def _peak_per_ip(opens: DataFrame) -> dict[str, Any]:
     return {"peak_per_ip": _peak(per_ip, "v", "w", "t"), "uncounted_opens": _int(per_ip["uncounted"])}
 
 
-def _connections(evidence: Evidence, step: int) -> dict[str, Any]:
+def _connections(evidence: Evidence, step: Callable[[], int]) -> dict[str, Any]:
     per_window = (
         evidence.windows("connections")
         .groupBy("instance", "window_start", F.coalesce(F.col("tls"), F.lit(False)).alias("tls"))
         .agg(F.sum("max_open").alias("open"))
         .cache()
-    )
-    series = sorted(
-        per_window.groupBy(bucket(F.col("window_start"), step).alias("t"), "instance", "tls")
-        .agg(F.max("open").alias("open"))
-        .groupBy("t", "tls")
-        .agg(F.sum("open").alias("fleet"), F.max("open").alias("busiest"))
-        .collect(),
-        key=lambda r: (r["t"], r["tls"]),
     )
     # The peaks over all listeners and over TLS ones, per proxy and window, in one query (a window
     # without TLS connections has a null TLS count, which max and max_by skip).
@@ -339,6 +331,14 @@ def _connections(evidence: Evidence, step: int) -> dict[str, Any]:
         .limit(20)
         .collect()
     )
+    series = sorted(
+        per_window.groupBy(bucket(F.col("window_start"), step()).alias("t"), "instance", "tls")
+        .agg(F.max("open").alias("open"))
+        .groupBy("t", "tls")
+        .agg(F.sum("open").alias("fleet"), F.max("open").alias("busiest"))
+        .collect(),
+        key=lambda r: (r["t"], r["tls"]),
+    )
     per_window.unpersist()
     return {
         "connection_series": [(float(r["t"]), bool(r["tls"]), _int(r["fleet"]), _int(r["busiest"])) for r in series],
@@ -348,7 +348,7 @@ def _connections(evidence: Evidence, step: int) -> dict[str, Any]:
     }
 
 
-def _groups(evidence: Evidence, step: int) -> dict[str, Any]:
+def _groups(evidence: Evidence, step: Callable[[], int]) -> dict[str, Any]:
     kind = F.coalesce(F.col("group_kind"), F.lit("classic"))
     per_window = (
         evidence.windows("group")
@@ -372,7 +372,7 @@ def _groups(evidence: Evidence, step: int) -> dict[str, Any]:
     shown = [r["group_id"] for r in top[:8]]
     series_rows = sorted(
         per_window.filter(F.col("group_id").isin(*shown))
-        .groupBy("group_id", bucket(F.col("window_start"), step).alias("t"))
+        .groupBy("group_id", bucket(F.col("window_start"), step()).alias("t"))
         .agg(F.max("members").alias("members"))
         .collect()
         if shown
@@ -478,23 +478,26 @@ def measure_traffic(evidence: Evidence, opens: DataFrame, threads: int = 3) -> T
     """Every aggregate the report shows and recommends from (a few Spark jobs each), from ``threads``
     Python threads: while Spark runs one query, the driver plans and compiles the next (alone, a
     report's 2 cores sat idle for a fifth of its time, the driver's one thread busy between jobs).
-    The overview (from Parquet, a query of its own) runs first, beside the parts that do not need
-    its time buckets."""
+    The overview (from Parquet, a query of its own) runs beside the parts that do not need its time
+    buckets."""
     _ = evidence.rest  # made (and for JSON lines cached) once, before the threads share it
 
     def step() -> int:
         return evidence.overview.bucket_seconds
 
-    parts: list[Callable[[], dict[str, Any]]] = [  # the longest first
-        lambda: _peak_per_ip(opens),
+    # The bulk windows' counts first (the longest query; the overview, the size and identifier parts
+    # wait for them); then the parts that need only the time buckets, which ask for them at their
+    # last query: their other queries run meanwhile, not after.
+    parts: list[Callable[[], dict[str, Any]]] = [
+        lambda: _size_histograms(evidence),
         lambda: {"overview": evidence.overview},
-        lambda: _size_histograms(evidence),  # counts the bulk windows, which the overview waits for
-        lambda: _largest_sizes(evidence),
-        lambda: _connections(evidence, step()),
-        lambda: _identifiers(evidence),
-        lambda: _groups(evidence, step()),
-        lambda: _pool(evidence, step()),
+        lambda: _peak_per_ip(opens),
+        lambda: _connections(evidence, step),
+        lambda: _groups(evidence, step),
+        lambda: _pool(evidence, step),
         lambda: {"decisions": _decisions(evidence)},
+        lambda: _largest_sizes(evidence),
+        lambda: _identifiers(evidence),
     ]
     with ThreadPoolExecutor(threads, thread_name_prefix="traffic") as pool:
         measured = list(pool.map(lambda part: part(), parts))
