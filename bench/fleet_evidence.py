@@ -243,10 +243,10 @@ def _instance_events(spec: FleetSpec, i: int, out: Path) -> FleetTruth:
         str, tuple[Client, str, bool, float, str]
     ] = {}  # conn id -> (client, address, tls, opened, listener)
     per_ip: Counter[str] = Counter()
-    open_tls = [0]  # TLS connections open now
+    tls_now = 0  # TLS connections open now
 
     def open_conn(client: Client, ts: float) -> None:
-        nonlocal conn_seq
+        nonlocal conn_seq, tls_now
         conn_seq += 1
         conn_id = f"{instance}-c{conn_seq}"
         tls = rng.random() < 0.6
@@ -255,7 +255,7 @@ def _instance_events(spec: FleetSpec, i: int, out: Path) -> FleetTruth:
         open_conns[conn_id] = (client, address, tls, ts, listener)
         per_ip[client.host] += 1
         truth.peak_per_ip = max(truth.peak_per_ip, per_ip[client.host])
-        open_tls[0] += tls
+        tls_now += tls
         writer.write(
             {
                 **base,
@@ -268,15 +268,16 @@ def _instance_events(spec: FleetSpec, i: int, out: Path) -> FleetTruth:
                 "tls": tls,
                 # what a proxy's connection limits counted as they admitted it, itself included
                 "open_connections": len(open_conns),
-                "open_ssl_connections": open_tls[0] if tls else None,
+                "open_ssl_connections": tls_now if tls else None,
                 "open_ip_connections": per_ip[client.host],
             }
         )
 
     def close_conn(conn_id: str, ts: float, reason: str) -> None:
+        nonlocal tls_now
         client, address, tls, opened, listener = open_conns.pop(conn_id)
         per_ip[client.host] -= 1
-        open_tls[0] -= tls
+        tls_now -= tls
         writer.write(
             {
                 **base,
@@ -297,7 +298,7 @@ def _instance_events(spec: FleetSpec, i: int, out: Path) -> FleetTruth:
         )
 
     def tls_open() -> tuple[int, int]:
-        return open_tls[0], len(open_conns) - open_tls[0]
+        return tls_now, len(open_conns) - tls_now
 
     start = spec.start + i * 0.37  # proxies' windows are not aligned to the same instant
     for client in clients:

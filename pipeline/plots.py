@@ -80,8 +80,8 @@ def _limit_line(ax: Axes, value: int | None, label: str, horizontal: bool = True
 
 
 def _log_counts(ax: Axes) -> None:
-    """A log-scale count axis labelled 1, 10, 1,000 (matplotlib's own labels are typeset as TeX,
-    a third of drawing the plots)."""
+    """A log-scale count axis labelled 1, 10, 1,000 (matplotlib typesets its own labels as TeX:
+    about a tenth of drawing the report's plots)."""
     from matplotlib.ticker import FuncFormatter, NullFormatter
 
     ax.set_yscale("log")
