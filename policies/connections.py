@@ -320,8 +320,7 @@ class ConnectionQuotas:
         ip = self._ip_count[conn.ip]
         if conn.protected:
             return OpenCounts(None, None, ip)
-        ssl = self._ssl_count - self._ssl_closing if conn.tls else None
-        return OpenCounts(self._broker_count - self._broker_closing, ssl, ip)
+        return OpenCounts(self._live_broker(), self._live_ssl() if conn.tls else None, ip)
 
     def counts(self) -> ConnectionCounts:
         """A snapshot of the counts, for metrics."""
@@ -561,13 +560,13 @@ class ConnectionQuotas:
         """By how many live (not closing) connections each exceeded cap is over its limit."""
         needs: dict[str, int] = {}
         for listener, limit in self._limits.listener_max_connections.items():
-            live = self._listener_count.get(listener, 0) - self._listener_closing.get(listener, 0)
+            live = self._live_listener(listener)
             if live > limit:
                 needs[listener_max_connections_key(listener)] = live - limit
-        ssl_live = self._ssl_count - self._ssl_closing
+        ssl_live = self._live_ssl()
         if ssl_live > self._limits.max_ssl_connections:
             needs[MAX_SSL_CONNECTIONS] = ssl_live - self._limits.max_ssl_connections
-        broker_live = self._broker_count - self._broker_closing
+        broker_live = self._live_broker()
         if broker_live > self._limits.max_connections:
             needs[MAX_CONNECTIONS] = broker_live - self._limits.max_connections
         return needs
@@ -637,12 +636,12 @@ class ConnectionQuotas:
         """Keep ``_over`` current for the caps ``conn`` counts against, after their counts changed."""
         listener_limit = self._limits.listener_max_connections.get(conn.listener)
         if listener_limit is not None:
-            live = self._listener_count[conn.listener] - self._listener_closing[conn.listener]
+            live = self._live_listener(conn.listener)
             self._flag(listener_max_connections_key(conn.listener), live > listener_limit)
         if not conn.protected:
             if conn.tls:
-                self._flag(MAX_SSL_CONNECTIONS, self._ssl_count - self._ssl_closing > self._limits.max_ssl_connections)
-            self._flag(MAX_CONNECTIONS, self._broker_count - self._broker_closing > self._limits.max_connections)
+                self._flag(MAX_SSL_CONNECTIONS, self._live_ssl() > self._limits.max_ssl_connections)
+            self._flag(MAX_CONNECTIONS, self._live_broker() > self._limits.max_connections)
 
     def _flag(self, key: str, over: bool) -> None:
         if over:
@@ -655,15 +654,22 @@ class ConnectionQuotas:
         caps: list[tuple[str, int, int]] = []
         listener_limit = self._limits.listener_max_connections.get(listener)
         if listener_limit is not None:
-            live = self._listener_count.get(listener, 0) - self._listener_closing.get(listener, 0)
-            caps.append((listener_max_connections_key(listener), live, listener_limit))
+            caps.append((listener_max_connections_key(listener), self._live_listener(listener), listener_limit))
         if not protected:
             if tls:
-                caps.append(
-                    (MAX_SSL_CONNECTIONS, self._ssl_count - self._ssl_closing, self._limits.max_ssl_connections)
-                )
-            caps.append((MAX_CONNECTIONS, self._broker_count - self._broker_closing, self._limits.max_connections))
+                caps.append((MAX_SSL_CONNECTIONS, self._live_ssl(), self._limits.max_ssl_connections))
+            caps.append((MAX_CONNECTIONS, self._live_broker(), self._limits.max_connections))
         return caps
+
+    # Live counts: what the caps compare with their limits (closing connections have given up their slot).
+    def _live_listener(self, listener: str) -> int:
+        return self._listener_count.get(listener, 0) - self._listener_closing.get(listener, 0)
+
+    def _live_ssl(self) -> int:
+        return self._ssl_count - self._ssl_closing
+
+    def _live_broker(self) -> int:
+        return self._broker_count - self._broker_closing
 
     def _cap_limit(self, key: str) -> int:
         if key == MAX_CONNECTIONS:
