@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import math
 import socket
 import ssl
 import subprocess
@@ -12,6 +13,7 @@ import pytest
 from confluent_kafka import KafkaError, KafkaException, Producer
 from confluent_kafka.admin import AdminClient
 
+from proxy import wire
 from proxy.tansu import TansuBroker
 from tests.clients import create_topic, produce
 from tests.conftest import wait_until
@@ -55,9 +57,39 @@ def test_a_broker_answering_with_a_tls_alert_is_named_and_clients_fail_fast(
     status, body = proxy.get("/readyz")
     assert status == 503 and expected in body
     assert proxy.metric("kafka_admission_decisions_total", policy="protocol", limit="upstream_tls_on_plaintext") >= 1
-    # Backoff: far fewer upstream connections than client attempts.
-    failures = proxy.metric("kafka_admission_connection_failures_total", cause="upstream_unavailable")
-    assert failures >= 1
+    # How few upstream connections the backoff lets through: the test below.
+
+
+def backoff_attempts(elapsed: float, initial: float = 1.0) -> int:
+    """The most connections to a mismatched upstream within ``elapsed`` seconds of the first:
+    each mismatch blocks it for twice the last block (1 s, 2 s, 4 s ... from the first),
+    so attempt k comes no earlier than (2^(k-1) - 1) * initial seconds after the first."""
+    return 1 + int(math.log2(1 + elapsed / initial))
+
+
+def test_clients_in_the_backoff_window_do_not_reach_the_tls_broker(tls_speaking_upstream, start_proxy) -> None:
+    """20 client connections, one after another, to a proxy whose upstream answers with the
+    Java broker's TLS alert. The upstream is a fake that replays the 7 bytes Apache Kafka's TLS
+    listener writes to a plaintext client (15 03 03 00 02 02 50, TOOLS.md): the faithful fixture,
+    since no broker here can be given a TLS port that answers plaintext that way. The test
+    server keeps the first bytes of each connection, so the clients' requests that reached it
+    are told from the proxy's readiness probes (which try even while backing off, and back
+    off themselves: 1 s, 2 s, 4 s ...). Without the backoff each client costs one connection."""
+    proxy = start_proxy(tls_speaking_upstream.address)
+    clients = 20
+    started = time.monotonic()
+    for correlation_id in range(clients):
+        with RawConnection(proxy.bootstrap) as conn:
+            conn.send(api_versions_frame(correlation_id))
+            assert conn.closed_by_peer()  # closed, with no 352 MB "response" read
+    elapsed = time.monotonic() - started
+    reached = sum(wire.peek_client_id(data, 0) == "raw-test" for data in list(tls_speaking_upstream.requests))
+    assert reached <= backoff_attempts(elapsed) < clients, (reached, elapsed)
+    # Each client that reached the upstream found the mismatch; the rest were refused at the proxy.
+    failures = "kafka_admission_connection_failures_total"
+    assert proxy.metric(failures, cause="upstream_tls_on_plaintext") == reached
+    assert proxy.metric(failures, cause="upstream_unavailable") == clients - reached
+    assert "speaks TLS; set upstream.tls.enabled (backing off)" in proxy.log()
 
 
 def test_a_200_mb_response_closes_that_client_only_and_allocates_nothing(start_proxy) -> None:
