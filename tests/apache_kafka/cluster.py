@@ -44,8 +44,14 @@ class ApacheKafkaCluster:
         cluster_id = new_cluster_id()
         self.nodes = [
             ApacheKafkaBroker(
-                parts, workdir / f"node{node}", properties=CLUSTER_PROPERTIES, jvm_options=CLUSTER_JVM,
-                ports={"CONTROLLER": controllers[node]}, node_id=node, voters=voters, cluster_id=cluster_id,
+                parts,
+                workdir / f"node{node}",
+                properties=CLUSTER_PROPERTIES,
+                jvm_options=CLUSTER_JVM,
+                ports={"CONTROLLER": controllers[node]},
+                node_id=node,
+                voters=voters,
+                cluster_id=cluster_id,
             )
             for node in NODE_IDS
         ]
