@@ -73,8 +73,9 @@ def backoff_attempts(elapsed: float, initial: float = 1.0) -> int:
 def test_clients_in_the_backoff_window_do_not_reach_the_tls_broker(tls_speaking_upstream, start_proxy) -> None:
     """20 client connections, one after another, to a proxy whose upstream answers with the
     Java broker's TLS alert. The upstream is a fake that replays the 7 bytes Apache Kafka's TLS
-    listener writes to a plaintext client (15 03 03 00 02 02 50, TOOLS.md): the faithful fixture,
-    since no broker here can be given a TLS port that answers plaintext that way. The test
+    listener writes to a plaintext client (15 03 03 00 02 02 50, TOOLS.md; test_apache_kafka_kip498
+    checks them against the real broker): the faithful fixture, since only a server of ours can
+    count the connections the proxy opens to it. The test
     server keeps the first bytes of each connection, so the clients' requests that reached it
     are told from the proxy's readiness probes (which try even while backing off, and back
     off themselves: 1 s, 2 s, 4 s ...). Without the backoff each client costs one connection."""
