@@ -63,6 +63,14 @@ def fetch_java_parts() -> JavaParts:
     )
 
 
+def new_cluster_id() -> str:
+    """A KRaft cluster id, as the storage tool's ``random-uuid`` makes one."""
+    cluster_id = "-"
+    while cluster_id.startswith("-"):  # read as an option by the storage tool (Kafka's Uuid avoids it too)
+        cluster_id = base64.urlsafe_b64encode(uuid.uuid4().bytes).rstrip(b"=").decode()
+    return cluster_id
+
+
 @dataclass(frozen=True)
 class BrokerTls:
     """The SSL listener's key and certificate (one PEM file, PKCS#8 key first) and the CA."""
@@ -77,7 +85,9 @@ class ApacheKafkaBroker:
     block ends. Listeners: PLAINTEXT always; SSL with ``tls``; SASL_PLAINTEXT
     (SCRAM-SHA-512, credentials written at format time) with ``scram_users``.
     ``properties`` are added to (and override) server.properties; ``advertised`` is the
-    ``host:port`` the PLAINTEXT listener names in metadata (default: its own)."""
+    ``host:port`` the PLAINTEXT listener names in metadata (default: its own). One node of
+    a cluster: its ``node_id``, every node's controller address in ``voters`` (its own in
+    ``ports["CONTROLLER"]``) and the ``cluster_id`` they share (default: a cluster of one)."""
 
     NODE_ID = 1
 
@@ -90,6 +100,9 @@ class ApacheKafkaBroker:
     host: str = "127.0.0.1"
     advertised: str | None = None
     ports: dict[str, int] = field(default_factory=dict)  # listener name -> port
+    node_id: int = NODE_ID
+    voters: dict[int, str] = field(default_factory=dict)  # node id -> controller host:port
+    cluster_id: str | None = None
     _process: subprocess.Popen[bytes] | None = None
 
     @property
@@ -116,10 +129,11 @@ class ApacheKafkaBroker:
             self.ports.setdefault(name, free_port(self.host))
         data = [f"{n}://{self.address(n)}" for n in names]
         advertised = [f"PLAINTEXT://{self.advertised}", *data[1:]] if self.advertised else data
+        voters = self.voters or {self.node_id: self.address("CONTROLLER")}
         props = {
             "process.roles": "broker,controller",
-            "node.id": str(self.NODE_ID),
-            "controller.quorum.voters": f"{self.NODE_ID}@{self.address('CONTROLLER')}",
+            "node.id": str(self.node_id),
+            "controller.quorum.voters": ",".join(f"{node}@{address}" for node, address in voters.items()),
             "controller.listener.names": "CONTROLLER",
             "listeners": ",".join([*data, f"CONTROLLER://{self.address('CONTROLLER')}"]),
             "advertised.listeners": ",".join(advertised),
@@ -169,9 +183,7 @@ class ApacheKafkaBroker:
         config = self.workdir / "server.properties"
         config.write_text("".join(f"{k}={v}\n" for k, v in self.server_properties().items()))
         (self.workdir / "log4j2.properties").write_text(LOG4J2)
-        cluster_id = "-"
-        while cluster_id.startswith("-"):  # read as an option by the storage tool (Kafka's Uuid avoids it too)
-            cluster_id = base64.urlsafe_b64encode(uuid.uuid4().bytes).rstrip(b"=").decode()
+        cluster_id = self.cluster_id or new_cluster_id()
         scram = [
             arg for user, password in self.scram_users.items()
             for arg in ("--add-scram", f"SCRAM-SHA-512=[name={user},password={password}]")

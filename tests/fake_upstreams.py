@@ -26,6 +26,7 @@ class _Server:
         self._handle = handle
         self._stopped = False
         self.connections = 0
+        self.requests: list[bytes] = []  # what a handler chose to keep of what it read
         threading.Thread(target=self._accept, daemon=True).start()
 
     def _accept(self) -> None:
@@ -51,13 +52,16 @@ class _Server:
 
 
 def tls_alert_broker() -> _Server:
-    """Answers whatever it reads with the Java broker's TLS alert, then closes."""
+    """Answers whatever it reads with the Java broker's TLS alert, then closes: the
+    bytes Apache Kafka's TLS listener writes to a plaintext client (TOOLS.md), replayed."""
 
     def handle(conn: socket.socket) -> None:
-        if conn.recv(65536):
+        if data := conn.recv(65536):
+            server.requests.append(data)
             conn.sendall(JAVA_BROKER_TLS_ALERT)
 
-    return _Server(handle)
+    server = _Server(handle)
+    return server
 
 
 def _read_exactly(conn: socket.socket, n: int) -> bytes:

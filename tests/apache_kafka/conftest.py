@@ -6,12 +6,13 @@ folder, two brokers per test session, started side by side once:
 - ``limited_kafka``: PLAINTEXT, with the four limits the conformance tests
   compare against the proxy's (``LIMITS``).
 
+A cluster of three (cluster.py) is started by the tests that need several brokers.
+
 Run them on their own with ``pytest -m apache_kafka`` (or ``pytest tests/apache_kafka``).
 """
 
 from __future__ import annotations
 
-import shutil
 from collections.abc import Iterator
 from concurrent.futures import ThreadPoolExecutor
 from pathlib import Path
@@ -19,7 +20,8 @@ from pathlib import Path
 import pytest
 from cryptography.hazmat.primitives import serialization
 
-from proxy.apache_kafka import ApacheKafkaBroker, BrokerTls, JavaParts, fetch_java_parts
+from proxy.apache_kafka import ApacheKafkaBroker, BrokerTls, JavaParts
+from tests.apache_kafka.cluster import java_parts_or_skip
 from tests.conftest import Certs
 
 SCRAM_USER, SCRAM_PASSWORD = "alice", "alice-secret"
@@ -63,9 +65,7 @@ def pytest_terminal_summary(terminalreporter: pytest.TerminalReporter, config: p
 
 @pytest.fixture(scope="session")
 def java_parts() -> JavaParts:
-    if shutil.which("java") is None or shutil.which("mvn") is None:
-        pytest.skip("java or mvn not installed (apt-get install default-jre-headless maven)")
-    return fetch_java_parts()
+    return java_parts_or_skip()
 
 
 def _keystore(certs: Certs, path: Path) -> Path:

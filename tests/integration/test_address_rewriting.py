@@ -5,6 +5,11 @@ FindCoordinator, DescribeCluster) names the proxy's port for that node, so
 clients reach brokers only through the proxy: a broker whose own advertised
 address refuses every client but the proxy still serves them all. Sidecar
 mode: addresses pass through untouched.
+
+The three-broker tests run twice: against librdkafka's mock cluster
+(``[librdkafka-mock]``) and against Apache Kafka's 3-node KRaft cluster
+(``[apache-kafka]``, marked ``apache_kafka``; tests/apache_kafka/cluster.py).
+The single-broker ones run against Tansu.
 """
 
 from __future__ import annotations
@@ -15,9 +20,10 @@ from typing import Any
 
 import pytest
 from confluent_kafka import KafkaError
-from kafka_helpers import MockCluster, ProxyOnlyGate
+from kafka_helpers import ProxyOnlyGate
 
 from proxy.tansu import TansuBroker, free_port
+from tests.apache_kafka.cluster import ApacheKafkaCluster, java_parts_or_skip
 from tests.clients import (
     broker_addresses,
     consume,
@@ -29,7 +35,7 @@ from tests.clients import (
     unique,
 )
 
-MOCK_NODE_IDS = (1, 2, 3)
+NODE_IDS = (1, 2, 3)
 # The librdkafka mock cluster speaks older protocol versions than kafka-python probes.
 KAFKA_PYTHON_VS_MOCK = {"api_version": (2, 3, 0)}
 
@@ -38,30 +44,69 @@ def node_port_base(proxy: Any) -> int:
     return int(proxy.config["listeners"][0]["node_port_base"])
 
 
-# --- three brokers (librdkafka mock cluster) ---------------------------------
+# --- three brokers: librdkafka's mock cluster, and Apache Kafka's ------------
 
 
-def test_metadata_through_proxy_lists_only_proxy_node_ports(
-    mock_cluster: MockCluster, start_proxy: Any,
-) -> None:
-    proxy = start_proxy(mock_cluster.bootstrap_servers, node_ids=MOCK_NODE_IDS)
+@dataclass
+class ThreeBrokers:
+    """Three real brokers, node ids 1, 2, 3, each advertising its own address: librdkafka's
+    mock cluster (``librdkafka-mock``) or Apache Kafka's 3-node KRaft cluster (``apache-kafka``)."""
+
+    kind: str
+    bootstrap_servers: list[str]
+    ports: set[int]  # the brokers' own ports, which no client of the proxy may learn
+    kafka_python: dict[str, Any]  # what kafka-python needs to talk to them
+
+    def topic_led_by_several_brokers(self, bootstrap: str) -> tuple[str, dict[int, int]]:
+        """A topic whose partition leaders are on at least two brokers: partition -> leader."""
+        if self.kind == "librdkafka-mock":
+            return _mock_topic_led_by_several_brokers(bootstrap)
+        topic = unique("spread")
+        create_topic(bootstrap, topic, partitions=6)  # Kafka spreads the leaders round-robin
+        leaders = {p.id: p.leader for p in metadata(bootstrap).topics[topic].partitions.values()}
+        assert set(leaders.values()) == set(NODE_IDS), leaders
+        return topic, leaders
+
+
+@pytest.fixture(scope="module")
+def apache_kafka_cluster(tmp_path_factory: pytest.TempPathFactory) -> Iterator[ApacheKafkaCluster]:
+    """Apache Kafka's 3-node cluster, started once for this module (three small JVMs)."""
+    with ApacheKafkaCluster(java_parts_or_skip(), tmp_path_factory.mktemp("apache-kafka-cluster")) as cluster:
+        yield cluster
+
+
+@pytest.fixture(params=["librdkafka-mock", pytest.param("apache-kafka", marks=pytest.mark.apache_kafka)])
+def three_brokers(request: pytest.FixtureRequest) -> ThreeBrokers:
+    """Each three-broker test runs against both clusters (the Apache Kafka one is marked
+    ``apache_kafka``, so it runs in the JVM-backed xdist group)."""
+    if request.param == "apache-kafka":
+        cluster = request.getfixturevalue("apache_kafka_cluster")
+        return ThreeBrokers("apache-kafka", cluster.bootstrap_servers, cluster.ports, {})
+    mock = request.getfixturevalue("mock_cluster")
+    return ThreeBrokers("librdkafka-mock", mock.bootstrap_servers, mock.ports, KAFKA_PYTHON_VS_MOCK)
+
+
+def test_metadata_through_proxy_lists_only_proxy_node_ports(three_brokers: ThreeBrokers, start_proxy: Any) -> None:
+    """Against librdkafka's mock cluster and Apache Kafka's 3-node cluster: both clients
+    learn the proxy's three node ports, and none of the brokers' own."""
+    proxy = start_proxy(three_brokers.bootstrap_servers, node_ids=NODE_IDS)
     base = node_port_base(proxy)
-    expected = {node: ("127.0.0.1", base + node) for node in MOCK_NODE_IDS}
+    expected = {node: ("127.0.0.1", base + node) for node in NODE_IDS}
 
-    direct = broker_addresses(metadata(mock_cluster.bootstrap_servers[0]))
-    assert {port for _, port in direct.values()} == mock_cluster.ports  # what the brokers say
+    direct = broker_addresses(metadata(three_brokers.bootstrap_servers[0]))
+    assert {port for _, port in direct.values()} == three_brokers.ports  # what the brokers say
 
     via_confluent = broker_addresses(metadata(proxy.bootstrap))
-    via_kafka_python = kafka_python_brokers(proxy.bootstrap, **KAFKA_PYTHON_VS_MOCK)
+    via_kafka_python = kafka_python_brokers(proxy.bootstrap, **three_brokers.kafka_python)
 
     for seen in (via_confluent, via_kafka_python):
         assert seen == expected
-        assert not {port for _, port in seen.values()} & mock_cluster.ports
+        assert not {port for _, port in seen.values()} & three_brokers.ports
     assert proxy.metric("kafka_admission_responses_rewritten_total", api="metadata") >= 2
     assert proxy.metric("kafka_admission_brokers_known") == 3
 
 
-def _topic_led_by_several_brokers(bootstrap: str) -> tuple[str, dict[int, int]]:
+def _mock_topic_led_by_several_brokers(bootstrap: str) -> tuple[str, dict[int, int]]:
     """A topic auto-created by the mock cluster whose partition leaders are on
     at least two brokers (the mock picks each leader at random)."""
     for _ in range(8):
@@ -84,11 +129,13 @@ def _topic_metadata(bootstrap: str, topic: str) -> Any:
 
 
 def test_produce_reaches_every_partition_leader_through_its_node_port(
-    mock_cluster: MockCluster, start_proxy: Any,
+    three_brokers: ThreeBrokers, start_proxy: Any,
 ) -> None:
-    proxy = start_proxy(mock_cluster.bootstrap_servers, node_ids=MOCK_NODE_IDS)
+    """Against librdkafka's mock cluster and Apache Kafka's 3-node cluster: confluent-kafka
+    sends each partition's records to its leader, through that leader's node port."""
+    proxy = start_proxy(three_brokers.bootstrap_servers, node_ids=NODE_IDS)
     base = node_port_base(proxy)
-    topic, leaders = _topic_led_by_several_brokers(proxy.bootstrap)
+    topic, leaders = three_brokers.topic_led_by_several_brokers(proxy.bootstrap)
     partitions = sorted(leaders)
 
     values = [f"record-{i}".encode() for i in range(len(partitions) * 5)]
@@ -109,22 +156,24 @@ def test_produce_reaches_every_partition_leader_through_its_node_port(
     for node in used:
         assert produce_requests[node][0] == f"127.0.0.1:{base + node}"
     assert not any(
-        name.endswith(f":{port}") for name, _ in produce_requests.values() for port in mock_cluster.ports
+        name.endswith(f":{port}") for name, _ in produce_requests.values() for port in three_brokers.ports
     )
     # The proxy's view: it forwarded at least one Produce per leader.
     assert proxy.metric("kafka_admission_requests_total", api="produce") >= len(used)
 
 
 def test_kafka_python_produces_to_a_three_broker_cluster_through_the_proxy(
-    mock_cluster: MockCluster, start_proxy: Any,
+    three_brokers: ThreeBrokers, start_proxy: Any,
 ) -> None:
+    """Against librdkafka's mock cluster and Apache Kafka's 3-node cluster: kafka-python
+    produces to every partition, and knows the brokers only by the proxy's node ports."""
     from kafka import KafkaProducer
 
-    proxy = start_proxy(mock_cluster.bootstrap_servers, node_ids=MOCK_NODE_IDS)
-    topic, leaders = _topic_led_by_several_brokers(proxy.bootstrap)
+    proxy = start_proxy(three_brokers.bootstrap_servers, node_ids=NODE_IDS)
+    topic, leaders = three_brokers.topic_led_by_several_brokers(proxy.bootstrap)
     producer = KafkaProducer(
         bootstrap_servers=proxy.bootstrap, acks="all", request_timeout_ms=10000,
-        **KAFKA_PYTHON_VS_MOCK,
+        **three_brokers.kafka_python,
     )
     try:
         sent = [
@@ -138,7 +187,7 @@ def test_kafka_python_produces_to_a_three_broker_cluster_through_the_proxy(
         producer.close(timeout=5)
     assert [m.partition for m in sent] == sorted(leaders)
     base = node_port_base(proxy)
-    assert cluster_brokers == {node: ("127.0.0.1", base + node) for node in MOCK_NODE_IDS}
+    assert cluster_brokers == {node: ("127.0.0.1", base + node) for node in NODE_IDS}
     assert proxy.metric("kafka_admission_requests_total", api="produce") >= len(set(leaders.values()))
 
 

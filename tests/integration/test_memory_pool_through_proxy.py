@@ -10,11 +10,15 @@ import uuid
 
 import pytest
 from confluent_kafka import Producer
+from kio.index import load_request_schema
 
-from tests.clients import create_topic, produce
+from policies.api_keys import API_VERSIONS, METADATA
+from proxy import wire
+from tests.audit_files import read_events
+from tests.clients import consume, create_topic, produce
 from tests.conftest import wait_until
 from tests.integration.test_bad_input import rss_kib
-from tests.raw_kafka import RawConnection, api_versions_frame
+from tests.raw_kafka import RawConnection, api_versions_frame, fetch_frame, frame, metadata_frame
 
 MIB = 1024 * 1024
 POOL = {"queued.max.request.bytes": 2 * MIB, "socket.request.max.bytes": MIB}
@@ -162,3 +166,97 @@ def test_observe_mode_never_blocks_but_counts_would_be_waits(tansu, start_proxy,
     assert proxy.metric("kafka_admission_memory_pool_waiting_requests") == 0
     for sock in socks:
         sock.close()
+
+
+def padded_api_versions(correlation_id: int, size: int) -> bytes:
+    """An ApiVersions request of about ``size`` bytes (a long client software name): a request
+    any broker answers at once, as large as a test needs."""
+    schema = load_request_schema(API_VERSIONS, 3)
+    body = schema(client_software_name="a" * size, client_software_version="1")
+    return frame(API_VERSIONS, 3, correlation_id, body)
+
+
+def test_a_connection_over_its_share_waits_while_another_is_served(tansu, start_proxy) -> None:
+    """queued.max.request.bytes.per.connection through the proxy. Connection A holds a Fetch
+    that Tansu long-polls for 8 s (an empty partition, min_bytes 1); Tansu answers a
+    connection's requests in order, so A's next request (40 KB, small enough to sit in the
+    sockets' buffers on its way to Tansu) is held behind it, and A's third (40 KB more: 80 KB
+    over its 64 KiB share) must wait at the proxy, though the pool (4 MiB) has room. Meanwhile
+    connection B's 40 KB requests are served one after another."""
+    share, size = 64 * 1024, 40_000
+    proxy = start_proxy(
+        tansu.bootstrap,
+        policies={
+            "queued.max.request.bytes": 4 * MIB,
+            "socket.request.max.bytes": MIB,
+            "queued.max.request.bytes.per.connection": share,
+        },
+    )
+    topic = unique("share")
+    create_topic(proxy.bootstrap, topic)
+    wait_metric = {"policy": "memory_pool", "action": "wait", "limit": "queued.max.request.bytes.per.connection"}
+    with RawConnection(proxy.bootstrap, timeout=30) as a, RawConnection(proxy.bootstrap) as b:
+        a.send(metadata_frame(1))
+        topic_id = next(t.topic_id for t in a.read_response(METADATA, 12).body.topics if t.name == topic)
+        a.send(fetch_frame(2, topic_id, max_wait_ms=8000))
+        a.send(padded_api_versions(3, size))
+        a.send(padded_api_versions(4, size))
+        wait_until(lambda: proxy.metric("kafka_admission_decisions_total", **wait_metric) == 1, timeout=5)
+        assert proxy.metric("kafka_admission_memory_pool_waiting_requests") == 1
+        assert size < proxy.metric("kafka_admission_memory_pool_used_bytes") < share  # A's Fetch and 40 KB
+        for correlation_id in range(3):  # B goes ahead of A's waiting request, three times
+            b.send(padded_api_versions(correlation_id, size))
+            assert wire.decode_response(b.read_frame(), API_VERSIONS, 3).header.correlation_id == correlation_id
+        # Still within A's long poll: A's request still waits, and nothing of B's did.
+        assert proxy.metric("kafka_admission_memory_pool_waiting_requests") == 1
+        assert proxy.metric("kafka_admission_decisions_total", **wait_metric) == 1
+        # Once Tansu answers the Fetch, A's requests follow, in order.
+        assert [a.read_frame()[4:8] for _ in range(3)] == [n.to_bytes(4, "big") for n in (2, 3, 4)]
+    wait_until(lambda: proxy.metric("kafka_admission_memory_pool_used_bytes") == 0)
+
+
+def test_observe_mode_forwards_a_produce_over_the_budget_and_audits_the_would_be_wait(
+    tansu, start_proxy, tmp_path
+) -> None:
+    """With the pool (1 MiB) held whole by a raw sender's unfinished 1 MiB request, enforcing
+    would hold every request back for request.body.timeout.ms (60 s here). In observe mode a
+    real producer's record goes through at once: read back straight from the broker, and the
+    wait that enforcing would have made is counted and audited."""
+    audit = tmp_path / "audit"
+    proxy = start_proxy(
+        tansu.bootstrap,
+        policies={
+            "queued.max.request.bytes": MIB,
+            "socket.request.max.bytes": MIB,
+            "memory.pool.mode": "observe",
+            "request.body.timeout.ms": 60_000,
+        },
+        audit={"path": str(audit)},
+    )
+    topic = unique("observe")
+    create_topic(tansu.bootstrap, topic)
+    hog = slow_sender(proxy.bootstrap, MIB)
+    try:
+        wait_until(lambda: proxy.metric("kafka_admission_memory_pool_used_bytes") >= MIB)
+        value = uuid.uuid4().bytes
+        producer = Producer({"bootstrap.servers": proxy.bootstrap, "acks": "all"})
+        producer.produce(topic, value=value)
+        assert producer.flush(15) == 0  # enforced, it would wait for the hog's 60 s
+        assert proxy.metric("kafka_admission_memory_pool_used_bytes") >= MIB  # the hog still holds the pool
+    finally:
+        hog.close()
+    assert consume(tansu.bootstrap, topic, unique("observe"), 1) == [value]  # at the broker
+    would_wait = {"policy": "memory_pool", "action": "wait", "limit": "queued.max.request.bytes"}
+    assert proxy.metric("kafka_admission_decisions_total", mode="observe", **would_wait) >= 1
+    assert proxy.metric("kafka_admission_decisions_total", mode="enforce", policy="memory_pool") == 0
+    assert proxy.metric("kafka_admission_memory_pool_waiting_requests") == 0
+
+    audited = {
+        "type": "decision", "policy": "memory_pool", "action": "wait", "mode": "observe",
+        "limit_key": "queued.max.request.bytes",
+    }
+
+    def produce_audited() -> list[dict[str, object]]:
+        return [e for e in read_events(audit) if audited.items() <= e.items()]
+
+    assert wait_until(produce_audited)

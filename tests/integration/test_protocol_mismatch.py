@@ -2,6 +2,9 @@
 
 from __future__ import annotations
 
+import io
+import logging
+import math
 import socket
 import ssl
 import subprocess
@@ -9,11 +12,13 @@ import time
 import uuid
 
 import pytest
-from confluent_kafka import KafkaError, KafkaException, Producer
+from confluent_kafka import Consumer, KafkaError, KafkaException, Message, Producer, TopicPartition
 from confluent_kafka.admin import AdminClient
 
+from proxy import wire
 from proxy.tansu import TansuBroker
-from tests.clients import create_topic, produce
+from tests.audit_files import read_events
+from tests.clients import consume, create_topic, produce, unique
 from tests.conftest import wait_until
 from tests.fake_upstreams import OversizeRelay, tls_alert_broker
 from tests.integration.test_bad_input import rss_kib
@@ -55,9 +60,40 @@ def test_a_broker_answering_with_a_tls_alert_is_named_and_clients_fail_fast(
     status, body = proxy.get("/readyz")
     assert status == 503 and expected in body
     assert proxy.metric("kafka_admission_decisions_total", policy="protocol", limit="upstream_tls_on_plaintext") >= 1
-    # Backoff: far fewer upstream connections than client attempts.
-    failures = proxy.metric("kafka_admission_connection_failures_total", cause="upstream_unavailable")
-    assert failures >= 1
+    # How few upstream connections the backoff lets through: the test below.
+
+
+def backoff_attempts(elapsed: float, initial: float = 1.0) -> int:
+    """The most connections to a mismatched upstream within ``elapsed`` seconds of the first:
+    each mismatch blocks it for twice the last block (1 s, 2 s, 4 s ... from the first),
+    so attempt k comes no earlier than (2^(k-1) - 1) * initial seconds after the first."""
+    return 1 + int(math.log2(1 + elapsed / initial))
+
+
+def test_clients_in_the_backoff_window_do_not_reach_the_tls_broker(tls_speaking_upstream, start_proxy) -> None:
+    """20 client connections, one after another, to a proxy whose upstream answers with the
+    Java broker's TLS alert. The upstream is a fake that replays the 7 bytes Apache Kafka's TLS
+    listener writes to a plaintext client (15 03 03 00 02 02 50, TOOLS.md; test_apache_kafka_kip498
+    checks them against the real broker): the faithful fixture, since only a server of ours can
+    count the connections the proxy opens to it. The test
+    server keeps the first bytes of each connection, so the clients' requests that reached it
+    are told from the proxy's readiness probes (which try even while backing off, and back
+    off themselves: 1 s, 2 s, 4 s ...). Without the backoff each client costs one connection."""
+    proxy = start_proxy(tls_speaking_upstream.address)
+    clients = 20
+    started = time.monotonic()
+    for correlation_id in range(clients):
+        with RawConnection(proxy.bootstrap) as conn:
+            conn.send(api_versions_frame(correlation_id))
+            assert conn.closed_by_peer()  # closed, with no 352 MB "response" read
+    elapsed = time.monotonic() - started
+    reached = sum(wire.peek_client_id(data, 0) == "raw-test" for data in list(tls_speaking_upstream.requests))
+    assert reached <= backoff_attempts(elapsed) < clients, (reached, elapsed)
+    # Each client that reached the upstream found the mismatch; the rest were refused at the proxy.
+    failures = "kafka_admission_connection_failures_total"
+    assert proxy.metric(failures, cause="upstream_tls_on_plaintext") == reached
+    assert proxy.metric(failures, cause="upstream_unavailable") == clients - reached
+    assert "speaks TLS; set upstream.tls.enabled (backing off)" in proxy.log()
 
 
 def test_a_200_mb_response_closes_that_client_only_and_allocates_nothing(start_proxy) -> None:
@@ -83,6 +119,58 @@ def test_a_200_mb_response_closes_that_client_only_and_allocates_nothing(start_p
             assert produce(proxy.bootstrap, topic, 20) == 20
         finally:
             relay.stop()
+
+
+def test_a_real_consumer_fetching_over_max_response_size_is_disconnected_and_gets_nothing(
+    tansu, start_proxy, tmp_path
+) -> None:
+    """A confluent-kafka consumer through a proxy with max.response.size=200000 fetches a
+    500 KB record (produced straight to Tansu, one batch, so one Fetch response of ~500 KB).
+    What the client sees: the connection closed by the proxy ("Disconnected ... closed by
+    peer" in librdkafka's log, "brokers are down" errors), no record, and the same again at
+    each of its reconnects; each close is counted and audited with the Fetch it refused. A
+    small record through the same proxy is fetched: it is the size that is refused."""
+    audit = tmp_path / "audit"
+    proxy = start_proxy(tansu.bootstrap, policies={"max.response.size": 200_000}, audit={"path": str(audit)})
+    big, small = unique("big"), unique("small")
+    for topic, value in ((big, b"x" * 500_000), (small, b"y" * 1000)):
+        create_topic(tansu.bootstrap, topic)
+        producer = Producer({"bootstrap.servers": tansu.bootstrap})
+        producer.produce(topic, value=value)
+        assert producer.flush(10) == 0
+    errors: list[KafkaError] = []
+    logged = io.StringIO()
+    logger = logging.getLogger(f"rdkafka-{big}")
+    logger.addHandler(logging.StreamHandler(logged))
+    logger.setLevel(logging.INFO)
+    consumer = Consumer(
+        {"bootstrap.servers": proxy.bootstrap, "group.id": big, "error_cb": errors.append, "logger": logger}
+    )
+    received: list[Message] = []
+    refused = {"policy": "response_size", "action": "close", "limit": "max.response.size", "mode": "enforce"}
+    try:
+        consumer.assign([TopicPartition(big, 0, 0)])
+
+        def refused_twice() -> bool:  # the first Fetch and one retry after reconnecting
+            if (message := consumer.poll(0.2)) is not None:
+                received.append(message)
+            return proxy.metric("kafka_admission_decisions_total", **refused) >= 2
+
+        wait_until(refused_twice, timeout=30)
+        assert [m for m in received if m.error() is None] == []
+        assert "Disconnected: connection closed by peer" in logged.getvalue()
+        assert {e.code() for e in errors} & {KafkaError._ALL_BROKERS_DOWN, KafkaError._TRANSPORT}
+    finally:
+        consumer.close()
+    assert "is 500146 bytes, over max.response.size=200000" in proxy.log()
+
+    def audited() -> list[dict[str, object]]:
+        events = read_events(audit)
+        return [e for e in events if e.get("policy") == "response_size" and e.get("api") == "fetch"]
+
+    event = wait_until(audited)[0]
+    assert (event["action"], event["limit"], event["size"]) == ("close", 200_000, 500_146)
+    assert consume(proxy.bootstrap, small, unique("small"), 1) == [b"y" * 1000]
 
 
 def test_observe_mode_counts_an_oversized_response_and_forwards_it(tansu, start_proxy) -> None:
