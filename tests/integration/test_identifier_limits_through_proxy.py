@@ -295,3 +295,34 @@ def test_observe_mode_lets_the_over_long_group_through_and_audits_it(tansu, star
     assert proxy.metric("kafka_admission_decisions_total", policy="identifier_limits", mode="observe") >= 1
     events = wait_until(lambda: [e for e in read_events(audit) if e.get("policy") == "identifier_limits"])
     assert events[0]["mode"] == "observe" and events[0]["identifier_kind"] == "client_id"
+
+
+@pytest.mark.parametrize(
+    ("api_key", "version", "path", "value", "where"),
+    [
+        (78, 1, "member_id", "m" * 37, "error_code"),  # ShareFetch: KIP-932's member id
+        (79, 2, "group_id", "g" * 250, "error_code"),  # ShareAcknowledge
+        (88, 0, "member_id", "m" * 37, "error_code"),  # StreamsGroupHeartbeat: KIP-1071's member id
+        (84, 0, "group_id", "g" * 250, "results[0].partitions[0].error_code"),  # ReadShareGroupState
+    ],
+)
+def test_share_and_streams_group_requests_over_the_limit_are_answered_by_the_proxy(  # type: ignore[no-untyped-def]
+    proxy, api_key: int, version: int, path: str, value: str, where: str
+) -> None:
+    """The APIs the hand-written KIP table added to the policy, through the running proxy (raw:
+    Tansu has none of them, so what answers is the proxy, with the KIP's code where Kafka puts it)."""
+    from tests.kio_entities import make_request
+
+    body = make_request(api_key, version, {path: value})
+    with RawConnection(proxy.bootstrap) as conn:
+        conn.send(frame(api_key, version, 3, body))
+        response = conn.read_response(api_key, version)
+    assert response.header.correlation_id == 3
+    found: Any = response.body
+    for part in where.split("."):
+        name, _, index = part.partition("[")
+        found = getattr(found, name)
+        if index:
+            found = found[int(index.rstrip("]"))]
+    assert found == KafkaError.INVALID_REQUEST
+    assert f"({path}) is {len(value)} characters long" in proxy.log()
