@@ -1,5 +1,7 @@
 """Real kio request entities for any API at any version, built from the kio
-schemas alone, plus the identifier-rule test matrix over them.
+schemas alone, plus the KIP-1233 test matrix over them: every identifier field of
+every request version kio knows, with the limit and error code of the table
+written by hand from the KIP (tests/kip1233_table.py), never the policy's own.
 
 Why: the identifier-limit policy and the generic error-response builder must
 hold for every API they cover, at every version kio knows, so their unit tests
