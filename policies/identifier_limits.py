@@ -21,7 +21,8 @@ Limits (:class:`IdentifierLimits`, keys in :data:`CONFIG_KEYS`):
   client id, transactional id, rack id, config and ACL resource names, ACL
   principal and host.
 * ``member.id.max.length`` (36): member ids the client generates (a UUID;
-  KIP-848 ConsumerGroupHeartbeat, KIP-932 ShareGroupHeartbeat).
+  KIP-848 ConsumerGroupHeartbeat, KIP-932 ShareGroupHeartbeat, ShareFetch and
+  ShareAcknowledge, KIP-1071 StreamsGroupHeartbeat).
 * ``classic.member.id.max.length`` (286): member ids of the classic group
   protocol (JoinGroup, SyncGroup, Heartbeat, LeaveGroup, and the offset APIs,
   which carry either kind). The broker generates those as
@@ -53,21 +54,26 @@ from policies.api_keys import (
     ADD_OFFSETS_TO_TXN,
     ADD_PARTITIONS_TO_TXN,
     ALTER_CONFIGS,
+    ALTER_SHARE_GROUP_OFFSETS,
     CONSUMER_GROUP_DESCRIBE,
     CONSUMER_GROUP_HEARTBEAT,
     CREATE_ACLS,
     CREATE_TOPICS,
     DELETE_ACLS,
     DELETE_GROUPS,
+    DELETE_SHARE_GROUP_OFFSETS,
+    DELETE_SHARE_GROUP_STATE,
     DESCRIBE_ACLS,
     DESCRIBE_CONFIGS,
     DESCRIBE_GROUPS,
+    DESCRIBE_SHARE_GROUP_OFFSETS,
     DESCRIBE_TRANSACTIONS,
     END_TXN,
     FIND_COORDINATOR,
     HEARTBEAT,
     INCREMENTAL_ALTER_CONFIGS,
     INIT_PRODUCER_ID,
+    INITIALIZE_SHARE_GROUP_STATE,
     INT_MAX,
     JOIN_GROUP,
     LEAVE_GROUP,
@@ -75,10 +81,17 @@ from policies.api_keys import (
     OFFSET_DELETE,
     OFFSET_FETCH,
     PRODUCE,
+    READ_SHARE_GROUP_STATE,
+    READ_SHARE_GROUP_STATE_SUMMARY,
+    SHARE_ACKNOWLEDGE,
+    SHARE_FETCH,
     SHARE_GROUP_DESCRIBE,
     SHARE_GROUP_HEARTBEAT,
+    STREAMS_GROUP_DESCRIBE,
+    STREAMS_GROUP_HEARTBEAT,
     SYNC_GROUP,
     TXN_OFFSET_COMMIT,
+    WRITE_SHARE_GROUP_STATE,
 )
 from policies.decision import Action, Decision, Policy
 from policies.mode import Mode
@@ -333,6 +346,25 @@ IDENTIFIER_FIELDS: Final[Mapping[int, tuple[FieldRule, ...]]] = {
         _rule("rack_id", _K.RACK_ID),
     ),
     SHARE_GROUP_DESCRIBE: (_rule("group_ids[]", _K.GROUP_ID),),
+    # KIP-932's member ids are the client's UUID, also in the share data-plane APIs.
+    SHARE_FETCH: (_rule("group_id", _K.GROUP_ID), _rule("member_id", _K.MEMBER_ID)),
+    SHARE_ACKNOWLEDGE: (_rule("group_id", _K.GROUP_ID), _rule("member_id", _K.MEMBER_ID)),
+    # The share coordinator's state APIs are served on broker listeners, so clients reach them too.
+    INITIALIZE_SHARE_GROUP_STATE: (_rule("group_id", _K.GROUP_ID),),
+    READ_SHARE_GROUP_STATE: (_rule("group_id", _K.GROUP_ID),),
+    WRITE_SHARE_GROUP_STATE: (_rule("group_id", _K.GROUP_ID),),
+    DELETE_SHARE_GROUP_STATE: (_rule("group_id", _K.GROUP_ID),),
+    READ_SHARE_GROUP_STATE_SUMMARY: (_rule("group_id", _K.GROUP_ID),),
+    STREAMS_GROUP_HEARTBEAT: (  # KIP-1071: the member id is the client's UUID, as in KIP-848
+        _rule("group_id", _K.GROUP_ID),
+        _rule("member_id", _K.MEMBER_ID),
+        _rule("instance_id", _K.GROUP_INSTANCE_ID),
+        _rule("rack_id", _K.RACK_ID),
+    ),
+    STREAMS_GROUP_DESCRIBE: (_rule("group_ids[]", _K.GROUP_ID),),
+    DESCRIBE_SHARE_GROUP_OFFSETS: (_rule("groups[].group_id", _K.GROUP_ID),),
+    ALTER_SHARE_GROUP_OFFSETS: (_rule("group_id", _K.GROUP_ID),),
+    DELETE_SHARE_GROUP_OFFSETS: (_rule("group_id", _K.GROUP_ID),),
 }
 
 

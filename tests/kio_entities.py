@@ -1,5 +1,7 @@
 """Real kio request entities for any API at any version, built from the kio
-schemas alone, plus the identifier-rule test matrix over them.
+schemas alone, plus the KIP-1233 test matrix over them: every identifier field of
+every request version kio knows, with the limit and error code of the table
+written by hand from the KIP (tests/kip1233_table.py), never the policy's own.
 
 Why: the identifier-limit policy and the generic error-response builder must
 hold for every API they cover, at every version kio knows, so their unit tests
@@ -30,7 +32,7 @@ from kio.index import load_request_schema
 from kio.schema.index import api_key_map, schema_name_map
 from kio.serial import entity_reader, entity_writer
 
-from policies.identifier_limits import IDENTIFIER_FIELDS
+from tests.kip1233_table import COORDINATOR_KEY, KIP_1233_FIELDS, Expected
 
 
 def unwrap_optional(tp: Any) -> tuple[Any, bool]:
@@ -123,11 +125,80 @@ def versions(api_key: int) -> list[int]:
     return sorted({known[0], known[len(known) // 2], known[-1]})
 
 
-# Every identifier rule the policy has, at each of ``versions`` it applies to.
+def all_versions(api_key: int) -> list[int]:
+    """Every version kio knows for ``api_key``."""
+    return sorted(schema_name_map[api_key_map[api_key]])
+
+
+def string_fields(cls: Any, prefix: str = "") -> list[str]:
+    """Every string field of a kio entity, as a path (``topics[].partitions[].committed_metadata``)."""
+    hints = get_type_hints(cls)
+    found: list[str] = []
+    for f in dataclasses.fields(cls):
+        tp, _ = unwrap_optional(hints[f.name])
+        if get_origin(tp) is tuple:
+            inner, _ = unwrap_optional(get_args(tp)[0])
+            if dataclasses.is_dataclass(inner):
+                found += string_fields(inner, f"{prefix}{f.name}[].")
+            elif f.metadata.get("kafka_type") == "string":
+                found.append(f"{prefix}{f.name}[]")
+        elif dataclasses.is_dataclass(tp):
+            found += string_fields(tp, f"{prefix}{f.name}.")
+        elif f.metadata.get("kafka_type") == "string":
+            found.append(prefix + f.name)
+    return found
+
+
+@dataclasses.dataclass(frozen=True)
+class IdentifierCase:
+    """One identifier field of one request version, with what KIP-1233 expects of it
+    (from the hand-written table in tests/kip1233_table.py)."""
+
+    path: str
+    expected: Expected
+    key_type: int | None = None  # FindCoordinator: the key type that makes the key this kind
+
+    @property
+    def kind(self) -> str:
+        return self.expected.kind
+
+    def values(self, value: str) -> dict[str, Any]:
+        """The request values that put ``value`` in element 1 of this field."""
+        values: dict[str, Any] = {self.path.replace("[]", "[1]"): value}
+        if self.key_type is not None:
+            values["key_type"] = self.key_type
+        return values
+
+
+def identifier_cases(api_key: int, version: int) -> list[IdentifierCase]:
+    """The KIP-1233 identifier fields of this request version that kio says exist."""
+    schema = load_request_schema(api_key, version)
+    present = set(string_fields(schema))
+    has_key_type = "key_type" in {f.name for f in dataclasses.fields(schema)}
+    cases = []
+    for path, expected in KIP_1233_FIELDS.get(api_key_map[api_key], {}).items():
+        if path not in present:
+            continue
+        if isinstance(expected, Expected):
+            cases.append(IdentifierCase(path, expected))
+        else:
+            assert expected is COORDINATOR_KEY
+            if not has_key_type:  # FindCoordinator v0: the key is a group id
+                cases.append(IdentifierCase(path, expected[0]))
+                continue
+            cases += [IdentifierCase(path, e, key_type) for key_type, e in expected.items() if e is not None]
+    return cases
+
+
+def _case_id(api_key: int, version: int, case: IdentifierCase) -> str:
+    key_type = "" if case.key_type is None else f"-key_type{case.key_type}"
+    return f"{api_key_map[api_key]}-v{version}-{case.path}{key_type}"
+
+
+# Every KIP-1233 identifier field of every request version kio knows (hand table, not the policy's).
 IDENTIFIER_RULE_CASES = [
-    pytest.param(api_key, version, rule, id=f"{api_key_map[api_key]}-v{version}-{rule.path}")
-    for api_key, rules in IDENTIFIER_FIELDS.items()
-    for version in versions(api_key)
-    for rule in rules
-    if rule.applies_to(version)
+    pytest.param(api_key, version, case, id=_case_id(api_key, version, case))
+    for api_key in sorted(api_key_map)
+    for version in all_versions(api_key)
+    for case in identifier_cases(api_key, version)
 ]

@@ -1,5 +1,5 @@
-"""The generic error-response builder: for every API the identifier policy
-covers (lowest / middle / highest kio version), a breach found by the policy
+"""The generic error-response builder: for every identifier field of every request
+version kio knows (KIP-1233's table, tests/kip1233_table.py), a breach found by the policy
 becomes a response frame that kio decodes with the error where Kafka puts it."""
 
 from __future__ import annotations
@@ -16,7 +16,7 @@ from kio.schema.errors import ErrorCode
 from kio.schema.index import api_key_map, schema_name_map
 from kio.serial import entity_reader
 
-from policies.identifier_limits import IdentifierKind, IdentifierLimits, check_request
+from policies.identifier_limits import IdentifierLimits, check_request
 from proxy import wire
 from proxy.error_responses import (
     UnsupportedErrorResponse,
@@ -39,6 +39,13 @@ def placement(api_key: int, version: int) -> tuple[str, dict[str, str]]:
     per_partition_commit = (
         "topics[].partitions[].error_code",
         {"topics[1].partitions[1].partition_index": "topics[1].partitions[1].partition_index"},
+    )
+    share_state = (  # the share coordinator's state APIs have no top-level error
+        "results[].partitions[].error_code",
+        {
+            "results[1].topic_id": "topics[1].topic_id",
+            "results[1].partitions[1].partition": "topics[1].partitions[1].partition",
+        },
     )
     table: dict[int, tuple[str, dict[str, str]]] = {
         0: (
@@ -67,6 +74,9 @@ def placement(api_key: int, version: int) -> tuple[str, dict[str, str]]:
         65: ("transaction_states[].error_code", {"transaction_states[1].transactional_id": "transactional_ids[1]"}),
         69: ("groups[].error_code", {"groups[1].group_id": "group_ids[1]"}),
         77: ("groups[].error_code", {"groups[1].group_id": "group_ids[1]"}),
+        **dict.fromkeys((83, 84, 85, 86, 87), share_state),
+        89: ("groups[].error_code", {"groups[1].group_id": "group_ids[1]"}),
+        90: ("groups[].error_code", {"groups[1].group_id": "groups[1].group_id"}),
     }
     if api_key == 9:  # OffsetFetch
         if version < 2:
@@ -132,13 +142,10 @@ def expected_count(pattern: str) -> int:
 def test_a_breach_becomes_a_kio_decodable_error_response_in_the_right_place(
     api_key: int, version: int, rule: Any
 ) -> None:
-    target = rule.path.replace("[]", "[1]")
-    limit = ON.limit_for(rule.kind)
-    request = make_request(
-        api_key, version, {target: ("t" if rule.kind is IdentifierKind.TOPIC_NAME else "m") * (limit + 1)}
-    )
+    limit = rule.expected.limit
+    request = make_request(api_key, version, rule.values(("t" if rule.kind == "topic name" else "m") * (limit + 1)))
     [breach] = check_request(api_key, version, request, "client-1", ON)
-    assert breach.kind is rule.kind
+    assert breach.kind.value == rule.kind
 
     header = wire.request_header_for(api_key, version, 7_654_321, "client-1")
     frame = build_error_frame(
@@ -157,10 +164,10 @@ def test_a_breach_becomes_a_kio_decodable_error_response_in_the_right_place(
     found = list(walk(decoded.body, pattern))
     assert len(found) == expected_count(pattern), pattern
     for _path, code, owner in found:
-        assert code == breach.error_code == ON.error_code_for(rule.kind)
+        assert code == breach.error_code == rule.expected.error_code
         if hasattr(owner, "error_message"):
             assert owner.error_message == breach.message
-            assert rule.kind.value in owner.error_message and str(limit) in owner.error_message
+            assert rule.kind in owner.error_message and str(limit) in owner.error_message
     for response_path, request_path in ids.items():
         assert get(decoded.body, response_path) == get(request, request_path), response_path
     # the response says nothing else went wrong, and holds nothing that looks like data
