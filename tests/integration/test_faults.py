@@ -166,9 +166,13 @@ def test_half_open_broker_connections_end_with_their_clients(faulty_tansu: Fault
         for conn in conns[:3]:
             conn.close()  # gave up
         wait_until(lambda: sockets_to(pid, port) == 2, timeout=5)  # while the broker is still stopped
-        time.sleep(3)
-        # Busy connections are not idle: the waiting one and the vanished one stay.
-        assert proxy.metric("kafka_admission_connections_active") == 2
+        # Busy connections are not idle: a newcomer that sends nothing, idle since after their
+        # last request, is closed after connections.max.idle.ms; the waiting one and the
+        # vanished one, idle longer if they counted as idle, stay.
+        with RawConnection(proxy.bootstrap, timeout=10) as idle:
+            assert idle.closed_by_peer(), "an idle connection outlived connections.max.idle.ms (2 s) by 8 s"
+        assert proxy.metric("kafka_admission_decisions_total", action="close", limit="connections.max.idle.ms") == 1
+        wait_until(lambda: proxy.metric("kafka_admission_connections_active") == 2)
         faulty_tansu.resume()
         assert int.from_bytes(conns[3].read_frame()[4:8], "big") == 2
         conns[3].close()
