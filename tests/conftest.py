@@ -28,14 +28,27 @@ from tests.kubelet import ConfigMapDir
 ROOT = Path(__file__).resolve().parent.parent
 
 
-@pytest.hookimpl(hookwrapper=True)
-def pytest_runtest_makereport(item: pytest.Item, call: pytest.CallInfo[None]) -> Iterator[None]:
-    outcome = yield
-    report = outcome.get_result()  # type: ignore[attr-defined]
+def _fail_a_skip(report: pytest.TestReport | pytest.CollectReport) -> None:
+    """Under REQUIRE_ALL=1, a skip becomes a failure (an expected failure, xfail, stays one)."""
     if os.environ.get("REQUIRE_ALL") == "1" and report.skipped and not hasattr(report, "wasxfail"):
         report.outcome = "failed"
         reason = report.longrepr[2] if isinstance(report.longrepr, tuple) else report.longrepr
         report.longrepr = f"skipped under REQUIRE_ALL=1 (install what it needs): {reason}"
+
+
+@pytest.hookimpl(hookwrapper=True)
+def pytest_runtest_makereport(item: pytest.Item, call: pytest.CallInfo[None]) -> Iterator[None]:
+    """A test's own skip, and a ``skipif`` mark (evaluated at its setup)."""
+    outcome = yield
+    _fail_a_skip(outcome.get_result())  # type: ignore[attr-defined]
+
+
+@pytest.hookimpl(hookwrapper=True)
+def pytest_make_collect_report(collector: pytest.Collector) -> Iterator[None]:
+    """A skip while collecting: ``pytest.importorskip`` or ``pytest.skip(allow_module_level=True)``
+    in a test module or a conftest.py, which would skip every test in it unseen."""
+    outcome = yield
+    _fail_a_skip(outcome.get_result())  # type: ignore[attr-defined]
 
 
 @pytest.hookimpl(tryfirst=True)

@@ -250,17 +250,16 @@ def test_full_tls_cap_evicts_exactly_the_least_recently_used_idle_connection_for
         assert broker_connects(result.stats) == {TansuBroker.NODE_ID: (1, 0)}
         assert proxy.metric("kafka_admission_connections_accepted_total", listener="tls") == accepted_before + 1
         assert proxy.metric("kafka_admission_connections_accepted_total", listener="entry") > entered_before
-        # Exactly one connection made room for it: the least recently used one.
+        # Exactly one connection made room for it: the least recently used one. The 49 others
+        # are still served (a closed one would fail its round trip), after the eviction.
         assert held[lru].wait_closed(timeout=5), not_seen_closed(proxy, held)
-        time.sleep(0.3)
+        for i, conn in enumerate(held):
+            if i != lru:
+                conn.api_versions()
         assert closed(held) == [lru]
         assert decided(proxy, listener="tls", action="evict", limit=MAX_SSL, mode="enforce") == 1
         assert closings(proxy) == 1
         assert proxy.metric("kafka_admission_tls_handshake_failures_total") == 0
-        # The 49 others are still served.
-        for i, conn in enumerate(held):
-            if i != lru:
-                conn.api_versions()
 
         # The plaintext listener of the same proxy is not behind the TLS cap.
         assert proxy.metric("kafka_admission_connections_counted_tls") == 49  # the producer has left
@@ -296,8 +295,10 @@ def test_plaintext_listener_serves_real_clients_while_the_tls_cap_is_full(
     sockets.append(newcomer)
     newcomer.api_versions()
     assert held[0].wait_closed(timeout=5), not_seen_closed(proxy, held)
-    time.sleep(0.2)
+    for conn in held[1:]:  # the others are served after it: only the oldest idle one was closed
+        conn.api_versions()
     assert closed(held) == [0]
+    assert decided(proxy, listener="tls", action="evict", limit=MAX_SSL) == 1
 
 
 # --- 2. an evicted idempotent producer reconnects; nothing lost or doubled ---
@@ -427,8 +428,7 @@ def busy_connections(proxy: Any, tansu: TansuBroker, sockets: list[KafkaSocket],
         sockets.append(conn)
         topic_id = conn.topic_id(topic)
         conns.append((conn, conn.park_fetch(topic_id, max_wait_ms=wait_ms)))
-    time.sleep(0.3)  # the Fetches are now held by the broker
-    assert proxy.metric("kafka_admission_connections_counted_busy") == n
+    wait_until(lambda: proxy.metric("kafka_admission_connections_counted_busy") == n)
     return conns
 
 
@@ -436,25 +436,25 @@ def test_with_every_connection_busy_a_new_connection_waits_and_is_admitted_when_
     tansu: TansuBroker, start_proxy: Any, sockets: list[KafkaSocket],
 ) -> None:
     proxy = start_proxy(tansu.bootstrap, policies={MAX_CONNECTIONS: 2, "max.connections.wait.ms": 20000})
-    (first, _), (second, second_fetch) = busy_connections(proxy, tansu, sockets, 2, wait_ms=6000)
+    (first, _), (second, second_fetch) = busy_connections(proxy, tansu, sockets, 2, wait_ms=8000)
 
     waiting = KafkaSocket(proxy.bootstrap)  # the kernel completes the TCP handshake...
     sockets.append(waiting)
-    waiting.send(api_versions_frame(1))  # ...but nobody answers yet
-    waiting.sock.settimeout(1.5)
-    with pytest.raises(TimeoutError):
-        waiting.read_frame()
-    waiting.sock.settimeout(SOCKET_TIMEOUT_S)
-    assert decided(proxy, action="wait", limit=MAX_CONNECTIONS) == 1
+    waiting.send(api_versions_frame(1))  # ...and the proxy decides to wait for a slot
+    wait_until(lambda: decided(proxy, action="wait", limit=MAX_CONNECTIONS) == 1)
+    seen_waiting = time.monotonic()
     assert proxy.metric("kafka_admission_connections_counted") == 2
     assert closings(proxy) == 0
 
     first.close()  # a slot frees
-    released = time.monotonic()
+    closed_first = time.monotonic()
     response = waiting.read_response(API_VERSIONS, 3)
     assert response.header.correlation_id == 1
-    assert time.monotonic() - released < 1.0  # admitted at the close, not when a Fetch ended
-    assert proxy.metric("kafka_admission_acceptor_blocked_seconds_total", listener="external") >= 1.5
+    # Admitted at the close, not when a Fetch ended: its answer came before the other Fetch's.
+    assert select.select([second.sock], [], [], 0)[0] == [], "the other Fetch was answered first"
+    # The acceptor was blocked at least from when the test saw the wait until it closed a connection.
+    blocked = proxy.metric("kafka_admission_acceptor_blocked_seconds_total", listener="external")
+    assert blocked >= closed_first - seen_waiting
     # The other busy connection was never touched: its Fetch is answered.
     fetched = second.read_response(FETCH, 13)
     assert fetched.header.correlation_id == second_fetch
@@ -465,16 +465,18 @@ def test_a_connection_that_waits_longer_than_max_connections_wait_ms_is_closed(
     tansu: TansuBroker, start_proxy: Any, sockets: list[KafkaSocket],
 ) -> None:
     proxy = start_proxy(tansu.bootstrap, policies={MAX_CONNECTIONS: 2, "max.connections.wait.ms": 1000})
-    busy = busy_connections(proxy, tansu, sockets, 2, wait_ms=5000)
+    busy = busy_connections(proxy, tansu, sockets, 2, wait_ms=8000)
 
     waiting = KafkaSocket(proxy.bootstrap)
     sockets.append(waiting)
     started = time.monotonic()
     waiting.send(api_versions_frame(1))
-    assert waiting.wait_closed(timeout=4)
+    # Closed while both Fetches are still held (8 s): a slot freed by their end would admit it
+    # (an answer, which wait_closed refuses) instead of the refusal counted below.
+    assert waiting.wait_closed(timeout=7), not_seen_closed(proxy, [waiting])
     waited = time.monotonic() - started
 
-    assert 0.9 <= waited < 3.5, waited
+    assert waited >= 0.9, waited  # not before max.connections.wait.ms (1 s; 0.1 s for two processes' clocks)
     assert decided(proxy, action="refuse", limit="max.connections.wait.ms") == 1
     for conn, correlation_id in busy:  # the busy ones keep their requests
         assert conn.read_response(FETCH, 13).header.correlation_id == correlation_id
@@ -503,10 +505,9 @@ def test_per_ip_limit_closes_the_third_connection_at_once_and_the_override_allow
     ):
         over = KafkaSocket(address, source=source)
         sockets.append(over)
-        started = time.monotonic()
         over.send(api_versions_frame(1))
-        assert over.wait_closed(timeout=2), f"{source}: over its limit but not closed"
-        assert time.monotonic() - started < 1.0
+        # At once: nothing is waited for (a wait would last max.connections.wait.ms, 30 s by default).
+        assert over.wait_closed(timeout=5), f"{source}: over its limit but not closed"
         assert decided(proxy, action="refuse", limit=limit_key, mode="enforce") == 1
 
     # Nobody paid for the refused connections, and they did not count.
@@ -540,10 +541,9 @@ def test_lowering_max_ssl_connections_closes_the_40_least_recently_used_then_new
     expected = sorted(order[:40])
     with explained(lambda: not_seen_closed(proxy, held)):
         wait_until(lambda: len(closed(held)) >= 40, timeout=5)
-    time.sleep(0.2)
     assert closed(held) == expected
     assert decided(proxy, action="close", limit=MAX_SSL, mode="enforce") == 40
-    for i in order[40:]:
+    for i in order[40:]:  # the ten survivors are served, after the closings
         held[i].api_versions()
     # The new cap holds for newcomers too: one more costs the least recently used survivor.
     newcomer = KafkaSocket(proxy.bootstrap, ca_file=certs.ca_file)
@@ -563,8 +563,8 @@ def test_lowering_max_ssl_connections_closes_the_40_least_recently_used_then_new
     with ThreadPoolExecutor(1) as pool:
         waiting = pool.submit(hold, sockets, proxy.bootstrap, 1, ca_file=certs.ca_file)
         wait_until(lambda: decided(proxy, action="wait", limit=MAX_SSL) == 1, timeout=5)
-        time.sleep(1.0)
-        assert not waiting.done()
+        # Decided to wait: nothing can admit it before a slot frees, and none is freed yet.
+        assert not waiting.done() and proxy.metric("kafka_admission_connections_counted_tls") == 10
         busy[0].close()
         waiting.result(timeout=5)  # handshake and ApiVersions, once a slot was free
     assert closings(proxy) == 41  # the 40 over the lowered cap, and the one evicted above
@@ -587,10 +587,9 @@ def test_observe_mode_over_the_cap_closes_nothing_and_counts_the_would_be_evicti
 
     assert result.errors == []
     assert len(result.delivered) == len(values)
-    time.sleep(0.3)
-    assert closed(held) == []
-    for conn in held:
+    for conn in held:  # each still served, after the producer's connections were admitted
         conn.api_versions()
+    assert closed(held) == []
     assert closings(proxy, mode="enforce") == 0
     assert proxy.metric("kafka_admission_connections_counted_tls") >= 3
     # The third held connection, then each of the producer's: what enforce would have evicted.
@@ -601,7 +600,8 @@ def test_observe_mode_over_the_cap_closes_nothing_and_counts_the_would_be_evicti
     # A lowered cap in observe mode: counted as closings, nothing closed.
     set_policies(proxy, **{MAX_SSL: 1})
     wait_until(lambda: decided(proxy, action="close", limit=MAX_SSL, mode="observe") == 2)
-    time.sleep(0.3)
+    for conn in held:  # each still served, after the decisions to close two of them
+        conn.api_versions()
     assert closed(held) == []
     assert closings(proxy, mode="enforce") == 0
 
@@ -627,7 +627,9 @@ def test_idle_connection_closes_after_connections_max_idle_ms_but_a_busy_one_sta
     assert idle.wait_closed(timeout=5), not_seen_closed(proxy, [idle])
     idle_for = time.monotonic() - last_activity
 
-    assert 0.95 <= idle_for < 2.5, idle_for  # more than 1 s after its last answer (as seen here)
+    # Not before connections.max.idle.ms (1 s) after its last answer, less the time that answer
+    # took to reach this process (0.2 s allowed); no upper bound but wait_closed's 5 s.
+    assert idle_for >= 0.8, idle_for
     assert not busy.closed_by_peer()
     response = busy.read_response(FETCH, 13)  # held by the broker for 3 s, well past 1 s
     answered = time.monotonic()
@@ -635,5 +637,5 @@ def test_idle_connection_closes_after_connections_max_idle_ms_but_a_busy_one_sta
     assert answered - last_activity >= 2.5
     # Once answered it is idle too, and goes the same way.
     assert busy.wait_closed(timeout=5), not_seen_closed(proxy, [busy])
-    assert 0.95 <= time.monotonic() - answered < 2.5
+    assert time.monotonic() - answered >= 0.8
     assert decided(proxy, action="close", limit="connections.max.idle.ms", mode="enforce") == 2

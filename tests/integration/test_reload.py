@@ -7,12 +7,14 @@ parametrized ``[sighup]`` / ``[configmap]``); each is counted by outcome."""
 
 from __future__ import annotations
 
-import time
+import re
+from pathlib import Path
 from typing import Any
 
 import yaml
 
 from tests.clients import Member, create_topic, refused, unique, wait_for
+from tests.conftest import wait_until
 from tests.integration.test_group_size_through_proxy import coordinator_members
 from tests.raw_kafka import RawConnection, api_versions_frame, frame, metadata_frame
 
@@ -108,12 +110,27 @@ def test_an_invalid_file_changes_nothing_and_the_proxy_keeps_serving(tansu, star
     assert proxy.reloads() == counted(invalid=1)
 
 
-def test_a_sighup_after_an_edit_reloads_once_and_the_file_watcher_does_not_reload_it_again(tansu, start_proxy) -> None:  # type: ignore[no-untyped-def]
-    proxy = start_proxy(tansu.bootstrap)
+def test_a_sighup_after_an_edit_reloads_once_and_the_file_watcher_does_not_reload_it_again(  # type: ignore[no-untyped-def]
+    tansu, start_proxy, certs, tmp_path
+) -> None:
+    """The watcher reports changed files in order, naming each changed since its last report.
+    After the SIGHUP, a later change to another watched file (the certificate, replaced) is
+    reported: had the watcher kept the edited config as unread, that report, or one before
+    it, would name the config file too."""
+    cert, key = tmp_path / "server.pem", tmp_path / "server.key"
+    cert.write_bytes(Path(certs.server_cert).read_bytes())
+    key.write_bytes(Path(certs.server_key).read_bytes())
+    listeners = [{"name": "plain"}, {"name": "tls", "tls": {"cert_file": str(cert), "key_file": str(key)}}]
+    proxy = start_proxy(tansu.bootstrap, listeners=listeners)
     proxy.reload(**{"max.response.size": 1048576})
-    time.sleep(3)  # the watcher has polled (each second) and let the edit settle (1 s) by now
     assert proxy.reloads() == counted(success=1)
-    assert "watched files changed" not in proxy.log()
+
+    renewed = tmp_path / "renewed.pem"  # the same certificate, renewed as cert-manager does: a new file
+    renewed.write_bytes(cert.read_bytes())
+    renewed.replace(cert)
+    wait_until(lambda: proxy.reloads() == counted(success=2), timeout=8)
+    reports = re.findall(r"watched files changed files=(\S+)", proxy.log())
+    assert reports == [str(cert)]
 
 
 def test_a_lowered_group_max_size_and_a_switched_mode_are_enforced_for_a_new_member(  # type: ignore[no-untyped-def]
