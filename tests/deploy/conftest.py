@@ -45,16 +45,13 @@ def system_tool(name: str, package: str) -> str:
     return path
 
 
-@pytest.fixture(scope="session")
-def runtime_venv(tmp_path_factory: pytest.TempPathFactory) -> Path:
-    """The image's install, outside a container: a venv without pip holding only
-    requirements/runtime.txt (hash-checked) and this package without its
-    dependencies, built as a wheel by the build backend of requirements/build.txt
-    (hash-checked, in a venv standing for the build stage's Python), as
-    deploy/Dockerfile's build stage does it."""
-    folder = tmp_path_factory.mktemp("image")
+def image_install(folder: Path, base_python: str) -> Path:
+    """The image's install in ``folder``: a venv (from ``base_python``) without pip holding only
+    requirements/runtime.txt (hash-checked) and this package without its dependencies, built
+    as a wheel by the build backend of requirements/build.txt (hash-checked, in a venv standing
+    for the build stage's Python), as deploy/Dockerfile's build stage does it."""
     venv = folder / "kafka-admission-proxy"
-    subprocess.run([sys.executable, "-m", "venv", "--without-pip", str(venv)], check=True)
+    subprocess.run([base_python, "-m", "venv", "--without-pip", str(venv)], check=True)
     pip = [sys.executable, "-m", "pip", "--python", str(venv / "bin" / "python"), "install", "-q",
            "--disable-pip-version-check"]
     subprocess.run([*pip, "--require-hashes", "-r", str(ROOT / "requirements" / "runtime.txt")], check=True)
@@ -70,6 +67,12 @@ def runtime_venv(tmp_path_factory: pytest.TempPathFactory) -> Path:
     clean = {key: value for key, value in os.environ.items() if key != "PYTHONPATH"}
     subprocess.run([*pip, "--no-deps", "--no-index", str(wheel)], check=True, env=clean)
     return venv
+
+
+@pytest.fixture(scope="session")
+def runtime_venv(tmp_path_factory: pytest.TempPathFactory) -> Path:
+    """The image's install, outside a container (:func:`image_install`)."""
+    return image_install(tmp_path_factory.mktemp("image"), sys.executable)
 
 
 def proxy_config(bootstrap: str, *, admin_port: int | None = None, **overrides: Any) -> dict[str, Any]:
