@@ -102,10 +102,12 @@ bench-report: $(BIN)/.installed
 bench-instructions: bench-tools
 	$(BIN)/python bench/instructions_per_request.py
 
-# Regenerate the locks after a change of pyproject.toml's dependencies or of
-# requirements/deploy-tools.in. The image installs runtime.txt; .venv installs dev.txt.
+# Regenerate the locks after a change of pyproject.toml's dependencies (or its build-system.requires)
+# or of requirements/deploy-tools.in. The image installs runtime.txt, and builds this package with
+# the backend of build.txt; .venv installs dev.txt.
 lock: $(TOOLS)/venv/.installed
 	$(PIP_COMPILE) -o requirements/runtime.txt pyproject.toml
+	$(PIP_COMPILE) --allow-unsafe --build-deps-for wheel --only-build-deps -o requirements/build.txt pyproject.toml
 	$(PIP_COMPILE) --extra test --extra demo --extra pipeline -o requirements/dev.txt pyproject.toml
 	$(PIP_COMPILE) --allow-unsafe -o requirements/deploy-tools.txt requirements/deploy-tools.in
 

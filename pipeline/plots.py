@@ -11,6 +11,7 @@ from collections.abc import Sequence
 from datetime import UTC
 from typing import TYPE_CHECKING
 
+from .plain_text import printable
 from .traffic import Traffic, nice_bytes
 
 if TYPE_CHECKING:
@@ -27,7 +28,11 @@ def _figure_class() -> type[Figure]:
     import matplotlib
 
     matplotlib.use("Agg")  # no display; must precede any pyplot import anywhere in the process
-    matplotlib.rcParams.update({"svg.hashsalt": "kafka-admission-proxy", "font.size": 9})
+    # Labels carry identifiers from the wire (group ids): plain text, never mathtext or TeX, so a
+    # group named `$\bad$` is drawn as it is instead of aborting the report (and see printable()).
+    matplotlib.rcParams.update(
+        {"svg.hashsalt": "kafka-admission-proxy", "font.size": 9, "text.usetex": False, "text.parse_math": False}
+    )
     from matplotlib.figure import Figure
 
     return Figure
@@ -164,14 +169,19 @@ def groups(traffic: Traffic, limits: dict[str, int]) -> Plot:
         _nothing(over_time, "group windows")
         _nothing(spread, "groups")
     else:
+        lines = []
         for group, points in traffic.group_series.items():
-            over_time.plot(_times([p[0] for p in points]), [p[1] for p in points], label=group[:30], linewidth=1)
+            t, members = _times([p[0] for p in points]), [p[1] for p in points]
+            lines += over_time.plot(t, members, label=printable(group[:30]), linewidth=1)
         rec = limits.get("group.max.size")
         if rec:
-            over_time.axhline(rec, color="#c0392b", linestyle="--", linewidth=1, label="recommended group.max.size")
+            lines.append(
+                over_time.axhline(rec, color="#c0392b", linestyle="--", linewidth=1, label="recommended group.max.size")
+            )
         over_time.set_ylabel("members (largest in bucket)")
         _time_axis(over_time)
-        over_time.legend(loc="upper left", fontsize=6)
+        # Handles named, or matplotlib would leave out a group whose id starts with "_".
+        over_time.legend(lines, [str(line.get_label()) for line in lines], loc="upper left", fontsize=6)
         spread.bar([p for p, _ in traffic.group_peak_hist], [n for _, n in traffic.group_peak_hist], color="#2e86c1")
         spread.set_xlabel("largest member count of a group")
         spread.set_ylabel("groups")

@@ -22,6 +22,7 @@ import yaml
 from proxy.config import Policies
 
 from .limits import IDENTIFIER_KEYS, KAFKA_DEFAULTS
+from .plain_text import printable
 from .traffic import Peak, Traffic, nice_bytes
 
 __all__ = ["Recommendation", "policies_yaml", "recommend", "with_headroom"]
@@ -157,5 +158,6 @@ def policies_yaml(recs: list[Recommendation], traffic: Traffic, headroom_pct: fl
     ]
     for r in recs:
         scalar = yaml.safe_dump(r.value, default_flow_style=True).removesuffix("\n...\n").strip()
-        lines.append(f"  {r.key}: {scalar}  # {' '.join(r.reason.split())}")
+        # One line, and nothing YAML's reader refuses (a group id in it may hold a control character).
+        lines.append(f"  {r.key}: {scalar}  # {printable(' '.join(r.reason.split()))}")
     return "\n".join(lines) + "\n"

@@ -15,6 +15,7 @@ from typing import Any
 from .events import InputProblem
 from .impact import TOP_SUBJECTS, Impact
 from .limits import LIMITS
+from .plain_text import printable
 from .plots import Plot, impact_timeline
 from .recommend import Recommendation, when
 from .traffic import Traffic, nice_bytes
@@ -84,7 +85,7 @@ code{background:#f4f4f4;padding:0 .2rem}nav a{margin-right:1rem}
 
 
 def _e(value: Any) -> str:
-    return html.escape("" if value is None else str(value))
+    return html.escape(printable("" if value is None else str(value)))
 
 
 def _cell(value: Any) -> str:

@@ -6,12 +6,17 @@ pyOpenSSL), the chain in ``cert_file`` runs leaf first and each certificate is
 issued by the next, and no certificate is not yet valid or expired. Each
 problem is one line naming the config key, the file and the rule. The leaf's
 expiry is exported as ``kafka_admission_tls_certificate_expiry_timestamp_seconds``.
+A private key or key password file that others can read is a warning, not an
+error (as OpenSSH refuses such a key, but a running proxy must not stop for it).
 """
 
 from __future__ import annotations
 
 import datetime as dt
 import itertools
+import logging
+import os
+import stat
 from collections.abc import Iterable
 from dataclasses import dataclass
 from pathlib import Path
@@ -33,7 +38,10 @@ __all__ = [
     "export_certificate_expiry",
     "inspect_ca_file",
     "inspect_certificate",
+    "secret_file_warnings",
 ]
+
+log = logging.getLogger("kafka_admission_proxy.tls")
 
 
 # The metric label of the client certificate presented to brokers (upstream.tls.cert_file).
@@ -179,8 +187,44 @@ def certificate_files(sections: Iterable[TlsFiles]) -> list[str]:
     return sorted({path for path in paths if path is not None})
 
 
+def _readers_besides_the_proxy(path: str) -> tuple[str, int] | None:
+    """(who else can read ``path``, its mode), or None. Its group is allowed when the proxy
+    reads it through that group (Kubernetes' fsGroup with a Secret's ``defaultMode: 0440``)."""
+    try:
+        info = os.stat(path)
+    except OSError:
+        return None  # the load names an unreadable file
+    mode = stat.S_IMODE(info.st_mode)
+    if mode & stat.S_IROTH:
+        return "every user", mode
+    uid = os.geteuid()
+    through_group = uid not in (0, info.st_uid) and info.st_gid in (os.getegid(), *os.getgroups())
+    if mode & stat.S_IRGRP and not through_group:
+        return f"group {info.st_gid}", mode
+    return None
+
+
+def secret_file_warnings(sections: Iterable[TlsFiles]) -> list[str]:
+    """One line per private key or key password file that others than the proxy's user can read."""
+    lines = []
+    for files in sections:
+        for field, path in (("key_file", files.key_file), ("key_password_file", files.key_password_file)):
+            exposed = _readers_besides_the_proxy(path) if path is not None else None
+            if exposed is not None:
+                who, mode = exposed
+                lines.append(
+                    f"{files.key}.{field}: {path} is readable by {who} (mode {mode:04o}): a private key or its "
+                    "password should be readable by the proxy's user only (chmod 0600, or 0440 for a group "
+                    "only the proxy is in)"
+                )
+    return lines
+
+
 def certificate_problems(sections: Iterable[TlsFiles], *, now: dt.datetime | None = None) -> list[str]:
-    """One line per unusable certificate, key or CA file, naming its config key."""
+    """One line per unusable certificate, key or CA file, naming its config key. When every file
+    serves, key files that others can read are logged as warnings (at start, in check-config and
+    at each reload); a refused config gets only its errors."""
+    sections = list(sections)
     problems = []
     for files in sections:
         if files.cert_file is not None:
@@ -196,6 +240,9 @@ def certificate_problems(sections: Iterable[TlsFiles], *, now: dt.datetime | Non
                 inspect_ca_file(files.ca_file, now=now)
             except CertificateProblem as exc:
                 problems.append(f"{files.key}.ca_file: {exc}")
+    if not problems:
+        for line in secret_file_warnings(sections):
+            log.warning(line)
     return problems
 
 

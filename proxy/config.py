@@ -123,7 +123,13 @@ def _host_port(value: str, key: str) -> tuple[str, int]:
 
 
 def _existing_file(value: str | None) -> str | None:
-    if value is not None and not Path(value).is_file():
+    if value is None:
+        return value
+    try:
+        found = Path(value).is_file()
+    except OSError as exc:  # a folder on the way this user cannot enter (e.g. a key kept root's)
+        raise ValueError(f"cannot read {value!r}: {exc.strerror}") from None
+    if not found:
         raise ValueError(f"file not found: {value!r}")
     return value
 

@@ -45,18 +45,34 @@ def system_tool(name: str, package: str) -> str:
     return path
 
 
-@pytest.fixture(scope="session")
-def runtime_venv(tmp_path_factory: pytest.TempPathFactory) -> Path:
-    """The image's install, outside a container: a venv without pip holding only
-    requirements/runtime.txt (hash-checked) and this package without its
-    dependencies, as deploy/Dockerfile's build stage does it."""
-    venv = tmp_path_factory.mktemp("image") / "kafka-admission-proxy"
-    subprocess.run([sys.executable, "-m", "venv", "--without-pip", str(venv)], check=True)
+def image_install(folder: Path, base_python: str) -> Path:
+    """The image's install in ``folder``: a venv (from ``base_python``) without pip holding only
+    requirements/runtime.txt (hash-checked) and this package without its dependencies, built
+    as a wheel by the build backend of requirements/build.txt (hash-checked, in a venv standing
+    for the build stage's Python), as deploy/Dockerfile's build stage does it."""
+    venv = folder / "kafka-admission-proxy"
+    subprocess.run([base_python, "-m", "venv", "--without-pip", str(venv)], check=True)
     pip = [sys.executable, "-m", "pip", "--python", str(venv / "bin" / "python"), "install", "-q",
            "--disable-pip-version-check"]
     subprocess.run([*pip, "--require-hashes", "-r", str(ROOT / "requirements" / "runtime.txt")], check=True)
-    subprocess.run([*pip, "--no-deps", str(ROOT)], check=True, cwd=ROOT)
+    build = folder / "build-stage"
+    subprocess.run([sys.executable, "-m", "venv", str(build)], check=True)
+    build_pip = [str(build / "bin" / "python"), "-m", "pip", "-q", "--disable-pip-version-check"]
+    subprocess.run([*build_pip, "install", "--require-hashes", "-r", str(ROOT / "requirements" / "build.txt")],
+                   check=True)
+    subprocess.run([*build_pip, "wheel", "--no-deps", "--no-build-isolation", "--wheel-dir", str(folder / "wheels"),
+                    str(ROOT)], check=True, cwd=ROOT)
+    [wheel] = (folder / "wheels").glob("kafka_admission_proxy-*.whl")
+    # Without the tests' PYTHONPATH, whose checkout (its egg-info) pip would take for this package installed.
+    clean = {key: value for key, value in os.environ.items() if key != "PYTHONPATH"}
+    subprocess.run([*pip, "--no-deps", "--no-index", str(wheel)], check=True, env=clean)
     return venv
+
+
+@pytest.fixture(scope="session")
+def runtime_venv(tmp_path_factory: pytest.TempPathFactory) -> Path:
+    """The image's install, outside a container (:func:`image_install`)."""
+    return image_install(tmp_path_factory.mktemp("image"), sys.executable)
 
 
 def proxy_config(bootstrap: str, *, admin_port: int | None = None, **overrides: Any) -> dict[str, Any]:

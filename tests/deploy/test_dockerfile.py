@@ -72,7 +72,10 @@ def test_hadolint_passes() -> None:
 def test_the_image_is_multi_stage_and_runs_as_a_numeric_non_root_user() -> None:
     build, final = instructions(0), instructions()
     assert any("--require-hashes -r requirements/runtime.txt" in run for run in build["RUN"])
-    assert any("--no-deps ./" in run for run in build["RUN"])
+    # The build backend comes from its hash-locked file, never from an isolated build's own fetch.
+    assert any("--require-hashes -r requirements/build.txt" in run for run in build["RUN"])
+    [package] = [run for run in build["RUN"] if " ./" in run]
+    assert "pip wheel --no-cache-dir --no-deps --no-build-isolation" in package and "--no-index" in package
     assert final["COPY"] == [f"--from=build {IMAGE_VENV} {IMAGE_VENV}"]
     assert "RUN" not in final  # the final stage only copies the venv in
     user, _, group = last(final, "USER").partition(":")

@@ -1,22 +1,49 @@
 """deploy/kafka-admission-proxy.service: `systemd-analyze verify` accepts it
 unchanged (in a root that holds the unit, the system's units and the console
 script at the unit's path), it is sandboxed, and its exact ExecStartPre,
-ExecStart and ExecReload command lines work against a real broker."""
+ExecStart and ExecReload command lines work against a real broker.
+
+No systemd runs here, so what it would do for the unit is done by the test: the
+command lines run as an unprivileged uid (as DynamicUser= would run them), with
+the config directory in the unit's mode and the keys handed in as
+LoadCredential= hands them (a copy readable by that uid only). Not tested: systemd
+making the copy itself, the dynamic uid's allocation, the sandboxing options'
+effect and MemoryMax='s enforcement (a cgroup)."""
 
 from __future__ import annotations
 
+import os
 import shlex
 import shutil
+import socket
+import ssl
 import subprocess
+import tempfile
+from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
 
+import pytest
+import trustme
 import yaml
 
+from proxy.tansu import free_port
 from tests.conftest import ROOT, wait_until
-from tests.deploy.conftest import IMAGE_CONFIG, IMAGE_VENV, produce_and_consume, proxy_config, system_tool
+from tests.deploy.conftest import (
+    IMAGE_CONFIG,
+    IMAGE_VENV,
+    image_install,
+    produce_and_consume,
+    proxy_config,
+    system_tool,
+)
+from tests.raw_kafka import api_versions_frame
 
 UNIT = ROOT / "deploy" / "kafka-admission-proxy.service"
+# Where systemd puts a system service's credentials ($CREDENTIALS_DIRECTORY, %d in the unit).
+CREDENTIALS = "/run/credentials/kafka-admission-proxy.service"
+# A uid as DynamicUser= allocates them (61184-65519): no file here belongs to it.
+DYNAMIC_UID = 61184
 
 
 def service_section() -> dict[str, list[str]]:
@@ -69,6 +96,7 @@ def test_the_unit_is_sandboxed_and_reloads_with_sighup() -> None:
         "CapabilityBoundingSet": "", "DynamicUser": "yes", "PrivateDevices": "yes",
         "RestrictAddressFamilies": "AF_INET AF_INET6 AF_UNIX", "SystemCallFilter": "@system-service",
         "ExecReload": "/bin/kill -HUP $MAINPID", "RestartPreventExitStatus": "2",
+        "LoadCredential": "private:/etc/kafka-admission-proxy/private", "MemoryMax": "512M",
     }
     assert {key: service.get(key, [None])[-1] for key in expected} == expected
     # The stop timeout leaves room for the drain.
@@ -105,3 +133,110 @@ def test_exec_start_pre_start_and_reload_run_the_proxy_against_a_broker(
     assert len(produce_and_consume(proxy.bootstrap)) == 20
     proxy.stop()
     assert proxy.returncode == 0
+
+
+@pytest.fixture(scope="module")
+def daemon_venv() -> Iterator[Path]:
+    """deploy/README.md's daemon install, made from the system's python3 (a venv from this test's
+    Python would live under /root, which an unprivileged uid cannot enter), in a folder any uid
+    can read, as /opt is."""
+    base = shutil.which("python3", path="/usr/bin:/bin")
+    if base is None:
+        pytest.skip("no system python3 (apt-get install python3-venv)")
+    folder = Path(tempfile.mkdtemp(prefix="kap-daemon-"))
+    try:
+        folder.chmod(0o755)
+        yield image_install(folder, base)
+    finally:
+        shutil.rmtree(folder)
+
+
+def as_dynamic_user(argv: list[str]) -> list[str]:
+    return ["setpriv", f"--reuid={DYNAMIC_UID}", f"--regid={DYNAMIC_UID}", "--clear-groups", "--", *argv]
+
+
+def load_credentials(private: Path, credentials: Path) -> None:
+    """What systemd does for the unit's LoadCredential=ID:DIRECTORY at start: each file of the
+    directory copied as credential ID_<file name>, readable by the service's user only."""
+    [value] = service_section()["LoadCredential"]
+    ident, _, source = value.partition(":")
+    assert source == f"{IMAGE_CONFIG.rsplit('/', 1)[0]}/{private.name}"
+    credentials.mkdir(parents=True)
+    for path in private.iterdir():
+        copy = credentials / f"{ident}_{path.name}"
+        shutil.copyfile(path, copy)
+        os.chown(copy, DYNAMIC_UID, DYNAMIC_UID)
+        copy.chmod(0o400)
+    os.chown(credentials, DYNAMIC_UID, DYNAMIC_UID)
+    credentials.chmod(0o500)
+
+
+def api_versions_over_tls(address: str, ca_file: str) -> int:
+    host, port = address.rsplit(":", 1)
+    ctx = ssl.create_default_context(cafile=ca_file)
+    with socket.create_connection((host, int(port)), timeout=10) as raw, ctx.wrap_socket(
+        raw, server_hostname="localhost"
+    ) as sock:
+        sock.sendall(api_versions_frame(5))
+        data = b""
+        while len(data) < 8:
+            chunk = sock.recv(4096)
+            assert chunk, "closed by the proxy"
+            data += chunk
+        return int.from_bytes(data[4:8], "big")
+
+
+def test_the_dynamic_user_reads_a_root_only_key_only_as_the_units_credential(
+    tansu: Any, daemon_venv: Path, launch: Any
+) -> None:
+    if os.geteuid() != 0:
+        pytest.skip("running the unit's command lines as another uid (DynamicUser=) needs root")
+    root = Path(tempfile.mkdtemp(prefix="kap-unit-"))
+    try:
+        root.chmod(0o755)
+        etc = root / "etc"
+        etc.mkdir(mode=int(service_section()["ConfigurationDirectoryMode"][-1], 8))
+        etc.chmod(int(service_section()["ConfigurationDirectoryMode"][-1], 8))  # whatever the umask
+        ca = trustme.CA()
+        leaf = ca.issue_cert("localhost", "127.0.0.1")
+        leaf.cert_chain_pems[0].write_to_path(str(etc / "server.pem"))
+        ca.cert_pem.write_to_path(str(root / "ca.pem"))
+        private = etc / "private"
+        private.mkdir(mode=0o700)
+        leaf.private_key_pem.write_to_path(str(private / "server.key"))
+        (private / "server.key").chmod(0o600)  # root's alone, as deploy/README.md installs it
+        config_path = etc / "config.yaml"
+
+        def write_config(key_file: Path) -> dict[str, Any]:
+            config = proxy_config(tansu.bootstrap)
+            tls = {"cert_file": str(etc / "server.pem"), "key_file": str(key_file)}
+            config["listeners"].append({"name": "tls", "bind": f"127.0.0.1:{free_port()}", "tls": tls,
+                                        "node_port_base": config["listeners"][0]["node_port_base"] + 100})
+            config_path.write_text(yaml.safe_dump(config))
+            config_path.chmod(0o644)
+            return config
+
+        # The finding: the key where it lies is out of the dynamic user's reach.
+        write_config(private / "server.key")
+        refused = subprocess.run(as_dynamic_user(command_line("ExecStartPre", daemon_venv, config_path)),
+                                 capture_output=True, text=True, timeout=60)
+        assert refused.returncode == 2, refused.stderr
+        assert f"listeners[1].tls.key_file: cannot read '{private / 'server.key'}': Permission denied" in (
+            refused.stderr.splitlines()
+        ), refused.stderr
+
+        # The unit's way: the key as the credential systemd hands in.
+        credentials = root / CREDENTIALS.lstrip("/")
+        load_credentials(private, credentials)
+        config = write_config(credentials / "private_server.key")
+        pre = subprocess.run(as_dynamic_user(command_line("ExecStartPre", daemon_venv, config_path)),
+                             capture_output=True, text=True, timeout=60)
+        assert pre.returncode == 0, pre.stderr
+        proxy = launch(config, as_dynamic_user(command_line("ExecStart", daemon_venv, config_path)), config_path)
+        assert api_versions_over_tls(proxy.listener_bind("tls"), str(root / "ca.pem")) == 5
+        assert len(produce_and_consume(proxy.bootstrap)) == 20
+        assert "readable by" not in proxy.log()  # the credential is the proxy user's alone
+        proxy.stop()
+        assert proxy.returncode == 0, proxy.log()
+    finally:
+        shutil.rmtree(root)

@@ -6,10 +6,14 @@ audit directory (the command in this process, on the tests' Spark session; the
 standalone-cluster test runs it in a process of its own): the impact tables name that client id and
 that group, ``recommended-policies.yaml`` follows the traffic and passes
 ``check-config``, and ``report.html`` renders every policy section and its plots
-in a real headless Chromium."""
+in a real headless Chromium. The identifiers are hostile (markup, mathtext, a control
+character): every output shows them as the plain text they are."""
 
 from __future__ import annotations
 
+import base64
+import html
+import re
 import socket
 import subprocess
 import sys
@@ -30,7 +34,9 @@ from tests.conftest import ROOT, wait_until
 
 pytestmark = pytest.mark.spark
 
-LONG_CLIENT_ID = "c" * 250  # one over KIP-1233's resource.identifier.max.length (249)
+# Markup for report.html, mathtext for the plots' legends, then padding.
+HOSTILE = "<script>alert('id')</script>$\\bad$"
+LONG_CLIENT_ID = HOSTILE + "c" * (250 - len(HOSTILE))  # one over KIP-1233's resource.identifier.max.length (249)
 MIB = 1024 * 1024
 HEADROOM = 50
 POLICIES = {
@@ -75,7 +81,8 @@ def make_traffic(proxy: Any, certs: Any) -> str:
             producer.produce(topic, value=b"tls %d" % i)
     assert [producer.flush(30) for producer in producers] == [0, 0]
     del producers
-    group = unique("e2e-group")
+    # The largest group: its id is a plot legend's label and the YAML's reason for group.max.size.
+    group = unique("$\\bad$<b>g</b>") + "\x01"
     members = [Member(proxy.bootstrap, topic, group, **{"client.id": f"member-{n}"}) for n in range(2)]
     try:
         # Observe mode: a third member joining the full group is recorded as a would-be refusal and
@@ -164,6 +171,8 @@ def test_report_over_a_real_proxys_audit_names_the_violators_and_renders_in_chro
     comments = [line for line in (out / "recommended-policies.yaml").read_text().splitlines() if ": " in line
                 and line.startswith("  ")]
     assert comments and all("  # " in line for line in comments)  # a reason on every key
+    # The group id in the reason, as text: its control character escaped, as YAML requires.
+    assert f"{group[:-1]}\\x01" in (out / "recommended-policies.yaml").read_text()
     config = {**proxy.config, "policies": recommended, "audit": {"path": None}}
     config_file = tmp_path / "recommended.yaml"
     config_file.write_text(yaml.safe_dump(config))
@@ -185,4 +194,11 @@ def test_report_over_a_real_proxys_audit_names_the_violators_and_renders_in_chro
             assert plot["width"] > 100 and plot["height"] > 50, (section.id, plot)
             assert plot["src"].startswith("data:image/svg+xml"), (section.id, plot)
     assert [url for url in page["fetched"] if not url.startswith("data:")] == []
-    assert LONG_CLIENT_ID[:40] in page["text"] and group in page["text"]
+    # Shown as text, not run; the control character as its escape.
+    assert LONG_CLIENT_ID[:40] in page["text"] and f"{group[:-1]}\\x01" in page["text"]
+    html_text = (out / "report.html").read_text()
+    assert "<script>" not in html_text
+    # The groups' legend names the group as it is: matplotlib writes each text into the SVG as a comment.
+    [uri] = re.findall(r'data-plot="group-sizes"><img alt="[^"]*" src="data:image/svg\+xml;base64,([^"]+)"', html_text)
+    legend = html.escape(f"{group[:-1]}\\x01", quote=False)
+    assert f"<!-- {legend} -->" in base64.b64decode(uri).decode()

@@ -66,3 +66,14 @@ def test_the_deploy_tools_are_pinned_with_hashes() -> None:
               if line.strip() and not line.startswith("#")]
     pinned = pins(LOCKS / "deploy-tools.txt")
     assert {canonicalize_name(Requirement(w).name) for w in wanted} <= set(pinned)
+
+
+def test_the_build_backend_is_pinned_with_hashes_at_an_allowed_version() -> None:
+    """The image builds this package with requirements/build.txt's backend (no isolated build, which
+    would fetch whatever the index serves): it pins every build-system.requires, and only those."""
+    pinned = pins(LOCKS / "build.txt")
+    build_system = tomllib.loads((ROOT / "pyproject.toml").read_text())["build-system"]
+    requires = [Requirement(line) for line in build_system["requires"]]
+    assert set(pinned) == {canonicalize_name(r.name) for r in requires}, "run make lock"
+    for requirement in requires:
+        assert requirement.specifier.contains(pinned[canonicalize_name(requirement.name)]), "run make lock"
