@@ -153,6 +153,7 @@ def make_certs(directory: Path) -> Certs:
     ca.cert_pem.write_to_path(str(directory / "ca.pem"))
     server.cert_chain_pems[0].write_to_path(str(directory / "server.pem"))
     server.private_key_pem.write_to_path(str(directory / "server.key"))
+    (directory / "server.key").chmod(0o600)  # the proxy warns about keys others can read
     return Certs(str(directory / "ca.pem"), str(directory / "server.pem"), str(directory / "server.key"))
 
 

@@ -294,6 +294,8 @@ def certs(tmp_path_factory: pytest.TempPathFactory) -> Certs:
     server.private_key_pem.write_to_path(str(d / "server.key"))
     client.cert_chain_pems[0].write_to_path(str(d / "client.pem"))
     client.private_key_pem.write_to_path(str(d / "client.key"))
+    for key in ("server.key", "client.key"):
+        (d / key).chmod(0o600)  # as an operator keeps them (the proxy warns about keys others can read)
     return Certs(
         str(d / "ca.pem"), str(d / "server.pem"), str(d / "server.key"),
         str(d / "client.pem"), str(d / "client.key"),
