@@ -11,6 +11,7 @@ from __future__ import annotations
 import functools
 import io
 import struct
+from collections.abc import Iterator
 from dataclasses import dataclass
 from typing import Any
 
@@ -49,8 +50,16 @@ def max_known_version(api_key: int) -> int | None:
 
 
 def codec_knows(api_key: int, api_version: int) -> bool:
-    newest = max_known_version(api_key)
-    return newest is not None and api_version <= newest
+    """kio has a schema for this version (not only one at least as new: Kafka 4 dropped old ones)."""
+    name = api_key_map.get(api_key)
+    return name is not None and api_version in schema_name_map[name]
+
+
+def known_versions() -> Iterator[tuple[int, int]]:
+    """Every (API key, version) kio can decode: about 300, a bounded set."""
+    for api_key, name in api_key_map.items():
+        for api_version in schema_name_map[name]:
+            yield api_key, api_version
 
 
 def peek_head(buf: Received, start: int) -> tuple[int, int, int]:

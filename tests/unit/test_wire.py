@@ -79,3 +79,13 @@ def test_a_frame_too_short_for_a_header_is_malformed() -> None:
 
 def test_response_correlation_id_is_read_without_decoding() -> None:
     assert wire.response_correlation_id(b"\0\0\0\x08\0\0\x01\x00rest", 0) == 256
+
+
+def test_the_codec_knows_only_the_versions_it_has_schemas_for() -> None:
+    assert wire.codec_knows(3, 12)
+    assert not wire.codec_knows(3, -1)  # negative versions are no versions
+    assert not wire.codec_knows(0, 2)  # Produce v0-2: gone from Kafka 4's schemas
+    assert not wire.codec_knows(1000, 0)
+    known = set(wire.known_versions())
+    assert (3, 12) in known and (0, 2) not in known
+    assert len(known) < 400
