@@ -3,14 +3,22 @@
 
 from __future__ import annotations
 
+import dataclasses
 import socket
 import struct
+import threading
+import time
 from collections.abc import Iterator
 
 import pytest
+from kio.index import load_request_schema
 
+from proxy import wire
 from proxy.tansu import TansuBroker
+from tests.conftest import wait_until
 from tests.integration.test_bad_input import assert_still_serving, rss_kib
+from tests.kio_entities import make_entity
+from tests.raw_kafka import RawConnection, api_versions_frame
 
 # A request header alone: length 10, api key, version, correlation id, null client id.
 _HEADER = struct.Struct(">ihhih")
@@ -77,3 +85,106 @@ def test_a_flood_of_distinct_api_versions_costs_no_memory(own_tansu, start_proxy
     unknown = [labels for labels, _ in proxy.samples("kafka_admission_requests_total") if labels["api"] == "unknown"]
     assert len(unknown) == 1
     assert_still_serving(proxy.bootstrap)
+
+
+class Pinger:
+    """A well-behaved client on its own connection: ApiVersions round trips back to back
+    (10 ms apart), each timed, until stopped."""
+
+    def __init__(self, address: str) -> None:
+        self.address = address
+        self.round_trips: list[float] = []
+        self.failures: list[str] = []
+        self._stop = threading.Event()
+        self._thread = threading.Thread(target=self._run, daemon=True)
+
+    def __enter__(self) -> Pinger:
+        self._thread.start()
+        wait_until(lambda: len(self.round_trips) >= 5)  # connected and answered
+        return self
+
+    def __exit__(self, *exc: object) -> None:
+        self._stop.set()
+        self._thread.join(30)
+
+    def _run(self) -> None:
+        try:
+            with RawConnection(self.address, timeout=30) as conn:
+                correlation = 0
+                while not self._stop.wait(0.01):
+                    correlation += 1
+                    started = time.perf_counter()
+                    conn.send(api_versions_frame(correlation))
+                    if conn.read_response(18, 3).header.correlation_id != correlation:
+                        self.failures.append(f"wrong answer to {correlation}")
+                    self.round_trips.append(time.perf_counter() - started)
+        except Exception as exc:
+            self.failures.append(repr(exc))
+
+
+def produce_claiming_tagged_fields(size: int) -> bytes:
+    """A Produce v9 request of ``size`` bytes whose header claims one tagged field per two
+    bytes that follow: all zeros, each a (tag 0, size 0) field."""
+    head = struct.pack(">hhih", 0, 9, 1, -1)  # api key, version, correlation id, null client id
+    count = (size - len(head)) // 2
+    varint = bytearray()
+    while True:
+        varint.append((count & 0x7F) | (0x80 if count > 0x7F else 0))
+        count >>= 7
+        if not count:
+            break
+    body = head + bytes(varint)
+    body += bytes(size - len(body))
+    return len(body).to_bytes(4, "big") + body
+
+
+def join_group_of_3_byte_protocols(size: int) -> bytes:
+    """A JoinGroup v9 of about ``size`` bytes: that many / 3 protocols, empty name and metadata."""
+    schema = load_request_schema(11, 9)
+    base = make_entity(schema, {})
+    protocol = type(base.protocols[0])(name="", metadata=b"")
+    body = dataclasses.replace(base, protocols=(protocol,) * (size // 3))
+    return wire.encode_frame(wire.request_header_for(11, 9, 1, "hostile"), body)
+
+
+def send_and_wait_for_an_answer(address: str, frame: bytes) -> None:
+    """Send ``frame`` and wait for the first bytes back, or the close (the proxy has dealt with it)."""
+    with RawConnection(address, timeout=60) as conn:
+        try:
+            conn.send(frame)
+            conn.sock.recv(1)
+        except (ConnectionResetError, BrokenPipeError):
+            pass
+
+
+def hostile_frame_while_pinging(proxy, frame: bytes) -> Pinger:  # type: ignore[no-untyped-def]
+    with Pinger(proxy.bootstrap) as pinger:
+        before = len(pinger.round_trips)
+        send_and_wait_for_an_answer(proxy.bootstrap, frame)
+        wait_until(lambda: len(pinger.round_trips) >= before + 5)  # served again after it
+    assert pinger.failures == []
+    return pinger
+
+
+def test_a_produce_header_claiming_millions_of_tagged_fields_stalls_no_one(own_tansu, start_proxy) -> None:  # type: ignore[no-untyped-def]
+    """16 MiB of zeros after a Produce v9 header claiming 8 million tagged fields. On main the
+    proxy walked them all, serving no connection meanwhile: the other client's round trip took
+    1.8-2.8 s (normal: ~1-3 ms). Now the count is refused before the loop; the bound asserted, 1 s,
+    is generous for a shared machine (bench/attack_latency.py measures it)."""
+    proxy = start_proxy(own_tansu.bootstrap)
+    pinger = hostile_frame_while_pinging(proxy, produce_claiming_tagged_fields(16 << 20))
+    assert max(pinger.round_trips) < 1.0, f"a round trip took {max(pinger.round_trips):.2f} s"
+    assert proxy.metric("kafka_admission_connection_failures_total", cause="malformed_frame") == 1
+
+
+def test_a_join_group_of_a_million_protocols_stalls_no_one(own_tansu, start_proxy) -> None:  # type: ignore[no-untyped-def]
+    """A 3 MB JoinGroup of 3-byte protocols, with the group size policy on (JoinGroup is decoded):
+    Kafka's rule (no count above the bytes left) lets it by. On main the proxy walked and decoded
+    a million protocols (56 MB of Python objects): the other client's round trip took 6.5 s.
+    Now more than MAX_REQUEST_ELEMENTS (100,000) elements are refused before kio reads them."""
+    proxy = start_proxy(own_tansu.bootstrap, policies={"group.max.size": 5})
+    before = rss_kib(proxy.process.pid)
+    pinger = hostile_frame_while_pinging(proxy, join_group_of_3_byte_protocols(3 << 20))
+    assert max(pinger.round_trips) < 1.0, f"a round trip took {max(pinger.round_trips):.2f} s"
+    assert proxy.metric("kafka_admission_connection_failures_total", cause="malformed_frame") == 1
+    assert rss_kib(proxy.process.pid) - before < 32 * 1024
