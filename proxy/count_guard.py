@@ -137,7 +137,12 @@ class _Reader:
 
     def length_prefixed(self, kafka_type: str) -> None:
         if self.flexible:
-            n = self.uvarint() - 1
+            pos = self.pos
+            if pos < self.end and self.buf[pos] < 0x80:  # a one-byte varint: most lengths, read inline
+                self.pos = pos + 1
+                n = self.buf[pos] - 1
+            else:
+                n = self.uvarint() - 1
         else:
             n = self.signed(2 if kafka_type == "string" else 4)
         if n > 0:
@@ -168,26 +173,40 @@ class _Reader:
             if field.nullable_entity and self.signed(1) < 0:
                 return
             self.entity(field.entity)
-        elif field.kafka_type in _LENGTH_PREFIXED:
-            self.length_prefixed(field.kafka_type)
-        else:
+        elif field.fixed:
             self.take(field.fixed)
+        else:
+            self.length_prefixed(field.kafka_type)
 
     def field(self, field: _Field) -> None:
         if not field.array:
             self.value(field)
-        elif field.fixed:  # fixed-size values: the whole array in one step
-            self.take(self.count() * field.fixed)
+            return
+        n = self.count()
+        if field.fixed:  # fixed-size values: the whole array in one step
+            self.take(n * field.fixed)
+        elif field.entity is not None:
+            for _ in range(n):
+                self.entity(field.entity)
         else:
-            for _ in range(self.count()):
-                self.value(field)
+            for _ in range(n):
+                self.length_prefixed(field.kafka_type)
 
     def entity(self, cls: type) -> None:
         schema = _schema(cls)
         for field in schema.fields:
-            self.field(field)
+            if field.array or field.entity is not None:
+                self.field(field)
+            elif field.fixed:
+                self.take(field.fixed)
+            else:
+                self.length_prefixed(field.kafka_type)
         if self.flexible:
-            self.tagged_fields(schema.tagged)
+            pos = self.pos
+            if pos < self.end and self.buf[pos] == 0:  # no tagged fields: the usual case, read inline
+                self.pos = pos + 1
+            else:
+                self.tagged_fields(schema.tagged)
 
 
 def check_counts(header_schema: type, schema: type, frame: bytes, *, request: bool) -> int:
