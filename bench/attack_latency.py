@@ -196,9 +196,7 @@ def main() -> None:
         proxy = Service("proxy", argv, Path(tmp) / "proxy.log")
         try:
             proxy.wait_for_port(admin)
-            print(
-                "| scenario | frame bytes | pinger round trips | p50 ms | p99 ms | max ms | hostile frame done after, ms |"
-            )
+            print("| scenario | frame bytes | round trips | p50 ms | p99 ms | max ms | hostile frame done after, ms |")
             print("|---|---:|---:|---:|---:|---:|---:|")
             for name in args.scenarios.split(","):
                 frame = SCENARIOS[name]()
