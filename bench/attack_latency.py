@@ -17,9 +17,7 @@ Scenarios:
 - ``join-group-3mb``: a JoinGroup of a million 3-byte protocols (over
   MAX_REQUEST_ELEMENTS: refused before kio reads it);
 - ``join-group-at-budget``: a JoinGroup of MAX_REQUEST_ELEMENTS (100,000) 3-byte
-  protocols: accepted, walked, decoded and forwarded: the most one frame costs now;
-- ``join-group-at-budget-x3``: three of them in one send (one receive of the proxy's
-  holds them all: 900 KB of its 1 MiB).
+  protocols: accepted, walked, decoded and forwarded: the most one frame costs now.
 
 The flood: ``--flood`` headers (14 bytes each, 4,681 per connection, the broker
 closes each connection at the first) naming distinct (API key, version) pairs kio
@@ -122,7 +120,6 @@ SCENARIOS: dict[str, Callable[[], bytes | None]] = {
     "produce-tagged": produce_tagged,
     "join-group-3mb": lambda: join_group(1_000_000),
     "join-group-at-budget": lambda: join_group(MAX_REQUEST_ELEMENTS),
-    "join-group-at-budget-x3": lambda: join_group(MAX_REQUEST_ELEMENTS) * 3,
 }
 
 

@@ -378,8 +378,6 @@ class ClientConnection:
             if plan.prepare_hooks:
                 await gen.prepare(request, plan.prepare_hooks)
             decision = gen.check_request(request, plan.request_hooks)
-            if plan.decodes_request:  # a decoded body held the loop (up to ~0.3 s): other connections go next
-                await trio.lowlevel.checkpoint()
             if decision is not None:
                 await self._answer(client, gen, request, decision, ticket)
                 return False

@@ -40,7 +40,6 @@ class ApiPlan:
     prepare_hooks: tuple[ApiHook, ...]  # need I/O before deciding (rare)
     response_hooks: tuple[ApiHook, ...]  # read (and may rewrite) the response
     readable: bool  # the codec knows this version (or nothing needs decoding)
-    decodes_request: bool  # a hook decodes the body: up to MAX_REQUEST_ELEMENTS elements, ~0.1-0.3 s
     counted_as: int  # the API key its requests are counted under: -1 for every key kio does not know
 
 
@@ -86,7 +85,6 @@ class Generation:
         if self.rewrites:
             hooks.append(BrokerAddresses(directory, {lst.name: _address_of(lst) for lst in config.listeners}))
         decoded = frozenset().union(*(hook.decoded_api_keys for hook in hooks))
-        self._decoded_requests = decoded
         if self.rewrites:
             decoded |= rewrite.ADDRESS_APIS
         if decoded or self.rewrites:
@@ -125,8 +123,7 @@ class Generation:
         readable = not decoded or api_key == API_VERSIONS or wire.codec_knows(api_key, api_version)
         prepares = tuple(h for h in requests if api_key in h.prepare_api_keys)
         counted_as = api_key if wire.max_known_version(api_key) is not None else UNKNOWN_API
-        decodes_request = api_key in self._decoded_requests
-        return ApiPlan(requests, prepares, responses, readable, decodes_request, counted_as)
+        return ApiPlan(requests, prepares, responses, readable, counted_as)
 
     async def prepare(self, request: Request, hooks: tuple[ApiHook, ...]) -> None:
         for hook in hooks:

@@ -147,20 +147,21 @@ def join_group_of_3_byte_protocols(size: int) -> bytes:
     return wire.encode_frame(wire.request_header_for(11, 9, 1, "hostile"), body)
 
 
-def send_and_wait_for_an_answer(address: str, frame: bytes) -> None:
-    """Send ``frame`` and wait for the first bytes back, or the close (the proxy has dealt with it)."""
+def send_and_wait_for_answers(address: str, frame: bytes, answers: int = 1) -> None:
+    """Send ``frame`` and wait for ``answers`` responses, or the close (the proxy has dealt with it)."""
     with RawConnection(address, timeout=60) as conn:
         try:
             conn.send(frame)
-            conn.sock.recv(1)
-        except (ConnectionResetError, BrokenPipeError):
+            for _ in range(answers):
+                conn.read_frame()
+        except (ConnectionError, BrokenPipeError):
             pass
 
 
-def hostile_frame_while_pinging(proxy, frame: bytes) -> Pinger:  # type: ignore[no-untyped-def]
+def hostile_frame_while_pinging(proxy, frame: bytes, answers: int = 1) -> Pinger:  # type: ignore[no-untyped-def]
     with Pinger(proxy.bootstrap) as pinger:
         before = len(pinger.round_trips)
-        send_and_wait_for_an_answer(proxy.bootstrap, frame)
+        send_and_wait_for_answers(proxy.bootstrap, frame, answers)
         wait_until(lambda: len(pinger.round_trips) >= before + 5)  # served again after it
     assert pinger.failures == []
     return pinger
