@@ -348,14 +348,14 @@ class ClientConnection:
         api_key, api_version, correlation_id = wire.peek_head(buf, start)
         size = end - start
         self.requests += 1
-        stats = self.port.stats
-        stats.requests[api_key] = stats.requests.get(api_key, 0) + 1
-        stats.request_bytes += size
         plan = gen.plan(api_key, api_version)
+        stats = self.port.stats
+        stats.requests[plan.counted_as] = stats.requests.get(plan.counted_as, 0) + 1
+        stats.request_bytes += size
         if not plan.readable:
             raise ConnectionClosed(
                 "unreadable_version",
-                f"{wire.api_name(api_key)} v{api_version} is newer than the proxy can read; "
+                f"{wire.api_name(api_key)} v{api_version} is not a version the proxy can read; "
                 "the client ignored the versions it was offered",
             )
         ticket = self._partial_ticket  # reserved before its body was read

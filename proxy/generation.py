@@ -31,6 +31,8 @@ from .group_hook import GroupSizes
 from .observation_window import ObservationWindow
 from .request import Request
 
+UNKNOWN_API = -1  # the request counts' one key for every API key kio does not know (of 2^16)
+
 
 @dataclass(frozen=True, slots=True)
 class ApiPlan:
@@ -38,6 +40,7 @@ class ApiPlan:
     prepare_hooks: tuple[ApiHook, ...]  # need I/O before deciding (rare)
     response_hooks: tuple[ApiHook, ...]  # read (and may rewrite) the response
     readable: bool  # the codec knows this version (or nothing needs decoding)
+    counted_as: int  # the API key its requests are counted under: -1 for every key kio does not know
 
 
 def _address_of(listener: Listener) -> Callable[[int], tuple[str, int]]:
@@ -97,23 +100,30 @@ class Generation:
             if hook.request_api_keys is not EVERY_API:
                 for api_key in hook.request_api_keys:
                     self._request_hooks[api_key] = (*self._request_hooks.get(api_key, every), hook)
-        self._plans: dict[tuple[int, int], ApiPlan] = {}
+        # One plan for every API version kio knows, made now: the table never grows. A pair
+        # read from a header that kio does not know gets its plan made for that request and
+        # not kept, or 2^32 pairs a client can name would each hold one until a reload.
+        self._plans = {pair: self._make_plan(*pair) for pair in wire.known_versions()}
 
     def plan(self, api_key: int, api_version: int) -> ApiPlan:
-        """What the request path does with this API version (decided once per version)."""
-        key = (api_key, api_version)
-        plan = self._plans.get(key)
-        if plan is None:
-            requests = self._request_hooks.get(api_key, self._every_request)
-            responses = tuple(h for h in self.hooks if h.reads_response(api_key, api_version))
-            decoded = api_key in self.decoded_api_keys or bool(responses)
-            # A version the codec does not know of an API the proxy must decode: the client
-            # ignored the versions it was offered. It cannot be checked, so it is not forwarded.
-            # (ApiVersions is exempt: the broker answers an unknown version itself.)
-            readable = not decoded or api_key == API_VERSIONS or wire.codec_knows(api_key, api_version)
-            prepares = tuple(h for h in requests if api_key in h.prepare_api_keys)
-            plan = self._plans[key] = ApiPlan(requests, prepares, responses, readable)
-        return plan
+        """What the request path does with this API version (decided once per version kio knows)."""
+        plan = self._plans.get((api_key, api_version))
+        return plan if plan is not None else self._make_plan(api_key, api_version)
+
+    def _make_plan(self, api_key: int, api_version: int) -> ApiPlan:
+        requests = self._request_hooks.get(api_key, self._every_request)
+        responses = tuple(h for h in self.hooks if h.reads_response(api_key, api_version))
+        decoded = api_key in self.decoded_api_keys or bool(responses)
+        # A version the codec does not know of an API the proxy must decode: the client ignored
+        # the versions it was offered. It cannot be checked, so it is not forwarded: the
+        # connection closes, as Kafka closes it for a version it does not support
+        # (Processor.parseRequestHeader). ApiVersions is exempt: the broker answers an unknown
+        # version itself (UNSUPPORTED_VERSION, as v0). Any other API kio does not know travels
+        # as bytes, and the broker decides (Kafka closes; a newer broker may know it).
+        readable = not decoded or api_key == API_VERSIONS or wire.codec_knows(api_key, api_version)
+        prepares = tuple(h for h in requests if api_key in h.prepare_api_keys)
+        counted_as = api_key if wire.max_known_version(api_key) is not None else UNKNOWN_API
+        return ApiPlan(requests, prepares, responses, readable, counted_as)
 
     async def prepare(self, request: Request, hooks: tuple[ApiHook, ...]) -> None:
         for hook in hooks:

@@ -11,6 +11,7 @@ from __future__ import annotations
 import functools
 import io
 import struct
+from collections.abc import Iterator
 from dataclasses import dataclass
 from typing import Any
 
@@ -20,7 +21,7 @@ from kio.schema.index import api_key_map, schema_name_map
 from kio.serial import entity_reader, entity_writer
 from kio.static.primitive import i16, i32
 
-from .count_guard import check_counts
+from .count_guard import MAX_TAGGED_FIELDS, check_counts
 
 Received = bytes | bytearray  # what a trio stream's receive_some gives; frames are read in place
 _HEAD = struct.Struct(">hhi")  # api_key, api_version, correlation_id: request header v1/v2 after the prefix
@@ -49,8 +50,16 @@ def max_known_version(api_key: int) -> int | None:
 
 
 def codec_knows(api_key: int, api_version: int) -> bool:
-    newest = max_known_version(api_key)
-    return newest is not None and api_version <= newest
+    """kio has a schema for this version (not only one at least as new: Kafka 4 dropped old ones)."""
+    name = api_key_map.get(api_key)
+    return name is not None and api_version in schema_name_map[name]
+
+
+def known_versions() -> Iterator[tuple[int, int]]:
+    """Every (API key, version) kio can decode: about 300, a bounded set."""
+    for api_key, name in api_key_map.items():
+        for api_version in schema_name_map[name]:
+            yield api_key, api_version
 
 
 def peek_head(buf: Received, start: int) -> tuple[int, int, int]:
@@ -70,19 +79,26 @@ def peek_client_id(buf: Received, start: int) -> str | None:
         raise MalformedFrame(f"request header's client id does not parse: {exc}") from None
 
 
-def _body_offset(buf: Received, start: int, flexible: bool) -> int:
-    """Where the body of the request at ``start`` begins: after the client id, and
-    in header v2 after the tagged fields too."""
+def _body_offset(buf: Received, start: int, end: int, flexible: bool) -> int:
+    """Where the body of the request at ``start`` (ending at ``end``) begins: after the
+    client id, and in header v2 after the tagged fields too (a count the client sends:
+    at most MAX_TAGGED_FIELDS of them, each inside the frame)."""
     (length,) = _INT16.unpack_from(buf, start + 12)
     offset = start + 14 + max(length, 0)
     if flexible:
         count, size = read_unsigned_varint(buf, offset)
         offset += size
+        if count > MAX_TAGGED_FIELDS:
+            raise MalformedFrame(f"{count} tagged fields in a request header (at most {MAX_TAGGED_FIELDS})")
         for _ in range(count):
             _, size = read_unsigned_varint(buf, offset)  # tag
             offset += size
             field_size, size = read_unsigned_varint(buf, offset)
             offset += size + field_size
+            if offset > end:
+                break
+    if offset > end:
+        raise MalformedFrame("request header runs past the end of its frame")
     return int(offset)
 
 
@@ -92,13 +108,17 @@ def produce_head(buf: Received, start: int, api_version: int) -> tuple[str | Non
     flexible = api_version >= _PRODUCE_FIRST_FLEXIBLE
     transactional_id = None
     try:
-        offset = _body_offset(buf, start, flexible)
+        (size,) = _INT32.unpack_from(buf, start)
+        end = start + 4 + size  # the frame's own length: nothing past it is read
+        offset = _body_offset(buf, start, end, flexible)
         if flexible:
             transactional_id, size = read_compact_string_nullable(buf, offset)
             offset += size
         elif api_version >= _PRODUCE_FIRST_TRANSACTIONAL:
             transactional_id, size = read_nullable_legacy_string(buf, offset)
             offset += size
+        if offset + 2 > end:
+            raise MalformedFrame("no acks before the end of the frame")
         (acks,) = _INT16.unpack_from(buf, offset)
     except Exception as exc:
         raise MalformedFrame(f"produce request does not parse: {exc}") from None
@@ -118,7 +138,7 @@ def _decode(frame: bytes, api_key: int, api_version: int, response: bool) -> tup
     what = "response" if response else "request"
     try:
         schema = (load_response_schema if response else load_request_schema)(api_key, api_version)
-        check_counts(schema.__header_schema__, schema, frame)  # before kio, which trusts them
+        check_counts(schema.__header_schema__, schema, frame, request=not response)  # before kio, which trusts them
         header, hsize = entity_reader(schema.__header_schema__)(frame, 4)
         body, _ = entity_reader(schema)(frame, 4 + hsize)
     except Exception as exc:

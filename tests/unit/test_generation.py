@@ -80,7 +80,9 @@ def test_by_default_produce_and_fetch_travel_as_bytes_and_only_addresses_are_rea
 def test_sidecar_mode_reads_nothing_when_no_policy_needs_it() -> None:
     gen, _ = generation("sidecar")
     assert gen.hooks == ()
-    assert gen.plan(METADATA, 12) == gen.plan(PRODUCE, 9)
+    for api_key, version in ((METADATA, 12), (PRODUCE, 9)):
+        plan = gen.plan(api_key, version)
+        assert (plan.request_hooks, plan.prepare_hooks, plan.response_hooks, plan.readable) == ((), (), (), True)
 
 
 def test_group_apis_are_decoded_only_when_a_group_limit_is_set() -> None:
@@ -171,3 +173,15 @@ async def test_api_versions_offer_produce_and_fetch_below_their_address_versions
     assert rewritten is not None
     caps = {int(k.api_key): int(k.max_version) for k in wire.decode_response(rewritten, API_VERSIONS, 3).body.api_keys}
     assert caps == {PRODUCE: 9, FETCH: 15}
+
+
+def test_plans_are_kept_only_for_the_api_versions_kio_knows() -> None:
+    """A client names 2^32 (API key, version) pairs; only the ~300 kio knows keep a plan."""
+    gen, _ = generation(**{"group.max.size": 5})
+    assert gen.plan(METADATA, 12) is gen.plan(METADATA, 12)
+    for api_key, version in ((1000, 0), (METADATA, 99), (METADATA, -1), (PRODUCE, 2)):
+        assert gen.plan(api_key, version) is not gen.plan(api_key, version)  # made per request, not kept
+    assert gen.plan(1000, 0).readable  # travels as bytes: the broker decides (Kafka closes)
+    assert gen.plan(1000, 0).counted_as == gen.plan(2000, 7).counted_as == -1
+    assert gen.plan(METADATA, 12).counted_as == METADATA
+    assert not gen.plan(JOIN_GROUP, -1).readable  # decoded: a version kio has no schema for is closed

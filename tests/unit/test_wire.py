@@ -79,3 +79,52 @@ def test_a_frame_too_short_for_a_header_is_malformed() -> None:
 
 def test_response_correlation_id_is_read_without_decoding() -> None:
     assert wire.response_correlation_id(b"\0\0\0\x08\0\0\x01\x00rest", 0) == 256
+
+
+def test_the_codec_knows_only_the_versions_it_has_schemas_for() -> None:
+    assert wire.codec_knows(3, 12)
+    assert not wire.codec_knows(3, -1)  # negative versions are no versions
+    assert not wire.codec_knows(0, 2)  # Produce v0-2: gone from Kafka 4's schemas
+    assert not wire.codec_knows(1000, 0)
+    known = set(wire.known_versions())
+    assert (3, 12) in known and (0, 2) not in known
+    assert len(known) < 400
+
+
+def produce_with_header_tags(count: int, tags: bytes) -> bytes:
+    """A Produce v9 frame whose header claims ``count`` tagged fields, ``tags`` after the count."""
+    frame = produce_frame(9, -1)
+    client_id_end = 4 + 8 + 2 + len("producer-1")
+    count_bytes = bytearray()
+    while True:  # unsigned varint
+        count_bytes.append((count & 0x7F) | (0x80 if count > 0x7F else 0))
+        count >>= 7
+        if not count:
+            break
+    rebuilt = frame[4:client_id_end] + bytes(count_bytes) + tags + frame[client_id_end + 1 :]
+    return len(rebuilt).to_bytes(4, "big") + rebuilt
+
+
+def test_a_header_claiming_millions_of_tagged_fields_is_refused_at_once() -> None:
+    # 50 million 2-byte (tag 0, size 0) fields would be 100 MB of zeros: refused by the count alone.
+    frame = produce_with_header_tags(50_000_000, b"\0" * 64)
+    with pytest.raises(wire.MalformedFrame, match="50000000 tagged fields in a request header"):
+        wire.produce_head(frame, 0, 9)
+
+
+def test_header_tagged_fields_are_read_only_within_their_frame() -> None:
+    # 64 tagged fields are allowed, but this frame ends after 10 of them; the next frame
+    # in the same receive (bytes of zeros here) is not read as their continuation.
+    frame = produce_with_header_tags(64, b"\0" * 20)[: 4 + 8 + 2 + len("producer-1") + 1 + 20]
+    frame = (len(frame) - 4).to_bytes(4, "big") + frame[4:]
+    with pytest.raises(wire.MalformedFrame, match="past the end of its frame"):
+        wire.produce_head(frame + b"\0" * 1000, 0, 9)
+
+
+def test_acks_past_the_end_of_the_frame_are_not_read() -> None:
+    frame = produce_frame(9, 1)
+    acks_at = frame.index(b"txn-1") + len("txn-1")
+    cut = frame[:acks_at]
+    cut = (len(cut) - 4).to_bytes(4, "big") + cut[4:]
+    with pytest.raises(wire.MalformedFrame, match="no acks before the end of the frame"):
+        wire.produce_head(cut + frame, 0, 9)  # the next frame's bytes are not its acks
