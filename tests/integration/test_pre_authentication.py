@@ -118,3 +118,22 @@ def test_only_the_sasl_listener_bounds_frames_before_authentication(tansu: Any, 
     assert refused.delivered == [] and refused.errors
     assert refused_before_authentication(proxy, "sasl") >= 1
     assert refused_before_authentication(proxy, "plain") == refused_before_authentication(proxy, "mtls") == 0
+
+
+def test_marking_a_listener_sasl_on_reload_bounds_the_connections_opened_after_it(tansu: Any, start_proxy: Any) -> None:
+    """A 20 kB request (a long client id) is answered on a PLAINTEXT listener; once a reload
+    marks the listener sasl, a new connection's same request is refused before authentication,
+    while a connection opened before the reload keeps the bound it opened with."""
+    proxy = start_proxy(tansu.bootstrap, listeners=[{"name": "l"}], policies={SASL_LIMIT: 8192})
+    request = api_versions_frame(1, client_id="c" * 20_000)
+    with RawConnection(proxy.bootstrap) as before:
+        before.send(request)
+        assert before.read_response(18, 3).body.error_code == 0
+        proxy.config["listeners"][0]["sasl"] = True
+        proxy.reload()
+        with RawConnection(proxy.bootstrap) as after:
+            after.send(request)
+            assert after.closed_by_peer()
+        assert refused_before_authentication(proxy, "l") == 1
+        before.send(request)
+        assert before.read_response(18, 3).body.error_code == 0
