@@ -105,8 +105,9 @@ class FrameSplitter:
         if end <= len(gather):
             with memoryview(gather) as view:  # a bytearray's own slice assignment copies ``data`` first
                 view[held:end] = data
-        else:
-            gather[held:] = data  # more than the frame and its room arrived at once: it grows
+        else:  # more than the frame and its room arrived at once: it grows (in place where it can)
+            del gather[held:]
+            gather += data
         self._held = end
 
     @property
