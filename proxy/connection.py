@@ -132,9 +132,8 @@ class ClientConnection:
         self._client: Transport | None = None
         # Kafka's SASL listeners: until the broker accepts a SaslAuthenticate, frames are bounded by
         # sasl.server.max.receive.size (the listener as configured when the connection opened).
-        self._authenticated = not any(
-            lst.sasl for lst in runtime.generation.config.listeners if lst.name == self.listener
-        )
+        self._sasl = any(lst.sasl for lst in runtime.generation.config.listeners if lst.name == self.listener)
+        self._authenticated = not self._sasl
 
     # -- from outside: the gate and the server --------------------------------------
 
@@ -496,8 +495,8 @@ class ClientConnection:
                 pending = session.on_response(wire.response_correlation_id(buf, start))
                 if pending is not None:
                     pending.response_size = end - start
-                    if pending.api_key == SASL_AUTHENTICATE and not self._authenticated:
-                        self._authenticated = _sasl_authenticated(buf, start, end, pending.api_version)
+                    if pending.api_key == SASL_AUTHENTICATE:
+                        self._sasl_authenticate_answered(buf, start, end, pending.api_version)
                 if pending is not None and pending.on_response is None:
                     if run_end != start:
                         if run_start >= 0:
@@ -647,6 +646,22 @@ class ClientConnection:
         if verdict.kind is FrameKind.TLS_RECORD:
             raise ConnectionClosed("client_tls_on_plaintext", decision.reason)
         raise ConnectionClosed(f"request_{verdict.kind.value}", f"{decision.reason} (first bytes {refused.head.hex()})")
+
+    def _sasl_authenticate_answered(self, buf: Received, start: int, end: int, api_version: int) -> None:
+        """SASL passes through: the broker's answer says whether the client is authenticated."""
+        if self._sasl:
+            if not self._authenticated:
+                self._authenticated = _sasl_authenticated(buf, start, end, api_version)
+            return
+        _closes.log(
+            logging.WARNING,
+            (self.listener, "sasl_unmarked"),
+            trio.current_time(),
+            "listener %s carries SASL authentication but is not marked sasl: true: frames before "
+            "authentication are bounded by socket.request.max.bytes, not sasl.server.max.receive.size",
+            self.listener,
+            extra={"peer": self.peer, "listener": self.listener},
+        )
 
     def _request_limit(self, gen: Generation) -> RequestLimit:
         policies = gen.config.policies

@@ -79,6 +79,8 @@ def test_scram_sha_512_passes_through_the_proxy_untouched(kafka: ApacheKafkaBrok
     assert got == kp_values
     assert proxy.metric("kafka_admission_requests_total", api="sasl_handshake") >= 3
     assert proxy.metric("kafka_admission_requests_total", api="sasl_authenticate") >= 3
+    # The listener is not marked sasl: the operator is told that nothing bounds frames before authentication.
+    assert "listener external carries SASL authentication but is not marked sasl: true" in proxy.log()
 
 
 def test_a_wrong_scram_password_is_refused_by_the_broker_through_the_proxy(
@@ -108,6 +110,7 @@ def test_after_scram_authentication_a_produce_over_sasl_server_max_receive_size_
     assert proxy.metric("kafka_admission_requests_total", api="sasl_authenticate") >= 1
     limit = "sasl.server.max.receive.size"
     assert proxy.metric("kafka_admission_decisions_total", limit=limit) == 0
+    assert "not marked sasl" not in proxy.log()
     unauthenticated = (700_000).to_bytes(4, "big") + b"\0\x00\0\x09" + bytes(60_000)
     for address in (kafka.address("SASL_PLAINTEXT"), proxy.bootstrap):  # the broker itself, then the proxy
         with RawConnection(address) as conn:
