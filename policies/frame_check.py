@@ -1,9 +1,11 @@
 """Checks a 4-byte Kafka length prefix before anything is allocated for the frame.
 
 Mirrors Kafka's ``NetworkReceive``: a size above ``socket.request.max.bytes``
-(or below zero) is refused before its body is read. It also names the bytes a
-Kafka port should never see as a length: a TLS record (KIP-498: the alert
-``15 03 03 00`` reads as 352,518,912) and the start of an HTTP request.
+(or below zero) is refused before its body is read; before a client on a SASL
+listener has authenticated, the bound is ``sasl.server.max.receive.size``, as
+Kafka's ``SaslServerAuthenticator`` reads. It also names the bytes a Kafka port
+should never see as a length: a TLS record (KIP-498: the alert ``15 03 03 00``
+reads as 352,518,912) and the start of an HTTP request.
 """
 
 from __future__ import annotations
@@ -70,12 +72,36 @@ def check_length_prefix(prefix: bytes, max_bytes: int, *, plaintext: bool = True
 
 
 SOCKET_REQUEST_MAX_BYTES = "socket.request.max.bytes"
+SASL_SERVER_MAX_RECEIVE_SIZE = "sasl.server.max.receive.size"
 
 
-def decide_request_prefix(verdict: FrameVerdict, limit: int) -> Decision:
-    """The decision on a request prefix ``check_length_prefix`` did not admit: the
-    connection is closed (a frame that is not read cannot be answered), in every mode.
-    A TLS record or an HTTP request is named as the protocol mistake it is."""
+@dataclass(frozen=True, slots=True)
+class RequestLimit:
+    """The largest request frame a connection may send now, and the Kafka property that sets it."""
+
+    key: str
+    size: int
+
+
+def request_limit(
+    socket_request_max_bytes: int, sasl_server_max_receive_size: int, *, authenticated: bool
+) -> RequestLimit:
+    """Kafka's ``SaslServerAuthenticator`` reads every frame before and during SASL
+    authentication with ``sasl.server.max.receive.size`` as its bound, and the channel
+    reads with ``socket.request.max.bytes`` once it is authenticated. Only a SASL
+    listener has that phase: on PLAINTEXT and SSL Kafka authenticates at once (as
+    ANONYMOUS, or by the TLS handshake's certificate). The smaller bound applies, so the
+    memory pool, sized to ``socket.request.max.bytes``, always fits a frame."""
+    if authenticated or socket_request_max_bytes <= sasl_server_max_receive_size:
+        return RequestLimit(SOCKET_REQUEST_MAX_BYTES, socket_request_max_bytes)
+    return RequestLimit(SASL_SERVER_MAX_RECEIVE_SIZE, sasl_server_max_receive_size)
+
+
+def decide_request_prefix(verdict: FrameVerdict, limit: int, limit_key: str = SOCKET_REQUEST_MAX_BYTES) -> Decision:
+    """The decision on a request prefix ``check_length_prefix`` did not admit under
+    ``limit_key``: the connection is closed (a frame that is not read cannot be answered),
+    in every mode, as Kafka closes it. A TLS record or an HTTP request is named as the
+    protocol mistake it is."""
     if verdict.admitted:
         raise ValueError(f"a {verdict.size}-byte Kafka frame was admitted: there is nothing to decide")
     if verdict.kind is FrameKind.TLS_RECORD:
@@ -84,12 +110,13 @@ def decide_request_prefix(verdict: FrameVerdict, limit: int) -> Decision:
     if verdict.kind is FrameKind.HTTP:
         reason = "HTTP request on a Kafka port"
         return Decision(Policy.PROTOCOL, Action.CLOSE, Mode.ENFORCE, "http_on_kafka_port", reason, subject=_CLIENT)
+    when = " before SASL authentication" if limit_key == SASL_SERVER_MAX_RECEIVE_SIZE else ""
     return Decision(
         Policy.REQUEST_SIZE,
         Action.CLOSE,
         Mode.ENFORCE,
-        SOCKET_REQUEST_MAX_BYTES,
-        f"request length prefix {verdict.size} refused ({verdict.kind.value}; {SOCKET_REQUEST_MAX_BYTES}={limit})",
+        limit_key,
+        f"request length prefix {verdict.size} refused{when} ({verdict.kind.value}; {limit_key}={limit})",
         limit=limit,
         subject={"size": verdict.size},
     )

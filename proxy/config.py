@@ -231,6 +231,9 @@ class Listener(_Frozen):
     advertised_host: str = "127.0.0.1"
     node_port_base: int = Field(default=29100, ge=1, le=65535)
     tls: ListenerTls | None = None
+    # Clients authenticate with SASL here (passed through to the broker): until the broker
+    # accepts their SaslAuthenticate, frames are bounded by sasl.server.max.receive.size.
+    sasl: KafkaBool = False
     protected: KafkaBool = False
 
     _bind = field_validator("bind")(_check_bind)
@@ -238,6 +241,11 @@ class Listener(_Frozen):
     @property
     def bind_address(self) -> tuple[str, int]:
         return _host_port(self.bind, "bind")
+
+    @property
+    def security_protocol(self) -> str:
+        """Kafka's name for what this listener speaks (``listener.security.protocol.map``)."""
+        return ("SASL_" if self.sasl else "") + ("SSL" if self.tls is not None else "PLAINTEXT")
 
 
 class Admin(_Frozen):
@@ -316,6 +324,8 @@ class Policies(_Frozen):
 
     mode: PolicyMode = "enforce"
     socket_request_max_bytes: int = Field(default=104857600, ge=1, le=_INT_MAX, alias="socket.request.max.bytes")
+    # Kafka's SaslServerAuthenticator: the largest frame before SASL authentication (SASL listeners).
+    sasl_server_max_receive_size: int = Field(default=524288, ge=1, le=_INT_MAX, alias="sasl.server.max.receive.size")
     # KIP-498: the largest response frame accepted from a broker and forwarded.
     max_response_size: int = Field(default=104857600, ge=1, le=_INT_MAX, alias="max.response.size")
     response_size_mode: PolicyMode | None = Field(default=None, alias="response.size.mode")

@@ -28,10 +28,17 @@ from typing import NoReturn
 
 import trio
 
-from policies.api_keys import PRODUCE
+from policies.api_keys import PRODUCE, SASL_AUTHENTICATE
 from policies.connections import OpenCounts
 from policies.decision import Action, Decision, Policy
-from policies.frame_check import FrameKind, decide_request_prefix, looks_like_http, looks_like_tls
+from policies.frame_check import (
+    FrameKind,
+    RequestLimit,
+    decide_request_prefix,
+    looks_like_http,
+    looks_like_tls,
+    request_limit,
+)
 from policies.mode import Mode
 from policies.response_size import decide_response_prefix
 
@@ -123,6 +130,10 @@ class ClientConnection:
         self._waiting_for = ""
         self._room: trio.Event | None = None  # made only while MAX_PENDING_REQUESTS holds reading
         self._client: Transport | None = None
+        # Kafka's SASL listeners: until the broker accepts a SaslAuthenticate, frames are bounded by
+        # sasl.server.max.receive.size (the listener as configured when the connection opened).
+        self._sasl = any(lst.sasl for lst in runtime.generation.config.listeners if lst.name == self.listener)
+        self._authenticated = not self._sasl
 
     # -- from outside: the gate and the server --------------------------------------
 
@@ -248,7 +259,7 @@ class ClientConnection:
             self.bytes_in += len(data)
             splitter.feed(data)
         try:
-            splitter.check_prefix(self.runtime.generation.socket_request_max_bytes)
+            splitter.check_prefix(self._request_limit(self.runtime.generation).size)
         except FrameRefused as exc:
             await self._refuse_prefix(client, exc)
         return True
@@ -274,9 +285,10 @@ class ClientConnection:
             out: list[memoryview | bytes] = []
             run_start = run_end = -1  # the run of frames that go on as one slice of buf
             sent: list[Pending] = []
+            max_bytes = gen.socket_request_max_bytes if self._authenticated else self._request_limit(gen).size
             while session.taking_requests:
                 try:
-                    span = splitter.next_frame(gen.socket_request_max_bytes)
+                    span = splitter.next_frame(max_bytes)
                 except FrameRefused as exc:
                     await self._refuse_prefix(client, exc)
                 if span is None:
@@ -483,6 +495,8 @@ class ClientConnection:
                 pending = session.on_response(wire.response_correlation_id(buf, start))
                 if pending is not None:
                     pending.response_size = end - start
+                    if pending.api_key == SASL_AUTHENTICATE:
+                        self._sasl_authenticate_answered(buf, start, end, pending.api_version)
                 if pending is not None and pending.on_response is None:
                     if run_end != start:
                         if run_start >= 0:
@@ -622,8 +636,8 @@ class ClientConnection:
         """A request length prefix no Kafka request has: recorded, then the connection ends
         (HTTP is told, in HTTP, that this is a Kafka port)."""
         verdict = refused.verdict
-        limit = self.runtime.generation.socket_request_max_bytes
-        decision = decide_request_prefix(verdict, limit)
+        limit = self._request_limit(self.runtime.generation)
+        decision = decide_request_prefix(verdict, limit.size, limit.key)
         self.runtime.recorder.record(decision, self.where, size=verdict.size)
         if verdict.kind is FrameKind.HTTP:
             with trio.move_on_after(HANDSHAKE_TIMEOUT_S):
@@ -632,6 +646,28 @@ class ClientConnection:
         if verdict.kind is FrameKind.TLS_RECORD:
             raise ConnectionClosed("client_tls_on_plaintext", decision.reason)
         raise ConnectionClosed(f"request_{verdict.kind.value}", f"{decision.reason} (first bytes {refused.head.hex()})")
+
+    def _sasl_authenticate_answered(self, buf: Received, start: int, end: int, api_version: int) -> None:
+        """SASL passes through: the broker's answer says whether the client is authenticated."""
+        if self._sasl:
+            if not self._authenticated:
+                self._authenticated = _sasl_authenticated(buf, start, end, api_version)
+            return
+        _closes.log(
+            logging.WARNING,
+            (self.listener, "sasl_unmarked"),
+            trio.current_time(),
+            "listener %s carries SASL authentication but is not marked sasl: true: frames before "
+            "authentication are bounded by socket.request.max.bytes, not sasl.server.max.receive.size",
+            self.listener,
+            extra={"peer": self.peer, "listener": self.listener},
+        )
+
+    def _request_limit(self, gen: Generation) -> RequestLimit:
+        policies = gen.config.policies
+        return request_limit(
+            policies.socket_request_max_bytes, policies.sasl_server_max_receive_size, authenticated=self._authenticated
+        )
 
     async def _coordinator(self) -> UpstreamLink:
         """A second connection to this connection's broker: the group's coordinator
@@ -699,3 +735,11 @@ class ClientConnection:
                 client_id=self.first_client_id,
             )
         audit.record(record)
+
+
+def _sasl_authenticated(buf: Received, start: int, end: int, api_version: int) -> bool:
+    """The broker accepted the client's SASL authentication (SaslAuthenticate error code 0)."""
+    try:
+        return bool(wire.decode_response(bytes(buf[start:end]), SASL_AUTHENTICATE, api_version).body.error_code == 0)
+    except wire.MalformedFrame:
+        return False  # unreadable: the client stays bounded as unauthenticated

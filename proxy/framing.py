@@ -8,7 +8,9 @@ later prefix is a length whatever its bytes look like.
 Frames come out as ``(start, end)`` offsets into :attr:`FrameSplitter.buffer`, so
 the caller can send a run of frames as one slice of what it received: in the
 common case a receive holds whole frames and nothing is copied at all. A frame
-that spans receives is gathered in a list and joined once, when complete.
+that spans receives is copied, as it arrives, into one buffer of its size, made
+once its prefix is known: it costs its size in memory, not twice that (the pool
+reserves its size, KIP-72), as a list of receives joined at the end would.
 """
 
 from __future__ import annotations
@@ -35,13 +37,13 @@ class FrameRefused(Exception):
 
 
 class FrameSplitter:
-    __slots__ = ("_buf", "_held", "_need", "_parts", "_pos", "_sniff", "frame_size")
+    __slots__ = ("_buf", "_gather", "_held", "_need", "_pos", "_sniff", "frame_size")
 
     def __init__(self, *, sniff: bool) -> None:
         self._buf: Received = b""
         self._pos = 0
-        self._parts: list[Received] = []  # a frame that spans receives, joined when complete
-        self._held = 0  # bytes in _parts
+        self._gather: bytearray | None = None  # a frame that spans receives, as it arrives
+        self._held = 0  # bytes in _gather
         self._need = 4  # bytes the frame being gathered needs in all (prefix included)
         self._sniff = sniff
         # Body size of the frame whose prefix has been read and checked and whose body
@@ -57,45 +59,61 @@ class FrameSplitter:
     @property
     def idle(self) -> bool:
         """No byte of a next frame has arrived."""
-        return not self._parts and self._pos == len(self._buf)
+        return self._gather is None and self._pos == len(self._buf)
 
     @property
     def wanted(self) -> int:
         """Bytes still missing for the frame being gathered (a hint for the read size): 0 when no byte
         of one is held, at least 1 while ``frame_size`` says its body is still to come."""
-        held = self._held if self._parts else len(self._buf) - self._pos
+        held = self._held if self._gather is not None else len(self._buf) - self._pos
         return max(0, self._need - held) if held else 0
 
     def truncated(self) -> str:
         """What is held of an incomplete frame, for the line that says the stream ended in it."""
-        held = self._held if self._parts else len(self._buf) - self._pos
+        held = self._held if self._gather is not None else len(self._buf) - self._pos
         if self.frame_size:
             return f"stream closed mid-frame ({held - 4} of {self.frame_size} bytes)"
         return f"stream closed mid-frame ({held} bytes of a length prefix)"
 
     def head(self) -> bytes:
         """The first bytes buffered (to name what a refused frame looked like)."""
-        if self._parts:
-            return b"".join(self._parts)[:16]
+        if self._gather is not None:
+            return bytes(self._gather[:16])
         return bytes(self._buf[self._pos : self._pos + 16])
 
     def feed(self, data: Received) -> None:
-        if not self._parts:
+        if self._gather is None:
             if self._pos == len(self._buf):
                 self._buf, self._pos = data, 0  # the common case: no copy
                 return
-            rest = self._buf[self._pos :]
+            # The frame's size once its prefix is known (4 until then), and room for what the
+            # receive that completes a large frame reads past it (at most RECEIVE_SIZE).
+            need = self._need
+            self._gather, self._held = bytearray(need + RECEIVE_SIZE if need > RECEIVE_SIZE else need), 0
+            self._append(memoryview(self._buf)[self._pos :])
             self._buf, self._pos = b"", 0
-            self._parts, self._held = [rest], len(rest)
-        self._parts.append(data)
-        self._held += len(data)
+        self._append(data)
         if self._held >= self._need:
-            self._buf, self._parts, self._held = b"".join(self._parts), [], 0
+            whole = self._gather
+            del whole[self._held :]  # the room left over (shrinks in place)
+            self._buf, self._gather, self._held = memoryview(whole).toreadonly(), None, 0
+
+    def _append(self, data: Received) -> None:
+        gather, held = self._gather, self._held
+        assert gather is not None
+        end = held + len(data)
+        if end <= len(gather):
+            with memoryview(gather) as view:  # a bytearray's own slice assignment copies ``data`` first
+                view[held:end] = data
+        else:  # more than the frame and its room arrived at once: it grows (in place where it can)
+            del gather[held:]
+            gather += data
+        self._held = end
 
     @property
     def prefix_ready(self) -> bool:
         """The next frame's length prefix has arrived."""
-        return not self._parts and len(self._buf) - self._pos >= 4
+        return self._gather is None and len(self._buf) - self._pos >= 4
 
     def check_prefix(self, max_bytes: int) -> None:
         """Check the next prefix now (sniffing it if it is the stream's first) without
@@ -111,7 +129,7 @@ class FrameSplitter:
         """``(start, end)`` of the next whole frame (prefix included) in :attr:`buffer`,
         or None until more bytes are fed. Raises :class:`FrameRefused` on a prefix over
         ``max_bytes``, not positive, or (first frame only) a TLS record or HTTP."""
-        if self._parts:
+        if self._gather is not None:
             return None
         buf, pos = self._buf, self._pos
         if len(buf) - pos < 4:

@@ -23,7 +23,9 @@ from kio.static.primitive import i16, i32
 
 from .count_guard import MAX_TAGGED_FIELDS, check_counts
 
-Received = bytes | bytearray  # what a trio stream's receive_some gives; frames are read in place
+# What a receive gives, or a frame gathered across receives (a read-only view: kio reads only those);
+# frames are read in place.
+Received = bytes | bytearray | memoryview
 _HEAD = struct.Struct(">hhi")  # api_key, api_version, correlation_id: request header v1/v2 after the prefix
 _INT16 = struct.Struct(">h")
 _INT32 = struct.Struct(">i")

@@ -16,6 +16,7 @@ from proxy.apache_kafka import ApacheKafkaBroker
 from tests.apache_kafka.conftest import SCRAM_PASSWORD, SCRAM_USER
 from tests.clients import consume, create_topic, kafka_python_roundtrip, produce_values, unique
 from tests.conftest import Certs
+from tests.raw_kafka import RawConnection
 
 pytestmark = pytest.mark.apache_kafka
 NODES = (ApacheKafkaBroker.NODE_ID,)
@@ -78,6 +79,8 @@ def test_scram_sha_512_passes_through_the_proxy_untouched(kafka: ApacheKafkaBrok
     assert got == kp_values
     assert proxy.metric("kafka_admission_requests_total", api="sasl_handshake") >= 3
     assert proxy.metric("kafka_admission_requests_total", api="sasl_authenticate") >= 3
+    # The listener is not marked sasl: the operator is told that nothing bounds frames before authentication.
+    assert "listener external carries SASL authentication but is not marked sasl: true" in proxy.log()
 
 
 def test_a_wrong_scram_password_is_refused_by_the_broker_through_the_proxy(
@@ -91,3 +94,29 @@ def test_a_wrong_scram_password_is_refused_by_the_broker_through_the_proxy(
     admin.poll(1)
     assert any(e.code() == KafkaError._AUTHENTICATION for e in errors), errors
     assert any("Authentication failed during authentication due to invalid credentials" in e.str() for e in errors)
+
+
+def test_after_scram_authentication_a_produce_over_sasl_server_max_receive_size_passes(
+    kafka: ApacheKafkaBroker, start_proxy: Any
+) -> None:
+    """On a listener marked sasl, a 700 kB Produce (over Kafka's 512 KiB before authentication)
+    is delivered once the broker accepted the client's SaslAuthenticate; the same length from a
+    client that has not authenticated is refused at its prefix, as the broker refuses it."""
+    proxy = start_proxy(kafka.address("SASL_PLAINTEXT"), node_ids=NODES, listeners=[{"name": "sasl", "sasl": True}])
+    topic = unique("ak-preauth")
+    create_topic(proxy.bootstrap, topic, **scram())
+    produced = produce_values(proxy.bootstrap, topic, [bytes(700_000)], **scram(), **{"compression.type": "none"})
+    assert not produced.errors and len(produced.delivered) == 1
+    assert proxy.metric("kafka_admission_requests_total", api="sasl_authenticate") >= 1
+    limit = "sasl.server.max.receive.size"
+    assert proxy.metric("kafka_admission_decisions_total", limit=limit) == 0
+    assert "not marked sasl" not in proxy.log()
+    unauthenticated = (700_000).to_bytes(4, "big") + b"\0\x00\0\x09" + bytes(60_000)
+    for address in (kafka.address("SASL_PLAINTEXT"), proxy.bootstrap):  # the broker itself, then the proxy
+        with RawConnection(address) as conn:
+            try:
+                conn.send(unauthenticated)
+            except OSError:
+                pass  # closed while sending: refused at the prefix
+            assert conn.closed_by_peer(), address
+    assert proxy.metric("kafka_admission_decisions_total", policy="request_size", action="close", limit=limit) == 1

@@ -24,6 +24,9 @@ EXAMPLE_VALUES = {
     ("listeners", 0, "name"),
     ("listeners", 0, "bind"),
     ("listeners", 0, "advertised_host"),
+    # The two limits a deployment with a memory limit sets, whose defaults (Kafka's) are off.
+    ("policies", "max.connections.per.ip"),
+    ("policies", "queued.max.request.bytes"),
 }
 BLOCK = re.compile(r"^ *# >>> example: (?P<title>[^(\n]+?) \(.*?\n(?P<body>.*?)^ *# <<<$", re.M | re.S)
 

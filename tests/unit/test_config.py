@@ -54,7 +54,7 @@ def test_only_bootstrap_servers_and_listeners_are_required() -> None:
     listener = effective["listeners"][0]
     assert listener["advertised_host"] == "127.0.0.1"
     assert listener["node_port_base"] == 29100
-    assert listener["tls"] is None and listener["protected"] is False
+    assert listener["tls"] is None and listener["protected"] is False and listener["sasl"] is False
 
 
 def test_missing_upstream_is_named() -> None:
@@ -75,6 +75,29 @@ def test_socket_request_max_bytes_must_be_positive() -> None:
     message = error_of(with_(policies={"socket.request.max.bytes": 0}))
     assert message.startswith("policies.socket.request.max.bytes:")
     assert "greater than or equal to 1" in message
+
+
+def test_sasl_server_max_receive_size_is_kafkas_and_must_be_positive() -> None:
+    assert parse_config(MINIMAL).policies.sasl_server_max_receive_size == 524288
+    message = error_of(with_(policies={"sasl.server.max.receive.size": 0}))
+    assert message.startswith("policies.sasl.server.max.receive.size:")
+    assert "greater than or equal to 1" in message
+
+
+@pytest.mark.parametrize(
+    ("sasl", "tls", "protocol"),
+    [(False, False, "PLAINTEXT"), (True, False, "SASL_PLAINTEXT"), (False, True, "SSL"), (True, True, "SASL_SSL")],
+)
+def test_a_listener_speaks_kafkas_security_protocol(sasl: bool, tls: bool, protocol: str, certs) -> None:  # type: ignore[no-untyped-def]
+    listener = {"name": "x", "bind": "127.0.0.1:1", "sasl": "TRUE" if sasl else False}
+    if tls:
+        listener["tls"] = {"cert_file": certs.server_cert, "key_file": certs.server_key}
+    assert parse_config(with_(listeners=[listener])).listeners[0].security_protocol == protocol
+
+
+def test_listener_sasl_is_true_or_false() -> None:
+    message = error_of(with_(listeners=[{"name": "x", "bind": "127.0.0.1:1", "sasl": "yes"}]))
+    assert message == "listeners[0].sasl: must be true or false, got 'yes'"
 
 
 def test_bootstrap_server_without_port_is_refused() -> None:

@@ -5,7 +5,13 @@ from hypothesis import given
 from hypothesis import strategies as st
 
 from policies.decision import Action, Decision, Policy
-from policies.frame_check import FrameKind, check_length_prefix, decide_request_prefix
+from policies.frame_check import (
+    FrameKind,
+    RequestLimit,
+    check_length_prefix,
+    decide_request_prefix,
+    request_limit,
+)
 from policies.mode import Mode
 
 LIMIT = 104857600
@@ -116,3 +122,43 @@ def test_http_on_a_kafka_port_is_a_protocol_decision_about_the_client() -> None:
 def test_an_admitted_prefix_has_no_decision_to_make() -> None:
     with pytest.raises(ValueError, match="admitted"):
         decide_request_prefix(check_length_prefix(b"\x00\x00\x00\x10", 100), 100)
+
+
+# -- which limit applies: Kafka's SaslServerAuthenticator before SASL authentication
+
+SASL_LIMIT = 524288
+
+
+def test_before_sasl_authentication_frames_are_bounded_by_sasl_server_max_receive_size() -> None:
+    assert request_limit(LIMIT, SASL_LIMIT, authenticated=False) == RequestLimit(
+        "sasl.server.max.receive.size", SASL_LIMIT
+    )
+
+
+def test_once_authenticated_frames_are_bounded_by_socket_request_max_bytes() -> None:
+    assert request_limit(LIMIT, SASL_LIMIT, authenticated=True) == RequestLimit("socket.request.max.bytes", LIMIT)
+
+
+def test_before_authentication_the_smaller_limit_applies_so_the_pool_fits_every_frame() -> None:
+    assert request_limit(1000, SASL_LIMIT, authenticated=False) == RequestLimit("socket.request.max.bytes", 1000)
+
+
+@pytest.mark.parametrize("size", [SASL_LIMIT + 1, LIMIT])
+def test_a_request_over_the_pre_authentication_limit_closes_the_connection_naming_it(size: int) -> None:
+    decision = decide_request_prefix(
+        check_length_prefix(prefix(size), SASL_LIMIT), SASL_LIMIT, "sasl.server.max.receive.size"
+    )
+    assert decision == Decision(
+        Policy.REQUEST_SIZE,
+        Action.CLOSE,
+        Mode.ENFORCE,
+        "sasl.server.max.receive.size",
+        f"request length prefix {size} refused before SASL authentication "
+        f"(too_large; sasl.server.max.receive.size={SASL_LIMIT})",
+        limit=SASL_LIMIT,
+        subject={"size": size},
+    )
+
+
+def test_a_frame_of_exactly_the_pre_authentication_limit_is_admitted() -> None:
+    assert check_length_prefix(prefix(SASL_LIMIT), SASL_LIMIT).admitted
