@@ -194,10 +194,10 @@ class ClientConnection:
         client = await self._open_client_stream()
         # Kafka's idle expiry counts socket activity, not requests in flight: a client that
         # takes no byte of its responses for connections.max.idle.ms is closed (a frozen
-        # client would otherwise hold its connection, and what it was sent, for ever).
-        quotas = self.runtime.gate.quotas
-        idle_ms = quotas.limits.connections_max_idle_ms
-        if idle_ms >= 0 and quotas.mode is Mode.ENFORCE:
+        # client would otherwise hold its connection, and what it was sent, for ever). In
+        # both modes: it is the proxy's hygiene, not a limit observe mode only reports.
+        idle_ms = self.runtime.gate.quotas.limits.connections_max_idle_ms
+        if idle_ms >= 0:
             client.stall_timeout = idle_ms / 1000
         return client
 
