@@ -31,9 +31,12 @@ def test_observe_mode_still_closes_silent_and_non_reading_clients(tansu: Any, st
         wait_until(lambda: proxy.metric("kafka_admission_connections_active") == 0, timeout=15)
         # The two idle ones by the reaper, enforced although every policy observes; the
         # non-reading one by the send stall.
-        assert proxy.metric(
-            "kafka_admission_decisions_total", action="close", limit="connections.max.idle.ms", mode="enforce"
-        ) == 3
+        assert (
+            proxy.metric(
+                "kafka_admission_decisions_total", action="close", limit="connections.max.idle.ms", mode="enforce"
+            )
+            == 3
+        )
     finally:
         silent.close()
         for client in clients:
