@@ -6,10 +6,13 @@ test reproduces the attack and fails on the code before its fix.
 
 from __future__ import annotations
 
+import math
 import time
+from concurrent.futures import ThreadPoolExecutor
 from typing import Any
 
 from tests.conftest import wait_until
+from tests.fake_upstreams import OversizeRelay
 from tests.faults import StoppedClient
 from tests.raw_kafka import RawConnection
 
@@ -41,3 +44,32 @@ def test_observe_mode_still_closes_silent_and_non_reading_clients(tansu: Any, st
         silent.close()
         for client in clients:
             client.kill()
+
+
+def test_a_readyz_flood_opens_at_most_one_broker_connection_per_second(tansu: Any, start_proxy: Any) -> None:
+    """Bursts of 50 concurrent /readyz for at least 2.5 s share one upstream probe in flight
+    and its answer for a second. The broker connections are counted where they arrive: a
+    relay in front of the real Tansu that accepts and counts each one
+    (fake_upstreams.OversizeRelay; no request carries its victim client id, so it passes
+    everything). Before the fix each request opened one (hundreds); now at most one a
+    second, and at least two over 2.5 s (the answer expires)."""
+    relay = OversizeRelay(victim_client_id="no client sends this", announced=0)
+    relay.broker = tansu.bootstrap
+    try:
+        proxy = start_proxy(relay.address)
+        wait_until(lambda: "proxy ready" in proxy.log())
+        before = relay.connections
+        started = time.monotonic()
+        answers: list[tuple[int, str]] = []
+        with ThreadPoolExecutor(50) as pool:
+            for _ in range(60):  # bounded: 60 bursts at most, 0.1 s apart
+                answers += pool.map(lambda _: proxy.get("/readyz"), range(50))
+                if time.monotonic() - started >= 2.5:
+                    break
+                time.sleep(0.1)
+        took = time.monotonic() - started
+        assert answers == [(200, "ready\n")] * len(answers)
+        probes = relay.connections - before
+        assert 2 <= probes <= math.ceil(took) + 1, (probes, len(answers), took)
+    finally:
+        relay.stop()
