@@ -9,12 +9,15 @@ from __future__ import annotations
 import math
 import time
 from concurrent.futures import ThreadPoolExecutor
+from pathlib import Path
 from typing import Any
 
+from tests.audit_files import assert_valid, read_events
 from tests.conftest import wait_until
 from tests.fake_upstreams import OversizeRelay
 from tests.faults import StoppedClient
-from tests.raw_kafka import RawConnection
+from tests.integration.test_bad_input import rss_kib
+from tests.raw_kafka import RawConnection, api_versions_frame
 
 
 def test_observe_mode_still_closes_silent_and_non_reading_clients(tansu: Any, start_proxy: Any) -> None:
@@ -73,3 +76,36 @@ def test_a_readyz_flood_opens_at_most_one_broker_connection_per_second(tansu: An
         assert 2 <= probes <= math.ceil(took) + 1, (probes, len(answers), took)
     finally:
         relay.stop()
+
+
+def test_a_flood_of_distinct_long_client_ids_keeps_the_observation_window_bounded(
+    tansu: Any, start_proxy: Any, tmp_path: Path
+) -> None:
+    """6,000 ApiVersions requests, each with its own 32,000-byte client id (the wire allows
+    32,767), in one observation window: each id a key of its client_api section. Before
+    the fix: +205 MiB of RSS (~34 KiB an id; 10k ids would be ~330 MiB, and as much again
+    in the identifier section). The window's keys now take at most 32 MiB together (~36
+    MiB measured); the bound asserted is +80 MiB."""
+    proxy = start_proxy(
+        tansu.bootstrap, audit={"path": str(tmp_path / "audit"), "instance_id": "ids", "window": {"seconds": 3600}}
+    )
+    with RawConnection(proxy.bootstrap) as conn:
+        for n in range(50):  # warm up: buffers for 32 KB frames, one client id
+            conn.send(api_versions_frame(n, client_id="w" * 32_000))
+            conn.read_frame()
+        before = rss_kib(proxy.process.pid)
+        for batch in range(60):  # bounded: 60 batches of 100
+            for n in range(100):
+                client_id = f"{batch:02}{n:03}" + "x" * 31_995
+                conn.send(api_versions_frame(n, client_id=client_id))
+            for _ in range(100):
+                conn.read_frame()
+        grew_mib = (rss_kib(proxy.process.pid) - before) / 1024
+    assert grew_mib < 80, f"RSS grew {grew_mib:.0f} MiB"
+    # What did not fit is counted, and says why: the report stays honest.
+    proxy.stop()
+    windows = [e for e in read_events(tmp_path / "audit") if e["type"] == "window" and e["section"] == "client_api"]
+    assert_valid(windows)
+    (overflow,) = [w for w in windows if w.get("overflow")]
+    assert overflow["overflow_cap"] == "key_bytes" and overflow["client_id"] is None
+    assert sum(w["requests"] for w in windows) == 6050  # every request counted, kept or folded
