@@ -208,9 +208,12 @@ class ClientConnection:
             return self._client
         await self._expect_client_hello()
         try:
-            with trio.fail_after(HANDSHAKE_TIMEOUT_S):
+            with trio.fail_after(HANDSHAKE_TIMEOUT_S):  # the waits for a turn included
                 self._client = await TlsTransport.handshake(
-                    stdlib_socket(self._tcp), termination.context, server_side=True
+                    stdlib_socket(self._tcp),
+                    termination.context,
+                    server_side=True,
+                    turns=self.runtime.gate.handshake_turns,
                 )
         except (trio.TooSlowError, OSError) as exc:  # ssl.SSLError included
             self.runtime.metrics.handshake_failures.labels(self.listener).inc()

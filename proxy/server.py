@@ -137,6 +137,7 @@ class ProxyServer:
             metrics,
             recorder,
             policies.max_connections_wait_ms,
+            policies.max_ssl_handshakes_per_turn,
         )
         self.runtime = Runtime(
             generation=self._generation(1, config),
@@ -353,6 +354,7 @@ class ProxyServer:
             policies.connection_limits(),
             Mode(policies.mode_of(policies.connections_mode)),
             policies.max_connections_wait_ms,
+            policies.max_ssl_handshakes_per_turn,
         )
         for listener, context in zip(self.listeners, checked, strict=True):
             if listener.tls is not None and context is not None:
