@@ -123,6 +123,7 @@ EVENT_SCHEMA = _schema(
     ("closed", _L),
     ("max_length", _L),
     ("overflow", _B),
+    ("overflow_cap", _S),
 )
 EVENT_COLUMNS = tuple(EVENT_SCHEMA.fieldNames())
 # What the report reads: the contract's other fields (API keys and versions, error codes,
@@ -143,6 +144,7 @@ _UNREAD = {
     "opened",
     "closed",
     "overflow",
+    "overflow_cap",
     "ip",
     "used",
     "capacity",

@@ -73,7 +73,9 @@ names what ENFORCE would have done; its victims are not marked closing, and
 CLOSE decisions are reports for the shell to count, not carry out. So the shell
 admits a connection iff ``d is None or d.action is Action.EVICT or not
 d.enforced``. Counts track the real connections, so they may exceed the caps --
-that is the point of a dry run.
+that is the point of a dry run. Idle expiry (``connections.max.idle.ms``) is not
+a cap but the proxy's own hygiene, as it is the broker's: it closes in both
+modes, or a silent client would be held for ever in a dry run.
 """
 
 from __future__ import annotations
@@ -277,8 +279,6 @@ class ConnectionQuotas:
         self._busy = 0
         self._seq = 0
         self._now = float("-inf")
-        # OBSERVE: idle-expired connections already reported (until their next activity)
-        self._observed_idle: set[str] = set()
         # the caps whose live count is above their limit now (kept current per change: over_cap is O(1))
         self._over: set[str] = set()
 
@@ -399,9 +399,17 @@ class ConnectionQuotas:
         *,
         victims: tuple[str, ...] = (),
         subject: Mapping[str, object] = _NO_SUBJECT,
+        mode: Mode | None = None,
     ) -> Decision:
         return Decision(
-            Policy.CONNECTIONS, action, self.mode, limit_key, reason, limit=limit, victims=victims, subject=subject
+            Policy.CONNECTIONS,
+            action,
+            self.mode if mode is None else mode,
+            limit_key,
+            reason,
+            limit=limit,
+            victims=victims,
+            subject=subject,
         )
 
     # -- activity ------------------------------------------------------------
@@ -438,7 +446,6 @@ class ConnectionQuotas:
         conn = self._conns.pop(conn_id, None)
         if conn is None:
             return
-        self._observed_idle.discard(conn_id)
         if conn.in_flight:
             self._busy -= 1
         if conn.closing:
@@ -466,11 +473,9 @@ class ConnectionQuotas:
     # -- closing -------------------------------------------------------------
 
     def idle_expired(self, now: float) -> list[Decision]:
-        """Connections idle for more than ``connections.max.idle.ms``, LRU first: one CLOSE each.
-
-        In ENFORCE they are closing from now on; in OBSERVE each is reported
-        once per idle period. Cost: O(listeners + expired); in OBSERVE also
-        O(already reported, still idle).
+        """Connections idle for more than ``connections.max.idle.ms``, LRU first: one CLOSE each,
+        enforced in either mode (see the module docstring); they are closing from now on.
+        Cost: O(listeners + expired).
         """
         return self._expire_idle(now, skip=frozenset())
 
@@ -480,25 +485,27 @@ class ConnectionQuotas:
         if max_idle_ms < 0:
             return []
         idle_s = max_idle_ms / 1000.0
-        observe = self.mode is Mode.OBSERVE
         expired: list[_Conn] = []
         for pool in self._idle.values():
             for conn in pool.values():
                 if not now - conn.last > idle_s:
                     break
-                if conn.conn_id in skip or (observe and conn.conn_id in self._observed_idle):
-                    continue
-                expired.append(conn)
+                if conn.conn_id not in skip:
+                    expired.append(conn)
         expired.sort(key=lambda c: c.seq)
         closes: list[Decision] = []
         for conn in expired:
             reason = f"{CONNECTIONS_MAX_IDLE_MS}={max_idle_ms} exceeded (idle {now - conn.last:.3f}s)"
-            if observe:
-                self._observed_idle.add(conn.conn_id)
-            else:
-                self._mark_closing(conn)
+            self._mark_closing(conn)
             closes.append(
-                self._decision(Action.CLOSE, CONNECTIONS_MAX_IDLE_MS, reason, max_idle_ms, victims=(conn.conn_id,))
+                self._decision(
+                    Action.CLOSE,
+                    CONNECTIONS_MAX_IDLE_MS,
+                    reason,
+                    max_idle_ms,
+                    victims=(conn.conn_id,),
+                    mode=Mode.ENFORCE,
+                )
             )
         return closes
 
@@ -507,12 +514,9 @@ class ConnectionQuotas:
         max_idle_ms = self._limits.connections_max_idle_ms
         if max_idle_ms < 0:
             return None
-        observe = self.mode is Mode.OBSERVE
         oldest: float | None = None
         for pool in self._idle.values():
             for conn in pool.values():
-                if observe and conn.conn_id in self._observed_idle:
-                    continue
                 if oldest is None or conn.last < oldest:
                     oldest = conn.last
                 break
@@ -525,7 +529,8 @@ class ConnectionQuotas:
         connections). Lowering closes the excess of each cap, LRU-first among
         idle connections of that class; busy connections stay (see the module
         docstring and ``over_cap``). A lowered ``connections.max.idle.ms``
-        expires connections now past it. In OBSERVE the closings are reports only.
+        expires connections now past it, in either mode; in OBSERVE the caps' closings
+        are reports only.
         """
         if not isinstance(limits, ConnectionLimits):
             raise TypeError(f"limits must be ConnectionLimits, got {type(limits).__name__}")
@@ -596,7 +601,6 @@ class ConnectionQuotas:
         conn.last = self._tick(now)
         self._seq += 1
         conn.seq = self._seq
-        self._observed_idle.discard(conn.conn_id)
 
     def _register(self, conn_id: str, listener: str, ip: str, tls: bool, now: float) -> None:
         protected = listener in self._protected

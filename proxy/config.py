@@ -338,6 +338,9 @@ class Policies(_Frozen):
     # Beyond Kafka: how long a connection may wait in the backlog for a slot before it is closed.
     max_connections_wait_ms: int = Field(default=30000, ge=1, le=_INT_MAX, alias="max.connections.wait.ms")
     connections_mode: PolicyMode | None = Field(default=None, alias="connections.mode")
+    # Beyond Kafka: TLS handshakes are computed on the one event loop; at most this many
+    # between two turns of the established connections (the rest wait for the next turn).
+    max_ssl_handshakes_per_turn: int = Field(default=4, ge=1, le=_INT_MAX, alias="max.ssl.handshakes.per.turn")
     # Consumer group size (KIP-389 classic, KIP-848 consumer groups).
     group_max_size: int = Field(default=_INT_MAX, ge=1, le=_INT_MAX, alias="group.max.size")
     group_consumer_max_size: int = Field(default=_INT_MAX, ge=1, le=_INT_MAX, alias="group.consumer.max.size")

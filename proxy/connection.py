@@ -205,10 +205,10 @@ class ClientConnection:
         client = await self._open_client_stream()
         # Kafka's idle expiry counts socket activity, not requests in flight: a client that
         # takes no byte of its responses for connections.max.idle.ms is closed (a frozen
-        # client would otherwise hold its connection, and what it was sent, for ever).
-        quotas = self.runtime.gate.quotas
-        idle_ms = quotas.limits.connections_max_idle_ms
-        if idle_ms >= 0 and quotas.mode is Mode.ENFORCE:
+        # client would otherwise hold its connection, and what it was sent, for ever). In
+        # both modes: it is the proxy's hygiene, not a limit observe mode only reports.
+        idle_ms = self.runtime.gate.quotas.limits.connections_max_idle_ms
+        if idle_ms >= 0:
             client.stall_timeout = idle_ms / 1000
         return client
 
@@ -219,9 +219,12 @@ class ClientConnection:
             return self._client
         await self._expect_client_hello()
         try:
-            with trio.fail_after(HANDSHAKE_TIMEOUT_S):
+            with trio.fail_after(HANDSHAKE_TIMEOUT_S):  # the waits for a turn included
                 self._client = await TlsTransport.handshake(
-                    stdlib_socket(self._tcp), termination.context, server_side=True
+                    stdlib_socket(self._tcp),
+                    termination.context,
+                    server_side=True,
+                    turns=self.runtime.gate.handshake_turns,
                 )
         except (trio.TooSlowError, OSError) as exc:  # ssl.SSLError included
             self.runtime.metrics.handshake_failures.labels(self.listener).inc()

@@ -3,7 +3,9 @@ ConnectionQuotas and KIP-1015): decides at accept, before any TLS handshake;
 closes the connections the policy names (LRU eviction, idle expiry, lowered
 limits); and, when a cap is full with nothing idle to close, blocks the
 listener's accept loop (connections wait in the kernel backlog, as Kafka's
-acceptor does) until a slot frees.
+acceptor does) until a slot frees. It also holds the TLS handshakes' turns
+(``max.ssl.handshakes.per.turn``, beyond Kafka): handshakes are computed on the
+event loop, so a burst of them would hold up every established connection.
 
 Per request it only hands the policy a timestamp. The tasks that wait on the
 quotas are woken only when their condition can have changed: accept waiters
@@ -45,11 +47,21 @@ class Closable(Protocol):
 
 
 class ConnectionGate:
-    def __init__(self, quotas: ConnectionQuotas, metrics: Metrics, recorder: DecisionRecorder, wait_ms: int) -> None:
+    def __init__(
+        self,
+        quotas: ConnectionQuotas,
+        metrics: Metrics,
+        recorder: DecisionRecorder,
+        wait_ms: int,
+        ssl_handshakes_per_turn: int,
+    ) -> None:
         self.quotas = quotas
         self._metrics = metrics
         self._recorder = recorder
         self.wait_seconds = wait_ms / 1000
+        # A slot per handshake step, given back after every other runnable task had its
+        # turn (TlsTransport.handshake); waiting for the peer holds none.
+        self.handshake_turns = trio.CapacityLimiter(ssl_handshakes_per_turn)
         self._open: dict[str, Closable] = {}
         self._accept_waiters = 0
         self._slot_freed = trio.Event()  # set (and replaced) when a waiting accept may now succeed
@@ -127,10 +139,11 @@ class ConnectionGate:
 
     # -- reload and idle expiry ---------------------------------------------------------------
 
-    def reconfigure(self, limits: ConnectionLimits, mode: Mode, wait_ms: int) -> None:
+    def reconfigure(self, limits: ConnectionLimits, mode: Mode, wait_ms: int, ssl_handshakes_per_turn: int) -> None:
         """A reload: raising takes effect at once; lowering closes the excess, LRU-first."""
         self.quotas.mode = mode
         self.wait_seconds = wait_ms / 1000
+        self.handshake_turns.total_tokens = ssl_handshakes_per_turn
         for decision in self.quotas.update_limits(limits, trio.current_time()):
             self._carry_out(decision)
         self._wake_accepts()

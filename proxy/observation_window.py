@@ -5,9 +5,13 @@ rows of ``schema/audit-event-v2.schema.json``. They let the report answer
 "what would limit X have done?" for limits that were never configured.
 
 Pure Python, no clock: the caller passes Unix time to ``roll``. Not thread-safe:
-one event loop feeds it. Memory is bounded: each section keeps at most
-``max_keys`` distinct keys per window; the rest are folded into one row with
-``overflow: true`` (counts summed, maxima kept, its key fields null).
+one event loop feeds it. Memory is bounded in keys and in bytes: each section
+keeps at most ``max_keys`` distinct keys per window, and all sections' keys
+together at most ``max_key_bytes`` (client and group ids come from the wire, up
+to 32 KiB each: 10k of them would be ~320 MB a section). The rest are folded
+into one row per section with ``overflow: true`` (counts summed, maxima kept,
+its key fields null) and ``overflow_cap`` naming the cap that first folded a key
+(``keys`` or ``key_bytes``).
 
 Wiring, for the request path:
 
@@ -29,37 +33,65 @@ Wiring, for the request path:
 
 from __future__ import annotations
 
+import sys
 from collections.abc import Callable
 from typing import Any, Generic, TypeVar
 
 from policies.identifier_limits import IDENTIFIER_KEPT, java_length
 
 DEFAULT_MAX_KEYS = 10_000
+# All sections' keys of one window: ample for 10k keys a section of ordinary ids (a key of
+# three ~60-character strings is charged ~450 bytes, an identifier key ~1.7 KB).
+DEFAULT_MAX_KEY_BYTES = 32 * 1024 * 1024
+# What a key costs besides its strings: its dict entry, its tuple and its slot list.
+_KEY_OVERHEAD = 256
+# The identifier a slot keeps grows to IDENTIFIER_KEPT characters: charged at its widest up front.
+_KEPT_BYTES = sys.getsizeof("\U00010000" * IDENTIFIER_KEPT)
 
-_K = TypeVar("_K")
+_K = TypeVar("_K", bound=tuple[str | None, ...])
 
 # Slot layouts (lists of ints: cheaper to update in place than objects with attributes).
 _REQUESTS, _BYTES_IN, _BYTES_OUT, _MAX_REQUEST, _MAX_RESPONSE = range(5)
 _OPEN, _MAX_OPEN, _OPENED, _CLOSED = range(4)
 
 
-class _Section(dict[_K, list[Any]], Generic[_K]):
-    """One section's slots for one window: key -> slot, at most ``max_keys`` of them."""
+class _KeyBytes:
+    """The bytes the keys of one window may still take, shared by its sections."""
 
-    def __init__(self, max_keys: int, blank: list[Any], no_key: _K) -> None:
+    __slots__ = ("left",)
+
+    def __init__(self, left: int) -> None:
+        self.left = left
+
+
+class _Section(dict[_K, list[Any]], Generic[_K]):
+    """One section's slots for one window: key -> slot, at most ``max_keys`` of them, each
+    charged its size to the window's ``budget``."""
+
+    def __init__(self, max_keys: int, budget: _KeyBytes, blank: list[Any], no_key: _K, slot_bytes: int = 0) -> None:
         super().__init__()
         self.max_keys = max_keys
+        self.budget = budget
         self.blank = blank
         self.no_key = no_key  # the overflow row's key fields: all null
+        self.slot_bytes = slot_bytes  # what a slot holds besides numbers (a kept identifier)
         self.overflow: list[Any] | None = None
+        self.overflow_cap = ""  # the cap that folded the first key: "keys" or "key_bytes"
 
     def new_slot(self, key: _K) -> list[Any]:
         """The slot for a key not seen yet in this window (the slow path)."""
-        if len(self) < self.max_keys:
-            slot = self[key] = list(self.blank)
-            return slot
+        if len(self) >= self.max_keys:
+            cap = "keys"
+        else:
+            cost = _KEY_OVERHEAD + self.slot_bytes + sum(sys.getsizeof(part) for part in key if part is not None)
+            if cost <= self.budget.left:
+                self.budget.left -= cost
+                slot = self[key] = list(self.blank)
+                return slot
+            cap = "key_bytes"
         if self.overflow is None:
             self.overflow = list(self.blank)
+            self.overflow_cap = cap
         return self.overflow
 
     def rows(self, row: Callable[[_K, list[Any]], dict[str, Any]]) -> list[dict[str, Any]]:
@@ -67,13 +99,22 @@ class _Section(dict[_K, list[Any]], Generic[_K]):
         if self.overflow is not None:
             out.append(row(self.no_key, self.overflow))
             out[-1]["overflow"] = True
+            out[-1]["overflow_cap"] = self.overflow_cap
         return out
 
 
 class ObservationWindow:
-    def __init__(self, start: float, *, pool_capacity_bytes: int = -1, max_keys: int = DEFAULT_MAX_KEYS) -> None:
+    def __init__(
+        self,
+        start: float,
+        *,
+        pool_capacity_bytes: int = -1,
+        max_keys: int = DEFAULT_MAX_KEYS,
+        max_key_bytes: int = DEFAULT_MAX_KEY_BYTES,
+    ) -> None:
         self.pool_capacity_bytes = pool_capacity_bytes
         self._max_keys = max_keys
+        self._max_key_bytes = max_key_bytes
         self._pool_in_flight = 0
         # Connections are few keys (listener x TLS) and their open count spans windows: no cap.
         self._connections: dict[tuple[str, bool], list[int]] = {}
@@ -81,12 +122,14 @@ class ObservationWindow:
 
     def _begin(self, start: float) -> None:
         self._start = start
-        cap = self._max_keys
+        cap, budget = self._max_keys, _KeyBytes(self._max_key_bytes)
         self._client_api: _Section[tuple[str | None, str | None, str | None]] = _Section(
-            cap, [0, 0, 0, 0, 0], (None, None, None)
+            cap, budget, [0, 0, 0, 0, 0], (None, None, None)
         )
-        self._groups: _Section[tuple[str | None, str | None]] = _Section(cap, [0], (None, None))
-        self._identifiers: _Section[tuple[str | None, str | None]] = _Section(cap, [-1, None], (None, None))
+        self._groups: _Section[tuple[str | None, str | None]] = _Section(cap, budget, [0], (None, None))
+        self._identifiers: _Section[tuple[str | None, str | None]] = _Section(
+            cap, budget, [-1, None], (None, None), slot_bytes=_KEPT_BYTES
+        )
         self._pool_high_water_mark = self._pool_in_flight
         self._pool_waits = 0
         self._connections = {key: [s[_OPEN], s[_OPEN], 0, 0] for key, s in self._connections.items() if s[_OPEN]}

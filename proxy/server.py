@@ -5,7 +5,9 @@ reload (a new generation swapped in by one reference), and a graceful shutdown
 from __future__ import annotations
 
 import logging
+import math
 import time
+from collections.abc import Awaitable, Callable
 from dataclasses import dataclass
 
 import trio
@@ -37,6 +39,8 @@ log = logging.getLogger("kafka_admission_proxy.server")
 
 # Longer than the upstream TLS handshake timeout, so a silent peer is named, not just slow.
 READY_PROBE_TIMEOUT_S = 8.0
+# /readyz asks the broker at most this often: a flood of probes is not a flood of broker connections.
+READY_PROBE_CACHE_S = 1.0
 _GROUP_EXPIRY_INTERVAL_S = 1.0
 _READY_RETRY_MAX_S = 30.0
 _ROWS_PER_SLICE = 1000
@@ -55,6 +59,34 @@ def _changed(old: object, new: object, prefix: str) -> list[str]:
     if not fields:
         return [prefix]
     return [f"{prefix}.{name}" for name in fields if getattr(old, name) != getattr(new, name)]
+
+
+class SharedProbe:
+    """One upstream probe at a time, its answer kept for ``ttl`` seconds: callers that come
+    while a probe runs wait for its answer instead of opening a broker connection each."""
+
+    def __init__(self, probe: Callable[[], Awaitable[str | None]], ttl: float) -> None:
+        self._probe = probe
+        self._ttl = ttl
+        self._answer: str | None = None
+        self._answered_at = -math.inf
+        self._running: trio.Event | None = None
+
+    async def __call__(self) -> str | None:
+        while True:
+            if trio.current_time() - self._answered_at < self._ttl:
+                return self._answer
+            if self._running is not None:
+                await self._running.wait()
+                continue  # answered, or its caller was cancelled: then one of us probes again
+            running = self._running = trio.Event()
+            try:
+                self._answer = await self._probe()
+                self._answered_at = trio.current_time()
+                return self._answer
+            finally:
+                self._running = None
+                running.set()
 
 
 @dataclass(frozen=True, slots=True)
@@ -105,6 +137,7 @@ class ProxyServer:
             metrics,
             recorder,
             policies.max_connections_wait_ms,
+            policies.max_ssl_handshakes_per_turn,
         )
         self.runtime = Runtime(
             generation=self._generation(1, config),
@@ -129,6 +162,7 @@ class ProxyServer:
             for listener in config.listeners
         ]
         self.admin_port: int | None = None
+        self._upstream_probe = SharedProbe(self._probe_upstream, READY_PROBE_CACHE_S)
         self._cancel = trio.CancelScope()
 
     def _generation(self, number: int, config: Config) -> Generation:
@@ -138,20 +172,27 @@ class ProxyServer:
 
     async def readiness_problems(self) -> list[str]:
         problems = [f"listener {lst.name} is not bound" for lst in self.listeners if not lst.bound]
+        upstream = await self._upstream_probe()
+        if upstream is not None:
+            problems.append(upstream)
         connector = self.runtime.connector
-        try:
-            with trio.fail_after(READY_PROBE_TIMEOUT_S):
-                await connector.probe(self.config.upstream.addresses())
-        except UpstreamUnavailable as exc:
-            problems.append(f"no upstream broker reachable: {exc}")
-        except trio.TooSlowError:
-            problems.append(f"no upstream broker answered ApiVersions within {READY_PROBE_TIMEOUT_S:g}s")
         # Mismatches seen by client traffic (brokers other than the bootstrap one included).
         for mismatch in connector.backoff.known_mismatches():
             line = f"upstream {mismatch.upstream} {mismatch.description}"
             if not any(line in p for p in problems):
                 problems.append(line)
         return problems
+
+    async def _probe_upstream(self) -> str | None:
+        """What keeps the upstream from being reachable (None: an ApiVersions answer came)."""
+        try:
+            with trio.fail_after(READY_PROBE_TIMEOUT_S):
+                await self.runtime.connector.probe(self.config.upstream.addresses())
+        except UpstreamUnavailable as exc:
+            return f"no upstream broker reachable: {exc}"
+        except trio.TooSlowError:
+            return f"no upstream broker answered ApiVersions within {READY_PROBE_TIMEOUT_S:g}s"
+        return None
 
     async def run(self, *, task_status: trio.TaskStatus[ProxyServer] = trio.TASK_STATUS_IGNORED) -> None:
         """Serve until cancelled, or until ``shutdown`` has drained the connections."""
@@ -313,6 +354,7 @@ class ProxyServer:
             policies.connection_limits(),
             Mode(policies.mode_of(policies.connections_mode)),
             policies.max_connections_wait_ms,
+            policies.max_ssl_handshakes_per_turn,
         )
         for listener, context in zip(self.listeners, checked, strict=True):
             if listener.tls is not None and context is not None:

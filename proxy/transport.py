@@ -127,17 +127,36 @@ class TlsTransport:
 
     @classmethod
     async def handshake(
-        cls, sock: socket.socket, context: ssl.SSLContext, *, server_side: bool, server_hostname: str | None = None
+        cls,
+        sock: socket.socket,
+        context: ssl.SSLContext,
+        *,
+        server_side: bool,
+        server_hostname: str | None = None,
+        turns: trio.CapacityLimiter | None = None,
     ) -> TlsTransport:
         """Wrap ``sock`` (now owned by the result) and complete the handshake; raises
-        ssl.SSLError or OSError as OpenSSL reports them, and closes the socket then."""
+        ssl.SSLError or OSError as OpenSSL reports them, and closes the socket then.
+
+        With ``turns``, each step (OpenSSL's key exchange and signature: the CPU of a
+        handshake, on the event loop) takes one of its slots and gives it back only after
+        a checkpoint, once every other runnable task has had its turn: at most that many
+        steps run between two turns of an established connection, however many clients
+        handshake. Waiting for the peer holds no slot."""
         tls = context.wrap_socket(
             sock, server_side=server_side, server_hostname=server_hostname, do_handshake_on_connect=False
         )
         try:
             while True:
                 try:
-                    tls.do_handshake()
+                    if turns is None:
+                        tls.do_handshake()
+                    else:
+                        async with turns:
+                            try:
+                                tls.do_handshake()
+                            finally:
+                                await trio.lowlevel.checkpoint()
                     return cls(tls)
                 except ssl.SSLWantReadError:
                     await trio.lowlevel.wait_readable(tls)

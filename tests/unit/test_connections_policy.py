@@ -642,14 +642,20 @@ def test_observe_mode_reports_closings_without_closing() -> None:
     assert closed(lowered, Mode.OBSERVE) == ["c0", "c1", "c2"]
     assert q.counts().closing == 0 and q.reclaim_excess() == []
 
-    idle = q.idle_expired(10.0)
-    assert closed(idle, Mode.OBSERVE) == ["c0", "c1", "c2", "c3"]
-    assert q.idle_expired(20.0) == []  # each idle period is reported once
+
+def test_observe_mode_still_closes_idle_connections() -> None:
+    """Idle expiry is the proxy's hygiene, not a cap: a dry run must not hold silent clients."""
+    q = quotas(Mode.OBSERVE, connections_max_idle_ms=1000)
+    for i in range(4):
+        accept(q, f"c{i}", now=float(i))
+    q.on_request("c2", 3.0)  # busy: not idle however long its request takes
+
+    assert closed(q.idle_expired(10.0)) == ["c0", "c1", "c3"]  # enforced, LRU first
+    assert q.counts().closing == 3 and q.idle_expired(20.0) == []
     assert q.next_idle_deadline() is None
-    q.on_request("c2", 21.0)
     q.on_response("c2", 21.0)
-    assert closed(q.idle_expired(30.0), Mode.OBSERVE) == ["c2"]
-    assert len(q) == 4
+    assert q.next_idle_deadline() == 22.0
+    assert closed(q.idle_expired(30.0)) == ["c2"]
 
 
 # ---------------------------------------------------------------------------
@@ -830,9 +836,12 @@ class ConnectionQuotasMachine(RuleBasedStateMachine):
         return self.lru_idle(member)[: self.live(member) - limit]
 
     def take_closes(self, closes: list[Decision]) -> None:
-        self.take_victims(closed(closes, self.MODE))
+        caps = [c for c in closes if c.limit_key != CONNECTIONS_MAX_IDLE_MS]
+        self.take_victims(closed(caps, self.MODE), closing=self.MODE is Mode.ENFORCE)
+        # Idle expiry is the proxy's hygiene: enforced in both modes.
+        self.take_victims(closed([c for c in closes if c.limit_key == CONNECTIONS_MAX_IDLE_MS]), closing=True)
 
-    def take_victims(self, victims: list[str]) -> None:
+    def take_victims(self, victims: list[str], *, closing: bool) -> None:
         seen: set[str] = set()
         for conn_id in victims:
             assert conn_id not in seen, "a connection is named twice"
@@ -840,8 +849,7 @@ class ConnectionQuotasMachine(RuleBasedStateMachine):
             conn = self.model[conn_id]
             assert conn.in_flight == 0, "a busy connection is in a close list"
             assert not conn.closing, "a closing connection is named again"
-            if self.MODE is Mode.ENFORCE:
-                conn.closing = True
+            conn.closing = closing
 
     def assert_no_idle_excess(self) -> None:
         """After lowering/reclaiming: a cap may be exceeded only by busy connections."""
@@ -904,7 +912,7 @@ class ConnectionQuotasMachine(RuleBasedStateMachine):
             if len(full) == 1:
                 [(limit, member)] = full.values()
                 assert list(decision.victims) == self.lru_idle(member)[: self.live(member) - limit + 1]
-            self.take_victims(list(decision.victims))
+            self.take_victims(list(decision.victims), closing=self.MODE is Mode.ENFORCE)
         if admitted(decision):
             self.model[conn_id] = new
             self.activity += 1
@@ -974,10 +982,10 @@ class ConnectionQuotasMachine(RuleBasedStateMachine):
             conn = self.model[close.victims[0]]
             assert close.limit_key == CONNECTIONS_MAX_IDLE_MS and close.limit == max_idle_ms
             assert max_idle_ms >= 0 and self.now - conn.last > max_idle_ms / 1000
-        seqs = [self.model[conn_id].seq for conn_id in closed(closes, self.MODE)]
+        seqs = [self.model[conn_id].seq for conn_id in closed(closes)]  # enforced in both modes
         assert seqs == sorted(seqs), "idle expiry is not least recently used first"
         self.take_closes(closes)
-        if self.MODE is Mode.ENFORCE and max_idle_ms >= 0:
+        if max_idle_ms >= 0:
             for conn in self.model.values():
                 if not conn.closing and not conn.in_flight:
                     assert not self.now - conn.last > max_idle_ms / 1000, "an expired connection was missed"
@@ -1046,8 +1054,7 @@ class ConnectionQuotasMachine(RuleBasedStateMachine):
     @invariant()
     def live_counts_never_rise_above_a_cap(self) -> None:
         """ENFORCE: count - closing <= cap, except for busy excess left by lowering, which only shrinks."""
-        if self.MODE is Mode.OBSERVE:
-            assert self.q.counts().closing == 0
+        if self.MODE is Mode.OBSERVE:  # only idle expiry closes: caps are exceeded in a dry run
             return
         for key, (limit, member) in self.caps().items():
             live = self.live(member)

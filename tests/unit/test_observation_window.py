@@ -96,6 +96,7 @@ def test_keys_beyond_the_cap_fold_into_one_overflow_row(tmp_path: Path) -> None:
     assert [r["client_id"] for r in client_api] == ["client-0", "client-1", "client-2", None]
     overflow = client_api[-1]
     assert overflow["overflow"] is True and overflow["listener"] is None and overflow["api"] is None
+    assert overflow["overflow_cap"] == "keys"
     assert (overflow["requests"], overflow["bytes_in"], overflow["bytes_out"]) == (7, sum(range(103, 110)), 70)
     assert (overflow["max_request_bytes"], overflow["max_response_bytes"]) == (109, 10)
     groups = section(rows, "group")
@@ -110,6 +111,38 @@ def test_keys_beyond_the_cap_fold_into_one_overflow_row(tmp_path: Path) -> None:
     # The cap is per window: the next window starts empty.
     w.on_request("external", "client-9", "produce", 1)
     assert [r["client_id"] for r in section(w.roll(T0 + 120), "client_api")] == ["client-9"]
+
+
+def test_long_ids_fold_into_the_overflow_rows_once_the_window_key_bytes_are_spent(tmp_path: Path) -> None:
+    """Client ids of 32 KiB (the wire's most): 10k keys of them would be ~320 MB a section.
+    The byte budget is the window's, shared by the sections, and a new window starts afresh."""
+    budget = 1024 * 1024
+    w = ObservationWindow(T0, max_key_bytes=budget)
+    for n in range(100):
+        client_id = f"{n:05}" + "x" * 32_000
+        w.on_request("external", client_id, "produce", 100)
+        w.on_identifier("client_id", client_id, client_id)
+    w.on_request("external", "short", "produce", 7)  # small keys still fit while bytes are left
+    w.on_group_size("group", "classic", 1)
+    rows = w.roll(T0 + 60)
+    client_api, identifiers, groups = (section(rows, name) for name in ("client_api", "identifier", "group"))
+    kept = [r for r in client_api + identifiers + groups if not r.get("overflow")]
+    held = sum(len(r.get("client_id") or r.get("group_id") or "") for r in kept)
+    assert 0 < held <= budget and len(kept) < 100  # the keys' strings fit the budget; most did not
+    for rows_of in (client_api, identifiers):
+        overflow = rows_of[-1]
+        assert overflow["overflow"] is True and overflow["overflow_cap"] == "key_bytes"
+        assert overflow["client_id"] is None
+    assert "short" in [r["client_id"] for r in client_api] and groups[0]["group_id"] == "group"
+    assert client_api[-1]["requests"] + sum(r["requests"] for r in client_api[:-1]) == 101  # none lost
+    assert identifiers[-1]["max_length"] == 32_005
+    sink = AuditSink(Audit(path=str(tmp_path), instance_id="w"), Metrics())
+    for row in rows:
+        sink.record(row)
+    sink.close()
+    assert_valid(read_events(tmp_path))
+    w.on_request("external", "x" * 32_000, "produce", 1)
+    assert [r.get("overflow") for r in section(w.roll(T0 + 120), "client_api")] == [None]
 
 
 def test_open_connections_and_pool_bytes_carry_into_the_next_window() -> None:
