@@ -70,7 +70,8 @@ Where this policy knowingly differs from Kafka:
   (``GroupMetadataManager.onLoaded``, "Freshly-loaded group ... is over capacity"); the proxy cannot
   start one, so a group over a lowered cap shrinks at its next rebalance, whatever starts it.
 * Optional ``group.join.rate.per.minute`` (not in Kafka): joins beyond that rate in one group are
-  throttled (a token bucket holding one minute's worth of joins).
+  throttled (a token bucket holding one minute's worth of joins). Known members rejoining a
+  rebalance, and the second half of a KIP-394 join, take no token.
 
 Guarantee. Membership and the group state are rebuilt from the group traffic the shell feeds in
 (requests for admission, responses for what the coordinator did). When this proxy sees all of a
@@ -611,8 +612,12 @@ class GroupSizePolicy:
             decision = self._consumer_refusal(g, slot, group_id, member_id)
         else:
             decision = self._classic_refusal(g, slot, group_id, member_id, known=slot is not None and bool(member_id))
-        # the second half of a KIP-394 join is the same join: it does not count toward the rate
-        if decision is None and not (member_id and member_id in g.pending):
+        # Not counted toward the rate: the second half of a KIP-394 join (the same join), and a known
+        # member's rejoin while the group rebalances (the join that started the rebalance paid for it,
+        # and the coordinator waits for every member: throttled, they would only hold it up, and a
+        # group bigger than the rate would never finish rebalancing).
+        rejoin = slot is not None and bool(member_id) and g.state is _P
+        if decision is None and not rejoin and not (member_id and member_id in g.pending):
             decision = self._take_token(g, group_id, member_id, now)
 
         if decision is not None and self.mode is _ENFORCE:

@@ -2002,3 +2002,17 @@ def test_invalid_session_timeout_bounds_name_kafkas_keys(kwargs: dict[str, objec
 def test_session_timeout_bounds_default_to_kafkas() -> None:
     config = GroupSizeConfig()
     assert (config.min_session_timeout_seconds, config.max_session_timeout_seconds) == (6.0, 1800.0)
+
+
+def test_known_members_rejoining_a_rebalance_take_no_token() -> None:
+    """With a rate below the group's size, throttling the rejoins would keep the group rebalancing
+    for ever (seen through the proxy: two consumers at 2 joins a minute took turns, never both in)."""
+    proxy = Proxy(join_rate_per_minute=2)
+    a = proxy.join()
+    proxy.complete_join()
+    proxy.sync(a.member_id, None, a.generation)
+    b = proxy.join()  # the second token; the group rebalances
+    assert proxy.view().state is PREPARING
+    forwarded(proxy.policy.on_join_request(G, a.member_id, None, proxy.now, session_timeout_ms=SESSION_MS))
+    throttled(proxy.policy.on_join_request(G, "", None, proxy.now))  # a new member still pays
+    assert b.error is None
