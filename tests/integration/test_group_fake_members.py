@@ -21,9 +21,9 @@ from typing import Any
 import pytest
 from kio.index import load_request_schema
 
-from policies.api_keys import CONSUMER_GROUP_HEARTBEAT, INT_MAX, JOIN_GROUP
+from policies.api_keys import CONSUMER_GROUP_HEARTBEAT, INT_MAX
 from tests.clients import Member, create_topic, refused, unique, wait_for
-from tests.raw_kafka import RawConnection, frame
+from tests.raw_kafka import RawConnection, frame, join_group_frame
 
 CAP = 3
 POLICIES = {"group.max.size": CAP, "group.consumer.max.size": CAP}
@@ -32,19 +32,7 @@ _BAD_PREFIX = (-1).to_bytes(4, "big", signed=True)
 
 
 def _join_group(group: str, version: int, member_id: str, instance_id: str | None) -> bytes:
-    schema: Any = load_request_schema(JOIN_GROUP, version)
-    protocol = schema.__dataclass_fields__["protocols"].type.__args__[0]
-    fields: dict[str, Any] = {
-        "group_id": group,
-        "session_timeout": _FOREVER,
-        "rebalance_timeout": _FOREVER,
-        "member_id": member_id,
-        "protocol_type": "consumer",
-        "protocols": (protocol(name="range", metadata=b""),),
-    }
-    if version >= 5:
-        fields["group_instance_id"] = instance_id
-    return frame(JOIN_GROUP, version, 1, schema(**fields))
+    return join_group_frame(1, group, version, member_id, instance_id, INT_MAX, INT_MAX)
 
 
 def _consumer_join(group: str, member_id: str) -> bytes:
