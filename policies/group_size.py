@@ -61,9 +61,12 @@ Where this policy knowingly differs from Kafka:
   coordinator's answer (the bounds are the broker's: a proxy with other bounds refuses no client).
   So a join in flight holds its slot at most rebalance + session timeout (1 h by default), and a
   member that stops heartbeating at most ``group.max.session.timeout.ms``.
-* A recount keeps joins in flight the coordinator does not list yet, but only for
-  ``join_transit_seconds`` (10 s) after they were forwarded: Kafka lists a member awaiting join as
-  soon as it reads the join, so one forwarded earlier and not listed never reached it.
+* A recount at the coordinator (``observe_group_size``) keeps joins in flight it does not list yet,
+  but only for ``join_transit_seconds`` (10 s) after they were forwarded: Kafka lists a member
+  awaiting join as soon as it reads the join, so one forwarded earlier and not listed never reached
+  it (a join stuck behind a request the broker holds on the same connection, say). The leader's
+  member list keeps every join in flight: one may reach the coordinator just after the join phase
+  it completes.
 * A member the policy refuses never reaches the coordinator, so a static one keeps its slot
   until its session ends (Kafka would remove it; the coordinator behind us does not).
 * Kafka starts a rebalance of a classic group found over its cap when it loads the group
