@@ -105,7 +105,7 @@ import math
 from collections import OrderedDict
 from collections.abc import Iterable, Iterator, Mapping
 from dataclasses import dataclass, field
-from typing import Final
+from typing import Final, NamedTuple
 
 from kio.schema.errors import ErrorCode
 
@@ -403,6 +403,22 @@ class ExpiryReport:
 # Internal state
 
 
+class _BeforeJoin(NamedTuple):
+    """What a member's newest join changed, as it was before: a join that takes no effect at the
+    coordinator (failed, or its connection ended unanswered) puts it back."""
+
+    ticket: int
+    awaiting: bool
+    session_s: float
+    rebalance_s: float
+    join_sent_at: float
+    protocols: object
+
+    @classmethod
+    def of(cls, slot: _Slot) -> _BeforeJoin:
+        return cls(slot.ticket, slot.awaiting, slot.session_s, slot.rebalance_s, slot.join_sent_at, slot.protocols)
+
+
 @dataclass(slots=True)
 class _Slot:
     """One member's place in a group. Keyed by instance id (static), member id, or ticket."""
@@ -417,7 +433,7 @@ class _Slot:
     join_sent_at: float
     ticket: int = 0  # the newest join from this member
     created_ticket: int = -1  # the join that created this slot, if one did
-    prior: tuple[int, bool] = (0, False)  # (ticket, awaiting) before the newest join
+    prior: _BeforeJoin | None = None  # before the newest join from it, if it joined through this policy
     awaiting: bool = False  # a join from it is in flight
     sync_sent_at: float | None = None  # a SyncGroup from it is in flight (Kafka keeps it alive)
     protocols: object = None
@@ -872,7 +888,7 @@ class GroupSizePolicy:
         else:
             slot.last_seen = max(slot.last_seen, now)
             slot.session_s = session_s
-        slot.prior = (slot.ticket, slot.awaiting)
+        slot.prior = _BeforeJoin.of(slot)
         slot.ticket = ticket
         slot.join_sent_at = now
         self._set_awaiting(g, slot, True)
@@ -954,10 +970,10 @@ class GroupSizePolicy:
         if slot.ticket != ticket:
             # Superseded by a newer join of the same member, still in flight. If that one is undone
             # too, the member must not go back to awaiting this dead one.
-            if slot.prior == (ticket, True):
+            if slot.prior is not None and slot.prior.ticket == ticket and slot.prior.awaiting:
                 if slot.created_ticket == ticket:
                     slot.created_ticket = slot.ticket  # the slot now stands on the newer join alone
-                slot.prior = (ticket, False)
+                slot.prior = slot.prior._replace(awaiting=False)
             return
         if not slot.awaiting:
             return  # answered
@@ -1349,8 +1365,13 @@ class GroupSizePolicy:
         if drop or slot.created_ticket == failed:
             self._drop(g, slot)
         else:
-            slot.ticket, awaiting = slot.prior
-            self._set_awaiting(g, slot, awaiting)
+            before = slot.prior
+            if before is None:  # no join of it was seen: nothing to put back
+                self._set_awaiting(g, slot, False)
+            else:
+                slot.ticket, slot.session_s, slot.rebalance_s = before.ticket, before.session_s, before.rebalance_s
+                slot.join_sent_at, slot.protocols = before.join_sent_at, before.protocols
+                self._set_awaiting(g, slot, before.awaiting)
         if g.rebalance_cause == failed and g.state is _P:
             g.fire(_Ev.STARTING_JOIN_FAILED)
             g.rebalance_cause = 0
@@ -1408,10 +1429,10 @@ class GroupSizePolicy:
                 rebalance = True
             if instance_id is not None and slot.instance_id is None:
                 slot = self._rekey(g, slot, slot.member_id or member_id, instance_id)
+            slot.prior = _BeforeJoin.of(slot)
             if protocols is not None:
                 slot.protocols = protocols
             slot.session_s, slot.rebalance_s, slot.join_sent_at = session_s, rebalance_s, now
-            slot.prior = (slot.ticket, slot.awaiting)
             slot.ticket = ticket
         self._set_awaiting(g, slot, True)
         if g.kind is _CONSUMER:

@@ -1636,6 +1636,35 @@ class ClassicGroupMachine(RuleBasedStateMachine):
             error = COORDINATOR_NOT_AVAILABLE
             p.policy.on_join_response(p.group_id, c.member_id, None, error, "", -1, p.now, ticket=ticket)
 
+    @rule(group=GROUP, name=NAME, kip_394=st.booleans(), new_metadata=st.booleans())
+    def join_dies_with_its_connection_before_it_is_forwarded(
+        self, group: int, name: str, kip_394: bool, new_metadata: bool
+    ) -> None:
+        """Issue 33's fake member: admitted (INT32_MAX timeouts), then the connection ends before
+        the join is forwarded; the shell hands the ticket back (on_join_unanswered)."""
+        c, p = self.clients[group][name], self.proxies[group]
+        before = p.policy.view(p.group_id)
+        answer = p.policy.on_join_request(
+            p.group_id,
+            c.member_id,
+            c.instance_id,
+            p.now,
+            session_timeout_ms=INT_MAX,
+            rebalance_timeout_ms=INT_MAX,
+            require_known_member_id=kip_394,
+            protocols=c.protocols ^ int(new_metadata),
+        )
+        p.answers.append(answer)
+        decision, ticket = answer
+        if decision is not None and decision.enforced and decision.action is Action.REFUSE and c.member_id:
+            p.refused.add(c.member_id)
+        if ticket is not None:
+            p.policy.on_join_unanswered(p.group_id, c.member_id, c.instance_id, ticket)
+            after = p.view()
+            # it left nothing behind: the group is as it was (an untracked group is an empty one)
+            was = (before.members, before.awaiting_join, before.counted, before.state) if before else (0, 0, 0, EMPTY)
+            assert (after.members, after.awaiting_join, after.counted, after.state) == was
+
     @rule(seconds=st.sampled_from(STEPS))
     def time_passes(self, seconds: float) -> None:
         for proxy in self.proxies:
@@ -1799,6 +1828,21 @@ class ConsumerGroupMachine(RuleBasedStateMachine):
         instance_id = f"instance-{name}" if name in STATIC else None
         member_id = self.clients.get(name, (None, ""))[1] or (f"client-{next(self.ids)}" if own_id else "")
         self._send(name, instance_id, member_id, 0, lost)
+
+    @rule(name=st.sampled_from(DYNAMIC + STATIC), own_id=st.booleans())
+    def join_dies_with_its_connection_before_it_is_forwarded(self, name: str, own_id: bool) -> None:
+        """Issue 33's fake member (KIP-848): an admitted join whose connection ends unforwarded."""
+        instance_id = f"instance-{name}" if name in STATIC else None
+        member_id = self.clients.get(name, (None, ""))[1] or (f"client-{next(self.ids)}" if own_id else "")
+        before = self.policy.view(G)
+        _, ticket = self.policy.on_consumer_heartbeat_request(G, member_id, 0, instance_id, self.now)
+        if ticket is not None:
+            self.policy.on_join_unanswered(G, member_id, instance_id, ticket)
+            after = self.policy.view(G)
+            assert after is not None
+            assert (after.members, after.awaiting_join) == (
+                (before.members, before.awaiting_join) if before else (0, 0)
+            )
 
     @rule(name=st.sampled_from(DYNAMIC + STATIC), epoch=st.sampled_from([1, 7, -1, -2]))
     def heartbeat_or_leave(self, name: str, epoch: int) -> None:
@@ -2016,3 +2060,19 @@ def test_known_members_rejoining_a_rebalance_take_no_token() -> None:
     forwarded(proxy.policy.on_join_request(G, a.member_id, None, proxy.now, session_timeout_ms=SESSION_MS))
     throttled(proxy.policy.on_join_request(G, "", None, proxy.now))  # a new member still pays
     assert b.error is None
+
+
+def test_an_unanswered_rejoin_does_not_lengthen_the_members_session() -> None:
+    """Found by the state machine: the dead rejoin's own (clamped) 30-minute session outlived the
+    member's real one, so the policy kept a member the coordinator had expired."""
+    policy = GroupSizePolicy(GroupSizeConfig(group_max_size=3))
+    ticket = forwarded(policy.on_join_request(G, "m", None, 0.0, session_timeout_ms=SESSION_MS))
+    policy.on_join_response(
+        G, "m", None, NONE, "m", 1, 0.0, leader_id="m", ticket=ticket, session_timeout_ms=SESSION_MS
+    )
+    ticket = forwarded(
+        policy.on_join_request(G, "m", None, 1.0, session_timeout_ms=INT_MAX, rebalance_timeout_ms=INT_MAX)
+    )
+    policy.on_join_unanswered(G, "m", None, ticket)
+    policy.expire(SESSION_MS / 1000 + 0.5)
+    assert not policy.has_member(G, "m")
