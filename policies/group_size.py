@@ -47,14 +47,34 @@ Where this policy knowingly differs from Kafka:
   rebalance over the cap. New members are admitted only while
   ``awaiting + static members not yet rejoined < group.max.size``.
 * The proxy sees requests before the coordinator and responses after it, so a slot is taken when
-  a join is admitted and given back only when a response (or a timeout) says it is free.
+  a join is admitted, before the coordinator has it. The slot goes when the answer says the join
+  failed, when it times out, or when the join's connection ends before its answer
+  (``on_join_unanswered``): a join that never reached the coordinator, or that it refused, holds
+  no slot, as in Kafka. A join that did reach the coordinator before its connection died may be a
+  member there (Kafka keeps it until its session ends): the group is recounted at the coordinator
+  before its next join, and that member counts again once the coordinator lists it.
+* Timeouts come from the join, bounded as Kafka bounds them: its session timeout within
+  ``group.min.session.timeout.ms`` / ``group.max.session.timeout.ms``, its rebalance timeout at most
+  ``group.max.session.timeout.ms`` (Kafka bounds no rebalance timeout; ``max.poll.interval.ms`` is
+  the client's). Kafka answers a session timeout out of bounds INVALID_SESSION_TIMEOUT itself; the
+  proxy forwards such a join with the clamped timeout in its books, and its slot goes with the
+  coordinator's answer (the bounds are the broker's: a proxy with other bounds refuses no client).
+  So a join in flight holds its slot at most rebalance + session timeout (1 h by default), and a
+  member that stops heartbeating at most ``group.max.session.timeout.ms``.
+* A recount at the coordinator (``observe_group_size``) keeps joins in flight it does not list yet,
+  but only for ``join_transit_seconds`` (10 s) after they were forwarded: Kafka lists a member
+  awaiting join as soon as it reads the join, so one forwarded earlier and not listed never reached
+  it (a join stuck behind a request the broker holds on the same connection, say). The leader's
+  member list keeps every join in flight: one may reach the coordinator just after the join phase
+  it completes.
 * A member the policy refuses never reaches the coordinator, so a static one keeps its slot
   until its session ends (Kafka would remove it; the coordinator behind us does not).
 * Kafka starts a rebalance of a classic group found over its cap when it loads the group
   (``GroupMetadataManager.onLoaded``, "Freshly-loaded group ... is over capacity"); the proxy cannot
   start one, so a group over a lowered cap shrinks at its next rebalance, whatever starts it.
 * Optional ``group.join.rate.per.minute`` (not in Kafka): joins beyond that rate in one group are
-  throttled (a token bucket holding one minute's worth of joins).
+  throttled (a token bucket holding one minute's worth of joins). Known members rejoining a
+  rebalance, and the second half of a KIP-394 join, take no token.
 
 Guarantee. Membership and the group state are rebuilt from the group traffic the shell feeds in
 (requests for admission, responses for what the coordinator did). When this proxy sees all of a
@@ -62,7 +82,11 @@ group's coordinator traffic, admission is exact and, in enforce mode, the coordi
 never exceeds its cap: not in CompletingRebalance / Stable, and not in the next generation while
 it rebalances (awaiting + static members), even though the coordinator itself enforces nothing.
 Sessions end as Kafka ends them (no heartbeat, join, sync or commit for ``session.timeout.ms``;
-members awaiting join or sync are kept alive), never earlier. Otherwise (several proxies, a proxy
+members awaiting join or sync are kept alive), never earlier, with the exceptions listed above (a
+join whose connection ended unanswered, a join held past its bounded timeouts or unlisted past
+``join_transit_seconds``); a member the coordinator does have is counted again from its next answer
+or the next recount. A join is never counted for longer than its bounded timeouts, nor after its
+connection ends unanswered, so fake joins cannot hold a group's slots. Otherwise (several proxies, a proxy
 restart, clients bypassing the proxy, tracking state evicted by ``max_groups``) it is best
 effort: groups first seen mid-life are learnt on first contact, ``needs_reconcile`` names groups
 whose count should be refreshed from the coordinator (DescribeGroups / ConsumerGroupDescribe)
@@ -81,7 +105,7 @@ import math
 from collections import OrderedDict
 from collections.abc import Iterable, Iterator, Mapping
 from dataclasses import dataclass, field
-from typing import Final
+from typing import Final, NamedTuple
 
 from kio.schema.errors import ErrorCode
 
@@ -311,6 +335,15 @@ class GroupSizeConfig:
     reconcile_margin: int = 1  # groups with >= cap - margin members are reconciled
     default_session_timeout_seconds: float = 45.0  # when a JoinGroup's is not passed in
     default_rebalance_timeout_seconds: float = 300.0  # when a JoinGroup's is not passed in
+    # Kafka's bounds on a classic member's session timeout: a JoinGroup outside them is answered
+    # INVALID_SESSION_TIMEOUT by the coordinator, so no member it admits has one. Here they bound
+    # the timeouts a join's slot lives by (the rebalance timeout too: see _rebalance_timeout).
+    min_session_timeout_seconds: float = 6.0  # group.min.session.timeout.ms
+    max_session_timeout_seconds: float = 1800.0  # group.max.session.timeout.ms
+    # A join forwarded this long before a describe was sent has reached the coordinator if it ever
+    # will (Kafka lists a member awaiting join from the moment it reads the join): an awaiting slot
+    # that old which the coordinator does not list is not a member (see _reconcile_members).
+    join_transit_seconds: float = 10.0
 
     def __post_init__(self) -> None:
         _int_setting("group.max.size", self.group_max_size, 1, "must be at least 1")
@@ -325,6 +358,20 @@ class GroupSizeConfig:
         _seconds_setting("reconcile_interval_seconds", self.reconcile_interval_seconds)
         _seconds_setting("default_session_timeout_seconds", self.default_session_timeout_seconds)
         _seconds_setting("default_rebalance_timeout_seconds", self.default_rebalance_timeout_seconds)
+        _seconds_setting("join_transit_seconds", self.join_transit_seconds)
+        low, high = self.min_session_timeout_seconds, self.max_session_timeout_seconds
+        for key, value in (("group.min.session.timeout.ms", low), ("group.max.session.timeout.ms", high)):
+            if isinstance(value, bool) or not isinstance(value, int | float) or not math.isfinite(value):
+                raise ValueError(f"{key} must be a number of milliseconds, got {value!r}")
+            if not 0 <= value <= INT_MAX / 1000:
+                raise ValueError(f"{key} must be between 0 and {INT_MAX}, got {value * 1000:g}")
+        if high <= 0:
+            raise ValueError(f"group.max.session.timeout.ms must be at least 1, got {high * 1000:g}")
+        if low > high:
+            raise ValueError(
+                "group.min.session.timeout.ms must be at most group.max.session.timeout.ms, "
+                f"got {low * 1000:g} > {high * 1000:g}"
+            )
 
 
 # ---------------------------------------------------------------------------------------------
@@ -356,6 +403,22 @@ class ExpiryReport:
 # Internal state
 
 
+class _BeforeJoin(NamedTuple):
+    """What a member's newest join changed, as it was before: a join that takes no effect at the
+    coordinator (failed, or its connection ended unanswered) puts it back."""
+
+    ticket: int
+    awaiting: bool
+    session_s: float
+    rebalance_s: float
+    join_sent_at: float
+    protocols: object
+
+    @classmethod
+    def of(cls, slot: _Slot) -> _BeforeJoin:
+        return cls(slot.ticket, slot.awaiting, slot.session_s, slot.rebalance_s, slot.join_sent_at, slot.protocols)
+
+
 @dataclass(slots=True)
 class _Slot:
     """One member's place in a group. Keyed by instance id (static), member id, or ticket."""
@@ -370,7 +433,7 @@ class _Slot:
     join_sent_at: float
     ticket: int = 0  # the newest join from this member
     created_ticket: int = -1  # the join that created this slot, if one did
-    prior: tuple[int, bool] = (0, False)  # (ticket, awaiting) before the newest join
+    prior: _BeforeJoin | None = None  # before the newest join from it, if it joined through this policy
     awaiting: bool = False  # a join from it is in flight
     sync_sent_at: float | None = None  # a SyncGroup from it is in flight (Kafka keeps it alive)
     protocols: object = None
@@ -548,8 +611,8 @@ class GroupSizePolicy:
         observed, record it and forward. ``ticket`` names a forwarded join: pass it back with the
         response (``on_join_response``). It tells a late answer to an older join from the answer
         to the newest one, and finds the slot of a member whose id the coordinator has yet to
-        assign. A slot whose answer never comes (upstream lost with the join in flight: do not
-        settle it, the coordinator may have processed it) is freed when it times out.
+        assign. A join whose answer never comes is undone by ``on_join_unanswered`` when its
+        connection ends; otherwise its slot is freed when it times out.
 
         ``require_known_member_id`` is ``api_version >= 4`` (KIP-394); ``protocols`` is any
         hashable fingerprint of the request's protocols (e.g. a hash of names and metadata),
@@ -568,8 +631,12 @@ class GroupSizePolicy:
             decision = self._consumer_refusal(g, slot, group_id, member_id)
         else:
             decision = self._classic_refusal(g, slot, group_id, member_id, known=slot is not None and bool(member_id))
-        # the second half of a KIP-394 join is the same join: it does not count toward the rate
-        if decision is None and not (member_id and member_id in g.pending):
+        # Not counted toward the rate: the second half of a KIP-394 join (the same join), and a known
+        # member's rejoin while the group rebalances (the join that started the rebalance paid for it,
+        # and the coordinator waits for every member: throttled, they would only hold it up, and a
+        # group bigger than the rate would never finish rebalancing).
+        rejoin = slot is not None and bool(member_id) and g.state is _P
+        if decision is None and not rejoin and not (member_id and member_id in g.pending):
             decision = self._take_token(g, group_id, member_id, now)
 
         if decision is not None and self.mode is _ENFORCE:
@@ -585,8 +652,8 @@ class GroupSizePolicy:
                 self._schedule(group_id, g)
             return decision, None
 
-        session_s = self._seconds(session_timeout_ms, self.config.default_session_timeout_seconds)
-        rebalance_s = self._seconds(rebalance_timeout_ms, max(session_s, self.config.default_rebalance_timeout_seconds))
+        session_s = self._session_timeout(session_timeout_ms, self.config.default_session_timeout_seconds)
+        rebalance_s = self._rebalance_timeout(rebalance_timeout_ms, session_s)
         ticket = next(self._tickets)
         self._apply_classic_join(
             g,
@@ -633,7 +700,7 @@ class GroupSizePolicy:
         slot = g.slots.get(_ticket_key(ticket)) if ticket is not None else None
         if slot is None:
             slot = self._find(g, request_member_id, group_instance_id)
-        session_s = self._seconds(session_timeout_ms, slot.session_s if slot else self._default_session(g))
+        session_s = self._session_timeout(session_timeout_ms, slot.session_s if slot else self._default_session(g))
         # An answer to an older join of a member that has joined again since (e.g. a fenced
         # static incarnation): the newest join is still in flight.
         stale = ticket is not None and slot is not None and slot.ticket != ticket
@@ -821,7 +888,7 @@ class GroupSizePolicy:
         else:
             slot.last_seen = max(slot.last_seen, now)
             slot.session_s = session_s
-        slot.prior = (slot.ticket, slot.awaiting)
+        slot.prior = _BeforeJoin.of(slot)
         slot.ticket = ticket
         slot.join_sent_at = now
         self._set_awaiting(g, slot, True)
@@ -879,6 +946,41 @@ class GroupSizePolicy:
                 self._undo_join(g, slot)  # a join that failed; other heartbeat errors leave members be
         self._schedule(group_id, g)
 
+    # -- joins whose answer never comes ---------------------------------------------------------------
+
+    def on_join_unanswered(self, group_id: str, member_id: str, group_instance_id: str | None, ticket: int) -> None:
+        """The connection of a join (JoinGroup, or a ConsumerGroupHeartbeat with epoch 0) ended
+        before its answer came: whether or not it reached the coordinator, its client will never
+        learn its member id or generation, so it holds no slot.
+
+        ``member_id`` and ``group_instance_id`` are the request's, ``ticket`` the one
+        ``on_join_request`` / ``on_consumer_heartbeat_request`` gave it. Only the member's newest
+        join, still unanswered, is undone: a slot this join created goes, a known member goes back
+        to what it was before (a static member keeps its slot until its session ends, as in
+        Kafka). A join that did reach the coordinator may have made a member there: the group is
+        recounted at the coordinator before its next join (``needs_reconcile``), which counts that
+        member if the coordinator has it.
+        """
+        g = self._groups.get(group_id)
+        if g is None:
+            return
+        slot = g.slots.get(_ticket_key(ticket)) or self._find(g, member_id, group_instance_id)
+        if slot is None:
+            return
+        if slot.ticket != ticket:
+            # Superseded by a newer join of the same member, still in flight. If that one is undone
+            # too, the member must not go back to awaiting this dead one.
+            if slot.prior is not None and slot.prior.ticket == ticket and slot.prior.awaiting:
+                if slot.created_ticket == ticket:
+                    slot.created_ticket = slot.ticket  # the slot now stands on the newer join alone
+                slot.prior = slot.prior._replace(awaiting=False)
+            return
+        if not slot.awaiting:
+            return  # answered
+        self._undo_join(g, slot)
+        g.reconciled_at = None
+        self._schedule(group_id, g)
+
     # -- reconciliation ------------------------------------------------------------------------------
 
     def observe_group_size(
@@ -917,7 +1019,9 @@ class GroupSizePolicy:
         if isinstance(members, int):
             g.phantom = max(0, members - len(g.slots))
         else:
-            self._reconcile_members(g, members, now, cutoff=now if sent_at is None else sent_at)
+            cutoff = now if sent_at is None else sent_at
+            joins_cutoff = cutoff - self.config.join_transit_seconds
+            self._reconcile_members(g, members, now, cutoff=cutoff, joins_cutoff=joins_cutoff)
         if g.kind is _CONSUMER:
             # ConsumerGroupDescribe's assigning / reconciling are Stable for counting
             g.fire(_Ev.DESCRIBED_STABLE if g.size else _Ev.DESCRIBED_EMPTY)
@@ -1012,11 +1116,28 @@ class GroupSizePolicy:
         return self.config.default_session_timeout_seconds
 
     def _default_rebalance(self, g: _Group) -> float:
-        return self.config.default_rebalance_timeout_seconds if g.kind is _CLASSIC else 0.0
+        if g.kind is _CONSUMER:
+            return 0.0
+        return min(self.config.default_rebalance_timeout_seconds, self.config.max_session_timeout_seconds)
 
-    @staticmethod
-    def _seconds(ms: int | None, default: float) -> float:
-        return default if ms is None else max(0.0, ms / 1000.0)
+    def _session_timeout(self, ms: int | None, default: float) -> float:
+        """A JoinGroup's session timeout, within group.min/max.session.timeout.ms. The coordinator
+        answers a join outside them INVALID_SESSION_TIMEOUT (its slot then goes with the answer);
+        clamped, a join's own numbers cannot make its slot outlive what Kafka allows a member."""
+        if ms is None:
+            return default
+        config = self.config
+        return min(max(ms / 1000.0, config.min_session_timeout_seconds), config.max_session_timeout_seconds)
+
+    def _rebalance_timeout(self, ms: int | None, session_s: float) -> float:
+        """A JoinGroup's rebalance timeout (how long the coordinator may hold it), at most
+        group.max.session.timeout.ms. Kafka bounds it by no broker property (max.poll.interval.ms
+        is the client's), so the proxy takes the bound the operator already sets on how long the
+        coordinator waits for a member: a join held longer loses its slot here, and its answer,
+        when it comes, gives the member back (``on_join_response`` learns members it names)."""
+        config = self.config
+        seconds = max(session_s, config.default_rebalance_timeout_seconds) if ms is None else max(0.0, ms / 1000.0)
+        return min(seconds, config.max_session_timeout_seconds)
 
     def _create(self, group_id: str, kind: GroupKind, now: float) -> _Group:
         rate = self.config.join_rate_per_minute
@@ -1244,8 +1365,13 @@ class GroupSizePolicy:
         if drop or slot.created_ticket == failed:
             self._drop(g, slot)
         else:
-            slot.ticket, awaiting = slot.prior
-            self._set_awaiting(g, slot, awaiting)
+            before = slot.prior
+            if before is None:  # no join of it was seen: nothing to put back
+                self._set_awaiting(g, slot, False)
+            else:
+                slot.ticket, slot.session_s, slot.rebalance_s = before.ticket, before.session_s, before.rebalance_s
+                slot.join_sent_at, slot.protocols = before.join_sent_at, before.protocols
+                self._set_awaiting(g, slot, before.awaiting)
         if g.rebalance_cause == failed and g.state is _P:
             g.fire(_Ev.STARTING_JOIN_FAILED)
             g.rebalance_cause = 0
@@ -1303,10 +1429,10 @@ class GroupSizePolicy:
                 rebalance = True
             if instance_id is not None and slot.instance_id is None:
                 slot = self._rekey(g, slot, slot.member_id or member_id, instance_id)
+            slot.prior = _BeforeJoin.of(slot)
             if protocols is not None:
                 slot.protocols = protocols
             slot.session_s, slot.rebalance_s, slot.join_sent_at = session_s, rebalance_s, now
-            slot.prior = (slot.ticket, slot.awaiting)
             slot.ticket = ticket
         self._set_awaiting(g, slot, True)
         if g.kind is _CONSUMER:
@@ -1359,9 +1485,16 @@ class GroupSizePolicy:
             g.fire(_Ev.MEMBER_REMOVED)
 
     def _reconcile_members(
-        self, g: _Group, members: Iterable[tuple[str, str | None]], now: float, *, cutoff: float
+        self,
+        g: _Group,
+        members: Iterable[tuple[str, str | None]],
+        now: float,
+        *,
+        cutoff: float,
+        joins_cutoff: float = -math.inf,
     ) -> None:
-        """Make the tracked members those listed; joins in flight and members newer than ``cutoff`` stay."""
+        """Make the tracked members those listed; members newer than ``cutoff`` stay, and so do
+        joins in flight forwarded after ``joins_cutoff`` (older ones the coordinator would list)."""
         listed = list(members)
         listed_members = {mid for mid, _ in listed}
         listed_instances = {iid for _, iid in listed if iid is not None}
@@ -1369,8 +1502,12 @@ class GroupSizePolicy:
             present = (tracked.member_id is not None and tracked.member_id in listed_members) or (
                 tracked.instance_id is not None and tracked.instance_id in listed_instances
             )
-            if not present and tracked.created_at <= cutoff and not tracked.awaiting:
+            if present or tracked.created_at > cutoff:
+                continue
+            if not tracked.awaiting:
                 self._drop(g, tracked)
+            elif tracked.join_sent_at <= joins_cutoff:
+                self._undo_join(g, tracked, drop=True)  # a join the coordinator never had
         for member_id, instance_id in listed:
             slot = self._find(g, member_id, instance_id)
             if slot is None and member_id in g.pending:

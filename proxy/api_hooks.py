@@ -56,6 +56,9 @@ class ApiHook:
     async def on_response(self, request: Request, body: Any) -> Any:
         return body
 
+    def on_unanswered(self, request: Request) -> None:
+        """The connection ended before the response to this request (one it reads) came."""
+
 
 EVERY_API = frozenset({-1})
 

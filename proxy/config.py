@@ -301,6 +301,8 @@ def _group_size_config(flat: Mapping[str, Any]) -> GroupSizeConfig:
         group_consumer_max_size=flat["group.consumer.max.size"],
         join_rate_per_minute=flat["group.join.rate.per.minute"],
         reconcile_interval_seconds=flat["group.reconcile.interval.ms"] / 1000,
+        min_session_timeout_seconds=flat["group.min.session.timeout.ms"] / 1000,
+        max_session_timeout_seconds=flat["group.max.session.timeout.ms"] / 1000,
     )
 
 
@@ -347,6 +349,9 @@ class Policies(_Frozen):
     # Beyond Kafka: joins per minute per group (-1 = off), answered with a throttle.
     group_join_rate_per_minute: int = Field(default=-1, ge=-1, le=_INT_MAX, alias="group.join.rate.per.minute")
     group_size_mode: PolicyMode | None = Field(default=None, alias="group.size.mode")
+    # Kafka's bounds on a classic member's session timeout: how long a join's slot can live.
+    group_min_session_timeout_ms: int = Field(default=6000, ge=0, le=_INT_MAX, alias="group.min.session.timeout.ms")
+    group_max_session_timeout_ms: int = Field(default=1800000, ge=1, le=_INT_MAX, alias="group.max.session.timeout.ms")
     # Beyond Kafka: how often a group near its cap is re-counted at the coordinator.
     group_reconcile_interval_ms: int = Field(default=60000, ge=1, le=_INT_MAX, alias="group.reconcile.interval.ms")
     # KIP-72 memory pool: bytes of requests read and not yet answered (-1 = off).
@@ -372,7 +377,14 @@ class Policies(_Frozen):
     # Kafka's rules over several keys (KafkaConfig, ConnectionQuotas, the memory pool's).
     cross_field_rules = (
         CrossFieldRule(
-            ("group.max.size", "group.consumer.max.size", "group.join.rate.per.minute", "group.reconcile.interval.ms"),
+            (
+                "group.max.size",
+                "group.consumer.max.size",
+                "group.join.rate.per.minute",
+                "group.reconcile.interval.ms",
+                "group.min.session.timeout.ms",
+                "group.max.session.timeout.ms",
+            ),
             _group_size_config,
         ),
         CrossFieldRule(

@@ -164,6 +164,7 @@ class ClientConnection:
             self._closed_by(self._ending(exc))
         finally:
             self.runtime.pool.cancel(self.conn_id)  # whatever it held or waited for goes back
+            self._unanswered()
             with trio.CancelScope(shield=True):
                 if self._client is not None:
                     await self._client.aclose()
@@ -677,6 +678,15 @@ class ClientConnection:
         (clients send group requests to the coordinator)."""
         host, _, port = self.upstream_address.rpartition(":")
         return await self.runtime.connector.connect(host, int(port))
+
+    def _unanswered(self) -> None:
+        """Requests whose responses never came (sent or not): the hooks that read their
+        responses let go of what they held for them (a group join's slot)."""
+        for pending in self.session.pending:
+            if pending.on_response is not None:
+                request, hooks = pending.on_response
+                for hook in hooks:
+                    hook.on_unanswered(request)
 
     def _ending(self, exc: Exception) -> ConnectionClosed:
         """What ended the connection, as the cause its close is counted under."""

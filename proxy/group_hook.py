@@ -96,8 +96,22 @@ class GroupSizes(ApiHook):
             )
         return None
 
+    def on_unanswered(self, request: Request) -> None:
+        """The connection ended before this join's answer came: its slot goes (a join that
+        never reached the broker, or whose client will never hear the answer, is no member)."""
+        ticket, request.ticket = request.ticket, None
+        if ticket is None:
+            return
+        body = request.body
+        if request.api_key == CONSUMER_GROUP_HEARTBEAT:
+            instance_id = body.instance_id
+        else:
+            instance_id = getattr(body, "group_instance_id", None)
+        self.policy.on_join_unanswered(body.group_id, body.member_id, instance_id, ticket)
+
     async def on_response(self, request: Request, body: Any) -> Any:
         api_key, req, now, policy = request.api_key, request.body, request.now, self.policy
+        ticket, request.ticket = request.ticket, None  # answered: on_unanswered has nothing to undo
         instance_id = getattr(req, "group_instance_id", None)
         if api_key == JOIN_GROUP:
             members = [(m.member_id, getattr(m, "group_instance_id", None)) for m in body.members] or None
@@ -111,7 +125,7 @@ class GroupSizes(ApiHook):
                 now,
                 leader_id=body.leader,
                 members=members,
-                ticket=request.ticket,
+                ticket=ticket,
                 session_timeout_ms=_ms(req.session_timeout),
             )
         elif api_key in (SYNC_GROUP, HEARTBEAT):
@@ -151,7 +165,7 @@ class GroupSizes(ApiHook):
                 int(body.member_epoch),
                 now,
                 instance_id=req.instance_id,
-                ticket=request.ticket,
+                ticket=ticket,
             )
         if self._window is not None and api_key in _JOINS:
             view = policy.view(req.group_id)
@@ -194,4 +208,3 @@ class GroupSizeCollector(Collector):
         yield HistogramMetricFamily(
             "kafka_admission_group_members", "Members per tracked group", buckets=buckets, sum_value=float(sum(sizes))
         )
-

@@ -9,7 +9,7 @@ from typing import Any
 
 from kio.index import load_request_schema
 
-from policies.api_keys import API_VERSIONS, FETCH, METADATA
+from policies.api_keys import API_VERSIONS, FETCH, JOIN_GROUP, METADATA
 from proxy import wire
 
 
@@ -28,6 +28,28 @@ def metadata_frame(correlation_id: int, version: int = 12) -> bytes:
     return frame(METADATA, version, correlation_id,
                  schema(topics=None, allow_auto_topic_creation=False,
                         include_topic_authorized_operations=False))
+
+
+def join_group_frame(
+    correlation_id: int, group: str, version: int, member_id: str, instance_id: str | None,
+    session_ms: int, rebalance_ms: int,
+) -> bytes:
+    """A consumer JoinGroup (one "range" protocol, empty metadata) with these ids and timeouts."""
+    schema = load_request_schema(JOIN_GROUP, version)
+    protocol = schema.__dataclass_fields__["protocols"].type.__args__[0]
+    fields: dict[str, Any] = {
+        "group_id": group,
+        "session_timeout": datetime.timedelta(milliseconds=session_ms),
+        "rebalance_timeout": datetime.timedelta(milliseconds=rebalance_ms),
+        "member_id": member_id,
+        "protocol_type": "consumer",
+        "protocols": (protocol(name="range", metadata=b""),),
+    }
+    if version >= 5:
+        fields["group_instance_id"] = instance_id
+    if version >= 8:
+        fields["reason"] = None
+    return frame(JOIN_GROUP, version, correlation_id, schema(**fields))
 
 
 def fetch_frame(

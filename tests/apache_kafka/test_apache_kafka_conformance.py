@@ -20,12 +20,12 @@ import pytest
 from confluent_kafka.admin import AdminClient  # type: ignore[attr-defined]
 from kio.index import load_request_schema
 
-from policies.api_keys import METADATA
+from policies.api_keys import INT_MAX, METADATA
 from proxy import wire
 from proxy.apache_kafka import ApacheKafkaBroker
 from tests.apache_kafka.conftest import LIMITED_SOURCE, LIMITS, ConformanceRows
 from tests.clients import GROUP_CONF, Member, create_topic, unique, wait_for
-from tests.raw_kafka import RawConnection, api_versions_frame, frame
+from tests.raw_kafka import RawConnection, api_versions_frame, frame, join_group_frame
 
 pytestmark = pytest.mark.apache_kafka
 
@@ -200,6 +200,37 @@ def kip848_group_over_group_consumer_max_size(bootstrap: str) -> list[str]:
     return _two_then_a_third(bootstrap, "conf-848", {"group.protocol": "consumer"}, _raw_heartbeat)
 
 
+_FAKE_JOINS = (("v5 unknown member id", 5, "fake-member", None), ("v5 static", 5, "", "fake"), ("v3", 3, "", None))
+
+
+def fake_joins_then_two_consumers(bootstrap: str) -> list[str]:
+    """Issue 33's fake members: per variant (v5 with an unknown member id, v5 static, v3 without a
+    member id), two JoinGroups with INT32_MAX timeouts, each followed in the same send by a length
+    prefix of -1; then two static JoinGroups v5 on live connections with an INT32_MAX session
+    timeout; then two consumers join."""
+    topic, group = unique("conf-fake"), unique("conf-fake")
+    create_topic(bootstrap, topic, partitions=2)
+    for _, version, member_id, instance_id in _FAKE_JOINS:
+        for n in range(2):
+            iid = instance_id and f"{instance_id}-{n}"
+            with RawConnection(bootstrap) as conn:
+                conn.send(join_group_frame(1, group, version, member_id, iid, INT_MAX, INT_MAX) + b"\xff" * 4)
+                conn.bytes_until_closed()  # Kafka answers the join first, the proxy never forwards it
+    seen = []
+    for n in range(2):
+        with RawConnection(bootstrap) as conn:
+            conn.send(join_group_frame(1, group, 5, "", f"live-{n}", INT_MAX, 10_000))
+            answer = conn.read_response(JOIN_GROUP, 5).body
+            seen.append(f"static JoinGroup with session timeout {INT_MAX} ms: error {answer.error_code}")
+    members = [Member(bootstrap, topic, group, **{"heartbeat.interval.ms": 500}) for _ in range(2)]
+    try:
+        wait_for(lambda: all(m.assigned or m.errors for m in members), timeout=30)
+        return [*seen, *_members_outcome(members), _coordinator_view(bootstrap, group)]
+    finally:
+        for m in members:
+            m.stop()
+
+
 def _answered(conn: RawConnection, correlation_id: int) -> str:
     try:
         conn.send(api_versions_frame(correlation_id))
@@ -306,6 +337,10 @@ EXPECTED: dict[Callable[[str], list[str]], list[str]] = {
         "consumer 1: joined", "consumer 2: joined", "restarted a joined before a's old session ended",
         "coordinator lists 2 members",
     ],
+    fake_joins_then_two_consumers: [
+        *[f"static JoinGroup with session timeout {INT_MAX} ms: error 26"] * 2,  # INVALID_SESSION_TIMEOUT
+        "consumer 1: joined", "consumer 2: joined", "coordinator lists 2 members",
+    ],
     connections_over_max_connections_per_ip: [
         *(f"connection {n}: answered" for n in range(1, PER_IP + 1)),
         f"connection {PER_IP + 1}: closed, no bytes",
@@ -323,6 +358,7 @@ LIMIT_OF = {
     classic_static_member_restarts_in_a_full_group: "group.max.size=2",
     kip848_static_member_restarts_in_a_full_group: "group.consumer.max.size=2",
     kip848_group_over_group_consumer_max_size: "group.consumer.max.size=2",
+    fake_joins_then_two_consumers: "group.max.size=2",
     connections_over_max_connections_per_ip: f"max.connections.per.ip={PER_IP}",
     requests_over_socket_request_max_bytes: f"socket.request.max.bytes={MAX_REQUEST}",
 }

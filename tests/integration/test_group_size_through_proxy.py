@@ -42,9 +42,12 @@ def test_the_third_confluent_consumer_is_refused_and_a_freed_slot_is_reused(tans
         joins_before = proxy.metric("kafka_admission_requests_total", api="join_group")
         third = Member(proxy.bootstrap, topic, group)
         assert wait_for(lambda: refused(third)), third.errors
-        assert proxy.metric(
-            "kafka_admission_decisions_total", policy="group_size", action="refuse", limit="group.max.size"
-        ) >= 1
+        assert (
+            proxy.metric(
+                "kafka_admission_decisions_total", policy="group_size", action="refuse", limit="group.max.size"
+            )
+            >= 1
+        )
         # librdkafka reports the refusal as an error and keeps retrying the join (every retry refused).
         assert third.errors[0].code() == KafkaError.GROUP_MAX_SIZE_REACHED
         assert not third.assigned
@@ -55,11 +58,19 @@ def test_the_third_confluent_consumer_is_refused_and_a_freed_slot_is_reused(tans
         assert wait_for(lambda: first.records + second.records >= 40)
         assert joins_before >= 2
         third.stop()
-        # One leaves: a new consumer can join.
+        # One leaves: a new consumer can join. Its join rebalances the group, and the one member
+        # left (second) rejoins, with its member id, a group then at its cap: a known member's
+        # rejoin is admitted (Kafka's group.hasMember), so the four partitions end up split 2 / 2.
         first.stop()
+        refusals = proxy.metric("kafka_admission_decisions_total", policy="group_size", action="refuse")
         fourth = Member(proxy.bootstrap, topic, group)
-        assert wait_for(lambda: fourth.has_assignment(), timeout=40), fourth.errors
-        assert not refused(fourth)
+        assert wait_for(lambda: len(fourth.partitions) == 2 and len(second.partitions) == 2, timeout=40), (
+            fourth.errors,
+            second.errors,
+        )
+        assert not refused(fourth) and not refused(second)
+        assert proxy.metric("kafka_admission_decisions_total", policy="group_size", action="refuse") == refusals
+        assert coordinator_members(tansu.bootstrap, group) == 2
         fourth.stop()
     finally:
         second.stop()
@@ -103,6 +114,7 @@ def test_observe_mode_lets_the_third_join_and_audits_it(tansu, start_proxy, tmp_
 
 def test_kafka_python_third_consumer_is_refused(tansu, start_proxy) -> None:  # type: ignore[no-untyped-def]
     from kafka import KafkaConsumer
+    from kafka.errors import GroupMaxSizeReachedError
     from kafka.errors import KafkaError as KafkaPythonError
 
     proxy = start_proxy(tansu.bootstrap, policies=CAP)
@@ -110,8 +122,14 @@ def test_kafka_python_third_consumer_is_refused(tansu, start_proxy) -> None:  # 
     create_topic(proxy.bootstrap, topic, partitions=3)
 
     def consumer() -> KafkaConsumer:
-        return KafkaConsumer(topic, bootstrap_servers=proxy.bootstrap, group_id=group, session_timeout_ms=6000,
-                             heartbeat_interval_ms=1000, consumer_timeout_ms=1000)
+        return KafkaConsumer(
+            topic,
+            bootstrap_servers=proxy.bootstrap,
+            group_id=group,
+            session_timeout_ms=6000,
+            heartbeat_interval_ms=1000,
+            consumer_timeout_ms=1000,
+        )
 
     members = [consumer(), consumer()]
     stop = threading.Event()
@@ -130,7 +148,8 @@ def test_kafka_python_third_consumer_is_refused(tansu, start_proxy) -> None:  # 
             deadline = time.monotonic() + 30
             while time.monotonic() < deadline:
                 third.poll(timeout_ms=500)
-        assert "GroupMaxSizeReached" in type(info.value).__name__ or "81" in str(info.value)
+        assert isinstance(info.value, GroupMaxSizeReachedError)
+        assert info.value.errno == 81  # GROUP_MAX_SIZE_REACHED, by code
         third.close()
     finally:
         stop.set()
@@ -162,3 +181,68 @@ def test_two_proxies_in_front_of_one_broker_reconcile_the_group_size(tansu, star
         b.stop()
     finally:
         a.stop()
+
+
+def test_a_lowered_cap_shrinks_the_group_at_its_next_rebalance(tansu, start_proxy) -> None:  # type: ignore[no-untyped-def]
+    """Four consumers under group.max.size=4; a reload lowers it to 2. As in Kafka the members stay
+    until the group's next rebalance (here: one leaves), whose join phase admits the first two to
+    rejoin and refuses the last, so the group ends at the new cap. The refused consumer is closed,
+    as an application closes on this fatal error (the Java client throws it): Kafka's coordinator
+    removes a member that did not rejoin when the join phase ends, Tansu may keep it in the next
+    generation until it leaves (seen: the refused member was handed two partitions)."""
+    proxy = start_proxy(tansu.bootstrap, policies={"group.max.size": 4})
+    topic, group = unique("lowered"), unique("lowered")
+    create_topic(proxy.bootstrap, topic, partitions=4)
+    # max.poll.interval.ms is the rebalance timeout: the join phase waits that long for the refused one
+    quick = {"heartbeat.interval.ms": 500, "max.poll.interval.ms": 10_000}
+    members = [Member(proxy.bootstrap, topic, group, **quick) for _ in range(4)]
+    try:
+        assert wait_for(lambda: all(m.has_assignment() for m in members), timeout=60), [m.errors for m in members]
+        proxy.reload(**{"group.max.size": 2})
+        assert all(m.has_assignment() for m in members)  # nobody is removed by the reload itself
+        assert coordinator_members(tansu.bootstrap, group) == 4
+        members.pop().stop()  # LeaveGroup: the next rebalance
+        assert wait_for(lambda: sum(refused(m) for m in members) == 1, timeout=40), [m.errors for m in members]
+        staying = [m for m in members if not refused(m)]
+        next(m for m in members if refused(m)).stop()
+        assert wait_for(lambda: all(len(m.partitions) == 2 for m in staying), timeout=40), [m.errors for m in staying]
+        assert wait_for(lambda: coordinator_members(tansu.bootstrap, group) == 2, timeout=30)
+        assert (
+            proxy.metric(
+                "kafka_admission_decisions_total", policy="group_size", action="refuse", limit="group.max.size"
+            )
+            >= 1
+        )
+    finally:
+        for m in members:
+            m.stop()
+
+
+def test_the_join_rate_paces_new_consumers_and_the_group_still_settles(tansu, start_proxy) -> None:  # type: ignore[no-untyped-def]
+    """group.join.rate.per.minute=2 (a bucket of two joins, one more every 30 s): two consumers take
+    both tokens; the third is answered COORDINATOR_LOAD_IN_PROGRESS with a throttle time until a
+    token comes, then joins. The two already in rejoin that rebalance without a token (throttled,
+    a group bigger than the rate took turns for ever: first in, second out, and back). Nobody is
+    refused, and the three end up with a partition each."""
+    proxy = start_proxy(tansu.bootstrap, policies={"group.join.rate.per.minute": 2})
+    topic, group = unique("paced"), unique("paced")
+    create_topic(proxy.bootstrap, topic, partitions=3)
+    quick = {"heartbeat.interval.ms": 500, "max.poll.interval.ms": 60_000}
+    members = [Member(proxy.bootstrap, topic, group, **quick)]
+    throttled = {"policy": "group_size", "action": "throttle", "limit": "group.join.rate.per.minute"}
+    try:
+        assert wait_for(lambda: members[0].has_assignment(), timeout=30), members[0].errors
+        members.append(Member(proxy.bootstrap, topic, group, **quick))
+        assert wait_for(lambda: all(m.has_assignment() for m in members), timeout=30), [m.errors for m in members]
+        assert proxy.metric("kafka_admission_decisions_total", **throttled) == 0
+        members.append(Member(proxy.bootstrap, topic, group, **quick))
+        assert wait_until(lambda: proxy.metric("kafka_admission_decisions_total", **throttled) >= 1, timeout=30)
+        assert not members[2].has_assignment()
+        # paced, not refused: in once the bucket has a token again (30 s after the first join)
+        assert wait_for(lambda: all(len(m.partitions) == 1 for m in members), timeout=90), [m.errors for m in members]
+        assert not any(refused(m) for m in members)
+        assert proxy.metric("kafka_admission_decisions_total", policy="group_size", action="refuse") == 0
+        assert coordinator_members(tansu.bootstrap, group) == 3
+    finally:
+        for m in members:
+            m.stop()

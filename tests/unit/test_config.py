@@ -270,3 +270,29 @@ def test_every_identifier_limit_property_reaches_its_attribute() -> None:
 )
 def test_bad_identifier_limit_properties_name_the_key(properties: dict[str, object], key: str) -> None:
     assert error_of(with_(policies=properties)).startswith(f"policies.{key}:")
+
+
+def test_group_session_timeout_bounds_are_kafkas_keys_and_defaults() -> None:
+    config = parse_config(MINIMAL).policies.group_size_config()
+    assert (config.min_session_timeout_seconds, config.max_session_timeout_seconds) == (6.0, 1800.0)
+    bounds = {"group.min.session.timeout.ms": 1000, "group.max.session.timeout.ms": 60000}
+    config = parse_config(with_(policies=bounds)).policies.group_size_config()
+    assert (config.min_session_timeout_seconds, config.max_session_timeout_seconds) == (1.0, 60.0)
+
+
+@pytest.mark.parametrize(
+    ("properties", "message"),
+    [
+        (
+            {"group.min.session.timeout.ms": 9000, "group.max.session.timeout.ms": 8000},
+            "policies: group.min.session.timeout.ms must be at most group.max.session.timeout.ms, got 9000 > 8000",
+        ),
+        ({"group.max.session.timeout.ms": 0}, "policies.group.max.session.timeout.ms: Input should be greater"),
+        ({"group.min.session.timeout.ms": -1}, "policies.group.min.session.timeout.ms: Input should be greater"),
+        ({"group.min.session.timeout.ms": "6000"}, "policies.group.min.session.timeout.ms: must be an integer"),
+    ],
+)
+def test_bad_group_session_timeout_bounds_name_the_key_and_the_rule(
+    properties: dict[str, object], message: str
+) -> None:
+    assert error_of(with_(policies=properties)).startswith(message)

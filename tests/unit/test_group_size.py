@@ -1636,6 +1636,35 @@ class ClassicGroupMachine(RuleBasedStateMachine):
             error = COORDINATOR_NOT_AVAILABLE
             p.policy.on_join_response(p.group_id, c.member_id, None, error, "", -1, p.now, ticket=ticket)
 
+    @rule(group=GROUP, name=NAME, kip_394=st.booleans(), new_metadata=st.booleans())
+    def join_dies_with_its_connection_before_it_is_forwarded(
+        self, group: int, name: str, kip_394: bool, new_metadata: bool
+    ) -> None:
+        """Issue 33's fake member: admitted (INT32_MAX timeouts), then the connection ends before
+        the join is forwarded; the shell hands the ticket back (on_join_unanswered)."""
+        c, p = self.clients[group][name], self.proxies[group]
+        before = p.policy.view(p.group_id)
+        answer = p.policy.on_join_request(
+            p.group_id,
+            c.member_id,
+            c.instance_id,
+            p.now,
+            session_timeout_ms=INT_MAX,
+            rebalance_timeout_ms=INT_MAX,
+            require_known_member_id=kip_394,
+            protocols=c.protocols ^ int(new_metadata),
+        )
+        p.answers.append(answer)
+        decision, ticket = answer
+        if decision is not None and decision.enforced and decision.action is Action.REFUSE and c.member_id:
+            p.refused.add(c.member_id)
+        if ticket is not None:
+            p.policy.on_join_unanswered(p.group_id, c.member_id, c.instance_id, ticket)
+            after = p.view()
+            # it left nothing behind: the group is as it was (an untracked group is an empty one)
+            was = (before.members, before.awaiting_join, before.counted, before.state) if before else (0, 0, 0, EMPTY)
+            assert (after.members, after.awaiting_join, after.counted, after.state) == was
+
     @rule(seconds=st.sampled_from(STEPS))
     def time_passes(self, seconds: float) -> None:
         for proxy in self.proxies:
@@ -1800,6 +1829,21 @@ class ConsumerGroupMachine(RuleBasedStateMachine):
         member_id = self.clients.get(name, (None, ""))[1] or (f"client-{next(self.ids)}" if own_id else "")
         self._send(name, instance_id, member_id, 0, lost)
 
+    @rule(name=st.sampled_from(DYNAMIC + STATIC), own_id=st.booleans())
+    def join_dies_with_its_connection_before_it_is_forwarded(self, name: str, own_id: bool) -> None:
+        """Issue 33's fake member (KIP-848): an admitted join whose connection ends unforwarded."""
+        instance_id = f"instance-{name}" if name in STATIC else None
+        member_id = self.clients.get(name, (None, ""))[1] or (f"client-{next(self.ids)}" if own_id else "")
+        before = self.policy.view(G)
+        _, ticket = self.policy.on_consumer_heartbeat_request(G, member_id, 0, instance_id, self.now)
+        if ticket is not None:
+            self.policy.on_join_unanswered(G, member_id, instance_id, ticket)
+            after = self.policy.view(G)
+            assert after is not None
+            assert (after.members, after.awaiting_join) == (
+                (before.members, before.awaiting_join) if before else (0, 0)
+            )
+
     @rule(name=st.sampled_from(DYNAMIC + STATIC), epoch=st.sampled_from([1, 7, -1, -2]))
     def heartbeat_or_leave(self, name: str, epoch: int) -> None:
         if name in self.clients:
@@ -1835,3 +1879,200 @@ class ConsumerGroupMachine(RuleBasedStateMachine):
 
 TestConsumerGroups = ConsumerGroupMachine.TestCase
 TestConsumerGroups.settings = _machine_settings
+
+
+# -- joins that never become members (issue 33, attack 1) ------------------------------------------
+
+FOREVER_MS = INT_MAX  # a client's own timeouts, as large as the wire allows
+
+
+def _fake_join(policy: GroupSizePolicy, variant: str, i: int, now: float = 0.0) -> tuple[Answer, str, str | None]:
+    """One join of each shape that filled a group on main; (answer, member id, instance id)."""
+    member_id, instance_id, known = {
+        "v5-unknown-member-id": (f"fake-{i}", None, True),
+        "v5-static": ("", f"fake-instance-{i}", True),
+        "v3-no-member-id": ("", None, False),
+    }[variant]
+    answer = policy.on_join_request(
+        G,
+        member_id,
+        instance_id,
+        now,
+        session_timeout_ms=FOREVER_MS,
+        rebalance_timeout_ms=FOREVER_MS,
+        require_known_member_id=known,
+    )
+    return answer, member_id, instance_id
+
+
+@pytest.mark.parametrize("variant", ["v5-unknown-member-id", "v5-static", "v3-no-member-id"])
+def test_joins_whose_connection_ends_unanswered_hold_no_slot(variant: str) -> None:
+    policy = GroupSizePolicy(GroupSizeConfig(group_max_size=3))
+    fakes = [_fake_join(policy, variant, i) for i in range(3)]
+    refused(policy.on_join_request(G, "", None, 0.0, require_known_member_id=False))  # they did count
+    for answer, member_id, instance_id in fakes:
+        policy.on_join_unanswered(G, member_id, instance_id, forwarded(answer))
+    view = policy.view(G)
+    assert view is not None and (view.members, view.awaiting_join, view.state) == (0, 0, EMPTY)
+    forwarded(policy.on_join_request(G, "", None, 1.0, require_known_member_id=False))
+
+
+def test_kip_848_joins_whose_connection_ends_unanswered_hold_no_slot() -> None:
+    policy = GroupSizePolicy(GroupSizeConfig(group_consumer_max_size=3))
+    tickets = [(f"m{i}", forwarded(policy.on_consumer_heartbeat_request(G, f"m{i}", 0, None, 0.0))) for i in range(3)]
+    refused(policy.on_consumer_heartbeat_request(G, "real", 0, None, 0.0))
+    for member_id, ticket in tickets:
+        policy.on_join_unanswered(G, member_id, None, ticket)
+    assert policy.view(G).members == 0  # type: ignore[union-attr]
+    forwarded(policy.on_consumer_heartbeat_request(G, "real", 0, None, 1.0))
+
+
+def test_an_unanswered_rejoin_leaves_a_known_member_as_it_was() -> None:
+    """A member whose rejoin's connection died is still the coordinator's member (until its session
+    ends): only the rejoin is undone, and the rebalance it alone started."""
+    proxy = Proxy(3)
+    a = proxy.join()
+    proxy.complete_join()
+    proxy.sync(a.member_id, None, a.generation)
+    assert proxy.view().state is STABLE
+    ticket = forwarded(
+        proxy.policy.on_join_request(G, a.member_id, None, 1.0, session_timeout_ms=SESSION_MS, protocols=1)
+    )
+    assert proxy.view().state is PREPARING
+    proxy.policy.on_join_unanswered(G, a.member_id, None, ticket)
+    view = proxy.view()
+    assert proxy.policy.has_member(G, a.member_id)
+    assert (view.members, view.awaiting_join, view.state) == (1, 0, STABLE)
+
+
+def test_an_answered_or_superseded_join_is_not_undone_when_its_connection_ends() -> None:
+    policy = GroupSizePolicy(GroupSizeConfig(group_max_size=3))
+    answered = forwarded(policy.on_join_request(G, "", None, 0.0, require_known_member_id=False))
+    policy.on_join_response(G, "", None, NONE, "m1", 1, 0.1, leader_id="m1", ticket=answered)
+    policy.on_join_unanswered(G, "", None, answered)
+    assert policy.has_member(G, "m1")
+    # the same static instance joins on two connections; both end unanswered, in either order
+    for first, second in ((0, 1), (1, 0)):
+        tickets = [forwarded(policy.on_join_request(G, "", "static", 0.2)) for _ in range(2)]
+        policy.on_join_unanswered(G, "", "static", tickets[first])
+        assert policy.has_member(G, None, "static")
+        assert policy.view(G).awaiting_join == 1  # type: ignore[union-attr]
+        policy.on_join_unanswered(G, "", "static", tickets[second])
+        assert not policy.has_member(G, None, "static")
+        assert policy.view(G).members == 1  # type: ignore[union-attr]
+
+
+def test_an_unanswered_join_has_the_group_recounted_before_its_next_join() -> None:
+    """It may have reached the coordinator and made a member there: the count is asked again."""
+    policy = GroupSizePolicy(GroupSizeConfig(group_max_size=3))
+    policy.observe_group_size(G, [], 0.0, state="Empty")
+    ticket = forwarded(policy.on_join_request(G, "", None, 100.0, require_known_member_id=False))
+    assert not policy.needs_reconcile(G, 100.0)
+    policy.on_join_unanswered(G, "", None, ticket)
+    assert policy.needs_reconcile(G, 100.0)
+
+
+def test_an_unknown_group_or_ticket_is_ignored() -> None:
+    policy = GroupSizePolicy(GroupSizeConfig(group_max_size=3))
+    policy.on_join_unanswered("nobody", "", None, 1)
+    ticket = forwarded(policy.on_join_request(G, "m", None, 0.0))
+    policy.on_join_unanswered(G, "m", None, ticket + 1)
+    assert policy.has_member(G, "m")
+
+
+@pytest.mark.parametrize(("max_ms", "held_s"), [(1_800_000, 3600.0), (60_000, 120.0)])
+def test_a_join_in_flight_holds_its_slot_at_most_twice_group_max_session_timeout(max_ms: int, held_s: float) -> None:
+    """On main a join's own INT32_MAX timeouts held its slot ~2 x 24.8 days. The session timeout is
+    clamped to group.max.session.timeout.ms, the rebalance timeout too (Kafka bounds no rebalance
+    timeout: the proxy uses the bound the operator sets on how long a member may be silent)."""
+    policy = GroupSizePolicy(GroupSizeConfig(group_max_size=1, max_session_timeout_seconds=max_ms / 1000))
+    forwarded(_fake_join(policy, "v3-no-member-id", 0)[0])
+    policy.expire(held_s - 0.5)
+    assert sum(policy.member_counts()) == 1
+    policy.expire(held_s + 0.5)
+    assert sum(policy.member_counts()) == 0
+    forwarded(policy.on_join_request(G, "", None, held_s + 1, require_known_member_id=False))
+
+
+def test_a_session_timeout_below_group_min_session_timeout_is_raised_to_it() -> None:
+    policy = GroupSizePolicy(GroupSizeConfig(group_max_size=3))
+    ticket = forwarded(policy.on_join_request(G, "", None, 0.0, session_timeout_ms=1, require_known_member_id=False))
+    policy.on_join_response(G, "", None, NONE, "m1", 1, 0.0, leader_id="m1", ticket=ticket, session_timeout_ms=1)
+    policy.expire(5.9)
+    assert policy.has_member(G, "m1")
+    policy.expire(6.1)
+    assert not policy.has_member(G, "m1")
+
+
+def test_a_join_the_coordinator_answers_invalid_session_timeout_holds_no_slot() -> None:
+    """Kafka refuses a session timeout outside its bounds (INVALID_SESSION_TIMEOUT, 26) and adds no
+    member; the proxy forwarded the join (the bounds are the broker's) and gives its slot back."""
+    policy = GroupSizePolicy(GroupSizeConfig(group_max_size=1))
+    (answer, _, _) = _fake_join(policy, "v5-unknown-member-id", 0)
+    policy.on_join_response(G, "fake-0", None, ErrorCode.invalid_session_timeout, "", -1, 0.1, ticket=forwarded(answer))
+    assert policy.view(G).members == 0  # type: ignore[union-attr]
+    forwarded(policy.on_join_request(G, "", None, 0.2, require_known_member_id=False))
+
+
+@pytest.mark.parametrize(("sent_at", "kept"), [(5.0, False), (15.0, True)])
+def test_a_recount_drops_a_join_in_flight_the_coordinator_should_list_by_now(sent_at: float, kept: bool) -> None:
+    """Kafka lists a member awaiting join as soon as it reads the join: one forwarded more than
+    join_transit_seconds (10 s) before the describe and not listed never reached it."""
+    policy = GroupSizePolicy(GroupSizeConfig(group_max_size=3))
+    policy.observe_group_size(G, [("a", None)], 0.0, state="Stable")
+    forwarded(policy.on_join_request(G, "", None, sent_at, require_known_member_id=False))
+    policy.observe_group_size(G, [("a", None)], 21.0, state="Stable", sent_at=20.0)
+    assert policy.view(G).members == (2 if kept else 1)  # type: ignore[union-attr]
+
+
+@pytest.mark.parametrize(
+    ("kwargs", "message"),
+    [
+        (
+            {"min_session_timeout_seconds": 9.0, "max_session_timeout_seconds": 8.0},
+            "group.min.session.timeout.ms must be at most group.max.session.timeout.ms, got 9000 > 8000",
+        ),
+        ({"max_session_timeout_seconds": 0}, "group.max.session.timeout.ms must be at least 1, got 0"),
+        ({"min_session_timeout_seconds": -1}, "group.min.session.timeout.ms must be between 0 and 2147483647"),
+        ({"min_session_timeout_seconds": True}, "group.min.session.timeout.ms must be a number of milliseconds"),
+        ({"join_transit_seconds": 0}, "join_transit_seconds must be a positive number"),
+    ],
+)
+def test_invalid_session_timeout_bounds_name_kafkas_keys(kwargs: dict[str, object], message: str) -> None:
+    with pytest.raises(ValueError, match=re.escape(message)):
+        GroupSizeConfig(**kwargs)  # type: ignore[arg-type]
+
+
+def test_session_timeout_bounds_default_to_kafkas() -> None:
+    config = GroupSizeConfig()
+    assert (config.min_session_timeout_seconds, config.max_session_timeout_seconds) == (6.0, 1800.0)
+
+
+def test_known_members_rejoining_a_rebalance_take_no_token() -> None:
+    """With a rate below the group's size, throttling the rejoins would keep the group rebalancing
+    for ever (seen through the proxy: two consumers at 2 joins a minute took turns, never both in)."""
+    proxy = Proxy(join_rate_per_minute=2)
+    a = proxy.join()
+    proxy.complete_join()
+    proxy.sync(a.member_id, None, a.generation)
+    b = proxy.join()  # the second token; the group rebalances
+    assert proxy.view().state is PREPARING
+    forwarded(proxy.policy.on_join_request(G, a.member_id, None, proxy.now, session_timeout_ms=SESSION_MS))
+    throttled(proxy.policy.on_join_request(G, "", None, proxy.now))  # a new member still pays
+    assert b.error is None
+
+
+def test_an_unanswered_rejoin_does_not_lengthen_the_members_session() -> None:
+    """Found by the state machine: the dead rejoin's own (clamped) 30-minute session outlived the
+    member's real one, so the policy kept a member the coordinator had expired."""
+    policy = GroupSizePolicy(GroupSizeConfig(group_max_size=3))
+    ticket = forwarded(policy.on_join_request(G, "m", None, 0.0, session_timeout_ms=SESSION_MS))
+    policy.on_join_response(
+        G, "m", None, NONE, "m", 1, 0.0, leader_id="m", ticket=ticket, session_timeout_ms=SESSION_MS
+    )
+    ticket = forwarded(
+        policy.on_join_request(G, "m", None, 1.0, session_timeout_ms=INT_MAX, rebalance_timeout_ms=INT_MAX)
+    )
+    policy.on_join_unanswered(G, "m", None, ticket)
+    policy.expire(SESSION_MS / 1000 + 0.5)
+    assert not policy.has_member(G, "m")
