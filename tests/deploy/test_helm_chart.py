@@ -11,6 +11,7 @@ import os
 import re
 import subprocess
 import sys
+import tarfile
 from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
@@ -430,6 +431,19 @@ def test_the_prometheusrule_is_the_deploy_rules_file(rendered: dict[str, Path], 
     assert rule["metadata"]["namespace"] == "kafka"
     assert rule["spec"] == yaml.safe_load(RULES.read_text())
     assert len(rule["spec"]["groups"][0]["rules"]) >= 13
+
+
+def test_a_packaged_chart_carries_the_rules_and_the_dashboard_themselves(helm: Helm, tmp_path: Path) -> None:
+    """`helm package` follows the symlinks in files/: the .tgz holds the files' content."""
+    result = helm.run("package", str(CHART), "--destination", str(tmp_path))
+    assert result.returncode == 0, result.stderr
+    [package] = tmp_path.glob("kafka-admission-proxy-*.tgz")
+    with tarfile.open(package) as archive:
+        for source in (RULES, DASHBOARD):
+            member = archive.getmember(f"kafka-admission-proxy/files/{source.name}")
+            assert member.isfile()
+            packed = archive.extractfile(member)
+            assert packed is not None and packed.read() == source.read_bytes()
 
 
 def test_the_prometheusrule_takes_the_labels_a_rule_selector_asks_for(helm: Helm) -> None:
