@@ -55,6 +55,15 @@ class Metrics:
             stats = self.traffic[listener] = TrafficStats()
         return stats
 
+    def count_reload(self, outcome: str) -> None:
+        """One reload's outcome (RELOAD_OUTCOMES): counted, and the reload gauges set as
+        Prometheus sets its own (only ``success`` means all of the file runs)."""
+        self.config_reloads.labels(outcome).inc()
+        succeeded = outcome == "success"
+        self.config_last_reload_successful.set(1 if succeeded else 0)
+        if succeeded:
+            self.config_last_reload_success.set_to_current_time()
+
     def __init__(self) -> None:
         self.registry = CollectorRegistry()
         r = self.registry
@@ -81,6 +90,15 @@ class Metrics:
             registry=r,
         )
         self.config_last_reload_success.set(time.time())
+        # Prometheus' own prometheus_config_last_reload_successful: 0 from a refused reload
+        # until one succeeds, so an alert can stay firing while the stale config runs.
+        self.config_last_reload_successful = Gauge(
+            "kafka_admission_config_last_reload_successful",
+            "1 when the last config load (start, or a reload) applied all of the file; 0 while the running "
+            "config is older than the file (the last reload was invalid, restart_required or error)",
+            registry=r,
+        )
+        self.config_last_reload_successful.set(1)
         self.certificate_expiry = Gauge(
             "kafka_admission_tls_certificate_expiry_timestamp_seconds",
             "notAfter of the certificate a TLS listener presents (listener 'upstream': the client "

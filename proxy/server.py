@@ -282,19 +282,18 @@ class ProxyServer:
             new = load_config(self.config_path)
         except ConfigError as exc:
             log.error("config reload refused, keeping the running config: %s", exc)
-            metrics.config_reloads.labels("invalid").inc()
+            metrics.count_reload("invalid")
             return ReloadOutcome("invalid")
         try:
             outcome = self.reload(new)
         except Exception:  # a bug must not take the running proxy down with it
             log.exception("config reload failed; the running config stays")
-            metrics.config_reloads.labels("error").inc()
+            metrics.count_reload("error")
             return ReloadOutcome("error")
         if outcome.refused:  # the rest applied, but the file is not what runs
-            metrics.config_reloads.labels("restart_required").inc()
+            metrics.count_reload("restart_required")
         else:
-            metrics.config_reloads.labels("success").inc()
-            metrics.config_last_reload_success.set_to_current_time()
+            metrics.count_reload("success")
         export_certificate_expiry(self.config.tls_files(), metrics.certificate_expiry)
         if self._watcher is not None:
             self._watcher.set_paths([self.config_path, *certificate_files(self.config.tls_files())])

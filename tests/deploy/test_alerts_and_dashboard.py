@@ -25,14 +25,29 @@ ALERTS = {
     "KafkaAdmissionMemoryPoolExhausted", "KafkaAdmissionTlsConnectionCapReached", "KafkaAdmissionEvictionsRising",
     "KafkaAdmissionGroupRefusals", "KafkaAdmissionIdentifierRefusals", "KafkaAdmissionUpstreamDown",
     "KafkaAdmissionConfigReloadFailed", "KafkaAdmissionCertificateExpiresSoon",
-    "KafkaAdmissionCertificateExpiresVerySoon",
+    "KafkaAdmissionCertificateExpiresVerySoon", "KafkaAdmissionAuditEventsDropped",
+    "KafkaAdmissionFileDescriptorsNearLimit", "KafkaAdmissionProxyDown", "KafkaAdmissionProxyAbsent",
 }
+# The labels every aggregation keeps: the Kubernetes target's, and any scrape's.
+TARGET_LABELS = {"namespace", "pod", "instance", "job"}
+AGGREGATION = re.compile(r"\b(sum|min|max|avg|count|topk|bottomk|quantile|stddev|stdvar|group)\b\s*(by|without)?\s*\(")
 METRIC = re.compile(r"\b((?:kafka_admission|process)_[a-z0-9_]+)\b")
 
 
-def rule_expressions() -> dict[str, str]:
+def rules() -> dict[str, dict[str, Any]]:
     groups = yaml.safe_load(RULES.read_text())["groups"]
-    return {rule["alert"]: rule["expr"] for group in groups for rule in group["rules"]}
+    return {rule["alert"]: rule for group in groups for rule in group["rules"]}
+
+
+def rule_expressions() -> dict[str, str]:
+    return {name: rule["expr"] for name, rule in rules().items()}
+
+
+def github_anchors(markdown: str) -> set[str]:
+    """The anchors GitHub gives a document's headings: lower case, spaces to dashes,
+    punctuation other than - and _ dropped."""
+    headings = re.findall(r"^#+ (.+)$", markdown, flags=re.MULTILINE)
+    return {re.sub(r"[^\w\- ]", "", h.strip().lower()).replace(" ", "-") for h in headings}
 
 
 def dashboard_expressions() -> list[str]:
@@ -56,8 +71,33 @@ def test_each_alert_fires_on_its_series_and_not_on_a_quiet_proxy() -> None:
     result = subprocess.run([system_tool("promtool", "prometheus"), "test", "rules", str(RULES_TEST)],
                             capture_output=True, text=True, cwd=RULES.parent)
     assert result.returncode == 0, result.stdout + result.stderr
-    tested = set(re.findall(r"alertname: (\w+)", RULES_TEST.read_text()))
-    assert tested == set(rule_expressions()) == ALERTS
+    assert "SUCCESS" in result.stdout
+    # Each alert has a case where it fires and one where it must stay quiet.
+    cases = [case for test in yaml.safe_load(RULES_TEST.read_text())["tests"] for case in test["alert_rule_test"]]
+    fires = {case["alertname"] for case in cases if case["exp_alerts"]}
+    quiet = {case["alertname"] for case in cases if not case["exp_alerts"]}
+    assert fires == quiet == set(rules()) == ALERTS
+
+
+def test_every_alert_waits_and_links_its_runbook_in_the_readme() -> None:
+    anchors = github_anchors((ROOT / "README.md").read_text())
+    for name, rule in rules().items():
+        assert re.fullmatch(r"[1-9][0-9]*m", rule.get("for", "")), name
+        assert rule["labels"]["severity"] in ("warning", "critical"), name
+        document, _, anchor = rule["annotations"]["runbook_url"].partition("#")
+        assert (document, anchor) == ("README.md", name.lower()), name
+        assert anchor in anchors, f"README.md has no heading for {name}"
+
+
+def test_every_aggregation_keeps_the_namespace_pod_instance_and_job() -> None:
+    """An alert grouped without them cannot say which proxy it is about (the mixins' rule)."""
+    for name, expr in rule_expressions().items():
+        for match in AGGREGATION.finditer(expr):
+            assert match.group(2) == "by", f"{name}: {match.group(0)} does not name what it keeps"
+            kept = expr[match.end():expr.index(")", match.end())]
+            assert TARGET_LABELS <= {label.strip() for label in kept.split(",")}, f"{name}: by ({kept})"
+        for join in re.finditer(r"\bon \(([^)]*)\)", expr):
+            assert TARGET_LABELS <= {label.strip() for label in join.group(1).split(",")}, f"{name}: {join.group(0)}"
 
 
 def test_every_dashboard_panel_queries_prometheus_through_the_chosen_datasource() -> None:
@@ -85,8 +125,9 @@ def test_every_metric_the_rules_and_dashboard_read_is_in_a_live_exposition(busy_
                 used.setdefault(name, set()).add(where)
     missing = {name: sorted(where) for name, where in used.items() if name not in live}
     assert missing == {}
-    # Every alert reads a metric the proxy exports, and the dashboard shows each family the rules use.
-    assert all(METRIC.search(expr) for expr in rule_expressions().values())
+    # Every alert reads a metric the proxy exports (or the scrape's `up`), and the dashboard shows
+    # each family the rules use.
+    assert all(METRIC.search(expr) or re.search(r"\bup\{", expr) for expr in rule_expressions().values())
     rule_metrics = {n for e in rule_expressions().values() for n in METRIC.findall(e)}
     assert rule_metrics <= {n for e in dashboard_expressions() for n in METRIC.findall(e)}
 
@@ -101,6 +142,7 @@ def test_the_busy_proxy_counted_each_event_the_alerts_watch(busy_proxy: ProxyPro
     assert metric("kafka_admission_config_reloads_total", outcome="invalid") == 1
     assert metric("kafka_admission_config_reloads_total", outcome="success") == 1
     assert abs(metric("kafka_admission_config_last_reload_success_timestamp_seconds") - time.time()) < 600
+    assert metric("kafka_admission_config_last_reload_successful") == 1  # the good reload came last
     # trustme certificates are valid for decades: the expiry is far in the future.
     assert metric("kafka_admission_tls_certificate_expiry_timestamp_seconds", listener="secure") > time.time() + 86400
     assert metric("kafka_admission_memory_pool_capacity_bytes") == 209715200

@@ -11,29 +11,50 @@ import os
 import re
 import subprocess
 import sys
+import tarfile
 from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
 
+import jsonschema
 import pytest
 import yaml
 
 from proxy.tansu import TansuBroker, free_port
 from tests.conftest import ROOT, free_node_port_base
-from tests.deploy.conftest import deploy_tool, produce_and_consume
+from tests.deploy.conftest import deploy_tool, produce_and_consume, system_tool
 
 CHART = ROOT / "helm" / "kafka-admission-proxy"
 SIDECAR_VALUES = CHART / "examples" / "sidecar-values.yaml"
 SIDECAR_EXAMPLE = CHART / "examples" / "sidecar-broker-statefulset.yaml"
 DIGEST = "sha256:" + "0123456789abcdef" * 4
+RULES = ROOT / "deploy" / "prometheus" / "kafka-admission-proxy.rules.yaml"
+DASHBOARD = ROOT / "deploy" / "grafana" / "kafka-admission-proxy.json"
+CRDS = Path(__file__).parent / "crds" / "prometheus-operator"
+# Monitoring and the extension points, in both modes.
+MONITORING = ["--set", "podMonitor.enabled=true", "--set", "prometheusRule.enabled=true",
+              "--set", "grafanaDashboard.enabled=true"]
+EXTENSIONS = [
+    "--set-json", 'extraEnv=[{"name": "POD_NAME", "valueFrom": {"fieldRef": {"fieldPath": "metadata.name"}}}]',
+    "--set-json", 'extraVolumes=[{"name": "broker-certs", "secret": {"secretName": "kafka-broker-certs"}}]',
+    "--set-json", 'extraVolumeMounts=[{"name": "broker-certs", "mountPath": "/etc/broker-certs", "readOnly": true}]',
+    "--set-json", 'podLabels={"team": "streaming"}',
+    "--set", "priorityClassName=kafka-critical",
+    "--set-json", 'topologySpreadConstraints=[{"maxSkew": 1, "topologyKey": "topology.kubernetes.io/zone", '
+                  '"whenUnsatisfiable": "ScheduleAnyway", "labelSelector": {"matchLabels": '
+                  '{"app.kubernetes.io/name": "kafka-admission-proxy"}}}]',
+]
 # Every optional part on, so that lint, validation and checkov see all of it.
 ALL_OPTIONS = [
     "--set", "serviceMonitor.enabled=true", "--set", "networkPolicy.enabled=true",
     "--set", "autoscaling.enabled=true", "--set", "auditVolume.enabled=true",
     "--set-json", 'tlsSecrets=[{"name": "server", "secretName": "proxy-tls"}]',
     "--set-json", 'networkPolicy.clientsFrom=[{"namespaceSelector": {"matchLabels": {"kafka-client": "true"}}}]',
+    "--set", "service.type=LoadBalancer", "--set", "service.externalTrafficPolicy=Local",
+    *MONITORING, *EXTENSIONS,
 ]
-MODES = {"standalone": ALL_OPTIONS, "sidecar": ["-f", str(SIDECAR_VALUES)]}
+MODES = {"standalone": ALL_OPTIONS, "sidecar": ["-f", str(SIDECAR_VALUES), *MONITORING, *EXTENSIONS]}
+WORKLOADS = {"standalone": "Deployment", "sidecar": "StatefulSet"}
 
 
 class Helm:
@@ -81,8 +102,14 @@ def proxy_container(workload: dict[str, Any]) -> dict[str, Any]:
     return container
 
 
+def config_map(docs: list[dict[str, Any]]) -> dict[str, Any]:
+    """The ConfigMap of the proxy's config file (not the dashboard's)."""
+    [found] = [d for d in docs if d["kind"] == "ConfigMap" and "config.yaml" in d["data"]]
+    return found
+
+
 def rendered_config(docs: list[dict[str, Any]]) -> dict[str, Any]:
-    return yaml.safe_load(kind(docs, "ConfigMap")["data"]["config.yaml"])  # type: ignore[no-any-return]
+    return yaml.safe_load(config_map(docs)["data"]["config.yaml"])  # type: ignore[no-any-return]
 
 
 # --- helm itself ------------------------------------------------------------------
@@ -132,7 +159,7 @@ def test_rendered_manifests_validate_against_kubernetes_schemas(rendered: dict[s
     assert result.returncode == 0, result.stdout + result.stderr
     # A CRD has no schema there; everything else is validated.
     warnings = [line for line in (result.stdout + result.stderr).splitlines() if line.strip()]
-    assert all("kind ServiceMonitor" in line for line in warnings), warnings
+    assert all(re.search(r"kind (ServiceMonitor|PodMonitor|PrometheusRule)\b", line) for line in warnings), warnings
 
 
 def test_checkov_passes_and_every_skip_is_named_and_justified(rendered: dict[str, Path], tmp_path: Path) -> None:
@@ -226,7 +253,7 @@ def test_config_and_certificates_are_mounted_as_directories_so_updates_reach_the
     config_mount = mounts["kafka-admission-proxy-config"]
     assert config_mount == {"name": "kafka-admission-proxy-config", "mountPath": "/etc/kafka-admission-proxy",
                             "readOnly": True}
-    assert volumes["kafka-admission-proxy-config"]["configMap"]["name"] == kind(docs, "ConfigMap")["metadata"]["name"]
+    assert volumes["kafka-admission-proxy-config"]["configMap"]["name"] == config_map(docs)["metadata"]["name"]
     args = proxy_container(kind(docs, workload))["args"]
     assert args[args.index("--config") + 1] == "/etc/kafka-admission-proxy/config.yaml"
     if mode == "standalone":  # ALL_OPTIONS mounts one TLS Secret and the audit volume
@@ -297,6 +324,208 @@ def test_the_chart_readme_documents_every_value() -> None:
 
     missing = [key for key in keys(values) if f"`{key}`" not in readme]
     assert missing == []
+
+
+# --- Prometheus Operator and Grafana ------------------------------------------------
+
+
+def test_monitoring_is_off_by_default(helm: Helm) -> None:
+    for args in ((), ("-f", str(SIDECAR_VALUES))):
+        kinds = {d["kind"] for d in documents(helm.template(*args))}
+        assert not kinds & {"ServiceMonitor", "PodMonitor", "PrometheusRule"}
+        assert [d for d in documents(helm.template(*args)) if d["metadata"]["name"].endswith("-dashboard")] == []
+
+
+def test_the_podmonitor_scrapes_the_admin_port_of_the_sidecar_in_every_broker_pod(rendered: dict[str, Path]) -> None:
+    """PodMonitor is a CRD kubernetes-validate has no schema for: its shape is checked here,
+    as the Prometheus Operator reads it (monitoring.coreos.com/v1 PodMonitorSpec)."""
+    docs = documents(rendered["sidecar"].read_text())
+    monitor = kind(docs, "PodMonitor")
+    assert monitor["apiVersion"] == "monitoring.coreos.com/v1"
+    assert set(monitor["spec"]) == {"selector", "podMetricsEndpoints"}
+    pod = kind(docs, "StatefulSet")["spec"]["template"]
+    selector = monitor["spec"]["selector"]["matchLabels"]
+    assert selector.items() <= pod["metadata"]["labels"].items()  # it selects the broker pods
+    [endpoint] = monitor["spec"]["podMetricsEndpoints"]
+    assert set(endpoint) == {"port", "path", "interval", "relabelings"}
+    assert (endpoint["port"], endpoint["path"], endpoint["interval"]) == ("admin", "/metrics", "30s")
+    # The job the alert rules select `up` and process_* by.
+    job = {"action": "replace", "targetLabel": "job", "replacement": "kafka-admission-proxy"}
+    assert endpoint["relabelings"] == [job]
+    assert re.search(r'job=~"\.\*kafka-admission-proxy\.\*"', RULES.read_text())
+    # The admin port is a named port of the proxy container, bound on the pod's address.
+    admin = [p for p in proxy_container(kind(docs, "StatefulSet"))["ports"] if p["name"] == "admin"]
+    assert admin == [{"name": "admin", "containerPort": 9464, "protocol": "TCP"}]
+    assert rendered_config(docs)["admin"]["bind"] == "0.0.0.0:9464"
+    service_monitor = kind(documents(rendered["standalone"].read_text()), "ServiceMonitor")
+    assert service_monitor["spec"]["endpoints"][0]["relabelings"] == endpoint["relabelings"]
+
+
+@pytest.mark.parametrize("monitor", ["podMonitor", "serviceMonitor"])
+def test_a_monitor_of_a_loopback_admin_port_fails_to_render_with_the_reason(helm: Helm, monitor: str) -> None:
+    result = helm.run("template", "kafka", str(CHART), "--set", f"{monitor}.enabled=true",
+                      "--set", "config.admin.bind=127.0.0.1:9464")
+    assert result.returncode != 0
+    assert f"{monitor}.enabled: config.admin.bind is 127.0.0.1:9464, which Prometheus cannot reach" in result.stderr
+
+
+def strict(schema: Any) -> Any:
+    """A CRD's structural schema as the API server applies it with strict field validation
+    (kubectl's default): a field the schema does not name is an error, not pruned."""
+    if isinstance(schema, dict):
+        schema = {key: strict(value) for key, value in schema.items()}
+        if "properties" in schema and "additionalProperties" not in schema and not schema.get(
+            "x-kubernetes-preserve-unknown-fields"
+        ):
+            schema["additionalProperties"] = False
+        return schema
+    if isinstance(schema, list):
+        return [strict(item) for item in schema]
+    return schema
+
+
+def crd_validator(kind_name: str) -> jsonschema.Draft7Validator:
+    """The v1 schema of a Prometheus Operator CRD (tests/deploy/crds: source and version)."""
+    for path in CRDS.glob("*.yaml"):
+        crd = yaml.safe_load(path.read_text())
+        if crd["spec"]["names"]["kind"] == kind_name:
+            [version] = [v for v in crd["spec"]["versions"] if v["name"] == "v1"]
+            return jsonschema.Draft7Validator(strict(version["schema"]["openAPIV3Schema"]))
+    raise AssertionError(f"no CRD for {kind_name} in {CRDS}")
+
+
+@pytest.mark.parametrize(("mode", "kinds"), [
+    ("standalone", {"ServiceMonitor", "PodMonitor", "PrometheusRule"}),
+    ("sidecar", {"PodMonitor", "PrometheusRule"}),
+])
+def test_the_prometheus_operator_resources_validate_against_its_crds(
+    rendered: dict[str, Path], mode: str, kinds: set[str]
+) -> None:
+    resources = [d for d in documents(rendered[mode].read_text()) if d["apiVersion"] == "monitoring.coreos.com/v1"]
+    assert {d["kind"] for d in resources} == kinds
+    for resource in resources:
+        validator = crd_validator(resource["kind"])
+        assert [error.message for error in validator.iter_errors(resource)] == [], resource["kind"]
+        # The validation can fail: a field the CRD does not have is refused.
+        misspelt = {**resource, "spec": {**resource["spec"], "scrapeIntervall": "30s"}}
+        assert any("scrapeIntervall" in error.message for error in validator.iter_errors(misspelt))
+
+
+def test_promtool_checks_the_rules_as_the_chart_renders_them(rendered: dict[str, Path], tmp_path: Path) -> None:
+    rule = kind(documents(rendered["sidecar"].read_text()), "PrometheusRule")
+    rules_file = tmp_path / "rendered.rules.yaml"
+    rules_file.write_text(yaml.safe_dump(rule["spec"]))
+    result = subprocess.run([system_tool("promtool", "prometheus"), "check", "rules", str(rules_file)],
+                            capture_output=True, text=True)
+    assert result.returncode == 0, result.stdout + result.stderr
+    assert f"SUCCESS: {len(rule['spec']['groups'][0]['rules'])} rules found" in result.stdout
+
+
+@pytest.mark.parametrize("mode", MODES)
+def test_the_prometheusrule_is_the_deploy_rules_file(rendered: dict[str, Path], mode: str) -> None:
+    """One source: the chart reads deploy/prometheus/'s file through a symlink in files/."""
+    link = CHART / "files" / RULES.name
+    assert link.is_symlink() and link.resolve() == RULES.resolve()
+    rule = kind(documents(rendered[mode].read_text()), "PrometheusRule")
+    assert rule["apiVersion"] == "monitoring.coreos.com/v1"
+    assert rule["metadata"]["namespace"] == "kafka"
+    assert rule["spec"] == yaml.safe_load(RULES.read_text())
+    assert len(rule["spec"]["groups"][0]["rules"]) >= 13
+
+
+def test_a_packaged_chart_carries_the_rules_and_the_dashboard_themselves(helm: Helm, tmp_path: Path) -> None:
+    """`helm package` follows the symlinks in files/: the .tgz holds the files' content."""
+    result = helm.run("package", str(CHART), "--destination", str(tmp_path))
+    assert result.returncode == 0, result.stderr
+    [package] = tmp_path.glob("kafka-admission-proxy-*.tgz")
+    with tarfile.open(package) as archive:
+        for source in (RULES, DASHBOARD):
+            member = archive.getmember(f"kafka-admission-proxy/files/{source.name}")
+            assert member.isfile()
+            packed = archive.extractfile(member)
+            assert packed is not None and packed.read() == source.read_bytes()
+
+
+def test_the_prometheusrule_takes_the_labels_a_rule_selector_asks_for(helm: Helm) -> None:
+    rule = kind(documents(helm.template("--set", "prometheusRule.enabled=true",
+                                        "--set", "prometheusRule.labels.release=kube-prometheus-stack")),
+                "PrometheusRule")
+    assert rule["metadata"]["labels"]["release"] == "kube-prometheus-stack"
+
+
+@pytest.mark.parametrize("mode", MODES)
+def test_the_dashboard_configmap_holds_the_deploy_dashboard_for_the_grafana_sidecar(
+    rendered: dict[str, Path], mode: str
+) -> None:
+    link = CHART / "files" / DASHBOARD.name
+    assert link.is_symlink() and link.resolve() == DASHBOARD.resolve()
+    [configmap] = [d for d in documents(rendered[mode].read_text())
+                   if d["kind"] == "ConfigMap" and d["metadata"]["name"].endswith("-dashboard")]
+    assert configmap["metadata"]["labels"]["grafana_dashboard"] == "1"
+    assert list(configmap["data"]) == [DASHBOARD.name]
+    assert json.loads(configmap["data"][DASHBOARD.name]) == json.loads(DASHBOARD.read_text())
+
+
+# --- extension points -------------------------------------------------------------
+
+
+@pytest.mark.parametrize("mode", MODES)
+def test_the_extension_points_reach_the_pod_in_both_modes(rendered: dict[str, Path], mode: str) -> None:
+    workload = kind(documents(rendered[mode].read_text()), WORKLOADS[mode])
+    pod = workload["spec"]["template"]
+    container = proxy_container(workload)
+    assert {"name": "POD_NAME", "valueFrom": {"fieldRef": {"fieldPath": "metadata.name"}}} in container["env"]
+    assert {"name": "broker-certs", "mountPath": "/etc/broker-certs", "readOnly": True} in container["volumeMounts"]
+    assert {"name": "broker-certs", "secret": {"secretName": "kafka-broker-certs"}} in pod["spec"]["volumes"]
+    labels = pod["metadata"]["labels"]
+    assert labels["team"] == "streaming"
+    assert {"app.kubernetes.io/name", "app.kubernetes.io/instance", "app.kubernetes.io/version",
+            "app.kubernetes.io/managed-by"} <= set(labels)
+    assert workload["spec"]["selector"]["matchLabels"].items() <= labels.items()
+    assert pod["spec"]["priorityClassName"] == "kafka-critical"
+    assert pod["spec"]["topologySpreadConstraints"][0]["topologyKey"] == "topology.kubernetes.io/zone"
+
+
+@pytest.mark.parametrize("mode", MODES)
+def test_a_startup_probe_holds_liveness_until_the_proxy_first_answers(rendered: dict[str, Path], mode: str) -> None:
+    container = proxy_container(kind(documents(rendered[mode].read_text()), WORKLOADS[mode]))
+    startup = container["startupProbe"]
+    assert startup["httpGet"] == {"path": "/healthz", "port": "admin"}
+    assert startup["periodSeconds"] * startup["failureThreshold"] == 60
+
+
+def test_pod_labels_cannot_take_over_the_selector_labels(helm: Helm) -> None:
+    deployment = kind(documents(helm.template("--set-json", 'podLabels={"app.kubernetes.io/name": "other"}')),
+                      "Deployment")
+    assert deployment["spec"]["template"]["metadata"]["labels"]["app.kubernetes.io/name"] == "kafka-admission-proxy"
+
+
+def test_external_traffic_policy_local_keeps_client_ips_and_needs_an_external_service(
+    helm: Helm, rendered: dict[str, Path]
+) -> None:
+    service = kind(documents(rendered["standalone"].read_text()), "Service")
+    assert (service["spec"]["type"], service["spec"]["externalTrafficPolicy"]) == ("LoadBalancer", "Local")
+    assert "externalTrafficPolicy" not in kind(documents(helm.template()), "Service")["spec"]
+    result = helm.run("template", "kafka", str(CHART), "--set", "service.externalTrafficPolicy=Local")
+    assert result.returncode != 0
+    assert "service.externalTrafficPolicy applies to service.type NodePort or LoadBalancer only" in result.stderr
+    assert "`Local` keeps each client's source IP" in (CHART / "README.md").read_text()
+    assert "Local keeps the client's source IP" in (CHART / "values.yaml").read_text()
+
+
+@pytest.mark.parametrize(("flag", "value", "named"), [
+    ("--set", "service.externalTrafficPolicy=local", "/service/externalTrafficPolicy"),
+    ("--set-json", 'extraEnv=[{"value": "x"}]', "/extraEnv/0"),
+    ("--set-json", 'extraVolumeMounts=[{"name": "x"}]', "/extraVolumeMounts/0"),
+    ("--set", "startupProbe.periodSecond=2", "'periodSecond' not allowed"),
+    ("--set", "podMonitor.enable=true", "'enable' not allowed"),
+    ("--set", "grafanaDashboard.labels.grafana_dashboard=1", "/grafanaDashboard/labels/grafana_dashboard"),
+])
+def test_a_misspelt_extension_or_monitoring_value_fails_helm_lint(helm: Helm, flag: str, value: str,
+                                                                   named: str) -> None:
+    result = helm.run("lint", "--strict", str(CHART), flag, value)
+    assert result.returncode != 0
+    assert named in result.stdout + result.stderr
 
 
 # --- the rendered config, run as rendered -----------------------------------------

@@ -12,10 +12,12 @@ import urllib.error
 import urllib.parse
 import urllib.request
 from collections.abc import Iterator
+from contextlib import contextmanager
 from pathlib import Path
 from typing import Any
 
 import pytest
+import yaml
 
 from proxy.tansu import free_port, wait_for_port
 from tests.conftest import ProxyProcess, wait_until
@@ -55,15 +57,15 @@ def _ready(port: int) -> bool:
         return False
 
 
-@pytest.fixture(scope="module")
-def prometheus(busy_proxy: ProxyProcess, tmp_path_factory: pytest.TempPathFactory) -> Iterator[Prometheus]:
+@contextmanager
+def running_prometheus(folder: Path, job: str, target: str) -> Iterator[Prometheus]:
+    """A Prometheus server with the alert rules, scraping ``target`` as ``job`` each second."""
     binary = system_tool("prometheus", "prometheus")
-    folder = tmp_path_factory.mktemp("prometheus")
     (folder / "prometheus.yml").write_text(
         "global: {scrape_interval: 1s, evaluation_interval: 1s}\n"
         f"rule_files: ['{RULES}']\n"
         "scrape_configs:\n"
-        f"  - job_name: {JOB}\n    static_configs: [{{targets: ['{busy_proxy.config['admin']['bind']}']}}]\n"
+        f"  - job_name: {job}\n    static_configs: [{{targets: ['{target}']}}]\n"
     )
     port = free_port()
     server = subprocess.Popen(
@@ -78,6 +80,12 @@ def prometheus(busy_proxy: ProxyProcess, tmp_path_factory: pytest.TempPathFactor
     finally:
         server.terminate()
         server.wait(timeout=10)
+
+
+@pytest.fixture(scope="module")
+def prometheus(busy_proxy: ProxyProcess, tmp_path_factory: pytest.TempPathFactory) -> Iterator[Prometheus]:
+    with running_prometheus(tmp_path_factory.mktemp("prometheus"), JOB, busy_proxy.config["admin"]["bind"]) as server:
+        yield server
 
 
 def test_promql_over_the_scraped_proxy_gives_the_values_it_exports(
@@ -151,3 +159,30 @@ def test_an_alert_turns_pending_when_its_event_happens(prometheus: Prometheus, b
 def test_the_rules_file_loads_in_the_server(prometheus: Prometheus) -> None:
     files = {group["file"] for group in prometheus.api("rules")["groups"]}
     assert files == {str(Path(RULES))}
+
+
+def test_the_reload_alert_follows_the_proxy_gauge_and_the_down_alert_a_stopped_proxy(  # type: ignore[no-untyped-def]
+    tansu, start_proxy, tmp_path
+) -> None:
+    """End to end, a proxy of its own under a real Prometheus with the rules: a refused
+    reload turns KafkaAdmissionConfigReloadFailed pending (its `for:` is minutes) with the
+    target's labels, a good one ends it; a stopped proxy turns KafkaAdmissionProxyDown pending."""
+    proxy = start_proxy(tansu.bootstrap)
+    target = proxy.config["admin"]["bind"]
+    job = "kafka-admission-proxy-reload"  # a job the rules' `job=~".*kafka-admission-proxy.*"` selects
+    reload_alert = 'ALERTS{alertname="KafkaAdmissionConfigReloadFailed"}'
+    with running_prometheus(tmp_path, job, target) as prometheus:
+        wait_until(lambda: prometheus.value("kafka_admission_config_last_reload_successful") == 1,
+                   timeout=30, interval=0.5)
+        assert prometheus.query(reload_alert) == []
+        proxy.reload("policies: {group.max.size: -5}\n" + yaml.safe_dump(proxy.config), expect="invalid")
+        [pending] = wait_until(lambda: prometheus.query(reload_alert), timeout=30, interval=0.5)
+        assert pending["metric"]["alertstate"] == "pending"
+        assert (pending["metric"]["instance"], pending["metric"]["job"]) == (target, job)
+        proxy.reload(yaml.safe_dump(proxy.config))
+        wait_until(lambda: prometheus.query(reload_alert) == [], timeout=30, interval=0.5)
+        down_alert = 'ALERTS{alertname="KafkaAdmissionProxyDown"}'
+        assert prometheus.query(down_alert) == []
+        proxy.stop()
+        [down] = wait_until(lambda: prometheus.query(down_alert), timeout=30, interval=0.5)
+        assert (down["metric"]["alertstate"], down["metric"]["instance"]) == ("pending", target)

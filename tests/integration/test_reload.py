@@ -74,6 +74,28 @@ def counted(**outcomes: int) -> dict[str, float]:
     return {outcome: outcomes.get(outcome, 0) for outcome in RELOAD_OUTCOMES}
 
 
+def reload_successful(proxy: Any) -> float:
+    return float(proxy.metric("kafka_admission_config_last_reload_successful"))
+
+
+def test_the_reload_gauges_say_a_stale_config_runs_until_a_good_reload(tansu, start_proxy, configmap) -> None:  # type: ignore[no-untyped-def]
+    """As Prometheus reports its own reloads: ``..._last_reload_successful`` is 0 from a
+    refused reload (invalid, or a key that needs a restart) until one applies all of the
+    file, and only that one moves the success timestamp."""
+    proxy = start_proxy(tansu.bootstrap, configmap=configmap)
+    started = last_success(proxy)
+    assert reload_successful(proxy) == 1  # the config loaded at start is the file
+    proxy.reload("policies: {group.max.size: -5}\n" + yaml.safe_dump(proxy.config), expect="invalid")
+    assert (reload_successful(proxy), last_success(proxy)) == (0, started)
+    proxy.reload(yaml.safe_dump({**proxy.config, "admin": {"bind": "127.0.0.1:1"}}), expect="restart_required")
+    assert (reload_successful(proxy), last_success(proxy)) == (0, started)  # still stale: admin.bind
+    proxy.reload(yaml.safe_dump(proxy.config))
+    assert reload_successful(proxy) == 1 and last_success(proxy) > started
+    proxy.reload("{", expect="invalid")
+    assert reload_successful(proxy) == 0
+    assert proxy.reloads() == counted(invalid=2, restart_required=1, success=1)
+
+
 def test_a_restart_only_change_is_named_and_the_rest_applies(tansu, start_proxy, configmap) -> None:  # type: ignore[no-untyped-def]
     proxy = start_proxy(tansu.bootstrap, configmap=configmap)
     started = last_success(proxy)

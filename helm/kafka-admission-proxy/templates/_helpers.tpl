@@ -93,12 +93,22 @@ template, as the sidecar: {{ include "kafka-admission-proxy.container" . }} unde
     - {{ .Values.logFormat }}
     - --log-level
     - {{ .Values.logLevel }}
+  {{- with .Values.extraEnv }}
+  env:
+    {{- toYaml . | nindent 4 }}
+  {{- end }}
   ports:
     {{- range (include "kafka-admission-proxy.ports" . | fromYamlArray) }}
     - name: {{ .name }}
       containerPort: {{ .containerPort }}
       protocol: TCP
     {{- end }}
+  {{- /* Liveness and readiness wait for the first /healthz answer: a slow start is not restarted in a loop. */}}
+  startupProbe:
+    httpGet:
+      path: /healthz
+      port: admin
+    {{- toYaml .Values.startupProbe | nindent 4 }}
   livenessProbe:
     httpGet:
       path: /healthz
@@ -130,6 +140,9 @@ template, as the sidecar: {{ include "kafka-admission-proxy.container" . }} unde
     - name: kafka-admission-proxy-audit
       mountPath: /var/log/kafka-admission-proxy
     {{- end }}
+    {{- with .Values.extraVolumeMounts }}
+    {{- toYaml . | nindent 4 }}
+    {{- end }}
 {{- end }}
 
 {{/* The proxy's volumes, for the pod's `volumes:` (standalone Deployment or a broker pod). */}}
@@ -148,6 +161,9 @@ template, as the sidecar: {{ include "kafka-admission-proxy.container" . }} unde
   emptyDir:
     sizeLimit: {{ .Values.auditVolume.sizeLimit }}
 {{- end }}
+{{- with .Values.extraVolumes }}
+{{ toYaml . }}
+{{- end }}
 {{- end }}
 
 {{/* Pod annotations: configReload=checksum rolls the pods when the config changes. */}}
@@ -163,4 +179,26 @@ checksum/kafka-admission-proxy-config: {{ include "kafka-admission-proxy.configF
 {{/* preStop sleep + drain + margin: the kubelet's SIGKILL never cuts the drain short. */}}
 {{- define "kafka-admission-proxy.terminationGracePeriodSeconds" -}}
 {{- add .Values.preStopSleepSeconds .Values.drainTimeoutSeconds .Values.terminationMarginSeconds }}
+{{- end }}
+
+{{/* The scrape job the alert rules select `up` and process_* by (deploy/prometheus). */}}
+{{- define "kafka-admission-proxy.scrapeJob" -}}
+relabelings:
+  - action: replace
+    targetLabel: job
+    replacement: kafka-admission-proxy
+{{- end }}
+
+{{/* A monitor needs the admin endpoint on the pod's address: fail on a loopback admin.bind. */}}
+{{- define "kafka-admission-proxy.adminScrapable" -}}
+{{- $root := index . 0 }}
+{{- $bind := default "127.0.0.1:9464" ($root.Values.config.admin | default dict).bind }}
+{{- if regexMatch "^(127\\.|localhost:|\\[::1\\]:)" $bind }}
+{{- fail (printf "%s: config.admin.bind is %s, which Prometheus cannot reach from outside the pod; bind 0.0.0.0:<port>" (index . 1) $bind) }}
+{{- end }}
+{{- end }}
+
+{{/* A pod's labels: the chart's standard labels (selector labels among them, which podLabels cannot override), then podLabels. */}}
+{{- define "kafka-admission-proxy.podLabels" -}}
+{{- toYaml (merge (include "kafka-admission-proxy.labels" . | fromYaml) (deepCopy .Values.podLabels)) }}
 {{- end }}
