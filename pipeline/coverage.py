@@ -76,12 +76,9 @@ def parse_duration(text: str, option: str = "--min-span") -> float:
 
 
 def nice_duration(seconds: float) -> str:
-    """90 -> '1.5 min', 3 days -> '3.0 d'; whole units without a decimal ('7 d', '30 min')."""
-    for unit, size in (("d", 86400), ("h", 3600), ("min", 60)):
-        if seconds >= size:
-            value = seconds / size
-            return f"{value:.0f} {unit}" if value == round(value) else f"{value:.1f} {unit}"
-    return f"{seconds:.0f} s" if seconds == round(seconds) else f"{seconds:.1f} s"
+    """90 -> '1.5 min', 36 hours -> '1.5 d'; to a tenth, whole units without one ('7 d', '30 min')."""
+    unit, size = next(((u, s) for u, s in (("d", 86400), ("h", 3600), ("min", 60)) if seconds >= s), ("s", 1))
+    return f"{seconds / size:.1f}".removesuffix(".0") + f" {unit}"
 
 
 @dataclass(frozen=True)

@@ -40,14 +40,21 @@ def test_a_bad_duration_is_one_line_naming_the_option_and_the_rule(text: str) ->
 
 def test_nice_duration() -> None:
     assert [nice_duration(s) for s in (12, 90, 1800, 5400, 7 * DAY, 10.5 * DAY)] == [
-        "12 s", "1.5 min", "30 min", "1.5 h", "7 d", "10.5 d"
+        "12 s",
+        "1.5 min",
+        "30 min",
+        "1.5 h",
+        "7 d",
+        "10.5 d",
     ]
 
 
-def rows(instance: str, starts: range | list[int], seconds: float = 60.0, kinds: tuple[str, ...] = ("pool",)) -> list[
-    dict[str, Any]
-]:
-    return [{"instance": instance, "kind": k, "window_start": float(s), "seconds": seconds} for s in starts for k in kinds]
+def rows(
+    instance: str, starts: range | list[int], seconds: float = 60.0, kinds: tuple[str, ...] = ("pool",)
+) -> list[dict[str, Any]]:
+    return [
+        {"instance": instance, "kind": k, "window_start": float(s), "seconds": seconds} for s in starts for k in kinds
+    ]
 
 
 def test_gaps_are_stretches_of_more_than_three_window_periods_without_a_window() -> None:
@@ -85,8 +92,14 @@ def traffic_over(span: float, windows: int) -> Traffic:
         rows("p1", starts, step, ("pool", "group/classic", "connections/plain"))
         + rows("p1", starts[:2], step, ("identifier",))  # identifiers checked in two windows only
     )
-    longest = {"client_id": {"length": 250, "client_id": "x" * 250, "identifier": "x" * 250,
-                             "key": "resource.identifier.max.length"}}
+    longest = {
+        "client_id": {
+            "length": 250,
+            "client_id": "x" * 250,
+            "identifier": "x" * 250,
+            "key": "resource.identifier.max.length",
+        }
+    }
     return Traffic(
         overview=Overview(events=100, instances=("p1",), first_ts=0.0, last_ts=span),
         bucket_seconds=60,
@@ -94,8 +107,16 @@ def traffic_over(span: float, windows: int) -> Traffic:
         largest_by_kind={"classic": Peak(7, "orders")},
         peak_connections=Peak(5, "p1", 30.0),
         longest=longest,
-        decisions=[{"policy": "group_size", "limit_key": "group.max.size", "limit": 6, "mode": "enforce",
-                    "action": "refuse", "count": 3}],
+        decisions=[
+            {
+                "policy": "group_size",
+                "limit_key": "group.max.size",
+                "limit": 6,
+                "mode": "enforce",
+                "action": "refuse",
+                "count": 3,
+            }
+        ],
     )
 
 
@@ -105,8 +126,13 @@ def check_config(tmp_path: Path, recommended: str) -> subprocess.CompletedProces
     del demo["policies"]
     config = tmp_path / "proxy.yaml"
     config.write_text(yaml.safe_dump(demo) + recommended)
-    return subprocess.run([sys.executable, "-m", "proxy.cli", "check-config", "--config", str(config)],
-                          capture_output=True, text=True, cwd=ROOT, timeout=60)
+    return subprocess.run(
+        [sys.executable, "-m", "proxy.cli", "check-config", "--config", str(config)],
+        capture_output=True,
+        text=True,
+        cwd=ROOT,
+        timeout=60,
+    )
 
 
 def test_short_evidence_is_provisional_thin_limits_are_left_out_and_check_config_accepts_it(tmp_path: Path) -> None:
@@ -119,8 +145,10 @@ def test_short_evidence_is_provisional_thin_limits_are_left_out_and_check_config
     # Identifiers were checked in two windows: no KIP-1233 switch and no number, a reason instead.
     for key in ("resource.identifier.limit.enable", "resource.identifier.max.length"):
         assert by_key[key] == Recommendation(
-            key, None, "too thin to recommend: 2 observation windows with identifiers checked, "
-            "at least 30 needed (--min-windows)")
+            key,
+            None,
+            "too thin to recommend: 2 observation windows with identifiers checked, at least 30 needed (--min-windows)",
+        )
     warning = provisional(traffic)
     assert warning is not None and warning.startswith("PROVISIONAL: the evidence spans 10 min, less than the 7 d")
     text = policies_yaml(recs, traffic, 20.0, min_windows=30)
@@ -130,10 +158,15 @@ def test_short_evidence_is_provisional_thin_limits_are_left_out_and_check_config
     assert "each limit is the largest value the proxies let through (observe-mode decisions included) + 20%" in header
     assert "A limit measured by fewer than 30 observation windows (--min-windows) is left out" in header
     assert "  group.max.size: 9  # largest classic group seen" in "\n".join(lines)
-    assert all(line.endswith("(provisional)") for line in lines if line.startswith("  ") and ": " in line
-               and not line.startswith("  #"))
-    assert ("  # resource.identifier.max.length: left out, too thin to recommend: 2 observation windows with "
-            "identifiers checked, at least 30 needed (--min-windows)") in lines
+    assert all(
+        line.endswith("(provisional)")
+        for line in lines
+        if line.startswith("  ") and ": " in line and not line.startswith("  #")
+    )
+    assert (
+        "  # resource.identifier.max.length: left out, too thin to recommend: 2 observation windows with "
+        "identifiers checked, at least 30 needed (--min-windows)"
+    ) in lines
     assert yaml.safe_load(text)["policies"] == {"group.max.size": 9, "max.connections": 6}
     checked = check_config(tmp_path, text)
     assert checked.returncode == 0, checked.stderr
