@@ -17,6 +17,7 @@ from pathlib import Path
 from typing import Any
 
 import pytest
+import yaml
 
 from bench.fleet_evidence import FleetSpec, FleetTruth, generate
 from tests.conftest import ROOT
@@ -54,6 +55,21 @@ def command_in_process(*argv: str) -> int:
 
     args = build_parser().parse_args(list(argv))
     return int(args.func(args))
+
+
+def check_recommended(
+    directory: Path, recommended: str, config: dict[str, Any] | None = None
+) -> subprocess.CompletedProcess[str]:
+    """``check-config`` as an operator runs it, on ``config`` (default: the demo's) with its ``policies``
+    replaced by the recommended YAML as the report wrote it, comments and all."""
+    if config is None:
+        config = yaml.safe_load((ROOT / "proxy" / "demo-config.yaml").read_text())
+    path = directory / "with-recommended-policies.yaml"
+    path.write_text(yaml.safe_dump({k: v for k, v in config.items() if k != "policies"}) + recommended)
+    return subprocess.run(
+        [sys.executable, "-m", "proxy.cli", "check-config", "--config", str(path)],
+        capture_output=True, text=True, cwd=ROOT, timeout=60,
+    )
 
 
 def report_command(*argv: str) -> int:

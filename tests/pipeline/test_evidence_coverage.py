@@ -6,19 +6,17 @@ test_demo_report.py and test_report_end_to_end.py (seconds of traffic)."""
 
 from __future__ import annotations
 
-import subprocess
-import sys
 from pathlib import Path
 from typing import Any
 
 import pytest
 import yaml
+from conftest import check_recommended
 
 from pipeline.coverage import GAP_WINDOWS, Coverage, DurationError, nice_duration, parse_duration
 from pipeline.events import Overview
 from pipeline.recommend import Recommendation, policies_yaml, provisional, recommend
 from pipeline.traffic import Peak, Traffic
-from tests.conftest import ROOT
 
 DAY = 86400.0
 
@@ -120,21 +118,6 @@ def traffic_over(span: float, windows: int) -> Traffic:
     )
 
 
-def check_config(tmp_path: Path, recommended: str) -> subprocess.CompletedProcess[str]:
-    """``check-config`` as an operator runs it, on a config file ending with the recommended YAML as written."""
-    demo = yaml.safe_load((ROOT / "proxy" / "demo-config.yaml").read_text())  # a whole config: the demo's
-    del demo["policies"]
-    config = tmp_path / "proxy.yaml"
-    config.write_text(yaml.safe_dump(demo) + recommended)
-    return subprocess.run(
-        [sys.executable, "-m", "proxy.cli", "check-config", "--config", str(config)],
-        capture_output=True,
-        text=True,
-        cwd=ROOT,
-        timeout=60,
-    )
-
-
 def test_short_evidence_is_provisional_thin_limits_are_left_out_and_check_config_accepts_it(tmp_path: Path) -> None:
     traffic = traffic_over(span=600.0, windows=40)  # ten minutes
     recs = recommend(traffic, 20.0, min_windows=30)
@@ -168,7 +151,7 @@ def test_short_evidence_is_provisional_thin_limits_are_left_out_and_check_config
         "identifiers checked, at least 30 needed (--min-windows)"
     ) in lines
     assert yaml.safe_load(text)["policies"] == {"group.max.size": 9, "max.connections": 6}
-    checked = check_config(tmp_path, text)
+    checked = check_recommended(tmp_path, text)
     assert checked.returncode == 0, checked.stderr
     effective = yaml.safe_load(checked.stdout)["policies"]
     assert (effective["group.max.size"], effective["max.connections"]) == (9, 6)
@@ -184,7 +167,7 @@ def test_evidence_spanning_more_than_min_span_is_not_provisional(tmp_path: Path)
     text = policies_yaml(recs, traffic, 20.0, min_windows=2)
     assert "PROVISIONAL" not in text and "(provisional)" not in text
     assert not [line for line in text.splitlines() if line.startswith("  #")]  # no key left out
-    checked = check_config(tmp_path, text)
+    checked = check_recommended(tmp_path, text)
     assert checked.returncode == 0, checked.stderr
 
 
@@ -195,5 +178,5 @@ def test_nothing_but_thin_evidence_is_an_empty_section_check_config_accepts(tmp_
     text = policies_yaml(recs, traffic, 20.0)
     assert "policies: {}" in text.splitlines() and "  # max.connections: left out, too thin" in text
     assert yaml.safe_load(text)["policies"] == {}
-    checked = check_config(tmp_path, text)
+    checked = check_recommended(tmp_path, text)
     assert checked.returncode == 0, checked.stderr
