@@ -132,6 +132,13 @@ def _recs_table(recs: Sequence[Recommendation], warning: str | None) -> str:
     return _table(["key", "value", "status", "reason"], rows, "recommended")
 
 
+def _few(items: Iterable[str], shown: int = 20) -> str:
+    """The first ``shown`` items, and how many more (a fleet of hundreds of proxies)."""
+    listed = list(items)
+    more = f", … and {len(listed) - shown:,} more" if len(listed) > shown else ""
+    return ", ".join(listed[:shown]) + more
+
+
 def _coverage(coverage: Coverage, warning: str | None, min_span_seconds: float) -> str:
     """What the evidence covers: span, proxies, windows, gaps; and the provisional warning."""
     shortest, longest = min(coverage.periods.values(), default=0.0), max(coverage.periods.values(), default=0.0)
@@ -144,11 +151,11 @@ def _coverage(coverage: Coverage, warning: str | None, min_span_seconds: float) 
             f"{nice_duration(coverage.span_seconds)}: {when(coverage.first)} to {when(coverage.last)} "
             f"(--min-span {nice_duration(min_span_seconds)})",
         ),
-        ("proxies", f"{len(coverage.windows):,}: {', '.join(_short(i, 40) for i in coverage.windows)}"),
+        ("proxies", f"{len(coverage.windows):,}: {_few(_short(i, 40) for i in coverage.windows)}"),
         (
             "observation windows",
             f"{coverage.total_windows:,} (per proxy: "
-            + ", ".join(f"{_short(i, 40)} {n:,}" for i, n in coverage.windows.items())
+            + _few(f"{_short(i, 40)} {n:,}" for i, n in coverage.windows.items())
             + f"; every {period})",
         ),
         ("gaps (proxies silent)", f"{len(coverage.gaps):,}: {coverage.gap_rule()}"),
@@ -187,7 +194,8 @@ def _summary(
     bad = sum(p.lines for p in problems)
     parts = [
         '<section id="summary"><h2>Summary</h2>',
-        f"<p>{seen.events:,} valid audit events (schema version 2) from {len(seen.instances)} proxies, "
+        f"<p>{seen.events:,} valid audit events (schema version 2) from {len(seen.instances)} "
+        f"prox{'y' if len(seen.instances) == 1 else 'ies'}, "
         f"{_e(when(seen.first_ts))} to {_e(when(seen.last_ts))}, read from {_e(inputs)}. ",
         (
             f'<span class="warn">{bad:,} lines were not valid events ({len({p.file for p in problems})} files): '

@@ -6,6 +6,9 @@ test_demo_report.py and test_report_end_to_end.py (seconds of traffic)."""
 
 from __future__ import annotations
 
+import html
+import re
+from dataclasses import replace
 from pathlib import Path
 from typing import Any
 
@@ -15,7 +18,9 @@ from conftest import check_recommended
 
 from pipeline.coverage import GAP_WINDOWS, Coverage, DurationError, nice_duration, parse_duration
 from pipeline.events import Overview
+from pipeline.impact import Impact
 from pipeline.recommend import Recommendation, policies_yaml, provisional, recommend
+from pipeline.report_html import render
 from pipeline.traffic import Peak, Traffic
 
 DAY = 86400.0
@@ -113,6 +118,9 @@ def traffic_over(span: float, windows: int) -> Traffic:
                 "mode": "enforce",
                 "action": "refuse",
                 "count": 3,
+                "client_ids": 1,
+                "first": 10.0,
+                "last": 20.0,
             }
         ],
     )
@@ -180,3 +188,33 @@ def test_nothing_but_thin_evidence_is_an_empty_section_check_config_accepts(tmp_
     assert yaml.safe_load(text)["policies"] == {}
     checked = check_recommended(tmp_path, text)
     assert checked.returncode == 0, checked.stderr
+
+
+def test_the_page_says_what_the_evidence_covers_and_warns_of_it() -> None:
+    traffic = traffic_over(span=600.0, windows=40)
+    # a second proxy that stopped after 5 of the 40 windows: silent for the rest
+    coverage = Coverage.of(
+        rows("p1", [int(n * 15) for n in range(40)], 15.0, ("pool", "group/classic", "connections/plain"))
+        + rows("p2", [int(n * 15) for n in range(5)], 15.0)
+    )
+    traffic = replace(traffic, coverage=coverage)
+    recs = recommend(traffic, 20.0)
+    page = render(
+        traffic=traffic,
+        recs=recs,
+        impact=Impact((), [], {}, {}),
+        plots={},
+        problems=(),
+        inputs="test",
+        timings=[],
+        run={},
+    )
+    text = re.sub(r"<[^>]+>", "|", html.unescape(page))
+    assert "|PROVISIONAL: the evidence spans 10 min, less than the 7 d asked for (--min-span)" in text
+    assert "|time span||10 min: 1970-01-01 00:00 UTC to 1970-01-01 00:10 UTC (--min-span 7 d)|" in text
+    assert "|observation windows||45 (per proxy: p1 40, p2 5; every 15 s)|" in text
+    assert "|gaps (proxies silent)||1: a gap is a stretch longer than 3 of a proxy's window periods" in text
+    assert "|p2||1970-01-01 00:01 UTC||1970-01-01 00:10 UTC||8.8 min||35|" in text  # silent from 75 s to 600 s
+    assert "|group.max.size||9||provisional||largest classic group seen" in text
+    assert "|resource.identifier.max.length||left out||too thin||too thin to recommend: 0 observation windows" in text
+    assert "Never tighter than the evidence: each limit is the largest value the proxies let through" in text
