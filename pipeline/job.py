@@ -23,10 +23,11 @@ from typing import TextIO
 
 from pyspark.sql import SparkSession
 
+from .coverage import MIN_SPAN_SECONDS, MIN_WINDOWS, DurationError, nice_duration, parse_duration
 from .events import EVENT_SCHEMA, EventsPathError, Evidence, Inputs, find_inputs, read_evidence, write_parquet
 from .impact import Candidate, CandidateError, Impact, choose_candidates, impact_tables, parse_candidate
 from .plots import Plot, load_in_background, plots_for
-from .recommend import Recommendation, policies_yaml, recommend
+from .recommend import Recommendation, policies_yaml, provisional, recommend
 from .report_html import render
 from .session import (
     SHORT_JOB_BYTES,
@@ -50,6 +51,8 @@ class ReportOptions:
     out: str
     candidates: tuple[Candidate, ...] = ()
     headroom_pct: float = 20.0
+    min_span_seconds: float = MIN_SPAN_SECONDS  # less: every recommendation is provisional
+    min_windows: int = MIN_WINDOWS  # a limit measured by fewer windows gets no number
 
 
 @dataclass
@@ -111,12 +114,13 @@ def _report(
     if steps.stream is not None:
         print(f"report: {seen.events:,} valid events, {evidence.problem_lines:,} lines not valid", file=steps.stream)
     with steps.step("recommendations"):
-        recs = recommend(traffic, options.headroom_pct)
-        (out / YAML_NAME).write_text(policies_yaml(recs, traffic, options.headroom_pct))
+        recs = recommend(traffic, options.headroom_pct, options.min_windows)
+        yaml_text = policies_yaml(recs, traffic, options.headroom_pct, options.min_span_seconds, options.min_windows)
+        (out / YAML_NAME).write_text(yaml_text)
     configured = {(d["limit_key"], int(d["limit"])) for d in traffic.decisions if d["limit"] is not None}
-    recommended = [(r.key, r.value) for r in recs if not isinstance(r.value, bool)]
+    recommended = [(r.key, r.limit) for r in recs if r.limit is not None]
     candidates = choose_candidates(options.candidates, sorted(configured), recommended)
-    limits = {r.key: r.value for r in recs if not isinstance(r.value, bool)}
+    limits = dict(recommended)
     with ThreadPoolExecutor(1, thread_name_prefix="plots") as drawing:
         # matplotlib draws the traffic's plots (2-3 s of Python) while Spark works out the impact, from
         # when the impact's plans are made: making them is Python's work too, and sharing the GIL with
@@ -138,6 +142,8 @@ def _report(
                 "master": str(spark.sparkContext.master),
                 "inputs": ", ".join(options.events),
                 "headroom": f"{options.headroom_pct:g}%",
+                "min span": nice_duration(options.min_span_seconds),
+                "min windows": str(options.min_windows),
                 "time bucket": f"{traffic.bucket_seconds} s",
             }
             page = render(
@@ -149,6 +155,9 @@ def _report(
                 inputs=inputs.described,
                 timings=steps.done,
                 run=run,
+                min_span_seconds=options.min_span_seconds,
+                min_windows=options.min_windows,
+                headroom_pct=options.headroom_pct,
             )
             (out / "report.html").write_text(page, encoding="utf-8")
     (out / "run.json").write_text(
@@ -158,6 +167,13 @@ def _report(
                 "by_kind": seen.by_kind,
                 "problem_lines": evidence.problem_lines,
                 "candidates": [c.label for c in candidates],
+                "coverage": {
+                    "span_seconds": traffic.coverage.span_seconds,
+                    "windows": traffic.coverage.windows,
+                    "gaps": len(traffic.coverage.gaps),
+                    "provisional": provisional(traffic, options.min_span_seconds) is not None,
+                    "too_thin": [r.key for r in recs if r.value is None],
+                },
                 "steps": steps.done,
                 "spark_cpu": steps.cpu_done,
                 **run,
@@ -195,6 +211,10 @@ def main(args: argparse.Namespace) -> int:
         candidates = tuple(parse_candidate(c) for c in args.candidate)
         if not 0 <= args.headroom <= 1000:
             raise CandidateError(f"--headroom {args.headroom:g}: a percentage from 0 to 1000")
+        min_span = MIN_SPAN_SECONDS if args.min_span is None else parse_duration(args.min_span)
+        min_windows = MIN_WINDOWS if args.min_windows is None else args.min_windows
+        if min_windows < 1:
+            raise CandidateError(f"--min-windows {min_windows}: a number of windows, at least 1")
         inputs = find_inputs(args.events)  # a missing path is named before Spark starts
         steps = Steps()
         load_in_background()
@@ -211,7 +231,7 @@ def main(args: argparse.Namespace) -> int:
                 to_parquet(spark, args.events, args.to_parquet, steps)
                 print(f"Parquet events: {Path(args.to_parquet).resolve()}")
             else:
-                options = ReportOptions(tuple(args.events), args.out, candidates, args.headroom)
+                options = ReportOptions(tuple(args.events), args.out, candidates, args.headroom, min_span, min_windows)
                 result = run_report(spark, options, steps)
                 print(f"report: {result.out / 'report.html'}")
                 print(f"recommended policies: {result.out / YAML_NAME}")
@@ -221,6 +241,6 @@ def main(args: argparse.Namespace) -> int:
         finally:
             stop_session(spark, say=lambda text: print(f"report: {text}", file=sys.stderr, flush=True))
         return 0
-    except (EventsPathError, CandidateError, JavaMissingError) as exc:
+    except (EventsPathError, CandidateError, DurationError, JavaMissingError) as exc:
         print(f"report: {exc}", file=sys.stderr)
         return EXIT_USAGE

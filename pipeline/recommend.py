@@ -2,18 +2,22 @@
 proxy itself accepts (checked with :class:`proxy.config.Policies`, the parser
 ``check-config`` uses), each value with a one-line reason.
 
-The headroom rule: a limit is the observed peak plus ``headroom`` percent,
-rounded up (byte sizes to whole KiB), so that nothing seen would have been
-refused. Two exceptions follow Kafka's own rules: ``queued.max.request.bytes``
-comes from the 99th percentile of in-flight high-water marks and is at least
+The headroom rule (:func:`rules`, stated on the page and in the YAML): a limit is
+never tighter than what the evidence shows the cluster using -- the largest value
+the proxies let through, observe-mode decisions included -- plus ``headroom``
+percent, rounded up (byte sizes to whole KiB), so that nothing seen would have been
+refused, closed or made to wait. ``queued.max.request.bytes`` is also at least
 ``socket.request.max.bytes`` (KIP-72's pool must fit the largest request);
 identifier limits (KIP-1233) stay at Kafka's defaults unless a longer identifier
-was seen, since they bound names, not load.
+was seen, since they bound names, not load. A limit measured by too few
+observation windows gets no number (:meth:`pipeline.coverage.Coverage.thin`), and
+evidence spanning less than ``--min-span`` makes every number provisional.
 """
 
 from __future__ import annotations
 
 import math
+import textwrap
 from dataclasses import dataclass
 from datetime import UTC, datetime
 
@@ -21,18 +25,50 @@ import yaml
 
 from proxy.config import Policies
 
+from .coverage import MIN_SPAN_SECONDS, MIN_WINDOWS, nice_duration
 from .limits import IDENTIFIER_KEYS, KAFKA_DEFAULTS
 from .plain_text import printable
 from .traffic import Peak, Traffic, nice_bytes
 
-__all__ = ["Recommendation", "policies_yaml", "recommend", "with_headroom"]
+__all__ = ["Recommendation", "policies_yaml", "provisional", "recommend", "rules", "with_headroom"]
 
 
 @dataclass(frozen=True)
 class Recommendation:
     key: str
-    value: int | bool
+    value: int | bool | None  # None: the evidence is too thin for a number; the reason says why
     reason: str
+
+    @property
+    def limit(self) -> int | None:
+        """The recommended number (not a switch, not withheld)."""
+        return None if isinstance(self.value, bool) else self.value
+
+
+def rules(headroom_pct: float, min_windows: int = MIN_WINDOWS) -> list[str]:
+    """The rules the recommendations follow, one sentence each (the page's and the YAML's words)."""
+    return [
+        "Never tighter than the evidence: each limit is the largest value the proxies let through "
+        f"(observe-mode decisions included) + {headroom_pct:g}% headroom, rounded up (byte sizes to whole KiB), "
+        "so nothing seen would have been refused, closed or made to wait.",
+        "queued.max.request.bytes is at least socket.request.max.bytes (KIP-72); identifier limits stay at "
+        "Kafka's defaults unless a longer identifier was seen (then its length).",
+        "What enforce-mode decisions held back (refused, closed, made to wait) is not counted: it was not seen.",
+        f"A limit measured by fewer than {min_windows} observation windows (--min-windows) is left out: "
+        "too thin for a number.",
+    ]
+
+
+def provisional(traffic: Traffic, min_span_seconds: float = MIN_SPAN_SECONDS) -> str | None:
+    """Why every recommendation is provisional (the evidence spans less than ``--min-span``), or None."""
+    span = traffic.coverage.span_seconds
+    if span >= min_span_seconds:
+        return None
+    return (
+        f"PROVISIONAL: the evidence spans {nice_duration(span)}, less than the {nice_duration(min_span_seconds)} "
+        "asked for (--min-span): peaks not seen yet (a busy day, a weekly job, a rebalance storm) would be "
+        "refused. Gather more before enforcing these."
+    )
 
 
 def with_headroom(peak: int, headroom_pct: float, *, kib: bool = False) -> int:
@@ -60,20 +96,38 @@ def _at(peak: Peak) -> str:
     return f"{_short(peak.where)}{', ' + stamp if stamp else ''}"
 
 
-def recommend(traffic: Traffic, headroom_pct: float) -> list[Recommendation]:
-    """The limits the traffic supports, each with its reason; keys without evidence are left out."""
+def _enforced(traffic: Traffic, key: str) -> str:
+    """A note on decisions taken in enforce mode under ``key``: what they held back is not in the evidence."""
+    enforced = [d for d in traffic.decisions if d["limit_key"] == key and d["mode"] == "enforce"]
+    n = sum(int(d["count"]) for d in enforced)
+    if not n:
+        return ""
+    limits = sorted({int(d["limit"]) for d in enforced if d["limit"] is not None})
+    at = f" at {', '.join(map(str, limits))}" if limits else ""
+    return f"; {n:,} enforced decisions{at} (what they held back is not counted)"
+
+
+def recommend(traffic: Traffic, headroom_pct: float, min_windows: int = MIN_WINDOWS) -> list[Recommendation]:
+    """The limits the traffic supports, each with its reason; keys without evidence are left out, keys
+    with too little (fewer than ``min_windows`` windows measured them) have no value and say why."""
     h = headroom_pct
     plus = f"+ {h:g}%"
+    coverage = traffic.coverage
     recs: list[Recommendation] = []
+
+    def add(key: str, value: int | bool, reason: str) -> None:
+        thin = coverage.thin(key, min_windows)
+        recs.append(
+            Recommendation(key, None, thin) if thin else Recommendation(key, value, reason + _enforced(traffic, key))
+        )
+
     for key, kind in (("group.max.size", "classic"), ("group.consumer.max.size", "consumer")):
         peak = traffic.largest_by_kind.get(kind)
         if peak is not None and peak.value > 0:
-            recs.append(
-                Recommendation(
-                    key,
-                    with_headroom(peak.value, h),
-                    f"largest {kind} group seen: {peak.value} members ({_at(peak)}) {plus}",
-                )
+            add(
+                key,
+                with_headroom(peak.value, h),
+                f"largest {kind} group seen: {peak.value} members ({_at(peak)}) {plus}",
             )
     for key, peak, what in (
         ("max.connections", traffic.peak_connections, "connections open at once on one proxy"),
@@ -81,9 +135,7 @@ def recommend(traffic: Traffic, headroom_pct: float) -> list[Recommendation]:
         ("max.connections.per.ip", traffic.peak_per_ip, "connections at once from one client host"),
     ):
         if peak is not None and peak.value > 0:
-            recs.append(
-                Recommendation(key, with_headroom(peak.value, h), f"peak {what}: {peak.value} ({_at(peak)}) {plus}")
-            )
+            add(key, with_headroom(peak.value, h), f"peak {what}: {peak.value} ({_at(peak)}) {plus}")
     request_limit = KAFKA_DEFAULTS["socket.request.max.bytes"]
     for key, largest, what in (
         ("socket.request.max.bytes", traffic.largest_requests, "request"),
@@ -92,28 +144,24 @@ def recommend(traffic: Traffic, headroom_pct: float) -> list[Recommendation]:
         if largest:
             top = largest[0]
             value = with_headroom(top["bytes"], h, kib=True)
-            if key == "socket.request.max.bytes":
+            if key == "socket.request.max.bytes" and not coverage.thin(key, min_windows):
                 request_limit = value
-            recs.append(
-                Recommendation(
-                    key,
-                    value,
-                    f"largest {what} seen: {top['bytes']:,} B ({nice_bytes(top['bytes'])}, {top['api']} from client id "
-                    f"{_short(top['client_id'])!r}) {plus}, whole KiB",
-                )
+            add(
+                key,
+                value,
+                f"largest {what} seen: {top['bytes']:,} B ({nice_bytes(top['bytes'])}, {top['api']} from client id "
+                f"{_short(top['client_id'])!r}) {plus}, whole KiB",
             )
     p = traffic.pool_percentiles
     if p:
-        from_p99 = with_headroom(p["p99"], h, kib=True)
-        value = max(from_p99, request_limit)
-        floor = " -> socket.request.max.bytes, the least Kafka allows" if value > from_p99 else ""
-        recs.append(
-            Recommendation(
-                "queued.max.request.bytes",
-                value,
-                f"in-flight request bytes per proxy and window: p50 {nice_bytes(p['p50'])}, "
-                f"p99 {nice_bytes(p['p99'])}, max {nice_bytes(p['max'])}; p99 {plus}{floor}",
-            )
+        from_max = with_headroom(p["max"], h, kib=True)
+        value = max(from_max, request_limit)
+        floor = " -> socket.request.max.bytes, the least Kafka allows" if value > from_max else ""
+        add(
+            "queued.max.request.bytes",
+            value,
+            f"in-flight request bytes per proxy and window: p50 {nice_bytes(p['p50'])}, "
+            f"p99 {nice_bytes(p['p99'])}, max {nice_bytes(p['max'])}; max {plus}, whole KiB{floor}",
         )
     identifier_recs = []
     for key in IDENTIFIER_KEYS:
@@ -132,32 +180,63 @@ def recommend(traffic: Traffic, headroom_pct: float) -> list[Recommendation]:
             value = longest.value
         identifier_recs.append(Recommendation(key, value, reason))
     if identifier_recs:
-        recs.append(
-            Recommendation(
-                "resource.identifier.limit.enable", True, "KIP-1233 checks on, with the limits below (identifiers seen)"
+        # The checks go on only with every limit they apply: thin evidence leaves the switch out too.
+        thin = coverage.thin("resource.identifier.limit.enable", min_windows)
+        if thin:
+            recs.append(Recommendation("resource.identifier.limit.enable", None, thin))
+            recs += [Recommendation(r.key, None, thin) for r in identifier_recs]
+        else:
+            recs.append(
+                Recommendation(
+                    "resource.identifier.limit.enable",
+                    True,
+                    "KIP-1233 checks on, with the limits below (identifiers seen)",
+                )
             )
-        )
-        recs += identifier_recs
+            recs += identifier_recs
     return recs
 
 
-def policies_yaml(recs: list[Recommendation], traffic: Traffic, headroom_pct: float) -> str:
-    """The ``policies:`` section, commented; validated by the proxy's own config model first."""
-    section = {r.key: r.value for r in recs}
+def _comment(text: str) -> str:
+    """One line of text that YAML's reader takes as it is (a group id in it may hold a control character)."""
+    return printable(" ".join(text.split()))
+
+
+def policies_yaml(
+    recs: list[Recommendation],
+    traffic: Traffic,
+    headroom_pct: float,
+    min_span_seconds: float = MIN_SPAN_SECONDS,
+    min_windows: int = MIN_WINDOWS,
+) -> str:
+    """The ``policies:`` section, commented; validated by the proxy's own config model first. Keys too thin
+    for a number are comments (the proxy keeps its default for them); provisional ones say so."""
+    given = [r for r in recs if r.value is not None]
+    section = {r.key: r.value for r in given}
     Policies.model_validate(section)  # raises (naming the key) if the proxy would refuse it
-    seen = traffic.overview
+    seen, coverage = traffic.overview, traffic.coverage
+    warning = provisional(traffic, min_span_seconds)
     lines = [
         "# Recommended policies for kafka-admission-proxy (Kafka property names), made by",
-        f"# `kafka-admission-proxy report` from {seen.events:,} audit events of {len(seen.instances)} proxies,",
-        f"# {when(seen.first_ts)} to {when(seen.last_ts)}.",
-        f"# Rule: the observed peak + {headroom_pct:g}% headroom, rounded up (sizes to whole KiB);",
-        "# queued.max.request.bytes from the p99 of in-flight bytes; identifier limits at Kafka's",
-        "# defaults unless a longer identifier was seen. Paste into the proxy's config file;",
-        "# `kafka-admission-proxy check-config` accepts it. Keys not listed keep their defaults.",
-        "policies:" if recs else "policies: {}",
+        f"# `kafka-admission-proxy report` from {seen.events:,} audit events of {len(seen.instances)} "
+        f"prox{'y' if len(seen.instances) == 1 else 'ies'},",
+        f"# {when(seen.first_ts)} to {when(seen.last_ts)}: {coverage.total_windows:,} observation windows over "
+        f"{nice_duration(coverage.span_seconds)}, {len(coverage.gaps)} gaps (proxies silent).",
     ]
+    if warning:
+        lines += [f"# {line}" for line in textwrap.wrap(warning, 100, break_on_hyphens=False)]
+    for rule in rules(headroom_pct, min_windows):
+        lines += [f"# {line}" for line in textwrap.wrap(rule, 100, break_on_hyphens=False)]
+    lines += [
+        "# Paste into the proxy's config file; `kafka-admission-proxy check-config` accepts it.",
+        "# Keys not listed, or commented out below as left out, keep the proxy's defaults.",
+        "policies:" if given else "policies: {}",
+    ]
+    mark = " (provisional)" if warning else ""
     for r in recs:
+        if r.value is None:
+            lines.append(f"  # {r.key}: left out, {_comment(r.reason)}")
+            continue
         scalar = yaml.safe_dump(r.value, default_flow_style=True).removesuffix("\n...\n").strip()
-        # One line, and nothing YAML's reader refuses (a group id in it may hold a control character).
-        lines.append(f"  {r.key}: {scalar}  # {printable(' '.join(r.reason.split()))}")
+        lines.append(f"  {r.key}: {scalar}  # {_comment(r.reason)}{mark}")
     return "\n".join(lines) + "\n"

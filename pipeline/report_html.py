@@ -12,17 +12,19 @@ from collections.abc import Iterable, Sequence
 from dataclasses import dataclass
 from typing import Any
 
+from .coverage import MIN_SPAN_SECONDS, MIN_WINDOWS, Coverage, nice_duration
 from .events import InputProblem
 from .impact import TOP_SUBJECTS, Impact
 from .limits import LIMITS
 from .plain_text import printable
 from .plots import Plot, impact_timeline
-from .recommend import Recommendation, when
+from .recommend import Recommendation, provisional, rules, when
 from .traffic import Traffic, nice_bytes
 
 __all__ = ["SECTIONS", "PolicySection", "render"]
 
 MAX_PROBLEM_FILES = 50
+MAX_GAPS = 50
 
 
 @dataclass(frozen=True)
@@ -116,6 +118,66 @@ def _short(text: Any, width: int = 60) -> str:
     return value if len(value) <= width else value[: width - 1] + "…"
 
 
+def _recs_table(recs: Sequence[Recommendation], warning: str | None) -> str:
+    """Key, value and reason; a limit too thin for a number says so in place of one."""
+    rows = [
+        (
+            r.key,
+            "left out" if r.value is None else r.value,
+            "too thin" if r.value is None else "provisional" if warning else "",
+            r.reason,
+        )
+        for r in recs
+    ]
+    return _table(["key", "value", "status", "reason"], rows, "recommended")
+
+
+def _few(items: Iterable[str], shown: int = 20) -> str:
+    """The first ``shown`` items, and how many more (a fleet of hundreds of proxies)."""
+    listed = list(items)
+    more = f", … and {len(listed) - shown:,} more" if len(listed) > shown else ""
+    return ", ".join(listed[:shown]) + more
+
+
+def _coverage(coverage: Coverage, warning: str | None, min_span_seconds: float) -> str:
+    """What the evidence covers: span, proxies, windows, gaps; and the provisional warning."""
+    shortest, longest = min(coverage.periods.values(), default=0.0), max(coverage.periods.values(), default=0.0)
+    period = (
+        nice_duration(shortest) if shortest == longest else f"{nice_duration(shortest)} to {nice_duration(longest)}"
+    )
+    rows = [
+        (
+            "time span",
+            f"{nice_duration(coverage.span_seconds)}: {when(coverage.first)} to {when(coverage.last)} "
+            f"(--min-span {nice_duration(min_span_seconds)})",
+        ),
+        ("proxies", f"{len(coverage.windows):,}: {_few(_short(i, 40) for i in coverage.windows)}"),
+        (
+            "observation windows",
+            f"{coverage.total_windows:,} (per proxy: "
+            + _few(f"{_short(i, 40)} {n:,}" for i, n in coverage.windows.items())
+            + f"; every {period})",
+        ),
+        ("gaps (proxies silent)", f"{len(coverage.gaps):,}: {coverage.gap_rule()}"),
+    ]
+    parts = ['<h3 id="coverage">What the evidence covers</h3>']
+    if warning:
+        parts.append(f'<p class="warn provisional"><strong>{_e(warning)}</strong></p>')
+    parts.append(_table(["", ""], rows, "coverage"))
+    if coverage.gaps:
+        shown = coverage.gaps[:MAX_GAPS]
+        parts.append(
+            _table(
+                ["proxy silent", "from", "to", "for", "windows missed"],
+                [(g.instance, when(g.start), when(g.end), nice_duration(g.seconds), g.windows_missed) for g in shown],
+                "gaps",
+            )
+        )
+        if len(coverage.gaps) > MAX_GAPS:
+            parts.append(f'<p class="muted">… and {len(coverage.gaps) - MAX_GAPS:,} shorter gaps.</p>')
+    return "".join(parts)
+
+
 def _summary(
     traffic: Traffic,
     recs: list[Recommendation],
@@ -123,12 +185,17 @@ def _summary(
     problems: Sequence[InputProblem],
     inputs: str,
     yaml_name: str,
+    min_span_seconds: float,
+    min_windows: int,
+    headroom_pct: float,
 ) -> str:
+    warning = provisional(traffic, min_span_seconds)
     seen = traffic.overview
     bad = sum(p.lines for p in problems)
     parts = [
         '<section id="summary"><h2>Summary</h2>',
-        f"<p>{seen.events:,} valid audit events (schema version 2) from {len(seen.instances)} proxies, "
+        f"<p>{seen.events:,} valid audit events (schema version 2) from {len(seen.instances)} "
+        f"prox{'y' if len(seen.instances) == 1 else 'ies'}, "
         f"{_e(when(seen.first_ts))} to {_e(when(seen.last_ts))}, read from {_e(inputs)}. ",
         (
             f'<span class="warn">{bad:,} lines were not valid events ({len({p.file for p in problems})} files): '
@@ -138,10 +205,10 @@ def _summary(
         ),
         "</p>",
         _table(["events", "count"], sorted(seen.by_kind.items())),
+        _coverage(traffic.coverage, warning, min_span_seconds),
         f"<h3>Recommended settings (<code>{_e(yaml_name)}</code>)</h3>",
-        _table(["key", "value", "reason"], [(r.key, r.value, r.reason) for r in recs])
-        if recs
-        else '<p class="muted">No evidence to recommend from.</p>',
+        '<ul class="rules">' + "".join(f"<li>{_e(rule)}</li>" for rule in rules(headroom_pct, min_windows)) + "</ul>",
+        _recs_table(recs, warning) if recs else '<p class="muted">No evidence to recommend from.</p>',
         "<h3>Candidate limits: what each would have done</h3>",
         _impact_table([r for r in impact.summary if r["occurrences"]]),
         _quiet(impact.summary),
@@ -207,7 +274,12 @@ def _quiet(rows: Sequence[dict[str, Any]]) -> str:
 
 
 def _policy_section(
-    section: PolicySection, traffic: Traffic, recs: list[Recommendation], impact: Impact, plots: list[Plot]
+    section: PolicySection,
+    traffic: Traffic,
+    recs: list[Recommendation],
+    impact: Impact,
+    plots: list[Plot],
+    warning: str | None,
 ) -> str:
     keys = [k for k, limit in LIMITS.items() if limit.policy in section.policies]
     parts = [
@@ -219,7 +291,7 @@ def _policy_section(
     mine = [r for r in recs if r.key in keys]
     parts.append("<h3>Recommended</h3>")
     parts.append(
-        _table(["key", "value", "reason"], [(r.key, r.value, r.reason) for r in mine])
+        _recs_table(mine, warning)
         if mine
         else '<p class="muted">Nothing to recommend from (no evidence for these limits).</p>'
     )
@@ -381,7 +453,11 @@ def render(
     timings: Sequence[tuple[str, float]],
     run: dict[str, str],
     yaml_name: str = "recommended-policies.yaml",
+    min_span_seconds: float = MIN_SPAN_SECONDS,
+    min_windows: int = MIN_WINDOWS,
+    headroom_pct: float = 20.0,
 ) -> str:
+    warning = provisional(traffic, min_span_seconds)
     nav = "".join(f'<a href="#policy-{s.id}">{_e(s.title.split(" (")[0])}</a>' for s in SECTIONS)
     body = [
         "<!DOCTYPE html>",
@@ -389,8 +465,8 @@ def render(
         f"<style>{_CSS}</style></head><body>",
         "<h1>Policy impact report</h1>",
         f"<nav>{nav}</nav>",
-        _summary(traffic, recs, impact, problems, inputs, yaml_name),
-        *[_policy_section(s, traffic, recs, impact, plots.get(s.id, [])) for s in SECTIONS],
+        _summary(traffic, recs, impact, problems, inputs, yaml_name, min_span_seconds, min_windows, headroom_pct),
+        *[_policy_section(s, traffic, recs, impact, plots.get(s.id, []), warning) for s in SECTIONS],
         _decisions(traffic),
         _inputs(problems),
         '<section id="run"><h2>This run</h2>',

@@ -22,6 +22,7 @@ from typing import Any
 from pyspark.sql import Column, DataFrame, Window
 from pyspark.sql import functions as F
 
+from .coverage import Coverage, measure_coverage
 from .events import Evidence, Overview
 from .limits import limit_key_of, normalized_kind
 
@@ -47,6 +48,7 @@ class Peak:
 class Traffic:
     overview: Overview
     bucket_seconds: int
+    coverage: Coverage = field(default_factory=Coverage)  # windows, span, gaps: what the evidence covers
     # sizes: (log2 bucket k: 2^(k-1) <= size < 2^k, rows of (client id, API, window)) of the largest frame
     request_size_hist: list[tuple[int, int]] = field(default_factory=list)
     response_size_hist: list[tuple[int, int]] = field(default_factory=list)
@@ -498,6 +500,7 @@ def measure_traffic(evidence: Evidence, opens: DataFrame, threads: int = 3) -> T
         lambda: {"decisions": _decisions(evidence)},
         lambda: _largest_sizes(evidence),
         lambda: _identifiers(evidence),
+        lambda: {"coverage": measure_coverage(evidence)},
     ]
     with ThreadPoolExecutor(threads, thread_name_prefix="traffic") as pool:
         measured = list(pool.map(lambda part: part(), parts))

@@ -194,6 +194,17 @@ def build_parser() -> argparse.ArgumentParser:
         metavar="PCT",
         help="recommended limits: observed peak + PCT percent (default 20)",
     )
+    report.add_argument(
+        "--min-span",
+        metavar="DURATION",
+        help="evidence spanning less (7d, 12h, 30m or seconds) makes every recommendation provisional (default 7d)",
+    )
+    report.add_argument(
+        "--min-windows",
+        type=int,
+        metavar="N",
+        help="a limit measured by fewer observation windows gets no number, only a note why (default 30)",
+    )
     report.set_defaults(func=_cmd_report)
     return parser
 

@@ -6,6 +6,7 @@ REQUIRE_ALL=1 (CI) that skip is a failure."""
 
 from __future__ import annotations
 
+import json
 import os
 import shutil
 import subprocess
@@ -16,6 +17,7 @@ from pathlib import Path
 from typing import Any
 
 import pytest
+import yaml
 
 from bench.fleet_evidence import FleetSpec, FleetTruth, generate
 from tests.conftest import ROOT
@@ -55,6 +57,21 @@ def command_in_process(*argv: str) -> int:
     return int(args.func(args))
 
 
+def check_recommended(
+    directory: Path, recommended: str, config: dict[str, Any] | None = None
+) -> subprocess.CompletedProcess[str]:
+    """``check-config`` as an operator runs it, on ``config`` (default: the demo's) with its ``policies``
+    replaced by the recommended YAML as the report wrote it, comments and all."""
+    if config is None:
+        config = yaml.safe_load((ROOT / "proxy" / "demo-config.yaml").read_text())
+    path = directory / "with-recommended-policies.yaml"
+    path.write_text(yaml.safe_dump({k: v for k, v in config.items() if k != "policies"}) + recommended)
+    return subprocess.run(
+        [sys.executable, "-m", "proxy.cli", "check-config", "--config", str(path)],
+        capture_output=True, text=True, cwd=ROOT, timeout=60,
+    )
+
+
 def report_command(*argv: str) -> int:
     """``kafka-admission-proxy report ARGV...`` in this process (:func:`command_in_process`)."""
     return command_in_process("report", *argv)
@@ -67,14 +84,49 @@ class Fleet:
     truth: FleetTruth
 
 
+DAY = 86400.0
+# The fleet's last proxy is silent for this long from its window GAP_AFTER on: its later events are moved.
+GAP_AFTER, GAP_DAYS = 7, 5
+
+
 @pytest.fixture(scope="session")
 def fleet(tmp_path_factory: pytest.TempPathFactory) -> Fleet:
-    """3 proxies x 10 windows (about 6,000 events in 6 files), with 5 malformed lines, 3 of
-    version 1 and one file whose writer is in the middle of a line."""
-    spec = FleetSpec(instances=3, clients=60, groups=15, windows=10, malformed_lines=5, v1_lines=3,
-                     partial_file=True, lines_per_file=1500)
+    """3 proxies x 12 windows of a day (about 7,000 events in 6 files), with 5 malformed lines, 3 of
+    version 1 and one file whose writer is in the middle of a line. The last proxy's events from its
+    window GAP_AFTER on are GAP_DAYS later: it is silent for GAP_DAYS days, and the evidence spans 17
+    days, more than the report's --min-span (7 days): its recommendations are not provisional."""
+    spec = FleetSpec(instances=3, clients=60, groups=15, windows=12, window_seconds=DAY, malformed_lines=5,
+                     v1_lines=3, partial_file=True, lines_per_file=1500)
     path = tmp_path_factory.mktemp("fleet")
-    return Fleet(path, spec, generate(spec, path))
+    truth = generate(spec, path)
+    silent = sorted(truth.instances)[-1]
+    moved = shift_times(path, silent, since=spec.start + GAP_AFTER * DAY, by=GAP_DAYS * DAY)
+    assert moved > 100
+    truth.last_ts += GAP_DAYS * DAY
+    return Fleet(path, spec, truth)
+
+
+def shift_times(directory: Path, instance: str, since: float, by: float) -> int:
+    """Move ``instance``'s events from ``since`` on (by their window's start, else their time) ``by``
+    seconds later, in the audit files of ``directory``, every other line left as it is. Returns how many."""
+    moved = 0
+    for file in sorted(directory.iterdir()):
+        lines = file.read_text().splitlines(keepends=True)
+        for n, line in enumerate(lines):
+            try:
+                event = json.loads(line)
+            except ValueError:
+                continue  # malformed, or the half-written last line
+            if not isinstance(event, dict) or event.get("instance") != instance:
+                continue
+            if event.get("window_start", event.get("ts", 0)) >= since:
+                for name in ("ts", "window_start"):
+                    if name in event:
+                        event[name] += by
+                lines[n] = json.dumps(event, separators=(",", ":")) + ("\n" if line.endswith("\n") else "")
+                moved += 1
+        file.write_text("".join(lines))
+    return moved
 
 
 @pytest.fixture(scope="session")

@@ -4,7 +4,8 @@ The test runs the command ``make demo`` runs (read from ``make -n demo``), with
 ``--exit-after-workload`` so it stops by itself, in this process (``command_in_process``):
 its report runs on the tests' Spark session (a Spark JVM of
 its own would add ~25 s of start-up and cold code). ``tests/integration/test_cli.py``
-runs the ``demo`` console script itself as a process."""
+runs the ``demo`` console script itself as a process. Its seconds of traffic are too little to
+recommend limits from: the report says so (provisional, every limit too thin) rather than giving numbers."""
 
 from __future__ import annotations
 
@@ -16,8 +17,9 @@ from typing import Any
 
 import pytest
 import yaml
-from conftest import command_in_process
+from conftest import check_recommended, command_in_process
 
+from pipeline.coverage import MIN_WINDOWS
 from tests.conftest import ROOT
 
 pytestmark = pytest.mark.spark
@@ -48,5 +50,21 @@ def test_make_demo_ends_with_the_report_over_its_own_audit_events(
         e["api"] for f in (demo_dir / "audit").glob("demo-*.jsonl") for e in map(json.loads, f.open())
         if e.get("section") == "client_api"
     }
-    policies = yaml.safe_load((out / "recommended-policies.yaml").read_text())["policies"]
-    assert policies["socket.request.max.bytes"] > 0 and policies["max.connections"] > 0
+    # Seconds of traffic are no evidence to set limits by: the report says so, in the page and the YAML.
+    windows = summary["coverage"]["windows"]["demo"]
+    assert 1 <= windows < MIN_WINDOWS  # windows of 2 s: a demo of seconds is far from --min-windows
+    assert summary["coverage"]["provisional"] is True
+    assert {"max.connections", "socket.request.max.bytes", "queued.max.request.bytes"} <= set(
+        summary["coverage"]["too_thin"]
+    )
+    text = (out / "recommended-policies.yaml").read_text()
+    header = " ".join(line.removeprefix("# ") for line in text.splitlines() if line.startswith("# "))
+    assert "PROVISIONAL: the evidence spans " in header and "less than the 7 d asked for (--min-span)" in header
+    assert "Never tighter than the evidence: each limit is the largest value the proxies let through" in header
+    assert yaml.safe_load(text)["policies"] == {}  # every limit too thin: the proxy keeps its defaults
+    for key in ("max.connections", "socket.request.max.bytes"):
+        assert f"  # {key}: left out, too thin to recommend: {windows} observation windows" in text, key
+    checked = check_recommended(tmp_path, text)  # the comments and the empty section included
+    assert checked.returncode == 0, checked.stderr
+    page = (out / "report.html").read_text()
+    assert "PROVISIONAL: the evidence spans" in page and "too thin to recommend" in page

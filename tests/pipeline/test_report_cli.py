@@ -13,7 +13,7 @@ from pathlib import Path
 from typing import Any
 
 import pytest
-from conftest import rendered_sections, report_command, report_process
+from conftest import DAY, GAP_AFTER, GAP_DAYS, rendered_sections, report_command, report_process
 
 from bench.fleet_evidence import BIG_GROUP, LONG_CLIENT_ID
 from pipeline.recommend import with_headroom
@@ -41,6 +41,10 @@ def test_bad_lines_are_counted_and_listed_in_the_report_never_fatal(
         plots = sections[f"policy-{section.id}"]["plots"]
         assert plots and all(p["complete"] and p["naturalWidth"] > 0 for p in plots), section.id
     text = page["text"]
+    # What the evidence covers, as the browser shows it: 17 days, the gaps, and nothing provisional.
+    assert "What the evidence covers" in text and "time span\t17 d: " in text
+    assert "observation windows\t36 (per proxy: " in text and "gaps (proxies silent)\t3: a gap is a stretch" in text
+    assert "PROVISIONAL" not in text and "provisional" not in text
     assert "schema_version 1" in text and "last line incomplete" in text
     assert truth.partial_files[0] in text
     for problem, lines in by_problem.items():
@@ -75,6 +79,28 @@ def test_the_report_finds_what_the_generator_planted(fleet: Any, fleet_report: A
     assert ("client_id", LONG_CLIENT_ID) in named
 
 
+def test_ten_days_of_evidence_are_not_provisional_and_a_silent_proxy_is_a_gap(fleet: Any, fleet_report: Any) -> None:
+    truth, coverage = fleet.truth, fleet_report.traffic.coverage
+    assert coverage.windows == {instance: fleet.spec.windows for instance in truth.instances}
+    assert coverage.span_seconds == pytest.approx((fleet.spec.windows + GAP_DAYS) * DAY, abs=1)
+    silent = sorted(truth.instances)[-1]
+    # The silent proxy's days, and the other two's at the end (they stopped GAP_DAYS before it).
+    gaps = sorted((g.instance, g.windows_missed) for g in coverage.gaps)
+    assert gaps == [(instance, GAP_DAYS) for instance in sorted(truth.instances)]
+    (gap,) = [g for g in coverage.gaps if g.instance == silent]
+    assert gap.start == pytest.approx(fleet.spec.start + GAP_AFTER * DAY, abs=1) and gap.seconds == GAP_DAYS * DAY
+    run = json.loads((fleet_report.out / "run.json").read_text())
+    assert run["coverage"]["provisional"] is False and run["coverage"]["gaps"] == 3
+    text = (fleet_report.out / "recommended-policies.yaml").read_text()
+    assert "PROVISIONAL" not in text and "(provisional)" not in text
+    assert "over 17 d, 3 gaps (proxies silent)" in text
+    # Consumer groups were seen in 24 of the 36 windows: too thin for a number, a comment says why.
+    assert coverage.windows_for("group.consumer.max.size") == 24
+    assert ("  # group.consumer.max.size: left out, too thin to recommend: 24 observation windows with a consumer "
+            "(KIP-848) group, at least 30 needed (--min-windows)") in text.splitlines()
+    assert {r.key: r.value for r in fleet_report.recommendations}["group.consumer.max.size"] is None
+
+
 @pytest.mark.parametrize(
     ("args", "message"),
     [
@@ -82,6 +108,8 @@ def test_the_report_finds_what_the_generator_planted(fleet: Any, fleet_report: A
         (["--candidate", "group.size=5"], "'group.size' is not a limit the report evaluates"),
         (["--candidate", "group.max.size=lots"], "the value of group.max.size must be an integer"),
         (["--headroom", "-5"], "--headroom -5: a percentage from 0 to 1000"),
+        (["--min-span", "a week"], "--min-span a week: a duration such as 7d, 12h, 30m, 45s or plain seconds"),
+        (["--min-windows", "0"], "--min-windows 0: a number of windows, at least 1"),
     ],
 )
 def test_a_bad_option_is_one_line_naming_it(

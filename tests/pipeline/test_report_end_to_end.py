@@ -15,8 +15,6 @@ import base64
 import html
 import re
 import socket
-import subprocess
-import sys
 import time
 from pathlib import Path
 from typing import Any
@@ -24,13 +22,13 @@ from typing import Any
 import pytest
 import yaml
 from confluent_kafka import Producer
-from conftest import rendered_sections, report_command
+from conftest import check_recommended, rendered_sections, report_command
 
 from pipeline.recommend import with_headroom
 from pipeline.report_html import SECTIONS
 from tests.audit_files import assert_valid, read_events
 from tests.clients import Member, create_topic, produce, unique, wait_for
-from tests.conftest import ROOT, wait_until
+from tests.conftest import wait_until
 
 pytestmark = pytest.mark.spark
 
@@ -56,12 +54,6 @@ def tls_listener(certs: Any) -> dict[str, Any]:
 
 def confluent_tls(certs: Any) -> dict[str, Any]:
     return {"security.protocol": "SSL", "ssl.ca.location": certs.ca_file}
-
-
-def cli(*args: str, timeout: float = 300) -> subprocess.CompletedProcess[str]:
-    return subprocess.run(
-        [sys.executable, "-m", "proxy.cli", *args], capture_output=True, text=True, cwd=ROOT, timeout=timeout
-    )
 
 
 def make_traffic(proxy: Any, certs: Any) -> str:
@@ -132,8 +124,11 @@ def test_report_over_a_real_proxys_audit_names_the_violators_and_renders_in_chro
     assert decided >= {"identifier_limits", "group_size", "memory_pool"}
 
     out = tmp_path / "report"
+    # Seconds of traffic: every number is provisional (test_demo_report.py: and too thin under the default
+    # --min-windows); one window is enough here, to check the numbers the traffic gives.
     status = report_command("--events", str(audit), "--out", str(out), "--headroom", str(HEADROOM),
-                            "--candidate", "group.max.size=2", "--candidate", "max.ssl.connections=1")
+                            "--candidate", "group.max.size=2", "--candidate", "max.ssl.connections=1",
+                            "--min-windows", "1")
     run = capsys.readouterr()
     assert status == 0, run.err[-4000:]
     assert f"report: {out / 'report.html'}" in run.out
@@ -168,15 +163,15 @@ def test_report_over_a_real_proxys_audit_names_the_violators_and_renders_in_chro
     assert recommended["queued.max.request.bytes"] >= recommended["socket.request.max.bytes"]
     largest_request = max(e["max_request_bytes"] for e in events if e.get("section") == "client_api")
     assert largest_request < recommended["socket.request.max.bytes"] <= with_headroom(largest_request, HEADROOM) + 1024
-    comments = [line for line in (out / "recommended-policies.yaml").read_text().splitlines() if ": " in line
-                and line.startswith("  ")]
+    text = (out / "recommended-policies.yaml").read_text()
+    comments = [line for line in text.splitlines() if ": " in line and line.startswith("  ")]
     assert comments and all("  # " in line for line in comments)  # a reason on every key
+    assert all(line.endswith("(provisional)") for line in comments)  # and it says each is provisional
+    assert "\n# PROVISIONAL: the evidence spans " in text
     # The group id in the reason, as text: its control character escaped, as YAML requires.
     assert f"{group[:-1]}\\x01" in (out / "recommended-policies.yaml").read_text()
-    config = {**proxy.config, "policies": recommended, "audit": {"path": None}}
-    config_file = tmp_path / "recommended.yaml"
-    config_file.write_text(yaml.safe_dump(config))
-    checked = cli("check-config", "--config", str(config_file), timeout=60)
+    # The proxy's own config with the YAML as written in place of its policies, comments and all.
+    checked = check_recommended(tmp_path, text, {**proxy.config, "audit": {"path": None}})
     assert checked.returncode == 0, checked.stderr
     effective = yaml.safe_load(checked.stdout)["policies"]
     assert {k: effective[k] for k in recommended} == recommended
@@ -196,6 +191,9 @@ def test_report_over_a_real_proxys_audit_names_the_violators_and_renders_in_chro
     assert [url for url in page["fetched"] if not url.startswith("data:")] == []
     # Shown as text, not run; the control character as its escape.
     assert LONG_CLIENT_ID[:40] in page["text"] and f"{group[:-1]}\\x01" in page["text"]
+    # What the evidence covers, and the warning that it is too short to enforce from.
+    assert "What the evidence covers" in page["text"] and "PROVISIONAL: the evidence spans " in page["text"]
+    assert "\tprovisional\t" in page["text"]  # the recommended tables' status column
     html_text = (out / "report.html").read_text()
     assert "<script>" not in html_text
     # The groups' legend names the group as it is: matplotlib writes each text into the SVG as a comment.
