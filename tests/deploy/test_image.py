@@ -116,7 +116,7 @@ def test_the_image_carries_its_labels_healthcheck_and_user(image: str) -> None:
     assert labels["org.opencontainers.image.title"] == "kafka-admission-proxy"
     assert labels["org.opencontainers.image.licenses"] == "Apache-2.0"
     assert "org.opencontainers.image.source" in labels
-    # The docker format keeps HEALTHCHECK (podman's default OCI format drops it silently).
+    # The docker format keeps HEALTHCHECK (podman's default OCI format drops it, warning only).
     assert found["Healthcheck"]["Test"][0] == "CMD"
     assert found["Config"]["User"] == "10001:10001"
     assert found["Size"] < IMAGE_SIZE_BOUND_MB * 1e6, f"the image is {found['Size'] / 1e6:.0f} MB"
