@@ -30,7 +30,7 @@ from tests.deploy.test_dockerfile import DOCKERFILE, instructions
 
 pytestmark = pytest.mark.demo_ports
 
-IMAGE = "localhost/kafka-admission-proxy:test"
+IMAGE = f"localhost/kafka-admission-proxy:test-{uuid.uuid4().hex[:8]}"  # a run of its own
 # The base (tests/deploy/podman.py: bookworm minbase with python3, venv, pip, ca-certificates)
 # is 199 MB; the proxy's venv adds 48 MB: 247 MB measured. A bound above it catches a heavy
 # layer slipping in.
