@@ -25,7 +25,7 @@ from confluent_kafka import Consumer
 from tests.clients import GROUP_CONF, create_topic, produce, unique
 from tests.conftest import ROOT, wait_until
 from tests.deploy.conftest import IMAGE_CONFIG, produce_and_consume, proxy_config
-from tests.deploy.podman import base_image, network_build_options, podman
+from tests.deploy.podman import ULIMITS, base_image, network_build_options, podman
 from tests.deploy.test_dockerfile import DOCKERFILE, instructions
 
 pytestmark = pytest.mark.demo_ports
@@ -154,10 +154,7 @@ def container(image: str, tansu: Any, tmp_path: Path) -> Iterator[tuple[str, dic
         "--cap-drop=ALL",
         "--security-opt",
         "no-new-privileges",
-        "--ulimit",
-        "nofile=4096:4096",
-        "--ulimit",
-        "nproc=4096:4096",
+        *ULIMITS,
         "-v",
         f"{config_file}:{IMAGE_CONFIG}:ro",
         image,
