@@ -1,7 +1,8 @@
-"""deploy/Dockerfile: hadolint passes, and since no container engine runs here,
-the image's install is built outside a container (a venv made as the build
-stage makes it) and its ENTRYPOINT + CMD and HEALTHCHECK command lines run
-against a real Tansu broker, with a produce and a consume through the proxy."""
+"""deploy/Dockerfile: hadolint passes, and the image's install is also built outside a
+container (a venv made as the build stage makes it) so its ENTRYPOINT + CMD and
+HEALTHCHECK command lines run against a real Tansu broker, with a produce and a consume
+through the proxy, in seconds. The image itself is built and run with podman in
+test_image.py."""
 
 from __future__ import annotations
 
