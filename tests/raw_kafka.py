@@ -23,6 +23,25 @@ def api_versions_frame(correlation_id: int, version: int = 3, client_id: str = "
                  schema(client_software_name="raw", client_software_version="1"), client_id)
 
 
+def api_versions_over_tls(
+    address: str, ctx: ssl.SSLContext, correlation_id: int = 11, session: ssl.SSLSession | None = None
+) -> tuple[int, ssl.SSLSession | None, bool]:
+    """One ApiVersions round trip over TLS: (the answer's correlation id, the TLS session, whether
+    it was resumed). Raises ConnectionError when the other side closes before answering."""
+    host, port = address.rsplit(":", 1)
+    with socket.create_connection((host, int(port)), timeout=10) as raw, ctx.wrap_socket(
+        raw, server_hostname="localhost", session=session
+    ) as sock:
+        sock.sendall(api_versions_frame(correlation_id))
+        data = b""
+        while len(data) < 8:
+            chunk = sock.recv(4096)
+            if not chunk:
+                raise ConnectionError("closed by the proxy")
+            data += chunk
+        return int.from_bytes(data[4:8], "big"), sock.session, sock.session_reused
+
+
 def metadata_frame(correlation_id: int, version: int = 12) -> bytes:
     schema = load_request_schema(METADATA, version)
     return frame(METADATA, version, correlation_id,

@@ -15,7 +15,6 @@ from __future__ import annotations
 import os
 import shlex
 import shutil
-import socket
 import ssl
 import subprocess
 import tempfile
@@ -28,6 +27,7 @@ import trustme
 import yaml
 
 from proxy.tansu import free_port
+from tests import raw_kafka
 from tests.conftest import ROOT, wait_until
 from tests.deploy.conftest import (
     IMAGE_CONFIG,
@@ -37,7 +37,6 @@ from tests.deploy.conftest import (
     proxy_config,
     system_tool,
 )
-from tests.raw_kafka import api_versions_frame
 
 UNIT = ROOT / "deploy" / "kafka-admission-proxy.service"
 # Where systemd puts a system service's credentials ($CREDENTIALS_DIRECTORY, %d in the unit).
@@ -172,18 +171,7 @@ def load_credentials(private: Path, credentials: Path) -> None:
 
 
 def api_versions_over_tls(address: str, ca_file: str) -> int:
-    host, port = address.rsplit(":", 1)
-    ctx = ssl.create_default_context(cafile=ca_file)
-    with socket.create_connection((host, int(port)), timeout=10) as raw, ctx.wrap_socket(
-        raw, server_hostname="localhost"
-    ) as sock:
-        sock.sendall(api_versions_frame(5))
-        data = b""
-        while len(data) < 8:
-            chunk = sock.recv(4096)
-            assert chunk, "closed by the proxy"
-            data += chunk
-        return int.from_bytes(data[4:8], "big")
+    return raw_kafka.api_versions_over_tls(address, ssl.create_default_context(cafile=ca_file), 5)[0]
 
 
 def test_the_dynamic_user_reads_a_root_only_key_only_as_the_units_credential(

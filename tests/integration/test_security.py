@@ -10,7 +10,6 @@ from __future__ import annotations
 import http.client
 import os
 import re
-import socket
 import ssl
 import subprocess
 import sys
@@ -28,6 +27,7 @@ from prometheus_client.parser import text_string_to_metric_families
 
 from proxy.config import Admin, parse_config
 from proxy.tansu import TansuBroker, free_port, wait_for_port
+from tests import raw_kafka
 from tests.conftest import ROOT, wait_until
 from tests.raw_kafka import RawConnection, api_versions_frame
 
@@ -168,18 +168,7 @@ def test_tls_1_2_is_refused_with_a_cbc_suite_and_accepted_with_an_aead_one(
 
 def api_versions_over_tls(address: str, ctx: ssl.SSLContext) -> int:
     """Correlation id of the answer to one ApiVersions request over TLS."""
-    host, port = address.rsplit(":", 1)
-    with socket.create_connection((host, int(port)), timeout=10) as raw, ctx.wrap_socket(
-        raw, server_hostname="localhost"
-    ) as sock:
-        sock.sendall(api_versions_frame(11))
-        data = b""
-        while len(data) < 8:
-            chunk = sock.recv(4096)
-            if not chunk:
-                raise ConnectionError("closed by the proxy")
-            data += chunk
-        return int.from_bytes(data[4:8], "big")
+    return raw_kafka.api_versions_over_tls(address, ctx, 11)[0]
 
 
 def client_context(ca_file: str, cert: trustme.LeafCert | None) -> ssl.SSLContext:

@@ -3,14 +3,13 @@ client that kept the session of its first connection makes a full handshake on i
 
 from __future__ import annotations
 
-import socket
 import ssl
 from typing import Any
 
 import pytest
 
 from proxy.tansu import TansuBroker
-from tests.raw_kafka import api_versions_frame
+from tests.raw_kafka import api_versions_over_tls
 
 
 def connect_twice(address: str, ca_file: str, version: ssl.TLSVersion) -> list[tuple[bool, bool]]:
@@ -18,22 +17,12 @@ def connect_twice(address: str, ca_file: str, version: ssl.TLSVersion) -> list[t
     offering the first one's session; each reads an answer, so any ticket has arrived."""
     ctx = ssl.create_default_context(cafile=ca_file)
     ctx.minimum_version = ctx.maximum_version = version
-    host, port = address.rsplit(":", 1)
     session, seen = None, []
     for _ in range(2):
-        with socket.create_connection((host, int(port)), timeout=10) as raw, ctx.wrap_socket(
-            raw, server_hostname="localhost", session=session
-        ) as sock:
-            sock.sendall(api_versions_frame(7))
-            data = b""
-            while len(data) < 8:
-                chunk = sock.recv(4096)
-                assert chunk, "closed by the proxy"
-                data += chunk
-            assert int.from_bytes(data[4:8], "big") == 7
-            session = sock.session
-            assert session is not None
-            seen.append((session.has_ticket, sock.session_reused))
+        correlation_id, session, reused = api_versions_over_tls(address, ctx, 7, session)
+        assert correlation_id == 7
+        assert session is not None
+        seen.append((session.has_ticket, reused))
     return seen
 
 
