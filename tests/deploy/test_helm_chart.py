@@ -16,13 +16,13 @@ from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
 
-import jsonschema
 import pytest
 import yaml
 
 from proxy.tansu import TansuBroker, free_port
 from tests.conftest import ROOT, free_node_port_base
 from tests.deploy.conftest import deploy_tool, produce_and_consume, system_tool
+from tests.deploy.crd_schema import crd_validator
 
 CHART = ROOT / "helm" / "kafka-admission-proxy"
 SIDECAR_VALUES = CHART / "examples" / "sidecar-values.yaml"
@@ -30,7 +30,7 @@ SIDECAR_EXAMPLE = CHART / "examples" / "sidecar-broker-statefulset.yaml"
 DIGEST = "sha256:" + "0123456789abcdef" * 4
 RULES = ROOT / "deploy" / "prometheus" / "kafka-admission-proxy.rules.yaml"
 DASHBOARD = ROOT / "deploy" / "grafana" / "kafka-admission-proxy.json"
-CRDS = Path(__file__).parent / "crds" / "prometheus-operator"
+CRDS = Path(__file__).parent / "crds" / "prometheus-operator"  # tests/deploy/crds/prometheus-operator/SOURCE.md
 # Monitoring and the extension points, in both modes.
 MONITORING = ["--set", "podMonitor.enabled=true", "--set", "prometheusRule.enabled=true",
               "--set", "grafanaDashboard.enabled=true"]
@@ -499,31 +499,6 @@ def test_a_monitor_of_a_loopback_admin_port_fails_to_render_with_the_reason(helm
     assert f"{monitor}.enabled: config.admin.bind is 127.0.0.1:9464, which Prometheus cannot reach" in result.stderr
 
 
-def strict(schema: Any) -> Any:
-    """A CRD's structural schema as the API server applies it with strict field validation
-    (kubectl's default): a field the schema does not name is an error, not pruned."""
-    if isinstance(schema, dict):
-        schema = {key: strict(value) for key, value in schema.items()}
-        if "properties" in schema and "additionalProperties" not in schema and not schema.get(
-            "x-kubernetes-preserve-unknown-fields"
-        ):
-            schema["additionalProperties"] = False
-        return schema
-    if isinstance(schema, list):
-        return [strict(item) for item in schema]
-    return schema
-
-
-def crd_validator(kind_name: str) -> jsonschema.Draft7Validator:
-    """The v1 schema of a Prometheus Operator CRD (tests/deploy/crds: source and version)."""
-    for path in CRDS.glob("*.yaml"):
-        crd = yaml.safe_load(path.read_text())
-        if crd["spec"]["names"]["kind"] == kind_name:
-            [version] = [v for v in crd["spec"]["versions"] if v["name"] == "v1"]
-            return jsonschema.Draft7Validator(strict(version["schema"]["openAPIV3Schema"]))
-    raise AssertionError(f"no CRD for {kind_name} in {CRDS}")
-
-
 @pytest.mark.parametrize(("mode", "kinds"), [
     ("standalone", {"ServiceMonitor", "PodMonitor", "PrometheusRule"}),
     ("sidecar", {"PodMonitor", "PrometheusRule"}),
@@ -535,7 +510,7 @@ def test_the_prometheus_operator_resources_validate_against_its_crds(
     resources = [d for d in documents(rendered[mode].read_text()) if d["apiVersion"] == "monitoring.coreos.com/v1"]
     assert {d["kind"] for d in resources} == kinds
     for resource in resources:
-        validator = crd_validator(resource["kind"])
+        validator = crd_validator(CRDS, resource["apiVersion"], resource["kind"])
         assert [error.message for error in validator.iter_errors(resource)] == [], resource["kind"]
         # The validation can fail: a field the CRD does not have is refused.
         misspelt = {**resource, "spec": {**resource["spec"], "scrapeIntervall": "30s"}}
