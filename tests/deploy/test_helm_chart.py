@@ -355,6 +355,20 @@ def test_the_sidecar_brokers_admit_clients_only_at_the_proxy_and_each_other_at_r
     assert "INTERNAL" not in env["KAFKA_LISTENERS"] + env["KAFKA_ADVERTISED_LISTENERS"]
 
 
+def test_the_sidecar_brokers_take_clients_and_prometheus_from_the_configured_peers(helm: Helm) -> None:
+    """networkPolicy.clientsFrom and metricsFrom narrow the proxy's ports in the broker pods'
+    policy; the broker-only ports keep admitting the broker pods alone."""
+    clients = [{"namespaceSelector": {"matchLabels": {"kafka-client": "true"}}}]
+    prometheus = [{"namespaceSelector": {"matchLabels": {"kubernetes.io/metadata.name": "monitoring"}}}]
+    docs = documents(helm.template("-f", str(SIDECAR_VALUES),
+                                   "--set-json", f"networkPolicy.clientsFrom={json.dumps(clients)}",
+                                   "--set-json", f"networkPolicy.metricsFrom={json.dumps(prometheus)}"))
+    [policy] = [d for d in docs if d["kind"] == "NetworkPolicy"]
+    rules = policy_rules(policy)
+    assert (rules[9092], rules["admin"]) == (clients, prometheus)
+    assert rules[9093] == rules[9094] == [{"podSelector": policy["spec"]["podSelector"]}]
+
+
 def test_the_standalone_brokers_admit_only_the_proxy_pods_at_the_proxied_listener(rendered: dict[str, Path]) -> None:
     """Standalone, brokers in another namespace (BROKER_POLICY). Rules checked:
     1. the policy lives in the brokers' namespace and selects the broker pods by the configured labels;
