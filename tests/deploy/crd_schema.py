@@ -18,8 +18,10 @@ def strict(schema: Any) -> Any:
     """Every object that lists its properties refuses others, unless it preserves unknown fields."""
     if isinstance(schema, dict):
         schema = {key: strict(value) for key, value in schema.items()}
-        if "properties" in schema and "additionalProperties" not in schema and not schema.get(
-            "x-kubernetes-preserve-unknown-fields"
+        if (
+            "properties" in schema
+            and "additionalProperties" not in schema
+            and not schema.get("x-kubernetes-preserve-unknown-fields")
         ):
             schema["additionalProperties"] = False
         return schema

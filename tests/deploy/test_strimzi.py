@@ -45,8 +45,17 @@ def values() -> dict[str, Any]:
 @pytest.fixture(scope="module")
 def rendering(helm: Helm, tmp_path_factory: pytest.TempPathFactory) -> Path:
     """The recipe's values, the image by digest (as production should pull it)."""
-    result = helm.run("template", RELEASE, str(CHART), "--namespace", NAMESPACE, "-f", str(RECIPE / "values.yaml"),
-                      "--set", f"image.digest={DIGEST}")
+    result = helm.run(
+        "template",
+        RELEASE,
+        str(CHART),
+        "--namespace",
+        NAMESPACE,
+        "-f",
+        str(RECIPE / "values.yaml"),
+        "--set",
+        f"image.digest={DIGEST}",
+    )
     assert result.returncode == 0, result.stderr
     path = tmp_path_factory.mktemp("strimzi") / "proxy.yaml"
     path.write_text(result.stdout)
@@ -78,8 +87,11 @@ def pools(recipe: list[dict[str, Any]], role: str) -> list[dict[str, Any]]:
 def test_the_strimzi_crds_are_the_files_source_md_names() -> None:
     source = (STRIMZI_CRDS / "SOURCE.md").read_text()
     recorded = {name: digest for digest, name in re.findall(r"`([0-9a-f]{64})  ([^`]+)`", source)}
-    assert set(recorded) == {p.name for p in STRIMZI_CRDS.glob("*.yaml")} == {
-        "040-Crd-kafka.yaml", "045-Crd-kafkanodepool.yaml"}
+    assert (
+        set(recorded)
+        == {p.name for p in STRIMZI_CRDS.glob("*.yaml")}
+        == {"040-Crd-kafka.yaml", "045-Crd-kafkanodepool.yaml"}
+    )
     for name, digest in recorded.items():
         assert hashlib.sha256((STRIMZI_CRDS / name).read_bytes()).hexdigest() == digest, name
 
@@ -93,8 +105,10 @@ def test_the_kafka_and_node_pools_validate_against_strimzis_crds(recipe: list[di
     kafka = kind(recipe, "Kafka")
     validator = crd_validator(STRIMZI_CRDS, kafka["apiVersion"], "Kafka")
     listener = kafka["spec"]["kafka"]["listeners"][0]
-    for bad, named in (({**listener, "networkPolicyPeer": []}, "networkPolicyPeer"),
-                       ({**listener, "name": "proxied-listener"}, "proxied-listener")):
+    for bad, named in (
+        ({**listener, "networkPolicyPeer": []}, "networkPolicyPeer"),
+        ({**listener, "name": "proxied-listener"}, "proxied-listener"),
+    ):
         broken = {**kafka, "spec": {**kafka["spec"], "kafka": {**kafka["spec"]["kafka"], "listeners": [bad]}}}
         assert any(named in error.message for error in validator.iter_errors(broken))
     pool = pools(recipe, "broker")[0]
@@ -179,10 +193,23 @@ def test_the_recipe_values_pass_helm_lint_kubernetes_validate_and_checkov(
 ) -> None:
     result = helm.run("lint", "--strict", str(CHART), "-f", str(RECIPE / "values.yaml"))
     assert result.returncode == 0 and "0 chart(s) failed" in result.stdout, result.stdout + result.stderr
-    result = subprocess.run([deploy_tool("kubernetes-validate"), "--strict", "--quiet", str(rendering)],
-                            capture_output=True, text=True)
+    result = subprocess.run(
+        [deploy_tool("kubernetes-validate"), "--strict", "--quiet", str(rendering)], capture_output=True, text=True
+    )
     assert result.returncode == 0, result.stdout + result.stderr
     assert (result.stdout + result.stderr).strip() == ""
-    result = subprocess.run([deploy_tool("checkov"), "--config-file", str(CHART / ".checkov.yaml"), "--output", "json",
-                             "-f", str(rendering)], capture_output=True, text=True, cwd=tmp_path)
+    result = subprocess.run(
+        [
+            deploy_tool("checkov"),
+            "--config-file",
+            str(CHART / ".checkov.yaml"),
+            "--output",
+            "json",
+            "-f",
+            str(rendering),
+        ],
+        capture_output=True,
+        text=True,
+        cwd=tmp_path,
+    )
     assert result.returncode == 0, result.stdout[-3000:] + result.stderr[-2000:]
