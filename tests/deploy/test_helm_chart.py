@@ -414,7 +414,9 @@ def test_the_broker_policy_is_off_by_default_and_refuses_to_select_every_pod(hel
 def test_a_native_sidecar_proxy_starts_before_the_broker_and_stops_after_it(rendered: dict[str, Path]) -> None:
     """nativeSidecar: the proxy is an init container with restartPolicy Always (Kubernetes 1.29+):
     the kubelet starts the broker once the proxy's startupProbe passes, and stops the proxy after
-    the broker has exited; so the grace period is the broker's shutdown plus the proxy's drain."""
+    the broker has exited; so the grace period is the broker's shutdown plus the proxy's drain.
+    The startup probe is /healthz, which needs no broker: /readyz would wait for the broker,
+    which waits for the probe."""
     pod = kind(documents(rendered["native-sidecar"].read_text()), "StatefulSet")["spec"]["template"]["spec"]
     [proxy] = pod["initContainers"]
     assert proxy["name"] == "kafka-admission-proxy" and proxy["restartPolicy"] == "Always"
