@@ -16,13 +16,13 @@ from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
 
-import jsonschema
 import pytest
 import yaml
 
 from proxy.tansu import TansuBroker, free_port
 from tests.conftest import ROOT, free_node_port_base
 from tests.deploy.conftest import deploy_tool, produce_and_consume, system_tool
+from tests.deploy.crd_schema import crd_validator
 
 CHART = ROOT / "helm" / "kafka-admission-proxy"
 SIDECAR_VALUES = CHART / "examples" / "sidecar-values.yaml"
@@ -30,7 +30,7 @@ SIDECAR_EXAMPLE = CHART / "examples" / "sidecar-broker-statefulset.yaml"
 DIGEST = "sha256:" + "0123456789abcdef" * 4
 RULES = ROOT / "deploy" / "prometheus" / "kafka-admission-proxy.rules.yaml"
 DASHBOARD = ROOT / "deploy" / "grafana" / "kafka-admission-proxy.json"
-CRDS = Path(__file__).parent / "crds" / "prometheus-operator"
+CRDS = Path(__file__).parent / "crds" / "prometheus-operator"  # tests/deploy/crds/prometheus-operator/SOURCE.md
 # Monitoring and the extension points, in both modes.
 MONITORING = ["--set", "podMonitor.enabled=true", "--set", "prometheusRule.enabled=true",
               "--set", "grafanaDashboard.enabled=true"]
@@ -44,6 +44,16 @@ EXTENSIONS = [
                   '"whenUnsatisfiable": "ScheduleAnyway", "labelSelector": {"matchLabels": '
                   '{"app.kubernetes.io/name": "kafka-admission-proxy"}}}]',
 ]
+# standalone: the upstream brokers (another release's pods) admit the proxy only.
+BROKER_POLICY = [
+    "--set", "brokerNetworkPolicy.enabled=true", "--set", "brokerNetworkPolicy.namespace=kafka-brokers",
+    "--set-json", 'brokerNetworkPolicy.podSelector={"app.kubernetes.io/name": "kafka", '
+                  '"app.kubernetes.io/component": "broker"}',
+    "--set-json", "brokerNetworkPolicy.proxiedPorts=[9092]",
+    "--set-json", "brokerNetworkPolicy.peerPorts=[9093, 9094]",
+    "--set-json", 'brokerNetworkPolicy.extraIngress=[{"ports": [{"port": 9404}], "from": [{"namespaceSelector": '
+                  '{"matchLabels": {"kubernetes.io/metadata.name": "monitoring"}}}]}]',
+]
 # Every optional part on, so that lint, validation and checkov see all of it.
 ALL_OPTIONS = [
     "--set", "serviceMonitor.enabled=true", "--set", "networkPolicy.enabled=true",
@@ -51,10 +61,14 @@ ALL_OPTIONS = [
     "--set-json", 'tlsSecrets=[{"name": "server", "secretName": "proxy-tls"}]',
     "--set-json", 'networkPolicy.clientsFrom=[{"namespaceSelector": {"matchLabels": {"kafka-client": "true"}}}]',
     "--set", "service.type=LoadBalancer", "--set", "service.externalTrafficPolicy=Local",
-    *MONITORING, *EXTENSIONS,
+    *MONITORING, *EXTENSIONS, *BROKER_POLICY,
 ]
-MODES = {"standalone": ALL_OPTIONS, "sidecar": ["-f", str(SIDECAR_VALUES), *MONITORING, *EXTENSIONS]}
-WORKLOADS = {"standalone": "Deployment", "sidecar": "StatefulSet"}
+MODES = {
+    "standalone": ALL_OPTIONS,
+    "sidecar": ["-f", str(SIDECAR_VALUES), *MONITORING, *EXTENSIONS],
+    "native-sidecar": ["-f", str(SIDECAR_VALUES), "--set", "nativeSidecar=true", *MONITORING, *EXTENSIONS],
+}
+WORKLOADS = {"standalone": "Deployment", "sidecar": "StatefulSet", "native-sidecar": "StatefulSet"}
 
 
 class Helm:
@@ -97,7 +111,9 @@ def kind(docs: list[dict[str, Any]], name: str) -> dict[str, Any]:
 
 
 def proxy_container(workload: dict[str, Any]) -> dict[str, Any]:
-    containers = workload["spec"]["template"]["spec"]["containers"]
+    """The proxy's container, a native sidecar (an init container) or not."""
+    pod = workload["spec"]["template"]["spec"]
+    containers = pod["containers"] + pod.get("initContainers", [])
     [container] = [c for c in containers if c["name"] == "kafka-admission-proxy"]
     return container
 
@@ -206,7 +222,8 @@ def test_standalone_service_and_container_expose_bootstrap_broker_and_admin_port
     assert kind(docs, "ServiceMonitor")["spec"]["endpoints"][0]["port"] == "admin"
     assert kind(docs, "PodDisruptionBudget")["spec"]["maxUnavailable"] == 1
     assert kind(docs, "HorizontalPodAutoscaler")["spec"]["scaleTargetRef"]["name"] == service["metadata"]["name"]
-    policy_ports = {p["port"] for rule in kind(docs, "NetworkPolicy")["spec"]["ingress"] for p in rule["ports"]}
+    [own] = [d for d in docs if d["kind"] == "NetworkPolicy" and not d["metadata"]["name"].endswith("-brokers")]
+    policy_ports = {p["port"] for rule in own["spec"]["ingress"] for p in rule["ports"]}
     assert policy_ports == {29092, 29100, 29101, 29102, "admin"}
 
 
@@ -216,7 +233,7 @@ def test_an_hpa_is_off_by_default_and_then_replicas_are_fixed(helm: Helm) -> Non
     assert kind(docs, "Deployment")["spec"]["replicas"] == 2
 
 
-@pytest.mark.parametrize(("mode", "workload"), [("standalone", "Deployment"), ("sidecar", "StatefulSet")])
+@pytest.mark.parametrize(("mode", "workload"), WORKLOADS.items())
 def test_the_proxy_runs_hardened_with_probes_and_a_grace_period_that_covers_the_drain(
     rendered: dict[str, Path], mode: str, workload: str
 ) -> None:
@@ -238,10 +255,12 @@ def test_the_proxy_runs_hardened_with_probes_and_a_grace_period_that_covers_the_
     drain = float(args[args.index("--drain-timeout") + 1])
     pre_stop = int(container["lifecycle"]["preStop"]["exec"]["command"][1])
     assert drain == 30 and pre_stop == 5
-    assert pod["terminationGracePeriodSeconds"] == pre_stop + drain + 5
+    # In a broker pod, the broker's controlled shutdown (brokerShutdownSeconds) comes first.
+    broker_shutdown = 60 if mode != "standalone" else 0
+    assert pod["terminationGracePeriodSeconds"] == broker_shutdown + pre_stop + drain + 5
 
 
-@pytest.mark.parametrize(("mode", "workload"), [("standalone", "Deployment"), ("sidecar", "StatefulSet")])
+@pytest.mark.parametrize(("mode", "workload"), WORKLOADS.items())
 def test_config_and_certificates_are_mounted_as_directories_so_updates_reach_the_proxy(
     rendered: dict[str, Path], mode: str, workload: str
 ) -> None:
@@ -288,6 +307,133 @@ def test_the_sidecar_sits_in_the_broker_pod_and_takes_the_client_port(rendered: 
     assert {p["port"]: p["targetPort"] for p in headless["spec"]["ports"] if p["name"] == "client"} == {
         proxy_port: "kafka-0"}
     assert config["policies"] == values["config"]["policies"]
+
+
+# --- no way around the proxy ----------------------------------------------------------
+
+
+def policy_rules(policy: dict[str, Any]) -> dict[Any, list[dict[str, Any]] | None]:
+    """Each port a NetworkPolicy opens, with the peers it admits to it (None: any peer)."""
+    rules: dict[Any, list[dict[str, Any]] | None] = {}
+    for rule in policy["spec"]["ingress"]:
+        for port in rule["ports"]:
+            assert port["protocol"] == "TCP" and port["port"] not in rules
+            rules[port["port"]] = rule.get("from")
+    return rules
+
+
+def test_the_sidecar_brokers_admit_clients_only_at_the_proxy_and_each_other_at_replication_and_controller(
+    rendered: dict[str, Path],
+) -> None:
+    """Sidecar example (brokerNetworkPolicy on). Rules checked:
+    1. the policy selects exactly the broker pods (its selector matches their labels, not more pods
+       of the release: the selector carries the broker component label);
+    2. the proxy's client port is open to clients (networkPolicy.clientsFrom, empty: any), and the
+       proxy's admin port to Prometheus;
+    3. the broker's client listener is bound to 127.0.0.1 and no rule opens its port;
+    4. the replication and controller ports, which are every port the broker container declares and
+       the ports of its KAFKA_LISTENERS other than CLIENT, admit only pods the same selector picks;
+    5. no other port is opened (a NetworkPolicy closes every port it does not name)."""
+    docs = documents(rendered["sidecar"].read_text())
+    [policy] = [d for d in docs if d["kind"] == "NetworkPolicy"]
+    statefulset = kind(docs, "StatefulSet")
+    labels = statefulset["spec"]["template"]["metadata"]["labels"]
+    selector = policy["spec"]["podSelector"]["matchLabels"]
+    assert selector.items() <= labels.items() and selector["app.kubernetes.io/component"] == "broker"
+    assert policy["spec"]["policyTypes"] == ["Ingress"]
+    rules = policy_rules(policy)
+    brokers = [{"podSelector": {"matchLabels": selector}}]
+    assert rules == {9092: None, "admin": None, 9094: brokers, 9093: brokers}
+    [broker] = [c for c in statefulset["spec"]["template"]["spec"]["containers"] if c["name"] == "kafka"]
+    env = {e["name"]: e.get("value") for e in broker["env"]}
+    listeners = dict(re.findall(r"(\w+)://([^,]*)", env["KAFKA_LISTENERS"]))
+    assert listeners["CLIENT"] == "127.0.0.1:19092" and 19092 not in rules
+    assert {int(address.rsplit(":", 1)[1]) for name, address in listeners.items() if name != "CLIENT"} == {9093, 9094}
+    assert {p["containerPort"] for p in broker["ports"]} == {9093, 9094}
+    # The headless Service offers clients the proxy's port only.
+    assert [p["port"] for p in kind(docs, "Service")["spec"]["ports"]] == [9092]
+    assert "INTERNAL" not in env["KAFKA_LISTENERS"] + env["KAFKA_ADVERTISED_LISTENERS"]
+
+
+def test_the_sidecar_brokers_take_clients_and_prometheus_from_the_configured_peers(helm: Helm) -> None:
+    """networkPolicy.clientsFrom and metricsFrom narrow the proxy's ports in the broker pods'
+    policy; the broker-only ports keep admitting the broker pods alone."""
+    clients = [{"namespaceSelector": {"matchLabels": {"kafka-client": "true"}}}]
+    prometheus = [{"namespaceSelector": {"matchLabels": {"kubernetes.io/metadata.name": "monitoring"}}}]
+    docs = documents(helm.template("-f", str(SIDECAR_VALUES),
+                                   "--set-json", f"networkPolicy.clientsFrom={json.dumps(clients)}",
+                                   "--set-json", f"networkPolicy.metricsFrom={json.dumps(prometheus)}"))
+    [policy] = [d for d in docs if d["kind"] == "NetworkPolicy"]
+    rules = policy_rules(policy)
+    assert (rules[9092], rules["admin"]) == (clients, prometheus)
+    assert rules[9093] == rules[9094] == [{"podSelector": policy["spec"]["podSelector"]}]
+
+
+def test_the_standalone_brokers_admit_only_the_proxy_pods_at_the_proxied_listener(rendered: dict[str, Path]) -> None:
+    """Standalone, brokers in another namespace (BROKER_POLICY). Rules checked:
+    1. the policy lives in the brokers' namespace and selects the broker pods by the configured labels;
+    2. the proxied listener (9092) admits only this release's proxy pods: their selector labels,
+       from the release's namespace (a podSelector alone would mean the brokers' namespace);
+    3. replication and controller ports admit only the broker pods;
+    4. extraIngress is kept as given; no other port is opened."""
+    docs = documents(rendered["standalone"].read_text())
+    policy = next(d for d in docs if d["kind"] == "NetworkPolicy" and d["metadata"]["name"].endswith("-brokers"))
+    assert policy["metadata"]["namespace"] == "kafka-brokers"
+    selector = {"app.kubernetes.io/name": "kafka", "app.kubernetes.io/component": "broker"}
+    assert policy["spec"]["podSelector"] == {"matchLabels": selector}
+    proxy_labels = kind(docs, "Deployment")["spec"]["template"]["metadata"]["labels"]
+    *own_rules, extra = policy["spec"]["ingress"]
+    [proxied] = policy_rules({"spec": {"ingress": own_rules}})[9092] or []
+    assert proxied["podSelector"]["matchLabels"].items() <= proxy_labels.items()
+    assert proxied["podSelector"]["matchLabels"] == kind(docs, "Deployment")["spec"]["selector"]["matchLabels"]
+    assert proxied["namespaceSelector"] == {"matchLabels": {"kubernetes.io/metadata.name": "kafka"}}
+    brokers = [{"podSelector": {"matchLabels": selector}}]
+    monitoring = [{"namespaceSelector": {"matchLabels": {"kubernetes.io/metadata.name": "monitoring"}}}]
+    assert policy_rules({"spec": {"ingress": own_rules}}) == {9092: [proxied], 9093: brokers, 9094: brokers}
+    assert extra == {"ports": [{"port": 9404}], "from": monitoring}
+
+
+def test_the_broker_policy_is_off_by_default_and_refuses_to_select_every_pod(helm: Helm) -> None:
+    """Off by default: it selects pods the chart does not own. On, it needs the brokers' labels
+    (an empty podSelector would close every pod of the namespace) and, standalone, the proxied port."""
+    for args in ((), ("-f", str(SIDECAR_VALUES), "--set", "brokerNetworkPolicy.enabled=false")):
+        assert not [d for d in documents(helm.template(*args)) if d["metadata"]["name"].endswith("-brokers")
+                    and d["kind"] == "NetworkPolicy"]
+    assert yaml.safe_load((CHART / "values.yaml").read_text())["brokerNetworkPolicy"]["enabled"] is False
+    result = helm.run("template", "kafka", str(CHART), "--set", "brokerNetworkPolicy.enabled=true")
+    assert result.returncode != 0 and "brokerNetworkPolicy.podSelector: the broker pods' labels are required" in (
+        result.stderr)
+    result = helm.run("template", "kafka", str(CHART), "--set", "brokerNetworkPolicy.enabled=true",
+                      "--set", "brokerNetworkPolicy.podSelector.app=kafka")
+    assert result.returncode != 0 and "brokerNetworkPolicy.proxiedPorts: standalone mode needs" in result.stderr
+
+
+# --- native sidecar -------------------------------------------------------------------
+
+
+def test_a_native_sidecar_proxy_starts_before_the_broker_and_stops_after_it(rendered: dict[str, Path]) -> None:
+    """nativeSidecar: the proxy is an init container with restartPolicy Always (Kubernetes 1.29+):
+    the kubelet starts the broker once the proxy's startupProbe passes, and stops the proxy after
+    the broker has exited; so the grace period is the broker's shutdown plus the proxy's drain.
+    The startup probe is /healthz, which needs no broker: /readyz would wait for the broker,
+    which waits for the probe."""
+    pod = kind(documents(rendered["native-sidecar"].read_text()), "StatefulSet")["spec"]["template"]["spec"]
+    [proxy] = pod["initContainers"]
+    assert proxy["name"] == "kafka-admission-proxy" and proxy["restartPolicy"] == "Always"
+    assert proxy["startupProbe"]["httpGet"] == {"path": "/healthz", "port": "admin"}
+    assert [c["name"] for c in pod["containers"]] == ["kafka"]
+    assert pod["terminationGracePeriodSeconds"] == 60 + 5 + 30 + 5
+    ordinary = kind(documents(rendered["sidecar"].read_text()), "StatefulSet")["spec"]["template"]["spec"]
+    assert "initContainers" not in ordinary
+    assert "restartPolicy" not in proxy_container({"spec": {"template": {"spec": ordinary}}})
+    assert {k: v for k, v in proxy.items() if k != "restartPolicy"} == proxy_container(
+        {"spec": {"template": {"spec": ordinary}}})
+
+
+def test_native_sidecar_does_not_change_a_standalone_deployment(helm: Helm) -> None:
+    deployment = kind(documents(helm.template("--set", "nativeSidecar=true")), "Deployment")
+    assert "initContainers" not in deployment["spec"]["template"]["spec"]
+    assert "restartPolicy" not in proxy_container(deployment)
 
 
 def test_live_reload_is_the_default_and_the_checksum_option_rolls_the_pods_on_a_config_change(
@@ -369,34 +515,10 @@ def test_a_monitor_of_a_loopback_admin_port_fails_to_render_with_the_reason(helm
     assert f"{monitor}.enabled: config.admin.bind is 127.0.0.1:9464, which Prometheus cannot reach" in result.stderr
 
 
-def strict(schema: Any) -> Any:
-    """A CRD's structural schema as the API server applies it with strict field validation
-    (kubectl's default): a field the schema does not name is an error, not pruned."""
-    if isinstance(schema, dict):
-        schema = {key: strict(value) for key, value in schema.items()}
-        if "properties" in schema and "additionalProperties" not in schema and not schema.get(
-            "x-kubernetes-preserve-unknown-fields"
-        ):
-            schema["additionalProperties"] = False
-        return schema
-    if isinstance(schema, list):
-        return [strict(item) for item in schema]
-    return schema
-
-
-def crd_validator(kind_name: str) -> jsonschema.Draft7Validator:
-    """The v1 schema of a Prometheus Operator CRD (tests/deploy/crds: source and version)."""
-    for path in CRDS.glob("*.yaml"):
-        crd = yaml.safe_load(path.read_text())
-        if crd["spec"]["names"]["kind"] == kind_name:
-            [version] = [v for v in crd["spec"]["versions"] if v["name"] == "v1"]
-            return jsonschema.Draft7Validator(strict(version["schema"]["openAPIV3Schema"]))
-    raise AssertionError(f"no CRD for {kind_name} in {CRDS}")
-
-
 @pytest.mark.parametrize(("mode", "kinds"), [
     ("standalone", {"ServiceMonitor", "PodMonitor", "PrometheusRule"}),
     ("sidecar", {"PodMonitor", "PrometheusRule"}),
+    ("native-sidecar", {"PodMonitor", "PrometheusRule"}),
 ])
 def test_the_prometheus_operator_resources_validate_against_its_crds(
     rendered: dict[str, Path], mode: str, kinds: set[str]
@@ -404,7 +526,7 @@ def test_the_prometheus_operator_resources_validate_against_its_crds(
     resources = [d for d in documents(rendered[mode].read_text()) if d["apiVersion"] == "monitoring.coreos.com/v1"]
     assert {d["kind"] for d in resources} == kinds
     for resource in resources:
-        validator = crd_validator(resource["kind"])
+        validator = crd_validator(CRDS, resource["apiVersion"], resource["kind"])
         assert [error.message for error in validator.iter_errors(resource)] == [], resource["kind"]
         # The validation can fail: a field the CRD does not have is refused.
         misspelt = {**resource, "spec": {**resource["spec"], "scrapeIntervall": "30s"}}

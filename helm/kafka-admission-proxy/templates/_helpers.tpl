@@ -76,10 +76,14 @@ Returns a YAML list of {name, containerPort}.
 {{/*
 The proxy container. Used as is by the standalone Deployment and, in a broker's pod
 template, as the sidecar: {{ include "kafka-admission-proxy.container" . }} under
-`containers:` (with this chart's root context).
+`containers:` (with this chart's root context), or under `initContainers:` with nativeSidecar.
 */}}
 {{- define "kafka-admission-proxy.container" -}}
 - name: kafka-admission-proxy
+  {{- if and (eq .Values.mode "sidecar") .Values.nativeSidecar }}
+  # A native sidecar (Kubernetes 1.29+): an init container that keeps running.
+  restartPolicy: Always
+  {{- end }}
   image: {{ include "kafka-admission-proxy.image" . }}
   imagePullPolicy: {{ .Values.image.pullPolicy }}
   command: ["kafka-admission-proxy"]
@@ -176,9 +180,13 @@ checksum/kafka-admission-proxy-config: {{ include "kafka-admission-proxy.configF
 {{- end }}
 {{- end }}
 
-{{/* preStop sleep + drain + margin: the kubelet's SIGKILL never cuts the drain short. */}}
+{{/*
+preStop sleep + drain + margin: the kubelet's SIGKILL never cuts the drain short.
+sidecar mode adds the broker's controlled shutdown before them (values.yaml: brokerShutdownSeconds).
+*/}}
 {{- define "kafka-admission-proxy.terminationGracePeriodSeconds" -}}
-{{- add .Values.preStopSleepSeconds .Values.drainTimeoutSeconds .Values.terminationMarginSeconds }}
+{{- $broker := ternary .Values.brokerShutdownSeconds 0 (eq .Values.mode "sidecar") }}
+{{- add $broker .Values.preStopSleepSeconds .Values.drainTimeoutSeconds .Values.terminationMarginSeconds }}
 {{- end }}
 
 {{/* The scrape job the alert rules select `up` and process_* by (deploy/prometheus). */}}
