@@ -31,6 +31,9 @@ BASE_PATH = "/usr/local/sbin:/usr/local/bin:/usr/sbin:/usr/bin:/sbin:/bin"
 CA_BUNDLE = Path("/etc/ssl/certs/ca-certificates.crt")
 # `podman run` fails with "setrlimit: Operation not permitted" under its default ulimits here.
 ULIMITS = ("--ulimit", "nofile=4096:4096", "--ulimit", "nproc=4096:4096")
+# The same limits for `podman kube play`, which has no --ulimit: a CONTAINERS_CONF file's.
+CONTAINERS_CONF = '[containers]\ndefault_ulimits = ["nofile=4096:4096", "nproc=4096:4096"]\n'
+IMAGE_SOURCE = "https://example.com/kafka-admission-proxy"  # the source label of test builds
 
 
 def podman_command() -> list[str]:
@@ -49,9 +52,17 @@ def podman_command() -> list[str]:
     return ["podman", "--runtime", runc, "--cgroup-manager=cgroupfs"]
 
 
-def podman(*args: str, timeout: float = 120, check: bool = True) -> subprocess.CompletedProcess[str]:
+def podman(
+    *args: str, timeout: float = 120, check: bool = True, env: dict[str, str] | None = None
+) -> subprocess.CompletedProcess[str]:
     """One podman command; with ``check``, a failure is an assertion carrying podman's own words."""
-    result = subprocess.run([*podman_command(), *args], capture_output=True, text=True, timeout=timeout)
+    result = subprocess.run(
+        [*podman_command(), *args],
+        capture_output=True,
+        text=True,
+        timeout=timeout,
+        env=None if env is None else {**os.environ, **env},
+    )
     if check:
         assert result.returncode == 0, f"podman {' '.join(args[:2])} exited {result.returncode}:\n{result.stderr}"
     return result
@@ -85,3 +96,36 @@ def network_build_options() -> list[str]:
     if CA_BUNDLE.exists():
         options += ["-v", f"{CA_BUNDLE}:{CA_BUNDLE}:ro"]
     return options
+
+
+def revision() -> str:
+    return subprocess.run(
+        ["git", "rev-parse", "HEAD"], cwd=ROOT, capture_output=True, text=True, check=True
+    ).stdout.strip()
+
+
+def build_image(tag: str, source: str) -> str:
+    """deploy/Dockerfile built on the local base, in the docker format (OCI drops HEALTHCHECK).
+    Without the layer cache: podman 4.3's builder (buildah 1.28) reuses a cached LABEL step when
+    only a build argument changed, and would keep an older commit's revision label."""
+    podman(
+        "build",
+        "--no-cache",
+        "--layers=false",
+        "--format",
+        "docker",
+        *network_build_options(),
+        "--build-arg",
+        f"PYTHON_IMAGE={base_image()}",
+        "--build-arg",
+        f"REVISION={revision()}",
+        "--build-arg",
+        f"SOURCE={source}",
+        "-f",
+        str(ROOT / "deploy" / "Dockerfile"),
+        "-t",
+        tag,
+        str(ROOT),
+        timeout=900,
+    )
+    return tag

@@ -193,6 +193,8 @@ that none of these sets: the proxy would refuse that config at start.
   secret:
     secretName: {{ .secretName }}
     defaultMode: 0440
+    {{- /* Kubernetes' default, written out: podman 4.3's kube play dereferences it unchecked. */}}
+    optional: false
 {{- end }}
 {{- if .Values.auditVolume.enabled }}
 - name: kafka-admission-proxy-audit
