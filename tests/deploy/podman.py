@@ -26,6 +26,14 @@ BASE_COMMAND = (
     "--include=python3,python3-venv,python3-pip,python-is-python3,ca-certificates",
     "bookworm",
 )
+# The example broker's base (test_kube_play.py): Debian's Java 17 runtime, for Apache Kafka's jars.
+JRE_COMMAND = (
+    "mmdebstrap",
+    "--variant=minbase",
+    "--hook-dir=/usr/share/mmdebstrap/hooks/merged-usr",
+    "--include=openjdk-17-jre-headless",
+    "bookworm",
+)
 # An imported tarball has no environment; this is the PATH Debian's images set.
 BASE_PATH = "/usr/local/sbin:/usr/local/bin:/usr/sbin:/usr/bin:/sbin:/bin"
 CA_BUNDLE = Path("/etc/ssl/certs/ca-certificates.crt")
@@ -69,19 +77,25 @@ def podman(
 
 
 def base_image() -> str:
-    """The base image, tagged by a hash of :data:`BASE_COMMAND`: made once (about a minute, a
-    199 MB tarball), imported from the cached tarball when the image store lacks it, else reused.
-    Delete .cache/image to take Debian's newest packages."""
-    key = hashlib.sha256(repr((BASE_COMMAND, BASE_PATH)).encode()).hexdigest()[:16]
-    tag = f"localhost/kafka-admission-proxy-base:{key}"
+    """The proxy image's base, tagged by a hash of :data:`BASE_COMMAND`: made once (about a
+    minute, a 199 MB tarball), imported from the cached tarball when the image store lacks it,
+    else reused. Delete .cache/image to take Debian's newest packages."""
+    return debian_image("kafka-admission-proxy-base", BASE_COMMAND)
+
+
+def debian_image(name: str, command: tuple[str, ...]) -> str:
+    """An image made by the mmdebstrap ``command`` (its tarball cached under .cache/image), tagged
+    ``localhost/NAME:<hash of the command>``."""
+    key = hashlib.sha256(repr((command, BASE_PATH)).encode()).hexdigest()[:16]
+    tag = f"localhost/{name}:{key}"
     if podman("image", "exists", tag, check=False).returncode == 0:
         return tag
-    tarball = CACHE / f"base-{key}.tar"
+    tarball = CACHE / f"{name.rsplit('-', 1)[-1]}-{key}.tar"  # base-<key>.tar for the proxy's base
     if not tarball.exists():
         CACHE.mkdir(parents=True, exist_ok=True)
-        partial = CACHE / f"base-{key}.partial-{os.getpid()}.tar"  # mmdebstrap reads the format from .tar
+        partial = CACHE / f"{tarball.stem}.partial-{os.getpid()}.tar"  # mmdebstrap reads the format from .tar
         try:
-            made = subprocess.run([*BASE_COMMAND, str(partial)], capture_output=True, text=True, timeout=900)
+            made = subprocess.run([*command, str(partial)], capture_output=True, text=True, timeout=900)
             assert made.returncode == 0, f"mmdebstrap exited {made.returncode}:\n{made.stderr[-4000:]}"
             partial.replace(tarball)  # whole or not at all, for a concurrent or interrupted run
         finally:

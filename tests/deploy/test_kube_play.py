@@ -30,7 +30,12 @@ What ``kube play`` (podman 4.3, Debian 12's) cannot express, and what this test 
 from __future__ import annotations
 
 import base64
+import copy
 import json
+import re
+import shutil
+import socket
+import tempfile
 import urllib.error
 import urllib.request
 import uuid
@@ -44,13 +49,16 @@ import trustme
 import yaml
 from cryptography import x509
 from cryptography.hazmat.primitives import serialization
+from kafka import KafkaAdminClient, KafkaConsumer, KafkaProducer, TopicPartition
+from kafka.admin import NewTopic
 from prometheus_client.parser import text_string_to_metric_families
 
+from proxy.apache_kafka import fetch_java_parts
 from proxy.tansu import TansuBroker, free_port
 from tests.clients import consume, create_topic, produce, unique
 from tests.conftest import free_node_port_base, wait_until
 from tests.deploy.conftest import deploy_tool
-from tests.deploy.podman import CONTAINERS_CONF, podman
+from tests.deploy.podman import CONTAINERS_CONF, JRE_COMMAND, debian_image, podman
 from tests.deploy.test_helm_chart import CHART, Helm
 
 KEY_PASSWORD = "kube-play-key-password"
@@ -261,3 +269,183 @@ def test_sigterm_drains_the_proxy_to_exit_0(pod: Pod) -> None:
     [found] = json.loads(podman("container", "inspect", pod.container).stdout)
     assert found["State"]["ExitCode"] == 0, pod.log()
     assert "shutting down" in pod.log()
+
+
+# --- the sidecar example: the proxy in an Apache Kafka broker's pod ---------------------
+
+BROKER_IMAGE_DIR = Path(__file__).parent / "kafka-broker"
+SIDECAR_VALUES = CHART / "examples" / "sidecar-values.yaml"
+POD_INDEX_LABEL = "apps.kubernetes.io/pod-index"
+# A Kubernetes env value's $(NAME): the kubelet expands it from the variables before it.
+DEPENDENT_ENV = re.compile(r"\$\(([A-Za-z_][A-Za-z0-9_]*)\)")
+
+
+@pytest.fixture(scope="module")
+def broker_image() -> Iterator[str]:
+    """Apache Kafka's jars from Maven Central (tools/fetch-apache-kafka) on Debian's Java 17
+    runtime (an mmdebstrap base, cached like the proxy's: about 30 s once, 351 MB), with an
+    entrypoint that reads KAFKA_* as the apache/kafka image does (kafka-broker/run)."""
+    if shutil.which("java") is None or shutil.which("mvn") is None:
+        pytest.skip("java or mvn not installed (apt-get install default-jre-headless maven)")
+    jars = fetch_java_parts().kafka_lib
+    jre = debian_image("kafka-broker-jre", JRE_COMMAND)
+    tag = f"localhost/kafka-broker:test-{uuid.uuid4().hex[:8]}"
+    with tempfile.TemporaryDirectory(prefix="kafka-broker-image-") as context:
+        shutil.copytree(jars, Path(context) / "libs")
+        for name in ("Containerfile", "run"):
+            shutil.copy2(BROKER_IMAGE_DIR / name, Path(context) / name)
+        podman("build", "--build-arg", f"JRE_IMAGE={jre}", "-f", f"{context}/Containerfile", "-t", tag, context)
+    yield tag
+    podman("rmi", tag, check=False)
+
+
+def expand_dependent(value: str, known: dict[str, str]) -> str:
+    return DEPENDENT_ENV.sub(lambda m: known.get(m.group(1), m.group(0)), value)
+
+
+def as_kubelet_would_run(statefulset: dict[str, Any], index: int, fqdn: str) -> dict[str, Any]:
+    """Pod ``index`` of ``statefulset`` as Kubernetes would make it, for kube play, which runs no
+    StatefulSet: named <name>-<index> with the pod-index label, the volumeClaimTemplates as
+    emptyDirs, $(NAME) in env values expanded, and the cluster DNS name of the pod as a host
+    alias (kube play has no cluster DNS). The broker's containerPorts are left out: kube play
+    would publish its replication and controller ports on the host, which nothing here needs."""
+    template = copy.deepcopy(statefulset["spec"]["template"])
+    name = f"{statefulset['metadata']['name']}-{index}"
+    spec = template["spec"]
+    for container in spec["containers"]:
+        known: dict[str, str] = {}
+        for env in container.get("env", []):
+            if env.get("valueFrom", {}).get("fieldRef", {}).get("fieldPath") == "metadata.name":
+                known[env["name"]] = name
+            elif "value" in env:
+                env["value"] = expand_dependent(env["value"], known)
+                known[env["name"]] = env["value"]
+        if container["name"] != "kafka-admission-proxy":
+            container.pop("ports", None)
+    claims = [claim["metadata"]["name"] for claim in statefulset["spec"].get("volumeClaimTemplates", [])]
+    spec["volumes"] = [*spec.get("volumes", []), *({"name": claim, "emptyDir": {}} for claim in claims)]
+    spec["hostAliases"] = [{"ip": "127.0.0.1", "hostnames": [fqdn]}]
+    labels = {**template["metadata"].get("labels", {}), POD_INDEX_LABEL: str(index)}
+    return {"apiVersion": "v1", "kind": "Pod", "metadata": {"name": name, "labels": labels}, "spec": spec}
+
+
+@dataclass
+class BrokerPod:
+    name: str
+    fqdn: str
+    client_port: int
+    admin_port: int
+
+    @property
+    def bootstrap(self) -> str:
+        return f"127.0.0.1:{self.client_port}"
+
+    def log(self, container: str) -> str:
+        logs = podman("logs", f"{self.name}-{container}", check=False)
+        return logs.stdout + logs.stderr
+
+    def ready(self) -> bool:
+        try:
+            with urllib.request.urlopen(f"http://127.0.0.1:{self.admin_port}/readyz", timeout=10) as response:
+                return bool(response.status == 200)
+        except OSError:
+            return False
+
+    def metric(self, name: str, **labels: str) -> float:
+        with urllib.request.urlopen(f"http://127.0.0.1:{self.admin_port}/metrics", timeout=10) as response:
+            text = response.read().decode()
+        return sum(
+            sample.value
+            for family in text_string_to_metric_families(text)
+            for sample in family.samples
+            if sample.name == name and all(sample.labels.get(k) == v for k, v in labels.items())
+        )
+
+
+@pytest.fixture(scope="module")
+def broker_pod(proxy_image: str, broker_image: str, tmp_path_factory: pytest.TempPathFactory) -> Iterator[BrokerPod]:
+    folder = tmp_path_factory.mktemp("kube-play-sidecar")
+    fullname = f"ks{uuid.uuid4().hex[:6]}"  # the ConfigMap (a podman volume) is named after it
+    client_port, broker_client_port, admin_port = free_port(), free_port(), free_port()
+    repository, tag = proxy_image.rsplit(":", 1)
+    values = {
+        "fullnameOverride": fullname,
+        "image.repository": repository,
+        "image.tag": tag,
+        "exampleBroker.image": broker_image,
+        "exampleBroker.replicas": 1,  # one pod: every pod would publish the same host ports
+        "exampleBroker.clientPort": client_port,
+        "exampleBroker.brokerClientPort": broker_client_port,
+        "config.upstream.bootstrap_servers": [f"127.0.0.1:{broker_client_port}"],
+        "config.listeners": [{"name": "client", "bind": f"0.0.0.0:{client_port}"}],
+        "config.admin": {"bind": f"0.0.0.0:{admin_port}"},
+    }
+    args = [arg for key, value in values.items() for arg in ("--set-json", f"{key}={json.dumps(value)}")]
+    helm = Helm(deploy_tool("helm"), folder / "helm-home")
+    rendered = helm.run("template", "kafka", str(CHART), "--namespace", "kafka", "-f", str(SIDECAR_VALUES), *args)
+    assert rendered.returncode == 0, rendered.stderr
+    docs = [doc for doc in yaml.safe_load_all(rendered.stdout) if doc]
+    [statefulset] = [doc for doc in docs if doc["kind"] == "StatefulSet"]
+    [config_map] = [doc for doc in docs if doc["kind"] == "ConfigMap" and "config.yaml" in doc.get("data", {})]
+    name = f"{statefulset['metadata']['name']}-0"
+    fqdn = f"{name}.{statefulset['spec']['serviceName']}.kafka.svc.cluster.local"
+    play_file = folder / "sidecar.yaml"
+    play_file.write_text(yaml.safe_dump_all([config_map, as_kubelet_would_run(statefulset, 0, fqdn)]))
+    conf = folder / "containers.conf"
+    conf.write_text(CONTAINERS_CONF)
+    found = BrokerPod(name, fqdn, client_port, admin_port)
+    try:
+        podman("kube", "play", "--network", NETWORK, str(play_file), env={"CONTAINERS_CONF": str(conf)}, timeout=180)
+        try:
+            # The proxy's /readyz asks the broker for ApiVersions: ready once Kafka serves.
+            wait_until(found.ready, timeout=120, interval=1)
+        except AssertionError:
+            raise AssertionError(
+                f"the broker pod never became ready; kafka:\n{found.log('kafka')[-4000:]}\n"
+                f"proxy:\n{found.log('kafka-admission-proxy')[-2000:]}"
+            ) from None
+        yield found
+    finally:
+        podman("kube", "down", str(play_file), check=False, timeout=180)
+        podman("volume", "rm", "--force", config_map["metadata"]["name"], check=False)
+
+
+def test_the_sidecar_example_carries_traffic_to_apache_kafka_in_its_pod(
+    broker_pod: BrokerPod, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """kafka-python through the proxy's published port. In sidecar mode the proxy passes the
+    broker's metadata through, so clients are sent to the name the broker advertises (its pod's
+    cluster DNS name): here that name resolves to 127.0.0.1 in this process only, in place of
+    the cluster DNS."""
+    resolve = socket.getaddrinfo
+
+    def cluster_dns(host: Any, *args: Any, **kwargs: Any) -> Any:
+        return resolve("127.0.0.1" if host == broker_pod.fqdn else host, *args, **kwargs)
+
+    monkeypatch.setattr(socket, "getaddrinfo", cluster_dns)
+    topic = unique("kube-play-sidecar")
+    admin = KafkaAdminClient(bootstrap_servers=broker_pod.bootstrap, request_timeout_ms=30000)
+    try:
+        admin.create_topics([NewTopic(topic, num_partitions=1, replication_factor=1)])
+    finally:
+        admin.close()
+    producer = KafkaProducer(bootstrap_servers=broker_pod.bootstrap, acks="all")
+    try:
+        for i in range(20):
+            producer.send(topic, f"record-{i}".encode())
+        producer.flush(timeout=30)
+    finally:
+        producer.close()
+    # No group: the example's single broker cannot make __consumer_offsets (replication 3).
+    consumer = KafkaConsumer(
+        bootstrap_servers=broker_pod.bootstrap, auto_offset_reset="earliest", consumer_timeout_ms=30000
+    )
+    try:
+        consumer.assign([TopicPartition(topic, 0)])
+        values = [record.value for _, record in zip(range(20), consumer, strict=False)]
+    finally:
+        consumer.close()
+    assert values == [f"record-{i}".encode() for i in range(20)]
+    assert broker_pod.metric("kafka_admission_requests_total", api="produce") >= 1
+    assert broker_pod.metric("kafka_admission_requests_total", api="fetch") >= 1
+    assert "Kafka Server started" in broker_pod.log("kafka")
