@@ -1,7 +1,7 @@
 """The chart's standalone rendering run with ``podman kube play``: the ConfigMap and the
 Deployment exactly as ``helm template`` writes them (command, args, env, mounts, security
 context, probes), on the image deploy/Dockerfile builds (``proxy_image``, once per session),
-with real traffic through it. One pod for the module: about 10 s on top of the image build.
+with real traffic through it. One pod per mode: about 15 s on top of the image builds.
 
 The pod runs on podman's default bridge network (``podman``): its containerPorts are published on the same
 host ports, so clients on the host reach the proxy at 127.0.0.1 (the address it advertises),
@@ -25,6 +25,14 @@ What ``kube play`` (podman 4.3, Debian 12's) cannot express, and what this test 
   and ``seccompProfile`` (podman's default profile applies) are ignored; the Service,
   ServiceAccount and PodDisruptionBudget are not kinds it runs, so they are left out.
 - It has no ``--ulimit``: the limits podman may set here come from a CONTAINERS_CONF file.
+
+The sidecar example (exampleBroker: the proxy in an Apache Kafka broker's pod) runs too, one
+broker: Apache Kafka 4.4 from Maven Central's jars on Debian's Java 17 (kafka-broker/), the
+proxy sidecar in front of it, kafka-python through the proxy's published port. Beyond the
+above, kube play runs no StatefulSet, so the test makes the pod the StatefulSet controller
+and the kubelet would (``as_kubelet_would_run``: its name and pod-index label, emptyDirs for
+the volume claims, ``$(POD_NAME)`` in env values expanded, which 4.3 leaves as written) and
+stands in for the cluster DNS: a host alias in the pod and a name map in the client process.
 """
 
 from __future__ import annotations
