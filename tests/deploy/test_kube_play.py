@@ -151,20 +151,6 @@ def pod(proxy_image: str, tmp_path_factory: pytest.TempPathFactory) -> Iterator[
         serialization.BestAvailableEncryption(KEY_PASSWORD.encode()),
     )
     certificate = server.cert_chain_pems[0].bytes()
-    # The forms podman 4.3 reads (module docstring): a secret volume's files as plain text
-    # under data, a secretKeyRef's values base64-encoded in a JSON map.
-    podman_secret(
-        tls_secret,
-        {
-            "apiVersion": "v1",
-            "kind": "Secret",
-            "metadata": {"name": tls_secret},
-            "data": {f"{pod_name}.crt": certificate.decode(), f"{pod_name}.key": encrypted.decode()},
-        },
-        folder,
-    )
-    podman_secret(password_secret, {"password": base64.b64encode(KEY_PASSWORD.encode()).decode()}, folder)
-
     listener = {
         "name": "external",
         "bind": f"0.0.0.0:{listener_port}",
@@ -212,6 +198,19 @@ def pod(proxy_image: str, tmp_path_factory: pytest.TempPathFactory) -> Iterator[
         folder / "ca.pem",
     )
     try:
+        # The forms podman 4.3 reads (module docstring): a secret volume's files as plain text
+        # under data, a secretKeyRef's values base64-encoded in a JSON map.
+        podman_secret(
+            tls_secret,
+            {
+                "apiVersion": "v1",
+                "kind": "Secret",
+                "metadata": {"name": tls_secret},
+                "data": {f"{pod_name}.crt": certificate.decode(), f"{pod_name}.key": encrypted.decode()},
+            },
+            folder,
+        )
+        podman_secret(password_secret, {"password": base64.b64encode(KEY_PASSWORD.encode()).decode()}, folder)
         podman("kube", "play", "--network", NETWORK, str(play_file), env={"CONTAINERS_CONF": str(conf)}, timeout=180)
         # The bridge (and so its gateway address) exists once a pod is on it.
         with TansuBroker(port=broker_port, advertised=f"{host}:{broker_port}", host=host):
