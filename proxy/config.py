@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import difflib
 import os
+import re
 import socket
 import tempfile
 from collections.abc import Callable, Mapping
@@ -37,7 +38,7 @@ from policies.memory_pool import validate_settings as validate_pool_settings
 from .certificates import UPSTREAM_CERTIFICATE, TlsFiles, certificate_problems
 from .strict_yaml import StrictYamlError, read_yaml
 
-__all__ = ["Config", "ConfigError", "load_config", "parse_config", "parse_config_text"]
+__all__ = ["Config", "ConfigError", "expand_environment", "load_config", "parse_config", "parse_config_text"]
 
 
 class ConfigError(Exception):
@@ -715,13 +716,64 @@ def _check_certificates(config: Config) -> None:
         raise ConfigError("\n".join(problems))
 
 
-def parse_config_text(text: str, source: str = "<config>") -> Config:
-    """A config from YAML text; ``source`` (its file name) is named in YAML errors."""
+# ``${NAME}`` in a string value is the environment's NAME, so one file serves every pod
+# (Strimzi's per-broker ``<pod>.crt``, with POD_NAME from the downward API). ``$${`` writes a
+# literal ``${``; any other ``$`` is itself (regex anchors stay as written).
+_ENV_REFERENCE = re.compile(r"\$(\$)?\{([^}]*)\}?")
+_ENV_NAME = re.compile(r"[A-Za-z_][A-Za-z0-9_]*")
+_ENV_RULE = "${NAME} is expanded from the environment at load; write $${ for a literal ${"
+
+
+def _expand_string(value: str, environ: Mapping[str, str]) -> tuple[str, list[str]]:
+    problems: list[str] = []
+
+    def replace(match: re.Match[str]) -> str:
+        escaped, name = match.group(1), match.group(2)
+        if escaped:
+            return match.group(0)[1:]
+        if not match.group(0).endswith("}") or not _ENV_NAME.fullmatch(name):
+            problems.append(f"malformed reference {match.group(0)!r}")
+            return match.group(0)
+        if name not in environ:
+            problems.append(f"environment variable {name!r} is not set")
+            return match.group(0)
+        return environ[name]
+
+    return _ENV_REFERENCE.sub(replace, value), problems
+
+
+def expand_environment(raw: Any, environ: Mapping[str, str]) -> Any:
+    """``raw`` (the YAML as read) with every ``${NAME}`` in its string values replaced, once:
+    an expanded value is not expanded again. Keys stay as written. Every reference that
+    cannot be expanded is an error line naming the key path, the variable and the rule."""
+    problems: list[str] = []
+
+    def walk(node: Any, path: str) -> Any:
+        if isinstance(node, dict):
+            return {key: walk(value, f"{path}.{key}" if path else str(key)) for key, value in node.items()}
+        if isinstance(node, list):
+            return [walk(item, f"{path}[{i}]") for i, item in enumerate(node)]
+        if isinstance(node, str) and "${" in node:
+            expanded, found = _expand_string(node, environ)
+            problems.extend(f"{path or '<config>'}: {problem} ({_ENV_RULE})" for problem in found)
+            return expanded
+        return node
+
+    expanded = walk(raw, "")
+    if problems:
+        raise ConfigError("\n".join(problems))
+    return expanded
+
+
+def parse_config_text(text: str, source: str = "<config>", environ: Mapping[str, str] | None = None) -> Config:
+    """A config from YAML text; ``source`` (its file name) is named in YAML errors. ``${NAME}``
+    references are expanded from ``environ`` (the process environment unless given), read
+    again at every load, so a reload sees the environment as it is then."""
     try:
         raw = read_yaml(text, source)
     except StrictYamlError as exc:
         raise ConfigError(str(exc)) from None
-    return parse_config(raw)
+    return parse_config(expand_environment(raw, os.environ if environ is None else environ))
 
 
 def load_config(path: str | Path) -> Config:

@@ -53,8 +53,8 @@ class TansuBroker:
 
     NODE_ID = 111
 
-    def __init__(self, port: int | None = None, advertised: str | None = None) -> None:
-        self.host = "127.0.0.1"
+    def __init__(self, port: int | None = None, advertised: str | None = None, host: str = "127.0.0.1") -> None:
+        self.host = host  # another local address only: a container network's gateway (kube play)
         self.port = port or free_port()
         self.advertised = advertised or f"{self.host}:{self.port}"
         self._process: subprocess.Popen[bytes] | None = None

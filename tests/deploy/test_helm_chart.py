@@ -35,7 +35,7 @@ CRDS = Path(__file__).parent / "crds" / "prometheus-operator"  # tests/deploy/cr
 MONITORING = ["--set", "podMonitor.enabled=true", "--set", "prometheusRule.enabled=true",
               "--set", "grafanaDashboard.enabled=true"]
 EXTENSIONS = [
-    "--set-json", 'extraEnv=[{"name": "POD_NAME", "valueFrom": {"fieldRef": {"fieldPath": "metadata.name"}}}]',
+    "--set-json", 'extraEnv=[{"name": "TZ", "value": "UTC"}]',
     "--set-json", 'extraVolumes=[{"name": "broker-certs", "secret": {"secretName": "kafka-broker-certs"}}]',
     "--set-json", 'extraVolumeMounts=[{"name": "broker-certs", "mountPath": "/etc/broker-certs", "readOnly": true}]',
     "--set-json", 'podLabels={"team": "streaming"}',
@@ -596,7 +596,7 @@ def test_the_extension_points_reach_the_pod_in_both_modes(rendered: dict[str, Pa
     workload = kind(documents(rendered[mode].read_text()), WORKLOADS[mode])
     pod = workload["spec"]["template"]
     container = proxy_container(workload)
-    assert {"name": "POD_NAME", "valueFrom": {"fieldRef": {"fieldPath": "metadata.name"}}} in container["env"]
+    assert {"name": "TZ", "value": "UTC"} in container["env"]
     assert {"name": "broker-certs", "mountPath": "/etc/broker-certs", "readOnly": True} in container["volumeMounts"]
     assert {"name": "broker-certs", "secret": {"secretName": "kafka-broker-certs"}} in pod["spec"]["volumes"]
     labels = pod["metadata"]["labels"]
@@ -648,6 +648,64 @@ def test_a_misspelt_extension_or_monitoring_value_fails_helm_lint(helm: Helm, fl
     result = helm.run("lint", "--strict", str(CHART), flag, value)
     assert result.returncode != 0
     assert named in result.stdout + result.stderr
+
+
+# --- the environment: POD_NAME and Secret keys, for ${NAME} and key_password_env ---
+
+POD_NAME_ENV = {"name": "POD_NAME", "valueFrom": {"fieldRef": {"fieldPath": "metadata.name"}}}
+KEY_PASSWORD = ["--set-json", 'secretEnv=[{"name": "KEY_PASSWORD", "secretName": "proxy-tls", "key": "password"}]']
+PER_POD_TLS = {"cert_file": "/etc/kafka-admission-proxy-tls/server/${POD_NAME}.crt",
+               "key_file": "/etc/kafka-admission-proxy-tls/server/${POD_NAME}.key",
+               "key_password_env": "KEY_PASSWORD"}
+
+
+@pytest.mark.parametrize("mode", MODES)
+def test_pod_name_comes_first_in_the_proxy_env_in_both_modes_for_per_pod_config_values(
+    rendered: dict[str, Path], mode: str
+) -> None:
+    container = proxy_container(kind(documents(rendered[mode].read_text()), WORKLOADS[mode]))
+    assert container["env"][0] == POD_NAME_ENV
+    assert [e["name"] for e in container["env"]].count("POD_NAME") == 1
+
+
+@pytest.mark.parametrize("mode", MODES)
+def test_a_key_password_from_a_secret_reaches_the_env_var_key_password_env_names(helm: Helm, mode: str) -> None:
+    """Sidecar mode: each broker's own certificate by ${POD_NAME}, its key's password from a Secret."""
+    listener = {"name": "client", "bind": "0.0.0.0:9092", "tls": PER_POD_TLS}
+    args = ["-f", str(SIDECAR_VALUES)] if mode == "sidecar" else []
+    docs = documents(helm.template(*args, *KEY_PASSWORD, "--set-json", f"config.listeners={json.dumps([listener])}"))
+    container = proxy_container(kind(docs, WORKLOADS[mode]))
+    assert container["env"][:2] == [
+        POD_NAME_ENV,
+        {"name": "KEY_PASSWORD", "valueFrom": {"secretKeyRef": {"name": "proxy-tls", "key": "password"}}},
+    ]
+    tls = rendered_config(docs)["listeners"][0]["tls"]
+    assert tls == PER_POD_TLS  # the proxy expands ${POD_NAME}, not helm
+
+
+@pytest.mark.parametrize(("config", "named"), [
+    ({"listeners": [{"name": "client", "bind": "0.0.0.0:9092", "tls": PER_POD_TLS}]},
+     "config.listeners[0].tls.key_password_env: environment variable KEY_PASSWORD is not set"),
+    ({"upstream": {"bootstrap_servers": ["k:9092"],
+                   "tls": {"enabled": True, "cert_file": "/c.crt", "key_file": "/c.key", "key_password_env": "UP"}}},
+     "config.upstream.tls.key_password_env: environment variable UP is not set"),
+    ({"upstream": {"bootstrap_servers": ["${BROKER_HOST}:9092"]}},
+     "config, a ${NAME} reference: environment variable BROKER_HOST is not set"),
+])
+def test_a_config_naming_a_variable_the_container_lacks_fails_to_render(
+    helm: Helm, config: dict[str, Any], named: str
+) -> None:
+    args = [arg for key, value in config.items() for arg in ("--set-json", f"config.{key}={json.dumps(value)}")]
+    result = helm.run("template", "kafka", str(CHART), *args)
+    assert result.returncode != 0
+    assert named in result.stderr, result.stderr
+
+
+def test_a_literal_dollar_brace_needs_no_variable_and_extra_env_counts_as_set(helm: Helm) -> None:
+    upstream = {"bootstrap_servers": ["$${LITERAL}:9092", "${FROM_EXTRA}:9092"]}
+    docs = documents(helm.template("--set-json", f"config.upstream={json.dumps(upstream)}",
+                                   "--set-json", 'extraEnv=[{"name": "FROM_EXTRA", "value": "kafka-0"}]'))
+    assert rendered_config(docs)["upstream"]["bootstrap_servers"] == upstream["bootstrap_servers"]
 
 
 # --- the rendered config, run as rendered -----------------------------------------

@@ -11,7 +11,6 @@ hence ``demo_ports`` (one xdist worker runs them one after another)."""
 from __future__ import annotations
 
 import json
-import subprocess
 import tomllib
 import uuid
 from collections.abc import Iterator
@@ -25,12 +24,11 @@ from confluent_kafka import Consumer
 from tests.clients import GROUP_CONF, create_topic, produce, unique
 from tests.conftest import ROOT, wait_until
 from tests.deploy.conftest import IMAGE_CONFIG, produce_and_consume, proxy_config
-from tests.deploy.podman import ULIMITS, base_image, network_build_options, podman
-from tests.deploy.test_dockerfile import DOCKERFILE, instructions
+from tests.deploy.podman import IMAGE_SOURCE, ULIMITS, podman, revision
+from tests.deploy.test_dockerfile import instructions
 
 pytestmark = pytest.mark.demo_ports
 
-IMAGE = f"localhost/kafka-admission-proxy:test-{uuid.uuid4().hex[:8]}"  # a run of its own
 # The base (tests/deploy/podman.py: bookworm minbase with python3, venv, pip, ca-certificates)
 # is 199 MB; the proxy's venv adds 48 MB: 247 MB measured. A bound above it catches a heavy
 # layer slipping in.
@@ -38,43 +36,13 @@ IMAGE_SIZE_BOUND_MB = 280
 # What .dockerignore leaves of the checkout: 0.7 MB measured (66 files: the sources and the locks).
 CONTEXT_SIZE_BOUND_MB = 5
 ADMIN_PORT = 9464  # the HEALTHCHECK's, fixed in the image
-SOURCE = "https://example.com/kafka-admission-proxy"
-
-
-def revision() -> str:
-    return subprocess.run(
-        ["git", "rev-parse", "HEAD"], cwd=ROOT, capture_output=True, text=True, check=True
-    ).stdout.strip()
+SOURCE = IMAGE_SOURCE
 
 
 @pytest.fixture(scope="module")
-def image() -> Iterator[str]:
-    """deploy/Dockerfile built on the local base, in the docker format (OCI drops HEALTHCHECK).
-    Without the layer cache: podman 4.3's builder (buildah 1.28) reuses a cached LABEL step when
-    only a build argument changed, and would keep an older commit's revision label. Removed
-    afterwards, so repeated runs leave no images behind but the base."""
-    podman(
-        "build",
-        "--no-cache",
-        "--layers=false",
-        "--format",
-        "docker",
-        *network_build_options(),
-        "--build-arg",
-        f"PYTHON_IMAGE={base_image()}",
-        "--build-arg",
-        f"REVISION={revision()}",
-        "--build-arg",
-        f"SOURCE={SOURCE}",
-        "-f",
-        str(DOCKERFILE),
-        "-t",
-        IMAGE,
-        str(ROOT),
-        timeout=900,
-    )
-    yield IMAGE
-    podman("rmi", IMAGE, check=False)
+def image(proxy_image: str) -> str:
+    """The image built once per session (tests/deploy/conftest.py ``proxy_image``)."""
+    return proxy_image
 
 
 def inspect(image: str) -> dict[str, Any]:

@@ -97,10 +97,8 @@ template, as the sidecar: {{ include "kafka-admission-proxy.container" . }} unde
     - {{ .Values.logFormat }}
     - --log-level
     - {{ .Values.logLevel }}
-  {{- with .Values.extraEnv }}
   env:
-    {{- toYaml . | nindent 4 }}
-  {{- end }}
+    {{- include "kafka-admission-proxy.env" . | nindent 4 }}
   ports:
     {{- range (include "kafka-admission-proxy.ports" . | fromYamlArray) }}
     - name: {{ .name }}
@@ -149,6 +147,46 @@ template, as the sidecar: {{ include "kafka-admission-proxy.container" . }} unde
     {{- end }}
 {{- end }}
 
+{{/*
+The proxy container's environment (both modes): POD_NAME from the downward API, always, for
+per-pod values in the config ("/certs/${POD_NAME}.crt", expanded by the proxy at load);
+secretEnv as secretKeyRefs (e.g. the password key_password_env names); then extraEnv.
+Rendering fails when the config names a variable (key_password_env, or a ${NAME} reference)
+that none of these sets: the proxy would refuse that config at start.
+*/}}
+{{- define "kafka-admission-proxy.env" -}}
+- name: POD_NAME
+  valueFrom:
+    fieldRef:
+      fieldPath: metadata.name
+{{- range .Values.secretEnv }}
+- name: {{ .name }}
+  valueFrom:
+    secretKeyRef:
+      name: {{ .secretName }}
+      key: {{ .key }}
+{{- end }}
+{{- with .Values.extraEnv }}
+{{ toYaml . }}
+{{- end }}
+{{- $set := list "POD_NAME" }}
+{{- range (concat .Values.secretEnv .Values.extraEnv) }}{{ $set = append $set .name }}{{ end }}
+{{- $config := include "kafka-admission-proxy.configFile" . | fromYaml }}
+{{- $named := list }}
+{{- range $i, $listener := $config.listeners }}
+{{- with (($listener.tls | default dict).key_password_env) }}{{ $named = append $named (list (printf "config.listeners[%d].tls.key_password_env" $i) .) }}{{ end }}
+{{- end }}
+{{- with ((($config.upstream | default dict).tls | default dict).key_password_env) }}{{ $named = append $named (list "config.upstream.tls.key_password_env" .) }}{{ end }}
+{{- range (regexFindAll "(^|[^$])[$][{][A-Za-z_][A-Za-z0-9_]*[}]" (include "kafka-admission-proxy.configFile" .) -1) }}
+{{- $named = append $named (list "config, a ${NAME} reference" (regexFind "[A-Za-z_][A-Za-z0-9_]*[}]$" . | trimSuffix "}")) }}
+{{- end }}
+{{- range $named }}
+{{- if not (has (index . 1) $set) }}
+{{- fail (printf "%s: environment variable %s is not set in the proxy container; add it to secretEnv or extraEnv" (index . 0) (index . 1)) }}
+{{- end }}
+{{- end }}
+{{- end }}
+
 {{/* The proxy's volumes, for the pod's `volumes:` (standalone Deployment or a broker pod). */}}
 {{- define "kafka-admission-proxy.volumes" -}}
 - name: kafka-admission-proxy-config
@@ -159,6 +197,8 @@ template, as the sidecar: {{ include "kafka-admission-proxy.container" . }} unde
   secret:
     secretName: {{ .secretName }}
     defaultMode: 0440
+    {{- /* Kubernetes' default, written out: podman 4.3's kube play dereferences it unchecked. */}}
+    optional: false
 {{- end }}
 {{- if .Values.auditVolume.enabled }}
 - name: kafka-admission-proxy-audit
