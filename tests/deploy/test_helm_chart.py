@@ -69,6 +69,12 @@ MODES = {
     "native-sidecar": ["-f", str(SIDECAR_VALUES), "--set", "nativeSidecar=true", *MONITORING, *EXTENSIONS],
 }
 WORKLOADS = {"standalone": "Deployment", "sidecar": "StatefulSet", "native-sidecar": "StatefulSet"}
+# Each mode with nothing else set.
+MODE_BASE: dict[str, list[str]] = {
+    "standalone": [],
+    "sidecar": ["-f", str(SIDECAR_VALUES)],
+    "native-sidecar": ["-f", str(SIDECAR_VALUES), "--set", "nativeSidecar=true"],
+}
 
 
 class Helm:
@@ -672,7 +678,7 @@ def test_pod_name_comes_first_in_the_proxy_env_in_both_modes_for_per_pod_config_
 def test_a_key_password_from_a_secret_reaches_the_env_var_key_password_env_names(helm: Helm, mode: str) -> None:
     """Sidecar mode: each broker's own certificate by ${POD_NAME}, its key's password from a Secret."""
     listener = {"name": "client", "bind": "0.0.0.0:9092", "tls": PER_POD_TLS}
-    args = ["-f", str(SIDECAR_VALUES)] if mode == "sidecar" else []
+    args = MODE_BASE[mode]
     docs = documents(helm.template(*args, *KEY_PASSWORD, "--set-json", f"config.listeners={json.dumps([listener])}"))
     container = proxy_container(kind(docs, WORKLOADS[mode]))
     assert container["env"][:2] == [
