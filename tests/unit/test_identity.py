@@ -15,9 +15,11 @@ from cryptography.hazmat.primitives.asymmetric import ec
 from cryptography.hazmat.primitives.serialization import Encoding
 from cryptography.x509.oid import ExtendedKeyUsageOID, NameOID
 
+from proxy.certificates import certificate_files
 from proxy.config import ClientIdentity, ConfigError, UpstreamTls, parse_config
 from proxy.identity import RENEW_AT, IdentityIssuer
 from proxy.metrics import Metrics
+from proxy.upstream import UpstreamConnector
 from tests.identity_certs import NOW, client_certificate, identity_ca, person, rdn, write_ca
 
 
@@ -238,3 +240,30 @@ def test_a_ca_key_others_can_read_and_a_ca_without_path_length_zero_are_warned_a
     )
     key_text = Path(key_file).read_text()
     assert not any(key_text.splitlines()[1] in w for w in warnings)  # never the key itself
+
+
+# -- rotation: the connector keeps an issuer while its files are the same -------------------
+
+
+async def test_a_reload_with_the_same_ca_keeps_the_cache_and_a_replaced_ca_starts_a_new_one(tmp_path: Path) -> None:
+    old_ca = identity_ca("identity CA 1")
+    cert_file, key_file = write_ca(tmp_path, *old_ca)
+    config = parse_config(config_with({"ca_cert_file": cert_file, "ca_key_file": key_file}))
+    assert {cert_file, key_file} <= set(certificate_files(config.tls_files()))  # the same file watch
+    metrics = Metrics()
+    connector = UpstreamConnector(config.upstream.tls, None, metrics, recorder=None)  # type: ignore[arg-type]  # records nothing here
+    first = connector.identity
+    assert first is not None
+    alice, _ = client_certificate(identity_ca("client CA"), person("alice"))
+    await first.context_for(der(alice))
+    assert connector.prepare_identity(config.upstream.tls) is first  # nothing changed: cache kept
+    new_ca = identity_ca("identity CA 2")
+    write_ca(tmp_path, *new_ca)  # the same paths, new contents
+    second = connector.prepare_identity(config.upstream.tls)
+    assert second is not None and second is not first and len(second) == 0
+    connector.use_tls(config.upstream.tls, None, second)
+    await second.context_for(der(alice))
+    issued = second.issued(der(alice))
+    assert issued is not None
+    issued.verify_directly_issued_by(new_ca[0])
+    assert issued.issuer == new_ca[0].subject
