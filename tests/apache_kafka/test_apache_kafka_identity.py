@@ -24,6 +24,8 @@ from confluent_kafka.admin import (  # type: ignore[attr-defined]
     ResourcePatternType,
     ResourceType,
 )
+from kio.schema.alter_client_quotas.v1.request import AlterClientQuotasRequest, EntityData, EntryData, OpData
+from kio.static.primitive import f64
 
 from proxy.apache_kafka import LOG4J2, ApacheKafkaBroker, BrokerTls, JavaParts
 from proxy.tansu import free_port
@@ -32,6 +34,7 @@ from tests.clients import CLIENT_TIMEOUT_S, consume, create_topic, produce_value
 from tests.conftest import Certs, wait_until
 from tests.identity_certs import cert_pem, client_certificate, identity_ca, key_pem, person, write_ca
 from tests.kubelet import ConfigMapDir
+from tests.raw_kafka import RawConnection, frame
 
 pytestmark = pytest.mark.apache_kafka
 NODES = (ApacheKafkaBroker.NODE_ID,)
@@ -67,7 +70,9 @@ def identities(java_parts: JavaParts, certs: Certs, tmp_path_factory: pytest.Tem
     id_ca = identity_ca("identity CA")
     client_ca_file, _ = write_ca(root, *client_ca, "client-ca")
     id_ca_files = write_ca(root, *id_ca, "identity-ca")
-    clients = {name: _pair(root, name, *client_certificate(client_ca, person(name))) for name in ("alice", "bob")}
+    clients = {
+        name: _pair(root, name, *client_certificate(client_ca, person(name))) for name in ("alice", "bob", "carol")
+    }
     proxy_own = _pair(root, "proxy", *client_certificate(id_ca, person("kafka-admission-proxy", "proxies")))
     ports = {name: free_port("127.0.0.1") for name in ("PLAINTEXT", "SSL", "IDENTITY", "CONTROLLER")}
     data = [f"{name}://127.0.0.1:{ports[name]}" for name in ("PLAINTEXT", "SSL", "IDENTITY")]
@@ -78,6 +83,9 @@ def identities(java_parts: JavaParts, certs: Certs, tmp_path_factory: pytest.Tem
         "advertised.listeners": ",".join(data),
         "listener.security.protocol.map": "PLAINTEXT:PLAINTEXT,SSL:SSL,IDENTITY:SSL,CONTROLLER:PLAINTEXT",
         "ssl.client.auth": "required",
+        # Quotas measured over 2 s, not 11: a burst is throttled on its own, not for the history before it.
+        "quota.window.num": "2",
+        "quota.window.size.seconds": "1",
         "ssl.principal.mapping.rules": MAPPING_RULES,
         # The proxy's listener trusts only the identity CA (the SSL listener: the client CA).
         "listener.name.identity.ssl.truststore.type": "PEM",
@@ -116,6 +124,18 @@ def identities(java_parts: JavaParts, certs: Certs, tmp_path_factory: pytest.Tem
                 AclOperation.READ,
                 AclPermissionType.ALLOW,
             )
+        ]
+        allow += [  # carol may produce, and has no quota
+            AclBinding(
+                ResourceType.TOPIC,
+                topic,
+                ResourcePatternType.LITERAL,
+                "User:CN=carol",
+                "*",
+                op,
+                AclPermissionType.ALLOW,
+            )
+            for op in (AclOperation.WRITE, AclOperation.DESCRIBE)
         ]
         for future in admin.create_acls(allow).values():
             future.result(timeout=CLIENT_TIMEOUT_S)
@@ -290,3 +310,67 @@ def test_a_client_without_a_certificate_is_refused_when_the_config_says_so(
     produced = produce_values(proxy.bootstrap, identities.topic, [b"optional listener"], acks="all", **alice)
     assert produced.errors == [] and len(produced.delivered) == 1
     assert proxy.metric("kafka_admission_upstream_identities_minted_total") == 1
+
+
+QUOTA_BYTES_PER_S = 8192
+ALTER_CLIENT_QUOTAS = 49  # Kafka's ApiKeys.ALTER_CLIENT_QUOTAS
+
+
+def set_producer_byte_rate(broker: ApacheKafkaBroker, user: str, rate: float) -> None:
+    """A per-user quota (KIP-546 AlterClientQuotas, as kafka-configs --entity-type users sends it)."""
+    body = AlterClientQuotasRequest(
+        entries=(
+            EntryData(
+                entity=(EntityData(entity_type="user", entity_name=user),),
+                ops=(OpData(key="producer_byte_rate", value=f64(float(rate)), remove=False),),
+            ),
+        ),
+        validate_only=False,
+    )
+    with RawConnection(broker.bootstrap) as conn:
+        conn.send(frame(ALTER_CLIENT_QUOTAS, 1, 1, body))
+        response = conn.read_response(ALTER_CLIENT_QUOTAS, 1)
+    assert [e.error_code for e in response.body.entries] == [0], response
+
+
+def throttled_ms(bootstrap: str, topic: str, client: dict[str, str], kilobytes: int = 48) -> float:
+    """The longest throttle the broker asked of this producer (its throttle_time_ms) while it
+    sent ``kilobytes`` KiB."""
+    seen: list[float] = [0.0]
+    errors: list[KafkaError] = []
+    producer = Producer(
+        {
+            "bootstrap.servers": bootstrap,
+            "acks": "all",
+            "linger.ms": 5,
+            "batch.size": 2048,
+            **client,
+            "throttle_cb": lambda event: seen.append(event.throttle_time * 1000),
+        }
+    )
+    for _ in range(kilobytes):
+        producer.produce(topic, value=b"q" * 1024, on_delivery=lambda err, _m: errors.append(err) if err else None)
+        producer.poll(0)
+    assert producer.flush(60) == 0
+    producer.poll(0.5)  # the last throttle report
+    assert errors == []
+    return max(seen)
+
+
+def test_a_per_user_quota_throttles_alice_through_the_proxy_as_directly_and_only_her(
+    identities: Identities, start_proxy: Any, certs: Certs
+) -> None:
+    set_producer_byte_rate(identities.broker, "CN=alice", QUOTA_BYTES_PER_S)
+    proxy = identity_proxy(identities, start_proxy, certs)
+    alice = tls_client(certs, identities.clients["alice"])
+    carol = tls_client(certs, identities.clients["carol"])
+    direct = throttled_ms(identities.broker.address("SSL"), identities.topic, alice)
+    through_proxy = throttled_ms(proxy.bootstrap, identities.topic, alice)
+    carol_through_proxy = throttled_ms(proxy.bootstrap, identities.topic, carol)
+    print(
+        f"throttle_time_ms max: alice direct {direct:.0f}, alice through the proxy {through_proxy:.0f}, "
+        f"carol through the proxy {carol_through_proxy:.0f}"
+    )
+    assert direct > 0 and through_proxy > 0
+    assert direct / 4 <= through_proxy <= direct * 4  # the same burst, the same quota (measured: 1138 and 1139 ms)
+    assert carol_through_proxy == 0  # her own quota (none), not one merged with alice's
