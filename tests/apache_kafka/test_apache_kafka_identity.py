@@ -305,6 +305,13 @@ def test_a_client_without_a_certificate_is_refused_when_the_config_says_so(
     with pytest.raises(KafkaException):
         AdminClient({"bootstrap.servers": proxy.bootstrap, **anonymous}).list_topics(timeout=5)
     assert "presented no verified certificate" in proxy.log()
+    # mallory's own CA signs "alice": the listener does not verify it, so nothing is issued for it.
+    mallory = client_certificate(identity_ca("mallory's CA"), person("alice"))
+    mallory_files = _pair(Path(identities.client_ca).parent, "mallory", *mallory)
+    with pytest.raises(KafkaException):
+        AdminClient({"bootstrap.servers": proxy.bootstrap, **tls_client(certs, mallory_files)}).list_topics(timeout=5)
+    assert proxy.metric("kafka_admission_tls_handshake_failures_total", listener="external") >= 1
+    assert proxy.metric("kafka_admission_upstream_identities_minted_total") == 0
     # alice, with her certificate, on the same listener: served as herself.
     alice = tls_client(certs, identities.clients["alice"])
     produced = produce_values(proxy.bootstrap, identities.topic, [b"optional listener"], acks="all", **alice)

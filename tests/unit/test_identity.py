@@ -17,7 +17,7 @@ from cryptography.x509.oid import ExtendedKeyUsageOID, NameOID
 
 from proxy.certificates import certificate_files
 from proxy.config import ClientIdentity, ConfigError, UpstreamTls, parse_config
-from proxy.identity import RENEW_AT, IdentityIssuer
+from proxy.identity import RENEW_AT, ClientCertificate, IdentityIssuer, IdentityRefused
 from proxy.metrics import Metrics
 from proxy.upstream import UpstreamConnector
 from tests.identity_certs import NOW, client_certificate, identity_ca, person, rdn, write_ca
@@ -267,3 +267,22 @@ async def test_a_reload_with_the_same_ca_keeps_the_cache_and_a_replaced_ca_start
     assert issued is not None
     issued.verify_directly_issued_by(new_ca[0])
     assert issued.issuer == new_ca[0].subject
+
+
+@pytest.mark.parametrize("without_certificate", ["refuse", "proxy"])
+async def test_a_client_without_a_certificate_gets_what_the_config_says(
+    tmp_path: Path, without_certificate: str
+) -> None:
+    cert_file, key_file = write_ca(tmp_path, *identity_ca())
+    identity = {"ca_cert_file": cert_file, "ca_key_file": key_file, "without_certificate": without_certificate}
+    config = parse_config(config_with(identity))
+    own = ssl.create_default_context()  # stands for the proxy's own context (cert_file)
+    metrics = Metrics()
+    connector = UpstreamConnector(config.upstream.tls, own, metrics, recorder=None)  # type: ignore[arg-type]
+    assert await connector._context_for(None) is own  # the proxy's own requests
+    if without_certificate == "proxy":
+        assert await connector._context_for(ClientCertificate(None)) is own
+    else:
+        with pytest.raises(IdentityRefused, match="presented no verified certificate"):
+            await connector._context_for(ClientCertificate(None))
+    assert minted(metrics) == 0
