@@ -6,9 +6,10 @@ maps that subject to a principal as for a direct connection (Kafka's
 ACLs, quotas and audit log still tell clients apart.
 
 Issuing is CPU (a key pair and a signature): it runs in a worker thread, two at a time
-at most. One certificate and one SSLContext per subject are cached (least recently
-used first out) and issued again at two thirds of their lifetime. The CA key is read
-here only and never logged; issued certificates only ever go to brokers."""
+at most. One certificate and one SSLContext per subject are cached (``cache_size`` of
+them, ~27 KB each, least recently used first out) and issued again at two thirds of
+their lifetime. The CA key is read here only and never logged; issued certificates only
+ever go to brokers."""
 
 from __future__ import annotations
 
@@ -35,7 +36,6 @@ from .tls import upstream_trust
 
 __all__ = ["ClientCertificate", "IdentityIssuer", "IdentityRefused", "verified_client_certificate"]
 
-CACHE_CAPACITY = 10_000
 RENEW_AT = 2 / 3  # of a certificate's lifetime
 # A broker whose clock runs a little behind still accepts a certificate issued just now.
 CLOCK_SKEW = dt.timedelta(minutes=5)
@@ -120,13 +120,13 @@ class IdentityIssuer:
         upstream: UpstreamTls,
         metrics: Metrics,
         *,
-        capacity: int = CACHE_CAPACITY,
+        capacity: int | None = None,
         clock: Callable[[], dt.datetime] = lambda: dt.datetime.now(dt.UTC),
     ) -> None:
         self.settings = settings
         self._upstream = upstream
         self._metrics = metrics
-        self._capacity = capacity
+        self._capacity = capacity if capacity is not None else settings.cache_size
         self._clock = clock
         self._ca_cert, self._ca_key, digest = _load_ca(settings)
         self.fingerprint = (digest, settings, upstream)

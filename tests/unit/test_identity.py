@@ -20,7 +20,7 @@ from proxy.config import ClientIdentity, ConfigError, UpstreamTls, parse_config
 from proxy.identity import RENEW_AT, ClientCertificate, IdentityIssuer, IdentityRefused
 from proxy.metrics import Metrics
 from proxy.upstream import UpstreamConnector
-from tests.identity_certs import NOW, client_certificate, identity_ca, person, rdn, write_ca
+from tests.identity_certs import NOW, cert_pem, client_certificate, identity_ca, person, rdn, write_ca
 
 
 class Clock:
@@ -45,7 +45,7 @@ def ca(tmp_path: Path) -> tuple[x509.Certificate, ec.EllipticCurvePrivateKey, Cl
 
 
 def issuer_of(settings: ClientIdentity, metrics: Metrics, clock: Clock | None = None, **kw: int) -> IdentityIssuer:
-    upstream = UpstreamTls(enabled=True, client_identity=settings)
+    upstream = UpstreamTls(enabled=True, ca_file=settings.ca_cert_file, client_identity=settings)
     return IdentityIssuer(settings, upstream, metrics, clock=clock or Clock(), **kw)
 
 
@@ -155,10 +155,21 @@ async def test_an_issued_certificate_never_outlives_the_clients_own(ca) -> None:
 
 
 def config_with(identity: dict[str, object]) -> dict[str, object]:
+    brokers_ca = Path(str(identity["ca_cert_file"])).parent / "brokers-ca.pem"  # verifies the brokers
+    brokers_ca.write_bytes(cert_pem(identity_ca("brokers' CA")[0]))
+    tls = {"enabled": True, "ca_file": str(brokers_ca), "client_identity": identity}
     return {
-        "upstream": {"bootstrap_servers": ["127.0.0.1:9093"], "tls": {"enabled": True, "client_identity": identity}},
+        "upstream": {"bootstrap_servers": ["127.0.0.1:9093"], "tls": tls},
         "listeners": [{"name": "external", "bind": "127.0.0.1:29092"}],
     }
+
+
+def test_client_identity_needs_a_ca_file_for_the_brokers(tmp_path: Path) -> None:
+    cert_file, key_file = write_ca(tmp_path, *identity_ca())
+    raw = config_with({"ca_cert_file": cert_file, "ca_key_file": key_file})
+    raw["upstream"]["tls"]["ca_file"] = None  # type: ignore[index]
+    with pytest.raises(ConfigError, match=r"^upstream\.tls: client_identity needs ca_file"):
+        parse_config(raw)
 
 
 def test_a_certificate_that_is_not_a_ca_is_refused_naming_the_file(tmp_path: Path) -> None:
