@@ -74,14 +74,16 @@ def identities(java_parts: JavaParts, certs: Certs, tmp_path_factory: pytest.Tem
         name: _pair(root, name, *client_certificate(client_ca, person(name))) for name in ("alice", "bob", "carol")
     }
     proxy_own = _pair(root, "proxy", *client_certificate(id_ca, person("kafka-admission-proxy", "proxies")))
-    ports = {name: free_port("127.0.0.1") for name in ("PLAINTEXT", "SSL", "IDENTITY", "CONTROLLER")}
-    data = [f"{name}://127.0.0.1:{ports[name]}" for name in ("PLAINTEXT", "SSL", "IDENTITY")]
+    data_listeners = ("PLAINTEXT", "SSL", "IDENTITY", "SASL_PLAINTEXT")
+    ports = {name: free_port("127.0.0.1") for name in (*data_listeners, "CONTROLLER")}
+    data = [f"{name}://127.0.0.1:{ports[name]}" for name in data_listeners]
     properties = {
         "authorizer.class.name": "org.apache.kafka.metadata.authorizer.StandardAuthorizer",
         "super.users": "User:ANONYMOUS",  # PLAINTEXT: the test's own admin, and the broker itself
         "listeners": ",".join([*data, f"CONTROLLER://127.0.0.1:{ports['CONTROLLER']}"]),
         "advertised.listeners": ",".join(data),
-        "listener.security.protocol.map": "PLAINTEXT:PLAINTEXT,SSL:SSL,IDENTITY:SSL,CONTROLLER:PLAINTEXT",
+        "listener.security.protocol.map": "PLAINTEXT:PLAINTEXT,SSL:SSL,IDENTITY:SSL,SASL_PLAINTEXT:SASL_PLAINTEXT,"
+        "CONTROLLER:PLAINTEXT",
         "ssl.client.auth": "required",
         # Quotas measured over 2 s, not 11: a burst is throttled on its own, not for the history before it.
         "quota.window.num": "2",
@@ -98,6 +100,7 @@ def identities(java_parts: JavaParts, certs: Certs, tmp_path_factory: pytest.Tem
         properties=properties,
         ports=ports,
         log4j=AUTHORIZER_LOG,
+        scram_users=SCRAM_USERS,
     )
     with broker:
         topic = unique("payments")
@@ -108,22 +111,24 @@ def identities(java_parts: JavaParts, certs: Certs, tmp_path_factory: pytest.Tem
                 ResourceType.TOPIC,
                 topic,
                 ResourcePatternType.LITERAL,
-                "User:CN=alice",
+                principal,
                 "*",
                 op,
                 AclPermissionType.ALLOW,
             )
             for op in (AclOperation.WRITE, AclOperation.READ, AclOperation.DESCRIBE)
+            for principal in ("User:CN=alice", "User:alice")  # mTLS, and SCRAM
         ] + [
             AclBinding(
                 ResourceType.GROUP,
                 "*",
                 ResourcePatternType.LITERAL,
-                "User:CN=alice",
+                principal,
                 "*",
                 AclOperation.READ,
                 AclPermissionType.ALLOW,
             )
+            for principal in ("User:CN=alice", "User:alice")
         ]
         allow += [  # carol may produce, and has no quota
             AclBinding(
@@ -319,6 +324,7 @@ def test_a_client_without_a_certificate_is_refused_when_the_config_says_so(
     assert proxy.metric("kafka_admission_upstream_identities_minted_total") == 1
 
 
+SCRAM_USERS = {"alice": "alice-scram-secret", "bob": "bob-scram-secret"}
 QUOTA_BYTES_PER_S = 8192
 ALTER_CLIENT_QUOTAS = 49  # Kafka's ApiKeys.ALTER_CLIENT_QUOTAS
 
@@ -381,3 +387,36 @@ def test_a_per_user_quota_throttles_alice_through_the_proxy_as_directly_and_only
     assert direct > 0 and through_proxy > 0
     assert direct / 4 <= through_proxy <= direct * 4  # the same burst, the same quota (measured: 1138 and 1139 ms)
     assert carol_through_proxy == 0  # her own quota (none), not one merged with alice's
+
+
+def scram(user: str) -> dict[str, str]:
+    return {
+        "security.protocol": "SASL_PLAINTEXT",
+        "sasl.mechanism": "SCRAM-SHA-512",
+        "sasl.username": user,
+        "sasl.password": SCRAM_USERS[user],
+    }
+
+
+def test_acls_through_the_proxy_match_direct_for_scram_sha_512(identities: Identities, start_proxy: Any) -> None:
+    """SASL passes through the proxy: the broker authenticates alice and bob itself, and its
+    authorizer sees User:alice and User:bob, as for direct connections."""
+    broker, topic = identities.broker, identities.topic
+    address = broker.address("SASL_PLAINTEXT")
+    proxy = start_proxy(address, node_ids=NODES, listeners=[{"name": "external", "sasl": True}])
+    seen: dict[str, tuple[set[int], list[bytes], int | None]] = {}
+    before_proxy = len(broker.log())
+    for path, bootstrap in (("proxy", proxy.bootstrap), ("direct", address)):
+        if path == "direct":
+            through_proxy = broker.log()[before_proxy:]
+        for name in ("alice", "bob"):
+            seen[f"{name} {path}"] = produce_and_consume(bootstrap, topic, scram(name))
+    for path in ("direct", "proxy"):
+        produced, read, consume_error = seen[f"alice {path}"]
+        assert produced == set() and consume_error is None and len(read) >= 5, (path, seen[f"alice {path}"])
+        assert seen[f"bob {path}"][0] == {KafkaError.TOPIC_AUTHORIZATION_FAILED}, (path, seen[f"bob {path}"])
+    assert seen["bob proxy"][2] == seen["bob direct"][2]
+    assert re.search(rf"Principal = User:alice is Allowed operation = WRITE .*{topic}", through_proxy)
+    assert re.search(rf"Principal = User:bob is Denied operation = DESCRIBE .*{topic}", through_proxy)
+    log = proxy.log()
+    assert not any(password in log for password in SCRAM_USERS.values())  # credentials never logged
