@@ -86,6 +86,11 @@ def identities(java_parts: JavaParts, certs: Certs, tmp_path_factory: pytest.Tem
         "CONTROLLER:PLAINTEXT",
         "ssl.client.auth": "required",
         # Quotas measured over 2 s, not 11: a burst is throttled on its own, not for the history before it.
+        # OAUTHBEARER beside SCRAM on the SASL listener, with Kafka's unsecured (test) tokens.
+        "sasl.enabled.mechanisms": "SCRAM-SHA-512,OAUTHBEARER",
+        "listener.name.sasl_plaintext.oauthbearer.sasl.jaas.config": (
+            "org.apache.kafka.common.security.oauthbearer.OAuthBearerLoginModule required;"
+        ),
         "quota.window.num": "2",
         "quota.window.size.seconds": "1",
         "ssl.principal.mapping.rules": MAPPING_RULES,
@@ -420,3 +425,26 @@ def test_acls_through_the_proxy_match_direct_for_scram_sha_512(identities: Ident
     assert re.search(rf"Principal = User:bob is Denied operation = DESCRIBE .*{topic}", through_proxy)
     log = proxy.log()
     assert not any(password in log for password in SCRAM_USERS.values())  # credentials never logged
+
+
+def oauthbearer(user: str) -> dict[str, str]:
+    """librdkafka's unsecured JWT (no signature), which Kafka's unsecured validator accepts."""
+    return {
+        "security.protocol": "SASL_PLAINTEXT",
+        "sasl.mechanism": "OAUTHBEARER",
+        "enable.sasl.oauthbearer.unsecure.jwt": "true",
+        "sasl.oauthbearer.config": f"principal={user}",
+    }
+
+
+def test_oauthbearer_through_the_proxy_reaches_the_authorizer_as_directly(
+    identities: Identities, start_proxy: Any
+) -> None:
+    broker, topic = identities.broker, identities.topic
+    address = broker.address("SASL_PLAINTEXT")
+    proxy = start_proxy(address, node_ids=NODES, listeners=[{"name": "external", "sasl": True}])
+    for bootstrap in (proxy.bootstrap, address):
+        produced, read, consume_error = produce_and_consume(bootstrap, topic, oauthbearer("alice"))
+        assert produced == set() and consume_error is None and len(read) >= 5, bootstrap
+        produced, _, _ = produce_and_consume(bootstrap, topic, oauthbearer("bob"))
+        assert produced == {KafkaError.TOPIC_AUTHORIZATION_FAILED}, bootstrap
