@@ -4,7 +4,9 @@ Kafka 4.4 with the StandardAuthorizer in KRaft. Clients present their own certif
 listener, which trusts only the identity CA, with a certificate it issues for each
 client's subject. ACLs allow User:CN=alice to produce to and consume from one topic, and
 bob nothing: through the proxy each gets what it gets when connecting directly (the SSL
-listener, which trusts the client CA), and the broker's authorizer log names both."""
+listener, which trusts the client CA), and the broker's authorizer log names both. A
+per-user quota throttles alice through the proxy as directly. SCRAM-SHA-512 and OAUTHBEARER
+through the proxy (SASL passes through) reach the authorizer as the same principals."""
 
 from __future__ import annotations
 
