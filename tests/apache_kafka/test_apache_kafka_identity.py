@@ -45,6 +45,8 @@ NODES = (ApacheKafkaBroker.NODE_ID,)
 MAPPING_RULES = "RULE:^(CN=[^,]+),OU=(payments|proxies),O=Example$/$1/"
 # The StandardAuthorizer logs a denial at INFO and an allowed operation at DEBUG.
 AUTHORIZER_LOG = LOG4J2 + "logger.authorizer.name = kafka.authorizer.logger\nlogger.authorizer.level = DEBUG\n"
+# SASL users of the SASL_PLAINTEXT listener (SCRAM-SHA-512 credentials, and PLAIN's JAAS users).
+SCRAM_USERS = {"alice": "alice-scram-secret", "bob": "bob-scram-secret"}
 
 
 @dataclass(frozen=True)
@@ -89,7 +91,12 @@ def identities(java_parts: JavaParts, certs: Certs, tmp_path_factory: pytest.Tem
         "ssl.client.auth": "required",
         # Quotas measured over 2 s, not 11: a burst is throttled on its own, not for the history before it.
         # OAUTHBEARER beside SCRAM on the SASL listener, with Kafka's unsecured (test) tokens.
-        "sasl.enabled.mechanisms": "SCRAM-SHA-512,OAUTHBEARER",
+        "sasl.enabled.mechanisms": "SCRAM-SHA-512,PLAIN,OAUTHBEARER",
+        "listener.name.sasl_plaintext.plain.sasl.jaas.config": (
+            "org.apache.kafka.common.security.plain.PlainLoginModule required "
+            + " ".join(f'user_{user}="{password}"' for user, password in SCRAM_USERS.items())
+            + ";"
+        ),
         "listener.name.sasl_plaintext.oauthbearer.sasl.jaas.config": (
             "org.apache.kafka.common.security.oauthbearer.OAuthBearerLoginModule required;"
         ),
@@ -331,7 +338,6 @@ def test_a_client_without_a_certificate_is_refused_when_the_config_says_so(
     assert proxy.metric("kafka_admission_upstream_identities_minted_total") == 1
 
 
-SCRAM_USERS = {"alice": "alice-scram-secret", "bob": "bob-scram-secret"}
 QUOTA_BYTES_PER_S = 8192
 ALTER_CLIENT_QUOTAS = 49  # Kafka's ApiKeys.ALTER_CLIENT_QUOTAS
 
@@ -396,16 +402,19 @@ def test_a_per_user_quota_throttles_alice_through_the_proxy_as_directly_and_only
     assert carol_through_proxy == 0  # her own quota (none), not one merged with alice's
 
 
-def scram(user: str) -> dict[str, str]:
+def scram(user: str, mechanism: str = "SCRAM-SHA-512") -> dict[str, str]:
     return {
         "security.protocol": "SASL_PLAINTEXT",
-        "sasl.mechanism": "SCRAM-SHA-512",
+        "sasl.mechanism": mechanism,
         "sasl.username": user,
         "sasl.password": SCRAM_USERS[user],
     }
 
 
-def test_acls_through_the_proxy_match_direct_for_scram_sha_512(identities: Identities, start_proxy: Any) -> None:
+@pytest.mark.parametrize("mechanism", ["SCRAM-SHA-512", "PLAIN"])
+def test_acls_through_the_proxy_match_direct_for_scram_sha_512_and_plain(
+    identities: Identities, start_proxy: Any, mechanism: str
+) -> None:
     """SASL passes through the proxy: the broker authenticates alice and bob itself, and its
     authorizer sees User:alice and User:bob, as for direct connections."""
     broker, topic = identities.broker, identities.topic
@@ -417,7 +426,7 @@ def test_acls_through_the_proxy_match_direct_for_scram_sha_512(identities: Ident
         if path == "direct":
             through_proxy = broker.log()[before_proxy:]
         for name in ("alice", "bob"):
-            seen[f"{name} {path}"] = produce_and_consume(bootstrap, topic, scram(name))
+            seen[f"{name} {path}"] = produce_and_consume(bootstrap, topic, scram(name, mechanism))
     for path in ("direct", "proxy"):
         produced, read, consume_error = seen[f"alice {path}"]
         assert produced == set() and consume_error is None and len(read) >= 5, (path, seen[f"alice {path}"])
