@@ -54,7 +54,7 @@ from .runtime import Runtime
 from .session import Pending, Session, State, UnexpectedResponse
 from .tls import TlsTermination
 from .transport import SendStalled, SocketTransport, TlsTransport, Transport, stdlib_socket
-from .upstream import UpstreamLink, UpstreamUnavailable
+from .upstream import NoClientIdentity, UpstreamLink, UpstreamUnavailable
 from .wire import Received
 
 log = logging.getLogger("kafka_admission_proxy.connection")
@@ -182,6 +182,8 @@ class ClientConnection:
             return
         try:
             link = await self.port.connect(self.client_certificate)
+        except NoClientIdentity as exc:
+            raise ConnectionClosed("no_client_identity", str(exc)) from None
         except UpstreamUnavailable as exc:
             raise ConnectionClosed("upstream_unavailable", str(exc)) from None
         self.upstream_address = link.address

@@ -36,6 +36,11 @@ class UpstreamUnavailable(Exception):
     pass
 
 
+class NoClientIdentity(UpstreamUnavailable):
+    """No identity toward brokers for this client (no verified certificate and
+    ``without_certificate: refuse``, or the identity CA could not issue one)."""
+
+
 def _not_tls(cause: BaseException | None) -> bool:
     """A handshake that failed the way a plaintext peer makes it fail: garbage back,
     a close (a Kafka broker drops a ClientHello read as a 369 MB request), or silence
@@ -129,7 +134,7 @@ class UpstreamConnector:
         try:
             context = await self._context_for(client)
         except IdentityRefused as exc:
-            raise UpstreamUnavailable(f"no identity toward broker {address}: {exc}") from None
+            raise NoClientIdentity(f"no identity toward broker {address}: {exc}") from None
         try:
             with trio.fail_after(CONNECT_TIMEOUT_S):
                 tcp = await trio.open_tcp_stream(host, port)
@@ -164,6 +169,8 @@ class UpstreamConnector:
         for host, port in addresses:
             try:
                 return await self.connect(host, port, backing_off=backing_off, client=client)
+            except NoClientIdentity:
+                raise  # the same at every broker
             except UpstreamUnavailable as exc:
                 errors.append(str(exc))
         raise UpstreamUnavailable("; ".join(errors))

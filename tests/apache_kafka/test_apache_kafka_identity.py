@@ -324,6 +324,7 @@ def test_a_client_without_a_certificate_is_refused_when_the_config_says_so(
     with pytest.raises(KafkaException):
         AdminClient({"bootstrap.servers": proxy.bootstrap, **anonymous}).list_topics(timeout=5)
     assert "presented no verified certificate" in proxy.log()
+    assert proxy.metric("kafka_admission_connection_failures_total", cause="no_client_identity") >= 1
     # mallory's own CA signs "alice": the listener does not verify it, so nothing is issued for it.
     mallory = client_certificate(identity_ca("mallory's CA"), person("alice"))
     mallory_files = _pair(Path(identities.client_ca).parent, "mallory", *mallory)
