@@ -403,10 +403,9 @@ class ClientConnection:
                 await self._answer(client, gen, request, decision, ticket)
                 return False
         gate = self.runtime.gate
-        if (
-            api_key == PRODUCE
-            and (request.produce_head() if request is not None else wire.produce_head(buf, start, api_version))[1] == 0
-        ):
+        if api_key == PRODUCE and (
+            request.produce_head() if request is not None else wire.produce_head(buf, start, api_version)
+        )[1] == 0:
             # acks=0: no response will come; the bytes are in hand and go out in this batch.
             self.session.forwarded_without_answer(correlation_id)
             gate.touched(self.conn_id, now)

@@ -129,8 +129,11 @@ class IdentityIssuer:
         self._capacity = capacity if capacity is not None else settings.cache_size
         self._clock = clock
         self._ca_cert, self._ca_key, digest = _load_ca(settings)
-        self.fingerprint = (digest, settings, upstream)
         upstream_trust(upstream)  # fails now, not at the first client, when the broker CA cannot load
+        # A reload keeps this issuer (and its cache) only while none of its files changed:
+        # the broker CA too, which every cached context trusts.
+        brokers_ca = Path(upstream.ca_file).read_bytes() if upstream.ca_file is not None else b""
+        self.fingerprint = (digest, hashlib.sha256(brokers_ca).digest(), settings, upstream)
         self._cache: OrderedDict[bytes, _Issued] = OrderedDict()
         self._minting: dict[bytes, trio.Event] = {}
         self._turns = trio.CapacityLimiter(MINTS_AT_ONCE)

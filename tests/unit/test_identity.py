@@ -268,6 +268,8 @@ async def test_a_reload_with_the_same_ca_keeps_the_cache_and_a_replaced_ca_start
     alice, _ = client_certificate(identity_ca("client CA"), person("alice"))
     await first.context_for(der(alice))
     assert connector.prepare_identity(config.upstream.tls) is first  # nothing changed: cache kept
+    assert config.upstream.tls.ca_file == write_ca(tmp_path, *identity_ca("brokers' CA, renewed"), "brokers-ca")[0]
+    assert connector.prepare_identity(config.upstream.tls) is not first  # its contexts trust the old one
     new_ca = identity_ca("identity CA 2")
     write_ca(tmp_path, *new_ca)  # the same paths, new contents
     second = connector.prepare_identity(config.upstream.tls)
