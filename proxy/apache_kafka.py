@@ -103,6 +103,7 @@ class ApacheKafkaBroker:
     node_id: int = NODE_ID
     voters: dict[int, str] = field(default_factory=dict)  # node id -> controller host:port
     cluster_id: str | None = None
+    log4j: str = LOG4J2  # log4j2.properties (e.g. with the authorizer's logger turned up)
     _process: subprocess.Popen[bytes] | None = None
 
     @property
@@ -182,7 +183,7 @@ class ApacheKafkaBroker:
         self.workdir.mkdir(parents=True, exist_ok=True)
         config = self.workdir / "server.properties"
         config.write_text("".join(f"{k}={v}\n" for k, v in self.server_properties().items()))
-        (self.workdir / "log4j2.properties").write_text(LOG4J2)
+        (self.workdir / "log4j2.properties").write_text(self.log4j)
         cluster_id = self.cluster_id or new_cluster_id()
         scram = [
             arg for user, password in self.scram_users.items()

@@ -5,7 +5,8 @@ matches the certificate (OpenSSL's own ``SSL_CTX_check_private_key``, through
 pyOpenSSL), the chain in ``cert_file`` runs leaf first and each certificate is
 issued by the next, and no certificate is not yet valid or expired. Each
 problem is one line naming the config key, the file and the rule. The leaf's
-expiry is exported as ``kafka_admission_tls_certificate_expiry_timestamp_seconds``.
+expiry is exported as ``kafka_admission_tls_certificate_expiry_timestamp_seconds``. The
+identity CA (upstream.tls.client_identity) must also be a CA: basicConstraints CA:TRUE.
 A private key or key password file that others can read is a warning, not an
 error (as OpenSSH refuses such a key, but a running proxy must not stop for it).
 """
@@ -38,6 +39,7 @@ __all__ = [
     "export_certificate_expiry",
     "inspect_ca_file",
     "inspect_certificate",
+    "inspect_issuing_ca",
     "secret_file_warnings",
 ]
 
@@ -46,6 +48,8 @@ log = logging.getLogger("kafka_admission_proxy.tls")
 
 # The metric label of the client certificate presented to brokers (upstream.tls.cert_file).
 UPSTREAM_CERTIFICATE = "upstream"
+# The metric label of the identity CA (upstream.tls.client_identity.ca_cert_file).
+IDENTITY_CA_CERTIFICATE = "upstream_identity_ca"
 
 
 class CertificateProblem(ValueError):
@@ -179,6 +183,38 @@ class TlsFiles:
     ca_file: str | None
     key_password_file: str | None = None
     key_password_env: str | None = None
+    field_prefix: str = ""  # the section's keys are ca_cert_file, ca_key_file: 'ca_'
+    issues_certificates: bool = False  # an identity CA: the proxy signs with its key
+
+    def field(self, name: str) -> str:
+        """The config key of one of its files (``cert_file`` -> ``...client_identity.ca_cert_file``)."""
+        prefixed = self.field_prefix + name if name in ("cert_file", "key_file") else name
+        return f"{self.key}.{prefixed}"
+
+
+def inspect_issuing_ca(path: str) -> list[str]:
+    """A certificate the proxy signs with must be a CA (basicConstraints CA:TRUE, and keyCertSign
+    when keyUsage is there), or brokers refuse what it signs; raises CertificateProblem. Returns
+    warnings: a CA that may sign further CAs (no pathLenConstraint 0) lets a stolen key do more."""
+    cert = _load_pem_certificates(path, "CA certificate")[0]
+    try:
+        constraints = cert.extensions.get_extension_for_class(x509.BasicConstraints).value
+    except x509.ExtensionNotFound:
+        raise CertificateProblem(f"{path}: not a CA certificate (no basicConstraints CA:TRUE)") from None
+    if not constraints.ca:
+        raise CertificateProblem(f"{path}: not a CA certificate (basicConstraints CA:FALSE)")
+    try:
+        usage = cert.extensions.get_extension_for_class(x509.KeyUsage).value
+    except x509.ExtensionNotFound:
+        usage = None
+    if usage is not None and not usage.key_cert_sign:
+        raise CertificateProblem(f"{path}: its keyUsage does not allow signing certificates (keyCertSign)")
+    if constraints.path_length != 0:
+        return [
+            f"{path}: the identity CA has no pathLenConstraint: 0, so its key could also sign other CAs; "
+            "issue it with pathlen:0"
+        ]
+    return []
 
 
 def certificate_files(sections: Iterable[TlsFiles]) -> list[str]:
@@ -213,7 +249,7 @@ def secret_file_warnings(sections: Iterable[TlsFiles]) -> list[str]:
             if exposed is not None:
                 who, mode = exposed
                 lines.append(
-                    f"{files.key}.{field}: {path} is readable by {who} (mode {mode:04o}): a private key or its "
+                    f"{files.field(field)}: {path} is readable by {who} (mode {mode:04o}): a private key or its "
                     "password should be readable by the proxy's user only (chmod 0600, or 0440 for a group "
                     "only the proxy is in)"
                 )
@@ -226,13 +262,16 @@ def certificate_problems(sections: Iterable[TlsFiles], *, now: dt.datetime | Non
     at each reload); a refused config gets only its errors."""
     sections = list(sections)
     problems = []
+    warnings = []
     for files in sections:
         if files.cert_file is not None:
             try:
                 password, source = read_key_password(files.key_password_file, files.key_password_env)
                 inspect_certificate(files.cert_file, files.key_file, now=now, password=password, password_source=source)
+                if files.issues_certificates:
+                    warnings += [f"{files.field('cert_file')}: {w}" for w in inspect_issuing_ca(files.cert_file)]
             except CertificateProblem as exc:
-                problems.append(f"{files.key}.{exc.field}: {exc}")
+                problems.append(f"{files.field(exc.field)}: {exc}")
             except KeyPasswordError as exc:
                 problems.append(f"{files.key}: {exc}")
         if files.ca_file is not None:
@@ -241,7 +280,7 @@ def certificate_problems(sections: Iterable[TlsFiles], *, now: dt.datetime | Non
             except CertificateProblem as exc:
                 problems.append(f"{files.key}.ca_file: {exc}")
     if not problems:
-        for line in secret_file_warnings(sections):
+        for line in [*warnings, *secret_file_warnings(sections)]:
             log.warning(line)
     return problems
 

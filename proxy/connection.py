@@ -46,6 +46,7 @@ from . import wire
 from .decisions import Where
 from .framing import MAX_RECEIVE, RECEIVE_SIZE, FrameRefused, FrameSplitter
 from .generation import Generation
+from .identity import ClientCertificate, verified_client_certificate
 from .logs import RateLimitedLog
 from .metrics import TrafficStats
 from .request import Request
@@ -53,7 +54,7 @@ from .runtime import Runtime
 from .session import Pending, Session, State, UnexpectedResponse
 from .tls import TlsTermination
 from .transport import SendStalled, SocketTransport, TlsTransport, Transport, stdlib_socket
-from .upstream import UpstreamLink, UpstreamUnavailable
+from .upstream import NoClientIdentity, UpstreamLink, UpstreamUnavailable
 from .wire import Received
 
 log = logging.getLogger("kafka_admission_proxy.connection")
@@ -92,7 +93,7 @@ class Port:
     listener: str
     tls: TlsTermination | None
     upstream_name: str
-    connect: Callable[[], Awaitable[UpstreamLink]]
+    connect: Callable[[ClientCertificate], Awaitable[UpstreamLink]]  # on behalf of this client
     stats: TrafficStats
 
 
@@ -112,6 +113,7 @@ class ClientConnection:
         self.where = Where(port.listener, self.peer, self.conn_id, self.tls)
         self.open_counts: OpenCounts | None = None  # set by the gate as it admits this connection
         self.session = Session()
+        self.client_certificate = ClientCertificate(None)  # the one its TLS listener verified
         self.upstream_address = "unconnected"
         self._scope = trio.CancelScope()  # cancelled to close the connection from outside
         self._splitter = FrameSplitter(sniff=not self.tls)
@@ -179,7 +181,9 @@ class ClientConnection:
         if not await self._first_bytes(client):
             return
         try:
-            link = await self.port.connect()
+            link = await self.port.connect(self.client_certificate)
+        except NoClientIdentity as exc:
+            raise ConnectionClosed("no_client_identity", str(exc)) from None
         except UpstreamUnavailable as exc:
             raise ConnectionClosed("upstream_unavailable", str(exc)) from None
         self.upstream_address = link.address
@@ -231,6 +235,7 @@ class ClientConnection:
             self.runtime.metrics.handshake_failures.labels(self.listener).inc()
             reason = str(getattr(exc, "reason", None) or type(exc).__name__)  # e.g. CERTIFICATE_VERIFY_FAILED
             raise ConnectionClosed("tls_handshake", f"TLS handshake failed: {exc!r}", reason) from None
+        self.client_certificate = verified_client_certificate(self._client.sock)
         return self._client
 
     async def _expect_client_hello(self) -> None:
@@ -677,7 +682,7 @@ class ClientConnection:
         """A second connection to this connection's broker: the group's coordinator
         (clients send group requests to the coordinator)."""
         host, _, port = self.upstream_address.rpartition(":")
-        return await self.runtime.connector.connect(host, int(port))
+        return await self.runtime.connector.connect(host, int(port), client=self.client_certificate)
 
     def _unanswered(self) -> None:
         """Requests whose responses never came (sent or not): the hooks that read their

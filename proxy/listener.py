@@ -17,6 +17,7 @@ from .brokers import BrokerDirectory
 from .config import Listener
 from .connection import ClientConnection, Port
 from .errors import BindError
+from .identity import ClientCertificate
 from .runtime import Runtime
 from .tls import TlsTermination
 from .upstream import UpstreamLink, UpstreamUnavailable
@@ -54,7 +55,7 @@ class ListenerRuntime:
         self._one_closed: trio.Event | None = None  # made only while someone waits for the drain
         self.bound = False
 
-    def _port(self, upstream_name: str, connect: Callable[[], Awaitable[UpstreamLink]]) -> Port:
+    def _port(self, upstream_name: str, connect: Callable[[ClientCertificate], Awaitable[UpstreamLink]]) -> Port:
         return Port(self.name, self.tls, upstream_name, connect, self._stats)
 
     async def run(self, *, task_status: trio.TaskStatus[None] = trio.TASK_STATUS_IGNORED) -> None:
@@ -62,7 +63,9 @@ class ListenerRuntime:
         until accepting stops and the last connection is gone."""
         host, port = self.config.bind_address
         names = ",".join(f"{h}:{p}" for h, p in self._bootstrap)
-        bootstrap = self._port(names, lambda: self._runtime.connector.connect_any(self._bootstrap))
+        bootstrap = self._port(
+            names, lambda client: self._runtime.connector.connect_any(self._bootstrap, client=client)
+        )
         async with trio.open_nursery() as connections:
             self._connections = connections
             async with trio.open_nursery() as acceptors:
@@ -82,7 +85,7 @@ class ListenerRuntime:
         self._node_ports.add(node_id)
         host, _ = self.config.bind_address
         port = self.config.node_port_base + node_id
-        route = self._port(f"node {node_id}", lambda: self._connect_node(node_id))
+        route = self._port(f"node {node_id}", lambda client: self._connect_node(node_id, client))
         try:
             await self._acceptors.start(self._serve_port, host, port, route)
         except OSError as exc:
@@ -93,19 +96,19 @@ class ListenerRuntime:
                 extra={"listener": self.name, "port": port},
             )
 
-    async def _connect_node(self, node_id: int) -> UpstreamLink:
+    async def _connect_node(self, node_id: int, client: ClientCertificate) -> UpstreamLink:
         connector = self._runtime.connector
         address = self._directory.address_of(node_id)
         if address is None:
             raise UpstreamUnavailable(f"broker node {node_id} is unknown")
         if self._directory.is_via_bootstrap(node_id):
-            return await connector.connect_any(self._bootstrap)
+            return await connector.connect_any(self._bootstrap, client=client)
         try:
-            return await connector.connect(*address)
+            return await connector.connect(*address, client=client)
         except UpstreamUnavailable:
             if not self._directory.reach_via_bootstrap(node_id):
                 raise
-            return await connector.connect_any(self._bootstrap)
+            return await connector.connect_any(self._bootstrap, client=client)
 
     async def _serve_port(
         self, host: str, port: int, route: Port, *, task_status: trio.TaskStatus[None] = trio.TASK_STATUS_IGNORED

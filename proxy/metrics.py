@@ -153,6 +153,21 @@ class Metrics:
             ("upstream",),
             registry=r,
         )
+        self.upstream_identities_minted = Counter(
+            "kafka_admission_upstream_identities_minted",
+            "Certificates issued by the identity CA for clients (a first connection of a subject, or a renewal)",
+            registry=r,
+        )
+        self.upstream_identity_mint_failures = Counter(
+            "kafka_admission_upstream_identity_mint_failures",
+            "Certificates the identity CA could not issue (the client connection was closed)",
+            registry=r,
+        )
+        self.upstream_identity_cache_size = Gauge(
+            "kafka_admission_upstream_identity_cache_size",
+            "Client identities (subjects) whose issued certificate and TLS context are cached",
+            registry=r,
+        )
         self.brokers_known = Gauge("kafka_admission_brokers_known", "Broker nodes served on a proxy port", registry=r)
         self.traffic: dict[str, TrafficStats] = {}
         r.register(_TrafficCollector(self.traffic))

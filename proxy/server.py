@@ -346,6 +346,7 @@ class ProxyServer:
         runtime = self.runtime
         checked = [server_context(lst.tls) if lst.tls is not None else None for lst in config.listeners]
         upstream = upstream_context(config.upstream.tls)
+        identity = runtime.connector.prepare_identity(config.upstream.tls)
         generation = self._generation(runtime.generation.number + 1, config)
         self.groups.reconfigure(policies.group_size_config(), Mode(policies.mode_of(policies.group_size_mode)))
         runtime.pool.reconfigure(policies.socket_request_max_bytes, Mode(policies.mode_of(policies.memory_pool_mode)))
@@ -358,7 +359,7 @@ class ProxyServer:
         for listener, context in zip(self.listeners, checked, strict=True):
             if listener.tls is not None and context is not None:
                 listener.tls.context = context  # new handshakes; open connections keep theirs
-        runtime.connector.use_tls(config.upstream.tls, upstream)
+        runtime.connector.use_tls(config.upstream.tls, upstream, identity)
         runtime.generation = generation
         self.config = config
 

@@ -90,11 +90,18 @@ class TlsTermination:
         self.context = server_context(settings)
 
 
+def upstream_trust(settings: UpstreamTls) -> ssl.SSLContext:
+    """Toward brokers, verifying them, with no client certificate yet (an identity
+    issued for a client is loaded into one of these)."""
+    ctx = _trusted_cas(settings.ca_file, ssl.Purpose.SERVER_AUTH)
+    _modern(ctx)
+    return ctx
+
+
 def upstream_context(settings: UpstreamTls) -> ssl.SSLContext | None:
     if not settings.enabled:
         return None
-    ctx = _trusted_cas(settings.ca_file, ssl.Purpose.SERVER_AUTH)
-    _modern(ctx)
+    ctx = upstream_trust(settings)
     if settings.cert_file is not None and settings.key_file is not None:
         _load_cert_chain(ctx, settings.cert_file, settings.key_file, settings)
     return ctx

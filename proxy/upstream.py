@@ -18,6 +18,7 @@ from policies.upstream_backoff import UpstreamBackoff
 
 from .config import UpstreamTls
 from .decisions import DecisionRecorder
+from .identity import ClientCertificate, IdentityIssuer, IdentityRefused
 from .logs import RateLimitedLog
 from .metrics import Metrics
 from .transport import SocketTransport, TlsTransport, Transport, stdlib_socket
@@ -33,6 +34,11 @@ _PROBE_REQUEST = b"\x00\x00\x00\x0a\x00\x12\x00\x00\x00\x00\x00\x00\xff\xff"
 
 class UpstreamUnavailable(Exception):
     pass
+
+
+class NoClientIdentity(UpstreamUnavailable):
+    """No identity toward brokers for this client (no verified certificate and
+    ``without_certificate: refuse``, or the identity CA could not issue one)."""
 
 
 def _not_tls(cause: BaseException | None) -> bool:
@@ -52,6 +58,10 @@ class UpstreamLink:
 
 
 class UpstreamConnector:
+    """Connections to brokers: for the proxy's own requests (``client`` None) with the
+    proxy's own TLS identity; for a client's, with the identity issued for it when
+    ``upstream.tls.client_identity`` is set."""
+
     def __init__(
         self, tls: UpstreamTls, context: ssl.SSLContext | None, metrics: Metrics, recorder: DecisionRecorder
     ) -> None:
@@ -60,10 +70,37 @@ class UpstreamConnector:
         self._metrics = metrics
         self._recorder = recorder
         self.backoff = UpstreamBackoff()
+        self.identity: IdentityIssuer | None = None
+        self.identity = self.prepare_identity(tls)
 
-    def use_tls(self, tls: UpstreamTls, context: ssl.SSLContext | None) -> None:
-        """A reload: new broker connections use these TLS settings and files."""
-        self._tls, self._context = tls, context
+    def prepare_identity(self, tls: UpstreamTls) -> IdentityIssuer | None:
+        """The issuer for these settings: the running one while its CA files and settings
+        are the same (its cache kept), a new one (an empty cache) when they changed.
+        Raises TlsMaterialError when the CA cannot be loaded."""
+        if tls.client_identity is None or not tls.enabled:
+            return None
+        issuer = IdentityIssuer(tls.client_identity, tls, self._metrics)
+        if self.identity is not None and self.identity.fingerprint == issuer.fingerprint:
+            return self.identity
+        return issuer
+
+    def use_tls(self, tls: UpstreamTls, context: ssl.SSLContext | None, identity: IdentityIssuer | None = None) -> None:
+        """A reload: new broker connections use these TLS settings and files (and this
+        identity CA); those open keep theirs."""
+        self._tls, self._context, self.identity = tls, context, identity
+        self._metrics.upstream_identity_cache_size.set(len(identity) if identity is not None else 0)
+
+    async def _context_for(self, client: ClientCertificate | None) -> ssl.SSLContext | None:
+        issuer = self.identity
+        if self._context is None or issuer is None or client is None:
+            return self._context
+        if client.der is not None:
+            return await issuer.context_for(client.der)
+        if issuer.without_certificate == "proxy":
+            return self._context
+        raise IdentityRefused(
+            "the client presented no verified certificate (upstream.tls.client_identity.without_certificate: refuse)"
+        )
 
     @property
     def tls_enabled(self) -> bool:
@@ -84,13 +121,20 @@ class UpstreamConnector:
     def healthy(self, address: str) -> None:
         self.backoff.on_healthy(address)
 
-    async def connect(self, host: str, port: int, *, backing_off: bool = True) -> UpstreamLink:
+    async def connect(
+        self, host: str, port: int, *, backing_off: bool = True, client: ClientCertificate | None = None
+    ) -> UpstreamLink:
         """A connection to one broker; while it is backed off from (it was unreachable or
-        spoke the other protocol), fails at once unless ``backing_off`` is False."""
+        spoke the other protocol), fails at once unless ``backing_off`` is False. With
+        ``client``, on behalf of that client connection (its identity, see above)."""
         address = f"{host}:{port}"
         blocked = self.backoff.blocked(address, trio.current_time()) if backing_off else None
         if blocked is not None:
             raise UpstreamUnavailable(f"upstream {address} {blocked.description} (backing off)")
+        try:
+            context = await self._context_for(client)
+        except IdentityRefused as exc:
+            raise NoClientIdentity(f"no identity toward broker {address}: {exc}") from None
         try:
             with trio.fail_after(CONNECT_TIMEOUT_S):
                 tcp = await trio.open_tcp_stream(host, port)
@@ -99,13 +143,13 @@ class UpstreamConnector:
             # New connections fail fast for a while instead of each trying (and logging) again.
             self.backoff.on_unreachable(address, f"cannot be reached ({exc!r})", trio.current_time())
             raise UpstreamUnavailable(f"cannot connect to broker {address}: {exc!r}") from exc
-        if self._context is None:
+        if context is None:
             return UpstreamLink(SocketTransport(stdlib_socket(tcp)), address)
         try:
             with trio.fail_after(HANDSHAKE_TIMEOUT_S):
                 hostname = self._tls.server_hostname or host
                 transport = await TlsTransport.handshake(
-                    stdlib_socket(tcp), self._context, server_side=False, server_hostname=hostname
+                    stdlib_socket(tcp), context, server_side=False, server_hostname=hostname
                 )
         except (trio.TooSlowError, OSError) as exc:  # ssl.SSLError included; the socket is closed
             self._metrics.upstream_connect_failures.labels(address).inc()
@@ -117,12 +161,16 @@ class UpstreamConnector:
             raise UpstreamUnavailable(f"TLS handshake with broker {address} failed: {exc!r}") from exc
         return UpstreamLink(transport, address)
 
-    async def connect_any(self, addresses: list[tuple[str, int]], *, backing_off: bool = True) -> UpstreamLink:
+    async def connect_any(
+        self, addresses: list[tuple[str, int]], *, backing_off: bool = True, client: ClientCertificate | None = None
+    ) -> UpstreamLink:
         """The first of the bootstrap servers that answers."""
         errors = []
         for host, port in addresses:
             try:
-                return await self.connect(host, port, backing_off=backing_off)
+                return await self.connect(host, port, backing_off=backing_off, client=client)
+            except NoClientIdentity:
+                raise  # the same at every broker
             except UpstreamUnavailable as exc:
                 errors.append(str(exc))
         raise UpstreamUnavailable("; ".join(errors))
