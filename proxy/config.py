@@ -20,7 +20,10 @@ from pydantic import (
     BaseModel,
     BeforeValidator,
     ConfigDict,
+    Discriminator,
     Field,
+    Strict,
+    Tag,
     ValidationError,
     ValidationInfo,
     ValidatorFunctionWrapHandler,
@@ -226,6 +229,19 @@ def _check_bind(value: str) -> str:
 
 
 PASSTHROUGH = "passthrough"
+# The tags of a listener's ``tls`` union: left out of the key an error names.
+_TERMINATION_TAG, _PASSTHROUGH_TAG = "tls-termination", "tls-passthrough"
+
+
+def _tls_kind(value: Any) -> str:
+    return _TERMINATION_TAG if isinstance(value, ListenerTls | Mapping) else _PASSTHROUGH_TAG
+
+
+# A listener's ``tls``: a mapping (this proxy terminates TLS) or ``passthrough``.
+ListenerTlsSetting = Annotated[
+    Annotated[ListenerTls, Tag(_TERMINATION_TAG)] | Annotated[Literal["passthrough"], Tag(_PASSTHROUGH_TAG)],
+    Discriminator(_tls_kind),
+]
 
 
 def _passthrough_brokers_with_passthrough(v: Mapping[str, Any]) -> None:
@@ -244,11 +260,11 @@ class Listener(_Frozen):
     node_port_base: int = Field(default=29100, ge=1, le=65535)
     # A mapping terminates TLS here; "passthrough" relays the client's TLS bytes, undecrypted,
     # to one broker (proxy/passthrough.py): only the connection-level policies apply to it.
-    tls: ListenerTls | Literal["passthrough"] | None = None
+    tls: ListenerTlsSetting | None = None
     # tls: passthrough only: node id -> host:port of that broker's TLS listener for clients.
     # The bootstrap port relays to the first that accepts; in cluster mode, node port
     # node_port_base + id relays to broker id (the broker advertises that port itself).
-    passthrough_brokers: dict[int, str] = Field(default_factory=dict)
+    passthrough_brokers: dict[Annotated[int, Strict(False)], str] = Field(default_factory=dict)  # "0" too (JSON keys)
     # Clients authenticate with SASL here (passed through to the broker): until the broker
     # accepts their SaslAuthenticate, frames are bounded by sasl.server.max.receive.size.
     sasl: KafkaBool = False
@@ -626,11 +642,11 @@ def _passthrough_listeners_take_connection_policies_only(v: Mapping[str, Any]) -
 def _sidecar_passthrough_has_one_broker(v: Mapping[str, Any]) -> None:
     if v.get("mode", "cluster") != "sidecar":
         return
-    for item in _raw_listeners(v):
+    for i, item in enumerate(_raw_listeners(v)):
         brokers = item.get("passthrough_brokers")
         if item.get("tls") == PASSTHROUGH and isinstance(brokers, Mapping) and len(brokers) > 1:
             raise ValueError(
-                f"listeners[{item.get('name')}].passthrough_brokers: mode: sidecar relays to its one broker, "
+                f"listeners[{i}].passthrough_brokers: mode: sidecar relays to its one broker, "
                 f"got {len(brokers)}"
             )
 
@@ -750,10 +766,12 @@ def _shown(value: object, limit: int = 60) -> str:
 
 
 def _describe(error: Any) -> str:
-    loc = tuple(error["loc"])
+    loc = tuple(part for part in error["loc"] if part not in (_TERMINATION_TAG, _PASSTHROUGH_TAG))
     key = ".".join(str(p) if not isinstance(p, int) else f"[{p}]" for p in loc).replace(".[", "[")
     value = error.get("input")
-    if error["type"] == "extra_forbidden":
+    if _PASSTHROUGH_TAG in error["loc"]:
+        message = f"must be a mapping (cert_file, key_file, ...) or 'passthrough', got {_shown(value)}"
+    elif error["type"] == "extra_forbidden":
         message = f"unknown key{_unknown_key_hint(loc)}"
     elif error["type"] == "int_type" and isinstance(value, str):
         message = f"must be an integer, got the string {_shown(value)} (write numbers without quotes)"
