@@ -249,6 +249,10 @@ def _passthrough_brokers_with_passthrough(v: Mapping[str, Any]) -> None:
         raise ValueError("tls: passthrough needs passthrough_brokers (node id: host:port of a broker's TLS listener)")
     if v["tls"] != PASSTHROUGH and v["passthrough_brokers"]:
         raise ValueError("passthrough_brokers is only for a listener with tls: passthrough")
+
+
+def _no_sasl_flag_on_passthrough(v: Mapping[str, Any]) -> None:
+    # sasl bounds frames before authentication (sasl.server.max.receive.size): none is read here.
     if v["tls"] == PASSTHROUGH and v["sasl"] is True:
         raise ValueError("sasl: true cannot apply to tls: passthrough (its frames are encrypted end to end)")
 
@@ -271,7 +275,10 @@ class Listener(_Frozen):
     protected: KafkaBool = False
 
     _bind = field_validator("bind")(_check_bind)
-    cross_field_rules = (CrossFieldRule(("tls", "passthrough_brokers", "sasl"), _passthrough_brokers_with_passthrough),)
+    cross_field_rules = (
+        CrossFieldRule(("tls", "passthrough_brokers"), _passthrough_brokers_with_passthrough),
+        CrossFieldRule(("tls", "sasl"), _no_sasl_flag_on_passthrough),
+    )
 
     @field_validator("passthrough_brokers")
     @classmethod
