@@ -208,3 +208,24 @@ def test_check_config_refuses_a_frame_level_policy_for_a_passthrough_listener(tm
         f"policies: listener.name.{LISTENER}.max.response.size: listener {LISTENER} is tls: passthrough "
         "(its bytes are not decrypted), so max.response.size cannot apply to it; only max.connections can"
     ], result.stderr
+
+
+def test_in_cluster_mode_each_passthrough_broker_has_its_node_port(
+    tls_broker: PassthroughBroker, start_proxy: Any, certs: Any
+) -> None:
+    node = TansuBroker.NODE_ID
+    listener: dict[str, Any] = {
+        "name": LISTENER,
+        "bind": f"127.0.0.1:{tls_broker.proxy_port}",
+        "tls": "passthrough",
+        "passthrough_brokers": {node: tls_broker.stunnel.address},
+    }
+    proxy = start_proxy(tls_broker.broker.bootstrap, listeners=[listener], mode="cluster")
+    node_port = listener["node_port_base"] + node  # chosen free by start_proxy
+    accepted_before = tls_broker.stunnel.accepted_connections()
+    with RawConnection(f"127.0.0.1:{node_port}", ca_file=certs.ca_file) as conn:
+        round_trip(conn, 1)
+    with tls_connection(proxy, certs) as conn:  # the bootstrap port too
+        round_trip(conn, 2)
+    assert tls_broker.stunnel.accepted_connections() == accepted_before + 2
+    assert proxy.metric("kafka_admission_connections_accepted_total", listener=LISTENER, tls="passthrough") == 2
