@@ -6,9 +6,12 @@ and check-config refuses a frame-level policy written for such a listener."""
 
 from __future__ import annotations
 
+import os
+import signal
 import ssl
 import subprocess
 import sys
+import threading
 import time
 from collections.abc import Iterator
 from dataclasses import dataclass
@@ -136,6 +139,62 @@ def test_max_ssl_connections_evicts_the_least_recently_used_idle_passthrough_con
         ]
     )
     assert len(closes) == 1 and closes[0]["passthrough"] is True
+
+
+def test_a_connection_with_bytes_in_flight_is_never_evicted_and_a_stalled_broker_is_idle(
+    tls_broker: PassthroughBroker, start_proxy: Any, certs: Any, tmp_path: Path
+) -> None:
+    """Bytes the broker does not take are in flight: at max.ssl.connections the next
+    connection waits for max.connections.wait.ms and is refused rather than cost this one
+    its connection; once no byte has moved for connections.max.idle.ms it is closed."""
+    policies = {"max.ssl.connections": 1, "max.connections.wait.ms": 1500, "connections.max.idle.ms": 4000}
+    proxy = start_passthrough(start_proxy, tls_broker, policies=policies, audit={"path": str(tmp_path / "audit")})
+    stunnel = tls_broker.stunnel._process
+    assert stunnel is not None
+    with tls_connection(proxy, certs) as busy:
+        round_trip(busy, 1)
+        os.kill(stunnel.pid, signal.SIGSTOP)  # the TLS broker takes no more bytes
+        try:
+            # More than the kernel buffers on the way hold: the proxy's write to the broker blocks.
+            writer = threading.Thread(target=_send_until_closed, args=(busy.sock, 64 * 1024 * 1024), daemon=True)
+            writer.start()
+
+            def relay_blocked() -> bool:  # in flight, and no more bytes getting through
+                relayed = proxy.metric("kafka_admission_request_bytes_total", listener=LISTENER)
+                time.sleep(0.3)
+                same = proxy.metric("kafka_admission_request_bytes_total", listener=LISTENER) == relayed
+                return same and proxy.metric("kafka_admission_connections_counted_busy") == 1
+
+            wait_until(relay_blocked)
+            started = time.monotonic()
+            with pytest.raises((ssl.SSLError, ConnectionError, TimeoutError)):
+                tls_connection(proxy, certs)
+            waited = time.monotonic() - started
+            assert 1.4 < waited < 10, waited  # refused after max.connections.wait.ms, not at once
+            decisions = [e for e in read_events(tmp_path / "audit") if e["type"] == "decision"]
+            assert [e["action"] for e in decisions if e["action"] in ("evict", "refuse")] == ["refuse"]
+            assert [e["limit_key"] for e in decisions if e["action"] == "refuse"] == ["max.connections.wait.ms"]
+            # Stalled: no byte moves, so after connections.max.idle.ms the relay closes it.
+            closed = wait_until(
+                lambda: [
+                    e for e in read_events(tmp_path / "audit")
+                    if e["type"] == "connection" and e["event"] == "close" and e["passthrough"]
+                ],
+                timeout=15,
+            )
+            assert [e["reason"] for e in closed] == ["closed: connections.max.idle.ms"]
+            writer.join(timeout=10)
+            assert not writer.is_alive()
+        finally:
+            os.kill(stunnel.pid, signal.SIGCONT)
+
+
+def _send_until_closed(sock: ssl.SSLSocket, size: int) -> None:
+    try:
+        sock.settimeout(30)
+        sock.sendall(bytes(size))
+    except OSError:
+        pass  # closed by the proxy: what the test waits for
 
 
 def test_per_ip_and_listener_caps_hold_on_a_passthrough_listener(
