@@ -17,7 +17,9 @@ from dataclasses import dataclass
 
 import trio
 
-from policies.connections import OpenCounts
+from policies.connections import CONNECTIONS_MAX_IDLE_MS, OpenCounts
+from policies.decision import Action, Decision, Policy
+from policies.mode import Mode
 
 from .decisions import Where
 from .logs import RateLimitedLog
@@ -141,7 +143,7 @@ class PassthroughConnection:
                 with trio.move_on_after(stall) as waited:
                     await sink.send_all(data)
                 if waited.cancelled_caught:
-                    self.end_reason = "closed: connections.max.idle.ms"
+                    self._send_stalled(stall, "client" if not inbound else "broker")
                     return
                 gate.on_response(self.conn_id, trio.current_time())
                 if inbound:
@@ -154,6 +156,20 @@ class PassthroughConnection:
             self._closed_by("broken", f"connection broken: {exc.__cause__ or exc!r}")
         finally:
             nursery.cancel_scope.cancel()
+
+    def _send_stalled(self, seconds: float, peer: str) -> None:
+        """As a terminating connection's stalled send: a CLOSE of connections.max.idle.ms."""
+        idle_ms = round(seconds * 1000)
+        decision = Decision(
+            Policy.CONNECTIONS,
+            Action.CLOSE,
+            Mode.ENFORCE,
+            CONNECTIONS_MAX_IDLE_MS,
+            f"{CONNECTIONS_MAX_IDLE_MS}={idle_ms} exceeded (the {peer} took no relayed byte for {seconds:g}s)",
+            limit=idle_ms,
+        )
+        self.runtime.recorder.record(decision, self.where)
+        self.end_reason = f"closed: {CONNECTIONS_MAX_IDLE_MS}"
 
     def _closed_by(self, cause: str, message: str) -> None:
         self.end_reason = cause

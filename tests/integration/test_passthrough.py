@@ -128,9 +128,9 @@ def test_max_ssl_connections_evicts_the_least_recently_used_idle_passthrough_con
             assert second.closed_by_peer()
             round_trip(first, 5)
             round_trip(third, 6)
-    evictions = [
-        e for e in read_events(tmp_path / "audit") if e["type"] == "decision" and e["action"] == "evict"
-    ]
+    evictions = wait_until(
+        lambda: [e for e in read_events(tmp_path / "audit") if e["type"] == "decision" and e["action"] == "evict"]
+    )
     assert [e["limit_key"] for e in evictions] == ["max.ssl.connections"]
     closes = wait_until(
         lambda: [
@@ -147,7 +147,8 @@ def test_a_connection_with_bytes_in_flight_is_never_evicted_and_a_stalled_broker
     """Bytes the broker does not take are in flight: at max.ssl.connections the next
     connection waits for max.connections.wait.ms and is refused rather than cost this one
     its connection; once no byte has moved for connections.max.idle.ms it is closed."""
-    policies = {"max.ssl.connections": 1, "max.connections.wait.ms": 1500, "connections.max.idle.ms": 4000}
+    # The idle limit is well above the wait, so the refusal comes before the stalled close.
+    policies = {"max.ssl.connections": 1, "max.connections.wait.ms": 1500, "connections.max.idle.ms": 8000}
     proxy = start_passthrough(start_proxy, tls_broker, policies=policies, audit={"path": str(tmp_path / "audit")})
     stunnel = tls_broker.stunnel._process
     assert stunnel is not None
@@ -170,19 +171,27 @@ def test_a_connection_with_bytes_in_flight_is_never_evicted_and_a_stalled_broker
             with pytest.raises((ssl.SSLError, ConnectionError, TimeoutError)):
                 tls_connection(proxy, certs)
             waited = time.monotonic() - started
-            assert 1.4 < waited < 10, waited  # refused after max.connections.wait.ms, not at once
-            decisions = [e for e in read_events(tmp_path / "audit") if e["type"] == "decision"]
-            assert [e["action"] for e in decisions if e["action"] in ("evict", "refuse")] == ["refuse"]
-            assert [e["limit_key"] for e in decisions if e["action"] == "refuse"] == ["max.connections.wait.ms"]
+            assert 1.4 < waited < 8, waited  # refused after max.connections.wait.ms, not at once
+            # (the audit writer is a thread: wait for the refusal's event to be written)
+            refusals = wait_until(
+                lambda: [e for e in read_events(tmp_path / "audit") if e.get("action") in ("evict", "refuse")]
+            )
+            assert [(e["action"], e["limit_key"]) for e in refusals] == [("refuse", "max.connections.wait.ms")]
             # Stalled: no byte moves, so after connections.max.idle.ms the relay closes it.
             closed = wait_until(
                 lambda: [
                     e for e in read_events(tmp_path / "audit")
                     if e["type"] == "connection" and e["event"] == "close" and e["passthrough"]
                 ],
-                timeout=15,
+                timeout=20,
             )
             assert [e["reason"] for e in closed] == ["closed: connections.max.idle.ms"]
+            stalls = [
+                e for e in read_events(tmp_path / "audit") if e["type"] == "decision" and e["action"] == "close"
+            ]
+            assert [(e["limit_key"], e["limit"], e["conn_id"]) for e in stalls] == [
+                ("connections.max.idle.ms", 8000, closed[0]["conn_id"])
+            ]
             writer.join(timeout=10)
             assert not writer.is_alive()
         finally:
@@ -206,10 +215,10 @@ def test_per_ip_and_listener_caps_hold_on_a_passthrough_listener(
     )
     with tls_connection(proxy, certs) as first:
         round_trip(first, 1)
+        accepted_before = tls_broker.stunnel.accepted_connections()
         # The same address again: refused at accept, before any TLS byte reaches the broker.
         with pytest.raises((ssl.SSLError, ConnectionError)):
             tls_connection(proxy, certs)
-        accepted_before = tls_broker.stunnel.accepted_connections()
         with tls_connection(proxy, certs, source="127.0.0.2") as other:
             round_trip(other, 2)
             # The listener's cap (2) is full: a third address evicts the idle LRU one (first).
@@ -217,6 +226,8 @@ def test_per_ip_and_listener_caps_hold_on_a_passthrough_listener(
                 round_trip(third, 3)
                 assert first.closed_by_peer()
                 round_trip(other, 4)
+        # other and third reached the broker; the refused one never did
+        wait_until(lambda: tls_broker.stunnel.accepted_connections() >= accepted_before + 2)
         assert tls_broker.stunnel.accepted_connections() == accepted_before + 2
     refused = proxy.metric("kafka_admission_decisions_total", policy="connections", action="refuse")
     assert refused == 1
@@ -286,5 +297,6 @@ def test_in_cluster_mode_each_passthrough_broker_has_its_node_port(
         round_trip(conn, 1)
     with tls_connection(proxy, certs) as conn:  # the bootstrap port too
         round_trip(conn, 2)
+    wait_until(lambda: tls_broker.stunnel.accepted_connections() >= accepted_before + 2)
     assert tls_broker.stunnel.accepted_connections() == accepted_before + 2
     assert proxy.metric("kafka_admission_connections_accepted_total", listener=LISTENER, tls="passthrough") == 2
