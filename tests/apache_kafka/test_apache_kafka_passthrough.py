@@ -78,7 +78,10 @@ def mtls_kafka(java_parts: JavaParts, tmp_path_factory: pytest.TempPathFactory) 
         "advertised.listeners": f"PLAINTEXT://127.0.0.1:{ports['PLAINTEXT']},SSL://127.0.0.1:{proxy_port}",
     }
     broker = ApacheKafkaBroker(
-        java_parts, root / "broker", properties=properties, ports=ports,
+        java_parts,
+        root / "broker",
+        properties=properties,
+        ports=ports,
         tls=BrokerTls(root / "keystore.pem", root / "ca.pem"),
     )
     with broker:
@@ -88,8 +91,10 @@ def mtls_kafka(java_parts: JavaParts, tmp_path_factory: pytest.TempPathFactory) 
 def as_client(kafka: MtlsKafka, name: str) -> dict[str, Any]:
     cert, key = kafka.clients[name]
     return {
-        "security.protocol": "SSL", "ssl.ca.location": kafka.ca_file,
-        "ssl.certificate.location": cert, "ssl.key.location": key,
+        "security.protocol": "SSL",
+        "ssl.ca.location": kafka.ca_file,
+        "ssl.certificate.location": cert,
+        "ssl.key.location": key,
     }
 
 
@@ -142,4 +147,3 @@ def test_each_client_certificate_reaches_the_broker_authorizer_through_passthrou
     # Every byte went through the proxy's passthrough listener, none of it read as a frame.
     assert proxy.metric("kafka_admission_connections_accepted_total", listener="mtls", tls="passthrough") >= 3
     assert proxy.metric("kafka_admission_requests_total", listener="mtls") == 0
-

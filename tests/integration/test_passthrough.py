@@ -44,10 +44,16 @@ class PassthroughBroker:
 @pytest.fixture(scope="module")
 def tls_broker(stunnel_bin: str, certs: Any, tmp_path_factory: pytest.TempPathFactory) -> Iterator[PassthroughBroker]:
     proxy_port = free_port()
-    with TansuBroker(advertised=f"127.0.0.1:{proxy_port}") as broker, Stunnel(
-        stunnel_bin, tmp_path_factory.mktemp("stunnel"), connect=broker.bootstrap,
-        cert_file=certs.server_cert, key_file=certs.server_key,
-    ) as tunnel:
+    with (
+        TansuBroker(advertised=f"127.0.0.1:{proxy_port}") as broker,
+        Stunnel(
+            stunnel_bin,
+            tmp_path_factory.mktemp("stunnel"),
+            connect=broker.bootstrap,
+            cert_file=certs.server_cert,
+            key_file=certs.server_key,
+        ) as tunnel,
+    ):
         yield PassthroughBroker(broker, tunnel, proxy_port)
 
 
@@ -134,7 +140,8 @@ def test_max_ssl_connections_evicts_the_least_recently_used_idle_passthrough_con
     assert [e["limit_key"] for e in evictions] == ["max.ssl.connections"]
     closes = wait_until(
         lambda: [
-            e for e in read_events(tmp_path / "audit")
+            e
+            for e in read_events(tmp_path / "audit")
             if e["type"] == "connection" and e["event"] == "close" and e["reason"].startswith("evicted")
         ]
     )
@@ -180,15 +187,14 @@ def test_a_connection_with_bytes_in_flight_is_never_evicted_and_a_stalled_broker
             # Stalled: no byte moves, so after connections.max.idle.ms the relay closes it.
             closed = wait_until(
                 lambda: [
-                    e for e in read_events(tmp_path / "audit")
+                    e
+                    for e in read_events(tmp_path / "audit")
                     if e["type"] == "connection" and e["event"] == "close" and e["passthrough"]
                 ],
                 timeout=20,
             )
             assert [e["reason"] for e in closed] == ["closed: connections.max.idle.ms"]
-            stalls = [
-                e for e in read_events(tmp_path / "audit") if e["type"] == "decision" and e["action"] == "close"
-            ]
+            stalls = [e for e in read_events(tmp_path / "audit") if e["type"] == "decision" and e["action"] == "close"]
             assert [(e["limit_key"], e["limit"], e["conn_id"]) for e in stalls] == [
                 ("connections.max.idle.ms", 8000, closed[0]["conn_id"])
             ]
@@ -210,7 +216,8 @@ def test_per_ip_and_listener_caps_hold_on_a_passthrough_listener(
     tls_broker: PassthroughBroker, start_proxy: Any, certs: Any
 ) -> None:
     proxy = start_passthrough(
-        start_proxy, tls_broker,
+        start_proxy,
+        tls_broker,
         policies={"max.connections.per.ip": 1, f"listener.name.{LISTENER}.max.connections": 2},
     )
     with tls_connection(proxy, certs) as first:
@@ -266,7 +273,10 @@ def test_check_config_refuses_a_frame_level_policy_for_a_passthrough_listener(tm
         path.write_text(yaml.safe_dump(config))
         return subprocess.run(
             [sys.executable, "-m", "proxy.cli", "check-config", "--config", str(path)],
-            capture_output=True, text=True, cwd=ROOT, timeout=60,
+            capture_output=True,
+            text=True,
+            cwd=ROOT,
+            timeout=60,
         )
 
     assert check_config().returncode == 0
