@@ -107,6 +107,7 @@ EVENT_SCHEMA = _schema(
     ("requests", _L),
     ("bytes_in", _L),
     ("bytes_out", _L),
+    ("passthrough", _B),
     # window
     ("section", _S),
     ("window_start", _D),

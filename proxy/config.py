@@ -21,7 +21,10 @@ from pydantic import (
     BaseModel,
     BeforeValidator,
     ConfigDict,
+    Discriminator,
     Field,
+    Strict,
+    Tag,
     ValidationError,
     ValidationInfo,
     ValidatorFunctionWrapHandler,
@@ -271,22 +274,82 @@ def _check_bind(value: str) -> str:
     return value
 
 
+PASSTHROUGH = "passthrough"
+# The tags of a listener's ``tls`` union: left out of the key an error names.
+_TERMINATION_TAG, _PASSTHROUGH_TAG = "tls-termination", "tls-passthrough"
+
+
+def _tls_kind(value: Any) -> str:
+    return _TERMINATION_TAG if isinstance(value, ListenerTls | Mapping) else _PASSTHROUGH_TAG
+
+
+# A listener's ``tls``: a mapping (this proxy terminates TLS) or ``passthrough``.
+ListenerTlsSetting = Annotated[
+    Annotated[ListenerTls, Tag(_TERMINATION_TAG)] | Annotated[Literal["passthrough"], Tag(_PASSTHROUGH_TAG)],
+    Discriminator(_tls_kind),
+]
+
+
+def _passthrough_brokers_with_passthrough(v: Mapping[str, Any]) -> None:
+    if v["tls"] == PASSTHROUGH and not v["passthrough_brokers"]:
+        raise ValueError("tls: passthrough needs passthrough_brokers (node id: host:port of a broker's TLS listener)")
+    if v["tls"] != PASSTHROUGH and v["passthrough_brokers"]:
+        raise ValueError("passthrough_brokers is only for a listener with tls: passthrough")
+
+
+def _no_sasl_flag_on_passthrough(v: Mapping[str, Any]) -> None:
+    # sasl bounds frames before authentication (sasl.server.max.receive.size): none is read here.
+    if v["tls"] == PASSTHROUGH and v["sasl"] is True:
+        raise ValueError("sasl: true cannot apply to tls: passthrough (its frames are encrypted end to end)")
+
+
 class Listener(_Frozen):
     name: str = Field(pattern=r"^[A-Za-z0-9_.-]+$")
     bind: str
     advertised_host: str = "127.0.0.1"
     node_port_base: int = Field(default=29100, ge=1, le=65535)
-    tls: ListenerTls | None = None
+    # A mapping terminates TLS here; "passthrough" relays the client's TLS bytes, undecrypted,
+    # to one broker (proxy/passthrough.py): only the connection-level policies apply to it.
+    tls: ListenerTlsSetting | None = None
+    # tls: passthrough only: node id -> host:port of that broker's TLS listener for clients.
+    # The bootstrap port relays to the first that accepts; in cluster mode, node port
+    # node_port_base + id relays to broker id (the broker advertises that port itself).
+    passthrough_brokers: dict[Annotated[int, Strict(False)], str] = Field(default_factory=dict)  # "0" too (JSON keys)
     # Clients authenticate with SASL here (passed through to the broker): until the broker
     # accepts their SaslAuthenticate, frames are bounded by sasl.server.max.receive.size.
     sasl: KafkaBool = False
     protected: KafkaBool = False
 
     _bind = field_validator("bind")(_check_bind)
+    cross_field_rules = (
+        CrossFieldRule(("tls", "passthrough_brokers"), _passthrough_brokers_with_passthrough),
+        CrossFieldRule(("tls", "sasl"), _no_sasl_flag_on_passthrough),
+    )
+
+    @field_validator("passthrough_brokers")
+    @classmethod
+    def _broker_addresses(cls, value: dict[int, str]) -> dict[int, str]:
+        for node_id, address in value.items():
+            if node_id < 0:
+                raise ValueError(f"node ids must be >= 0, got {node_id}")
+            _host_port(address, f"passthrough_brokers[{node_id}]")
+        return value
 
     @property
     def bind_address(self) -> tuple[str, int]:
         return _host_port(self.bind, "bind")
+
+    @property
+    def passthrough(self) -> bool:
+        return self.tls == PASSTHROUGH
+
+    @property
+    def termination(self) -> ListenerTls | None:
+        """The TLS this proxy terminates on this listener (None: plaintext or passthrough)."""
+        return self.tls if isinstance(self.tls, ListenerTls) else None
+
+    def passthrough_addresses(self) -> dict[int, tuple[str, int]]:
+        return {n: _host_port(a, "passthrough_brokers") for n, a in self.passthrough_brokers.items()}
 
     @property
     def security_protocol(self) -> str:
@@ -606,6 +669,41 @@ def _per_listener_keys_name_listeners(v: Mapping[str, Any]) -> None:
         raise ValueError(f"policies: {keys} {verb} no configured listener (have: {names})")
 
 
+# The per-listener keys that need no Kafka frame: the only ones a passthrough listener takes.
+_CONNECTION_LEVEL_KEYS = frozenset({"max.connections"})
+
+
+def _passthrough_listeners_take_connection_policies_only(v: Mapping[str, Any]) -> None:
+    """A key written for a passthrough listener (``listener.name.<l>.<prop>``) that needs
+    Kafka frames is an error: it was meant for that listener and could never act there.
+    A broker-wide frame-level key is not: it applies to the other listeners (as Kafka's
+    broker-wide defaults do) and, as documented, to no passthrough listener."""
+    policies = v.get("policies")
+    passthrough = {item.get("name") for item in _raw_listeners(v) if item.get("tls") == PASSTHROUGH}
+    if not isinstance(policies, Mapping) or not passthrough:
+        return
+    lines = [
+        f"policies: {key}: listener {parts[0]} is tls: passthrough (its bytes are not decrypted), "
+        f"so {parts[1]} cannot apply to it; only {', '.join(sorted(_CONNECTION_LEVEL_KEYS))} can"
+        for key in policies
+        if (parts := _listener_key(key)) and parts[0] in passthrough and parts[1] not in _CONNECTION_LEVEL_KEYS
+    ]
+    if lines:
+        raise ValueError("\n".join(lines))
+
+
+def _sidecar_passthrough_has_one_broker(v: Mapping[str, Any]) -> None:
+    if v.get("mode", "cluster") != "sidecar":
+        return
+    for i, item in enumerate(_raw_listeners(v)):
+        brokers = item.get("passthrough_brokers")
+        if item.get("tls") == PASSTHROUGH and isinstance(brokers, Mapping) and len(brokers) > 1:
+            raise ValueError(
+                f"listeners[{i}].passthrough_brokers: mode: sidecar relays to its one broker, "
+                f"got {len(brokers)}"
+            )
+
+
 class Config(_Frozen):
     mode: Literal["cluster", "sidecar"] = "cluster"
     upstream: Upstream
@@ -620,6 +718,8 @@ class Config(_Frozen):
         CrossFieldRule((), _listener_names_unique),
         CrossFieldRule((), _per_listener_keys_name_listeners),
         CrossFieldRule((), _listener_binds_unique),
+        CrossFieldRule((), _passthrough_listeners_take_connection_policies_only),
+        CrossFieldRule((), _sidecar_passthrough_has_one_broker),
     )
 
     def tls_files(self) -> list[TlsFiles]:
@@ -627,11 +727,11 @@ class Config(_Frozen):
         is labelled ``upstream``)."""
         sections = [
             TlsFiles(
-                f"listeners[{i}].tls", lst.name, lst.tls.cert_file, lst.tls.key_file, lst.tls.ca_file,
-                lst.tls.key_password_file, lst.tls.key_password_env,
+                f"listeners[{i}].tls", lst.name, term.cert_file, term.key_file, term.ca_file,
+                term.key_password_file, term.key_password_env,
             )
             for i, lst in enumerate(self.listeners)
-            if lst.tls is not None
+            if (term := lst.termination) is not None
         ]
         tls = self.upstream.tls
         if tls.enabled:
@@ -727,10 +827,12 @@ def _shown(value: object, limit: int = 60) -> str:
 
 
 def _describe(error: Any) -> str:
-    loc = tuple(error["loc"])
+    loc = tuple(part for part in error["loc"] if part not in (_TERMINATION_TAG, _PASSTHROUGH_TAG))
     key = ".".join(str(p) if not isinstance(p, int) else f"[{p}]" for p in loc).replace(".[", "[")
     value = error.get("input")
-    if error["type"] == "extra_forbidden":
+    if _PASSTHROUGH_TAG in error["loc"]:
+        message = f"must be a mapping (cert_file, key_file, ...) or 'passthrough', got {_shown(value)}"
+    elif error["type"] == "extra_forbidden":
         message = f"unknown key{_unknown_key_hint(loc)}"
     elif error["type"] == "int_type" and isinstance(value, str):
         message = f"must be an integer, got the string {_shown(value)} (write numbers without quotes)"

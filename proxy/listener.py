@@ -1,5 +1,8 @@
 """A configured listener: its bootstrap port and, in cluster mode, one port per
-broker node (``node_port_base + node_id``), each forwarding to its broker.
+broker node (``node_port_base + node_id``), each forwarding to its broker. A
+``tls: passthrough`` listener relays bytes instead (proxy/passthrough.py): its
+node ports are those of ``passthrough_brokers``, opened at start, since the proxy
+reads no metadata on it.
 
 The listener's nursery owns its connections: stopping accepting cancels the
 accept loops, and the listener's ``run`` returns once its last connection is gone.
@@ -8,6 +11,7 @@ accept loops, and the listener's ``run`` returns once its last connection is gon
 from __future__ import annotations
 
 import errno
+import itertools
 import logging
 from collections.abc import Awaitable, Callable
 
@@ -18,6 +22,7 @@ from .config import Listener
 from .connection import ClientConnection, Port
 from .errors import BindError
 from .identity import ClientCertificate
+from .passthrough import PassthroughConnection, PassthroughRoute
 from .runtime import Runtime
 from .tls import TlsTermination
 from .upstream import UpstreamLink, UpstreamUnavailable
@@ -47,8 +52,9 @@ class ListenerRuntime:
         self._rewrites = rewrites
         self.tls = tls
         self._stats = runtime.metrics.traffic_of(config.name)
-        self._tls_label = "true" if tls is not None else "false"
-        self.connections: set[ClientConnection] = set()
+        self._tls_label = "passthrough" if config.passthrough else "true" if tls is not None else "false"
+        self.connections: set[ClientConnection | PassthroughConnection] = set()
+        self._passthrough_ids = itertools.count(1)
         self._node_ports: set[int] = set()
         self._acceptors: trio.Nursery | None = None
         self._connections: trio.Nursery | None = None
@@ -62,30 +68,47 @@ class ListenerRuntime:
         """Bind the bootstrap port (then node ports as brokers are learned) and serve
         until accepting stops and the last connection is gone."""
         host, port = self.config.bind_address
-        names = ",".join(f"{h}:{p}" for h, p in self._bootstrap)
-        bootstrap = self._port(
-            names, lambda client: self._runtime.connector.connect_any(self._bootstrap, client=client)
-        )
+        bootstrap: Port | PassthroughRoute
+        if self.config.passthrough:
+            brokers = self.config.passthrough_addresses()
+            bootstrap = self._passthrough_route(tuple(brokers.values()))
+        else:
+            names = ",".join(f"{h}:{p}" for h, p in self._bootstrap)
+            bootstrap = self._port(
+                names, lambda client: self._runtime.connector.connect_any(self._bootstrap, client=client)
+            )
         async with trio.open_nursery() as connections:
             self._connections = connections
             async with trio.open_nursery() as acceptors:
                 self._acceptors = acceptors
                 await acceptors.start(self._serve_port, host, port, bootstrap)
                 self.bound = True
-                if self._rewrites:
+                if self.config.passthrough:
+                    if self._rewrites:  # cluster mode: a port per broker, as the brokers advertise
+                        for node_id, address in brokers.items():
+                            await self._open_port(node_id, self._passthrough_route((address,)))
+                elif self._rewrites:
                     self._directory.on_new_node(self.open_node_port)
                     for node_id in self._directory.node_ids:
                         await self.open_node_port(node_id)
                 task_status.started()
             self.bound = False
 
+    def _passthrough_route(self, brokers: tuple[tuple[str, int], ...]) -> PassthroughRoute:
+        return PassthroughRoute(self.name, ",".join(f"{h}:{p}" for h, p in brokers), brokers, self._stats)
+
     async def open_node_port(self, node_id: int) -> None:
+        if self.config.passthrough:
+            return  # its node ports are its passthrough_brokers, not the brokers metadata names
+        route = self._port(f"node {node_id}", lambda client: self._connect_node(node_id, client))
+        await self._open_port(node_id, route)
+
+    async def _open_port(self, node_id: int, route: Port | PassthroughRoute) -> None:
         if node_id in self._node_ports or self._acceptors is None:
             return
         self._node_ports.add(node_id)
         host, _ = self.config.bind_address
         port = self.config.node_port_base + node_id
-        route = self._port(f"node {node_id}", lambda client: self._connect_node(node_id, client))
         try:
             await self._acceptors.start(self._serve_port, host, port, route)
         except OSError as exc:
@@ -111,7 +134,12 @@ class ListenerRuntime:
             return await connector.connect_any(self._bootstrap, client=client)
 
     async def _serve_port(
-        self, host: str, port: int, route: Port, *, task_status: trio.TaskStatus[None] = trio.TASK_STATUS_IGNORED
+        self,
+        host: str,
+        port: int,
+        route: Port | PassthroughRoute,
+        *,
+        task_status: trio.TaskStatus[None] = trio.TASK_STATUS_IGNORED,
     ) -> None:
         if not 0 < port <= 65535:
             out_of_range = OSError(errno.EINVAL, "port out of range (node_port_base + node id)")
@@ -130,7 +158,7 @@ class ListenerRuntime:
             for listener in listeners:
                 await trio.aclose_forcefully(listener)
 
-    async def _accept_loop(self, listener: trio.SocketListener, route: Port) -> None:
+    async def _accept_loop(self, listener: trio.SocketListener, route: Port | PassthroughRoute) -> None:
         """Accept, decide, serve. A decision to wait blocks this loop, so further
         connections wait in the kernel backlog (Kafka's acceptor does the same)."""
         assert self._connections is not None
@@ -145,14 +173,19 @@ class ListenerRuntime:
                     await trio.sleep(0.1)
                     continue
                 raise
-            connection = ClientConnection(route, runtime, stream)
+            connection: ClientConnection | PassthroughConnection
+            if isinstance(route, PassthroughRoute):
+                conn_id = f"{self.name}-p{next(self._passthrough_ids)}"
+                connection = PassthroughConnection(route, runtime, stream, conn_id)
+            else:
+                connection = ClientConnection(route, runtime, stream)
             accepted.inc()
             if not await runtime.gate.admit(connection):
                 await trio.aclose_forcefully(stream)
                 continue
             self._connections.start_soon(self._handle, connection)
 
-    async def _handle(self, connection: ClientConnection) -> None:
+    async def _handle(self, connection: ClientConnection | PassthroughConnection) -> None:
         metrics = self._runtime.metrics
         self.connections.add(connection)
         metrics.connections_active.labels(self.name, self._tls_label).inc()

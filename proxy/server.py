@@ -47,7 +47,7 @@ _ROWS_PER_SLICE = 1000
 
 # What a reload cannot change on a running proxy: sockets are bound, the pool is sized.
 _RESTART_SECTIONS = ("mode", "admin", "audit")
-_RESTART_LISTENER_FIELDS = ("name", "bind", "advertised_host", "node_port_base", "protected")
+_RESTART_LISTENER_FIELDS = ("name", "bind", "advertised_host", "node_port_base", "protected", "passthrough_brokers")
 _RESTART_POLICY_FIELDS = ("queued_max_request_bytes", "queued_max_request_bytes_per_connection")
 
 
@@ -157,7 +157,7 @@ class ProxyServer:
                 directory=self.directory,
                 bootstrap=bootstrap,
                 rewrites=config.mode == "cluster",
-                tls=TlsTermination(listener.tls) if listener.tls is not None else None,
+                tls=TlsTermination(listener.termination) if listener.termination is not None else None,
             )
             for listener in config.listeners
         ]
@@ -324,7 +324,7 @@ class ProxyServer:
             listeners = []
             for before, after in zip(old.listeners, new.listeners, strict=True):
                 fields = [f for f in _RESTART_LISTENER_FIELDS if getattr(before, f) != getattr(after, f)]
-                if (before.tls is None) != (after.tls is None):
+                if (before.tls is None, before.passthrough) != (after.tls is None, after.passthrough):
                     fields.append("tls")  # TLS on or off changes the protocol of a bound port
                 refused += [f"listeners[{before.name}].{f}" for f in fields]
                 listeners.append(after.model_copy(update={f: getattr(before, f) for f in fields}))
@@ -344,7 +344,7 @@ class ProxyServer:
         then one swap after another that cannot."""
         policies = config.policies
         runtime = self.runtime
-        checked = [server_context(lst.tls) if lst.tls is not None else None for lst in config.listeners]
+        checked = [server_context(tls) if (tls := lst.termination) is not None else None for lst in config.listeners]
         upstream = upstream_context(config.upstream.tls)
         identity = runtime.connector.prepare_identity(config.upstream.tls)
         generation = self._generation(runtime.generation.number + 1, config)

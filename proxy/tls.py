@@ -111,9 +111,9 @@ def material_problems(config: Config) -> list[str]:
     """Build every TLS context the config asks for; one line per one that cannot be built."""
     problems = []
     for i, listener in enumerate(config.listeners):
-        if listener.tls is not None:
+        if listener.termination is not None:
             try:
-                server_context(listener.tls)
+                server_context(listener.termination)
             except TlsMaterialError as exc:
                 problems.append(f"listeners[{i}].tls: {exc}")
     try:
