@@ -49,6 +49,12 @@ def test_only_bootstrap_servers_and_listeners_are_required() -> None:
         "max_total_bytes": 1073741824,
         "queue_events": 65536,
         "window": {"seconds": 60},
+        "topic": None,
+        "bootstrap_servers": [],
+        "producer": {},
+        "topic_config": {},
+        "topic_partitions": -1,
+        "topic_replication_factor": -1,
     }
     assert effective["upstream"]["tls"]["enabled"] is False
     listener = effective["listeners"][0]
