@@ -28,14 +28,14 @@ import logging
 import threading
 import time
 from collections.abc import Callable
-from typing import TYPE_CHECKING, Any
+from typing import Any
+
+from confluent_kafka import KafkaError, KafkaException, Message, Producer
+from confluent_kafka.admin import AdminClient, NewTopic  # type: ignore[attr-defined]
 
 from .config import Audit
 from .logs import RateLimitedLog
 from .metrics import Metrics
-
-if TYPE_CHECKING:
-    from confluent_kafka import KafkaError, Message, Producer
 
 _log = logging.getLogger("kafka_admission_proxy.audit.topic")
 _LOG_INTERVAL_S = 60.0
@@ -47,6 +47,7 @@ _FLUSH_AT_STOP_S = 4.0  # under proxy/audit.py's CLOSE_TIMEOUT_S
 _TOPIC_RETRY_MIN_S = 1.0
 _TOPIC_RETRY_MAX_S = 60.0
 _ADMIN_TIMEOUT_S = 10.0
+_WEDGED_MARGIN_S = 5.0
 
 
 class _LibrdkafkaLog:
@@ -82,7 +83,12 @@ class TopicOutput:
         self._dropped = metrics.audit_events_dropped.labels("topic")
         self._delivered: dict[str, Callable[[KafkaError | None, Message], None]] = {}
         self._producer: Producer | None = None
-        self._fatal: KafkaError | None = None
+        self._broken: str | None = None  # why the producer must be replaced (tick() does it)
+        # librdkafka reports every record within message.timeout.ms: a producer with records
+        # and no report for longer is wedged (an idempotent one facing a broker that lost its
+        # producer state, after a restart, can be): it is replaced.
+        self._report_deadline_s = float(self._config.get("message.timeout.ms", 300000)) / 1000 + _WEDGED_MARGIN_S
+        self._last_report = self._last_success = time.monotonic()
         self._backoff_until = 0.0
         self._backoff_s = 0.0
         self._full = 0  # events refused by a full buffer since the last line about it
@@ -107,22 +113,37 @@ class TopicOutput:
             self._full += len(lines)
             return 0
         produce, topic, key = producer.produce, self.topic, self._key
+        if not len(producer):  # nothing outstanding: the clocks of the two checks in tick() start again
+            self._last_report = self._last_success = now
         for taken, (line, kind) in enumerate(zip(lines, kinds, strict=True)):
             try:
                 produce(topic, line[:-1], key, on_delivery=self._on_delivery(kind))
             except BufferError:  # librdkafka's queue is full: the brokers are slow or down
                 self._back_off(now, len(lines) - taken)
-                producer.poll(0)
+                self._poll()
+                return taken
+            except KafkaException as exc:  # a fatal state: produce refuses everything
+                self._broken = exc.args[0].str()
                 return taken
         self._backoff_s = 0.0
-        producer.poll(0)
+        self._poll()
         return len(lines)
 
     def tick(self) -> None:
         assert self._producer is not None
-        self._producer.poll(0)
-        if self._fatal is not None:
+        self._poll()
+        if self._broken is None and len(self._producer):
+            if time.monotonic() - self._last_report > self._report_deadline_s:
+                self._broken = f"no delivery report for {self._report_deadline_s:g}s (message.timeout.ms + 5 s)"
+        if self._broken is not None:
             self._replace_producer()
+
+    def _poll(self) -> None:
+        assert self._producer is not None
+        try:
+            self._producer.poll(0)
+        except KafkaException as exc:  # a fatal error raised through poll
+            self._broken = exc.args[0].str()
 
     def wait_seconds(self) -> float:
         return _BUSY_POLL_S if self._producer is not None and len(self._producer) else _IDLE_POLL_S
@@ -144,8 +165,6 @@ class TopicOutput:
         self._producer = None
 
     def _new_producer(self) -> Producer:
-        from confluent_kafka import Producer
-
         return Producer(self._config)
 
     def _on_delivery(self, kind: str) -> Callable[[KafkaError | None, Message], None]:
@@ -154,7 +173,9 @@ class TopicOutput:
             written = self._written.labels(kind, "topic")
 
             def callback(err: KafkaError | None, msg: Message) -> None:
+                self._last_report = time.monotonic()
                 if err is None:
+                    self._last_success = self._last_report
                     written.inc()
                 else:
                     self._undelivered(err)
@@ -163,9 +184,11 @@ class TopicOutput:
         return callback
 
     def _undelivered(self, err: KafkaError) -> None:
-        from confluent_kafka import KafkaError
-
         self._dropped.inc()
+        # Every record failing for two message timeouts: a broker that came back empty (lost the
+        # idempotent producer's id) leaves librdkafka retrying forever; a new producer gets a new id.
+        if self._broken is None and self._last_report - self._last_success > 2 * self._report_deadline_s:
+            self._broken = f"no record delivered for {self._last_report - self._last_success:.0f}s"
         if err.code() == KafkaError.UNKNOWN_TOPIC_OR_PART:
             self._topic_wanted.set()  # deleted, or a broker that lost it: create it again
         self._limited.log(
@@ -196,7 +219,7 @@ class TopicOutput:
     def _error(self, err: KafkaError) -> None:
         """librdkafka's error callback (served by ``poll``, in this thread)."""
         if err.fatal():
-            self._fatal = err  # an idempotent producer can no longer go on: a new one in tick()
+            self._broken = err.str()  # an idempotent producer can no longer go on: a new one in tick()
             return
         self._limited.log(
             logging.WARNING,
@@ -208,18 +231,27 @@ class TopicOutput:
         )
 
     def _replace_producer(self) -> None:
-        assert self._producer is not None and self._fatal is not None
+        assert self._producer is not None and self._broken is not None
         lost = len(self._producer)
-        _log.error(
+        _log.warning(
             "audit topic %s: the producer failed (%s); a new one replaces it, %d events in flight dropped",
             self.topic,
-            self._fatal.str(),
+            self._broken,
             lost,
         )
-        self._fatal = None
-        self._producer.purge()
-        self._producer.poll(0)  # purged records report failure: counted as dropped there
+        self._broken = None
+        old, self._producer = self._producer, None
+        try:
+            old.purge()
+            old.poll(0)  # purged records report failure: counted as dropped there
+        except KafkaException:
+            pass  # it is being replaced for its errors
+        left = len(old)
+        if left:
+            self._dropped.inc(left)  # records no report will come for
+        del old
         self._producer = self._new_producer()
+        self._last_report = self._last_success = time.monotonic()
 
     # --- the topic thread ----------------------------------------------------------------
 
@@ -236,8 +268,6 @@ class TopicOutput:
             while not self._stopping.is_set():
                 try:
                     if admin is None:
-                        from confluent_kafka.admin import AdminClient
-
                         admin_config: dict[str, Any] = {
                             **self._settings.producer_config(self._bootstrap),
                             "logger": _LibrdkafkaLog(self._admin_limited),
@@ -259,10 +289,7 @@ class TopicOutput:
                     return
                 delay = min(delay * 2, _TOPIC_RETRY_MAX_S)
 
-    def _create(self, admin: Any) -> None:
-        from confluent_kafka import KafkaError, KafkaException
-        from confluent_kafka.admin import NewTopic  # type: ignore[attr-defined]
-
+    def _create(self, admin: AdminClient) -> None:
         s = self._settings
         new = NewTopic(
             self.topic,
