@@ -141,18 +141,18 @@ def test_with_the_audit_broker_down_the_proxy_forwards_drops_and_counts_then_del
         rss_after_first = _rss_bytes(proxy.process.pid)
         _churn(proxy.bootstrap, 3000)
         # Bounded: the queue and librdkafka's buffer are full after the first flood; the second
-        # one's 6000 events are dropped, not held (6000 events held would be several MB).
-        dropped = proxy.metric("kafka_admission_audit_events_dropped_total", sink="topic")
+        # one's 6000 events are dropped, not held (6000 events held would be several MB;
+        # measured: 16 KiB of growth on 85 MB).
         wait_until(
             lambda: proxy.metric("kafka_admission_audit_events_dropped_total", sink="topic") >= 12000 - 4000 - 200
         )
         grown = _rss_bytes(proxy.process.pid) - rss_after_first
         assert grown < 2_000_000, f"RSS grew {grown} bytes over 6000 dropped events"
         assert proxy.metric("kafka_admission_audit_queue_events", sink="topic") <= 2000
-        assert dropped > 1000
         # Said at a limited rate: a few lines, not one per event or reconnect.
         log = proxy.log()
         assert "audit topic" in log and log.count("audit topic") < 50, log[-3000:]
+        # Generous (measured ~0.5 s): forwarding never waits on the audit topic.
         assert forward_s < 30, f"produce through the proxy took {forward_s:.1f}s with the audit broker down"
 
         # Back (a new, empty broker on the same port): events flow again.
