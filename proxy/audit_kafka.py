@@ -25,6 +25,7 @@ and again when a delivery says the topic is gone.
 from __future__ import annotations
 
 import logging
+import math
 import threading
 import time
 from collections.abc import Callable
@@ -87,7 +88,8 @@ class TopicOutput:
         # librdkafka reports every record within message.timeout.ms: a producer with records
         # and no report for longer is wedged (an idempotent one facing a broker that lost its
         # producer state, after a restart, can be): it is replaced.
-        self._report_deadline_s = float(self._config.get("message.timeout.ms", 300000)) / 1000 + _WEDGED_MARGIN_S
+        timeout_ms = float(self._config.get("message.timeout.ms", 300000))  # 0: librdkafka waits for ever
+        self._report_deadline_s = timeout_ms / 1000 + _WEDGED_MARGIN_S if timeout_ms > 0 else math.inf
         self._last_report = self._last_success = time.monotonic()
         self._backoff_until = 0.0
         self._backoff_s = 0.0
