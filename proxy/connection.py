@@ -720,14 +720,14 @@ class ClientConnection:
         )
 
     def _lifecycle(self, event: str) -> None:
-        """Connection open and close, for the audit (only when it writes files)."""
+        """Connection open and close, for the audit (only when it keeps evidence: files or a topic)."""
         audit, window = self.runtime.audit, self.runtime.window
         if window is not None:
             if event == "open":
                 window.on_connection_open(self.listener, self.tls)
             else:
                 window.on_connection_close(self.listener, self.tls)
-        if not audit.writes_files:
+        if not audit.keeps_evidence:
             return
         record: dict[str, object] = {
             "type": "connection",

@@ -172,12 +172,18 @@ class Metrics:
         self.traffic: dict[str, TrafficStats] = {}
         r.register(_TrafficCollector(self.traffic))
         r.register(_TaskCollector())
+        # sink: file (audit.path), topic (audit.topic) or log (neither): each has its own queue.
         self.audit_events = Counter(
-            "kafka_admission_audit_events", "Audit events written, by type", ("type",), registry=r
+            "kafka_admission_audit_events",
+            "Audit events written (file, log) or delivered (topic), by type and sink",
+            ("type", "sink"),
+            registry=r,
         )
         self.audit_events_dropped = Counter(
             "kafka_admission_audit_events_dropped",
-            "Audit events lost: the queue was full (the writer fell behind) or the disk refused the write",
+            "Audit events lost, by sink: its queue was full (the writer fell behind), the disk refused the"
+            " write, or the topic's brokers did not take it (producer buffer full, delivery failed)",
+            ("sink",),
             registry=r,
         )
         self.audit_files_deleted = Counter(
@@ -189,7 +195,7 @@ class Metrics:
             "kafka_admission_audit_bytes_written", "Bytes of audit JSON lines written to files", registry=r
         )
         self.audit_queue_events = Gauge(
-            "kafka_admission_audit_queue_events", "Audit events queued for the writer now", registry=r
+            "kafka_admission_audit_queue_events", "Audit events queued for the sink's writer now", ("sink",), registry=r
         )
 
 

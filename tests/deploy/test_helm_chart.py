@@ -19,6 +19,7 @@ from typing import Any
 import pytest
 import yaml
 
+from proxy.config import parse_config_text
 from proxy.tansu import TansuBroker, free_port
 from tests.conftest import ROOT, free_node_port_base
 from tests.deploy.conftest import deploy_tool, produce_and_consume, system_tool
@@ -58,6 +59,7 @@ BROKER_POLICY = [
 ALL_OPTIONS = [
     "--set", "serviceMonitor.enabled=true", "--set", "networkPolicy.enabled=true",
     "--set", "autoscaling.enabled=true", "--set", "auditVolume.enabled=true",
+    "--set", "config.audit.topic=kafka-admission-audit",
     "--set-json", 'tlsSecrets=[{"name": "server", "secretName": "proxy-tls"}]',
     "--set-json", 'networkPolicy.clientsFrom=[{"namespaceSelector": {"matchLabels": {"kafka-client": "true"}}}]',
     "--set", "service.type=LoadBalancer", "--set", "service.externalTrafficPolicy=Local",
@@ -135,6 +137,22 @@ def rendered_config(docs: list[dict[str, Any]]) -> dict[str, Any]:
 
 
 # --- helm itself ------------------------------------------------------------------
+
+
+@pytest.mark.parametrize("mode", MODES)
+def test_the_audit_topic_sink_is_configured_in_both_modes(rendered: dict[str, Path], mode: str) -> None:
+    """standalone: the topic on the upstream's brokers (the default); sidecar: on the brokers'
+    INTERNAL listener, which the proxy does not front. The proxy takes the rendered config."""
+    config = rendered_config(documents(rendered[mode].read_text()))
+    audit = config["audit"]
+    assert audit["topic"] == "kafka-admission-audit"
+    if mode == "sidecar":
+        assert audit["bootstrap_servers"] == ["kafka-broker-headless.kafka.svc.cluster.local:9094"]
+    else:
+        assert "bootstrap_servers" not in audit
+    config["listeners"] = [{k: v for k, v in lst.items() if k != "tls"} for lst in config["listeners"]]
+    parsed = parse_config_text(yaml.safe_dump(config))
+    assert parsed.audit.topic == "kafka-admission-audit"
 
 
 @pytest.mark.parametrize("mode", MODES)

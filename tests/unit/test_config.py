@@ -49,6 +49,12 @@ def test_only_bootstrap_servers_and_listeners_are_required() -> None:
         "max_total_bytes": 1073741824,
         "queue_events": 65536,
         "window": {"seconds": 60},
+        "topic": None,
+        "bootstrap_servers": [],
+        "producer": {},
+        "topic_config": {},
+        "topic_partitions": -1,
+        "topic_replication_factor": -1,
     }
     assert effective["upstream"]["tls"]["enabled"] is False
     listener = effective["listeners"][0]
@@ -164,6 +170,46 @@ def test_audit_instance_defaults_to_the_hostname() -> None:
 
     assert parse_config(MINIMAL).audit.instance == socket.gethostname()
     assert parse_config(with_(audit={"instance_id": "proxy-7"})).audit.instance == "proxy-7"
+
+
+def test_the_audit_topic_producer_and_topic_defaults_and_overrides() -> None:
+    audit = parse_config(with_(audit={"topic": "audit", "producer": {"compression.type": "lz4"}})).audit
+    producer = audit.producer_config(("127.0.0.1:9092",))
+    assert producer["bootstrap.servers"] == "127.0.0.1:9092"  # the upstream's by default
+    assert producer["enable.idempotence"] is True and producer["compression.type"] == "lz4"
+    assert producer["linger.ms"] == 200 and producer["queue.buffering.max.kbytes"] == 16384
+    assert audit.new_topic_config == {"retention.ms": "604800000", "cleanup.policy": "delete"}
+    own_settings = {"topic": "audit", "bootstrap_servers": ["10.0.0.1:9094"], "topic_config": {"retention.ms": 3600000}}
+    own = parse_config(with_(audit=own_settings)).audit
+    assert own.producer_config(("127.0.0.1:9092",))["bootstrap.servers"] == "10.0.0.1:9094"
+    assert own.new_topic_config == {"retention.ms": "3600000", "cleanup.policy": "delete"}
+
+
+@pytest.mark.parametrize(
+    ("audit", "message"),
+    [
+        ({"producer": {"linger.ms": 5}}, "audit: audit.producer needs audit.topic (the audit topic's name)"),
+        ({"topic": "a b"}, "audit.topic: String should match pattern '^[a-zA-Z0-9._-]{1,249}$'"),
+        (
+            {"topic": "t", "producer": {"lingerx.ms": 5}},
+            'audit.producer: librdkafka refuses it: No such configuration property: "lingerx.ms"',
+        ),
+        (
+            {"topic": "t", "producer": {"bootstrap.servers": "h:1"}},
+            "audit.producer: 'bootstrap.servers' is set by audit.bootstrap_servers, not here",
+        ),
+        (
+            {"topic": "t", "bootstrap_servers": ["nope"]},
+            "audit.bootstrap_servers: each bootstrap server must be 'host:port' with a port 0-65535, got 'nope'",
+        ),
+        (
+            {"topic": "t", "topic_partitions": 0},
+            "audit.topic_partitions: must be -1 (the broker's default) or at least 1, got 0",
+        ),
+    ],
+)
+def test_a_bad_audit_topic_setting_is_one_line_naming_the_key(audit: dict[str, object], message: str) -> None:
+    assert error_of(with_(audit=audit)) == message
 
 
 def test_invalid_yaml_is_reported_with_the_file(tmp_path: Path) -> None:

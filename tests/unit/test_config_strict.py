@@ -106,7 +106,7 @@ def test_per_listener_policy_and_other_section_keys_at_the_top_level_say_where_t
     text = HEAD + "listener.name.external.max.connections: 5\nbootstrap_servers: []\nbind: '0.0.0.0:1'\n"
     assert errors_of(text) == [
         "listener.name.external.max.connections: unknown key at the top level; it belongs under policies:",
-        "bootstrap_servers: unknown key at the top level; it belongs under upstream:",
+        "bootstrap_servers: unknown key at the top level; it belongs under upstream: or audit:",
         "bind: unknown key at the top level; it belongs under listeners: or admin:",
     ]
 
