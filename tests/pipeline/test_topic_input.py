@@ -25,9 +25,9 @@ TOPIC = "audit-events"
 
 
 @pytest.fixture(scope="module")
-def topic(fleet: Fleet, tmp_path_factory: pytest.TempPathFactory) -> Any:
+def topic(spark: Any, fleet: Fleet, tmp_path_factory: pytest.TempPathFactory) -> Any:
     """kafka://.../audit-events on a broker of its own, holding every line of the fleet's files (valid
-    events keyed by their proxy, the rest with no key), in 3 partitions."""
+    events keyed by their proxy, the rest with no key), in 3 partitions. The reports run on ``spark``."""
     from pipeline.session import kafka_source_jars
 
     if not kafka_source_jars():
@@ -48,6 +48,7 @@ def topic(fleet: Fleet, tmp_path_factory: pytest.TempPathFactory) -> Any:
                 producer.poll(0)
                 produced += 1
         assert producer.flush(60) == 0
+        del producer  # no client left reconnecting to the broker once it stops
         yield f"kafka://{broker.bootstrap}/{TOPIC}", produced
 
 
@@ -100,8 +101,24 @@ def test_since_and_until_select_the_same_events_from_both(fleet: Fleet, topic: A
     )
     _same_report(files, from_topic)
     run = json.loads((from_topic / "run.json").read_text())
-    assert 0 < run["events"] < fleet.truth.events
-    assert run["coverage"]["span_seconds"] <= until - since
+    assert _events_between(fleet.path, 0, 2e9) == fleet.truth.events  # what is counted is what the report reads
+    assert 0 < run["events"] == _events_between(fleet.path, since, until) < fleet.truth.events
+    # From the first window's start (a day before its end, the window's time) to the last window's end
+    assert until - since < run["coverage"]["span_seconds"] <= until - since + DAY
+
+
+def _events_between(directory: Path, since: float, until: float) -> int:
+    """Version-2 events in the files from ``since`` until ``until`` (the fleet's other lines are not JSON
+    objects, or of version 1)."""
+    count = 0
+    for file in directory.iterdir():
+        for line in file.read_text().splitlines():
+            try:
+                event = json.loads(line)
+            except ValueError:
+                continue
+            count += isinstance(event, dict) and event.get("schema_version") == 2 and since <= event["ts"] < until
+    return count
 
 
 def test_times_are_iso_or_a_duration_before_now() -> None:
