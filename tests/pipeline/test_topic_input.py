@@ -7,6 +7,7 @@ the same events from both. The reports run on the tests' Spark session (conftest
 from __future__ import annotations
 
 import json
+import time
 from pathlib import Path
 from typing import Any
 
@@ -147,3 +148,27 @@ def test_bad_options_are_one_line_before_spark_starts(
     assert report_command(*argv, "--out", str(tmp_path)) == 2
     err = capsys.readouterr().err
     assert err.startswith(said) and err.count("\n") == 1, err
+
+
+def test_since_skips_records_produced_before_it_in_kafka(spark: Any, topic: Any, tmp_path: Path) -> None:
+    """With --since each partition starts at its first record (by Kafka's timestamp) an hour before it:
+    records produced earlier are not read at all, whatever they hold."""
+    from pipeline.topic import parse_topic, topic_lines
+
+    url, _ = topic
+    source = parse_topic(url)
+    since = time.time() - 2 * DAY  # within the topic's retention (7 days by default)
+    producer = Producer({"bootstrap.servers": source.bootstrap})
+    for name, at in (("early", since - 7200), ("slack", since - 1800), ("late", since + 60)):
+        producer.produce("stamped", value=name.encode(), timestamp=int(at * 1000))
+    assert producer.flush(30) == 0
+    del producer
+    stamped = parse_topic(f"kafka://{source.bootstrap}/stamped")
+    everything = topic_lines(spark, stamped, str(tmp_path / "all"))
+    assert sorted(_values(everything)) == ["early", "late", "slack"]
+    assert sorted(_values(topic_lines(spark, stamped, str(tmp_path / "since"), since))) == ["late", "slack"]
+    assert set(everything.values()) == {f"{stamped.url} partition 0"}
+
+
+def _values(files: dict[str, str]) -> list[str]:
+    return [line for file in files for line in Path(file).read_text().splitlines()]
