@@ -77,9 +77,11 @@ def _report(out: Path, *events: str, extra: tuple[str, ...] = ()) -> Path:
     return out
 
 
-def test_a_topic_makes_the_same_report_as_the_files(fleet: Fleet, topic: Any, tmp_path: Path) -> None:
+def test_a_topic_makes_the_same_report_as_the_files(
+    fleet: Fleet, fleet_report: Any, topic: Any, tmp_path: Path
+) -> None:
     url, produced = topic
-    files = _report(tmp_path / "files", str(fleet.path))
+    files = fleet_report.out  # the report over the files, with the same candidates (conftest.py)
     from_topic = _report(tmp_path / "topic", url)
     _same_report(files, from_topic)
     run = json.loads((from_topic / "run.json").read_text())
