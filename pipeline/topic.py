@@ -80,7 +80,7 @@ def topic_lines(spark: SparkSession, topic: Topic, target: str, since: float | N
         reader.load()
         .filter(F.col("value").isNotNull())  # a tombstone is no event, as a blank line is none
         # A line break inside a value (whitespace between JSON tokens) would make two lines of it
-        .select(F.regexp_replace(F.col("value").cast("string"), "[\r\n]", " ").alias("value"), "partition")
+        .select(F.translate(F.col("value").cast("string"), "\r\n", "  ").alias("value"), "partition")
     )
     try:
         values.write.mode("overwrite").partitionBy("partition").text(target)
