@@ -31,8 +31,9 @@ BROKER_JVM = ("-Xms1g", "-Xmx1g", "-XX:+UseParallelGC", "-Xshare:auto")
 
 def _run(*args: str) -> float:
     started = time.monotonic()
-    done = subprocess.run([sys.executable, "-m", "proxy.cli", "report", *args], capture_output=True, text=True,
-                          cwd=ROOT, check=False)
+    done = subprocess.run(
+        [sys.executable, "-m", "proxy.cli", "report", *args], capture_output=True, text=True, cwd=ROOT, check=False
+    )
     if done.returncode != 0:
         raise SystemExit(f"report {' '.join(args)} failed:\n{done.stderr[-4000:]}")
     return time.monotonic() - started
@@ -52,8 +53,16 @@ def main() -> int:
     args = parser.parse_args()
     events_dir = args.dir / f"topic-events-{args.events}"
     if not events_dir.is_dir():
-        spec = spec_for_events(args.events, instances=20, clients=2000, groups=400, lines_per_file=200_000,
-                               churn=30, malformed_lines=100, v1_lines=100)
+        spec = spec_for_events(
+            args.events,
+            instances=20,
+            clients=2000,
+            groups=400,
+            lines_per_file=200_000,
+            churn=30,
+            malformed_lines=100,
+            v1_lines=100,
+        )
         generate(spec, events_dir, workers=2)
     files = sorted(p for p in events_dir.iterdir() if not p.name.startswith("."))
     print(f"input: {sum(p.stat().st_size for p in files) / 1e9:.2f} GB of JSON lines in {len(files)} files")
@@ -66,8 +75,15 @@ def main() -> int:
     with ApacheKafkaBroker(fetch_java_parts(), workdir, jvm_options=BROKER_JVM) as broker:
         admin = AdminClient({"bootstrap.servers": broker.bootstrap})
         admin.create_topics([NewTopic(TOPIC, args.partitions, 1)])[TOPIC].result(60)
-        producer = Producer({"bootstrap.servers": broker.bootstrap, "linger.ms": 50, "batch.size": 1 << 20,
-                             "compression.type": "lz4", "queue.buffering.max.messages": 1_000_000})
+        producer = Producer(
+            {
+                "bootstrap.servers": broker.bootstrap,
+                "linger.ms": 50,
+                "batch.size": 1 << 20,
+                "compression.type": "lz4",
+                "queue.buffering.max.messages": 1_000_000,
+            }
+        )
         started, produced = time.monotonic(), 0
         for file in files:
             with file.open("rb") as lines:
