@@ -76,11 +76,15 @@ def topic_lines(spark: SparkSession, topic: Topic, target: str, since: float | N
         # A partition with nothing that late starts at its end: nothing read from it
         reader = reader.option("startingTimestamp", str(max(0, start_ms)))
         reader = reader.option("startingOffsetsByTimestampStrategy", "latest")
+    value = F.col("value").cast("string")
+    # A line break inside a value (whitespace between JSON tokens) would make two lines of it. Looked for
+    # first: replacing in every value cost more than the rest of the write (1 million events: the write
+    # took 8.7 s with translate(), 5.1 s with regexp_replace(), 4.5 s so, 3.5 s as the values are).
+    broken = (F.instr(value, "\n") > 0) | (F.instr(value, "\r") > 0)
     values = (
         reader.load()
         .filter(F.col("value").isNotNull())  # a tombstone is no event, as a blank line is none
-        # A line break inside a value (whitespace between JSON tokens) would make two lines of it
-        .select(F.translate(F.col("value").cast("string"), "\r\n", "  ").alias("value"), "partition")
+        .select(F.when(broken, F.regexp_replace(value, "[\r\n]", " ")).otherwise(value).alias("value"), "partition")
     )
     try:
         values.write.mode("overwrite").partitionBy("partition").text(target)

@@ -161,14 +161,15 @@ def test_since_skips_records_produced_before_it_in_kafka(spark: Any, topic: Any,
     source = parse_topic(url)
     since = time.time() - 2 * DAY  # within the topic's retention (7 days by default)
     producer = Producer({"bootstrap.servers": source.bootstrap})
-    for name, at in (("early", since - 7200), ("slack", since - 1800), ("late", since + 60)):
+    for name, at in (("early", since - 7200), ("slack", since - 1800), ("late", since + 60), ("{\r\n}", since)):
         producer.produce("stamped", value=name.encode(), timestamp=int(at * 1000))
     assert producer.flush(30) == 0
     del producer
     stamped = parse_topic(f"kafka://{source.bootstrap}/stamped")
     everything = topic_lines(spark, stamped, str(tmp_path / "all"))
-    assert sorted(_values(everything)) == ["early", "late", "slack"]
-    assert sorted(_values(topic_lines(spark, stamped, str(tmp_path / "since"), since))) == ["late", "slack"]
+    # A value with line breaks (JSON pretty-printed) stays one line
+    assert sorted(_values(everything)) == ["early", "late", "slack", "{  }"]
+    assert sorted(_values(topic_lines(spark, stamped, str(tmp_path / "since"), since))) == ["late", "slack", "{  }"]
     assert set(everything.values()) == {f"{stamped.url} partition 0"}
 
 
