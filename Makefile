@@ -26,7 +26,7 @@ PROFILE_ARGS :=
 # How long `make soak` runs mixed traffic (seconds).
 SOAK_SECONDS := 600
 
-.PHONY: demo test test-tools deploy-tools apache-kafka test-apache-kafka lint bench bench-tools profile \
+.PHONY: demo test test-tools deploy-tools apache-kafka spark-kafka test-apache-kafka lint bench bench-tools profile \
 	bench-instructions bench-report lock runtime-size fuzz soak
 
 $(BIN)/.installed: pyproject.toml requirements/dev.txt
@@ -51,6 +51,10 @@ test-tools:
 apache-kafka: test-tools
 	tools/fetch-apache-kafka >/dev/null
 
+# Spark's Kafka source for `report --events kafka://...` into .cache/spark-kafka (once per PySpark version).
+spark-kafka: $(BIN)/.installed test-tools
+	tools/fetch-spark-kafka >/dev/null
+
 $(TOOLS)/venv/.installed: requirements/deploy-tools.txt
 	python3 -m venv $(TOOLS)/venv
 	$(TOOLS)/venv/bin/pip install -q --upgrade pip
@@ -72,7 +76,7 @@ $(TOOLS)/bin/helm:
 
 deploy-tools: $(TOOLS)/venv/.installed $(TOOLS)/bin/helm
 
-test: $(BIN)/.installed test-tools deploy-tools apache-kafka
+test: $(BIN)/.installed test-tools deploy-tools apache-kafka spark-kafka
 	$(BIN)/ruff check .
 	$(BIN)/mypy policies proxy pipeline
 	$(BIN)/pytest -n 2 --dist loadgroup  # two workers; Spark's and Apache Kafka's tests each in one (tests/conftest.py)

@@ -20,6 +20,7 @@ import re
 import statistics
 from collections.abc import Iterable
 from dataclasses import dataclass, field
+from datetime import UTC, datetime
 from typing import Any, Final
 
 from pyspark.sql import functions as F
@@ -37,6 +38,7 @@ __all__ = [
     "measure_coverage",
     "nice_duration",
     "parse_duration",
+    "parse_instant",
 ]
 
 GAP_WINDOWS: Final = 3  # silent for more than this many window periods: a gap (one late roll is not)
@@ -73,6 +75,25 @@ def parse_duration(text: str, option: str = "--min-span") -> float:
     if match is None:
         raise DurationError(f"{option} {text}: a duration such as 7d, 12h, 30m, 45s or plain seconds")
     return float(match["n"]) * _UNITS[match["unit"] or "s"]
+
+
+def parse_instant(text: str, option: str, now: float) -> float:
+    """An ISO 8601 time (``2026-11-20``, ``2026-11-20T08:00Z``; UTC when it names no offset) or a
+    duration before ``now`` (``7d``, ``12h``, as :func:`parse_duration`) -> Unix seconds."""
+    try:
+        return now - parse_duration(text, option)
+    except DurationError:
+        pass
+    try:
+        moment = datetime.fromisoformat(text.strip())
+    except ValueError:
+        raise DurationError(
+            f"{option} {text}: an ISO time such as 2026-11-20T08:00Z (UTC unless it says), or a duration"
+            " before now such as 7d, 12h, 30m"
+        ) from None
+    if moment.tzinfo is None:
+        moment = moment.replace(tzinfo=UTC)
+    return moment.timestamp()
 
 
 def nice_duration(seconds: float) -> str:

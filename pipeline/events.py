@@ -15,7 +15,7 @@ import operator
 import os
 import shutil
 from collections.abc import Iterable, Sequence
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 from functools import cached_property, reduce
 from pathlib import Path
 from typing import Any
@@ -44,8 +44,10 @@ __all__ = [
     "InputProblem",
     "Inputs",
     "Overview",
+    "between",
     "find_inputs",
     "read_evidence",
+    "relabelled",
     "write_parquet",
 ]
 
@@ -640,6 +642,38 @@ def read_evidence(spark: SparkSession, inputs: Inputs, scratch: str, schema: Str
     files = len(inputs.json_files) + len(inputs.parquet_dirs)
     root = alone if len(frames) == 1 else None
     return Evidence(union_all(frames), tuple(problems), files, lines, root)
+
+
+def between(evidence: Evidence, since: float | None, until: float | None) -> Evidence:
+    """The events of ``evidence`` from ``since`` (included) until ``until`` (not), by their own time
+    (``ts``, Unix seconds; a window's is its end). Lines that are not events are listed still."""
+    if since is None and until is None:
+        return evidence
+    ts = F.col("ts")
+    kept = (ts >= F.lit(since) if since is not None else F.lit(True)) & (
+        ts < F.lit(until) if until is not None else F.lit(True)
+    )
+    return replace(evidence, events=evidence.events.filter(kept), parquet_root=None)
+
+
+def relabelled(evidence: Evidence, labels: dict[str, str]) -> Evidence:
+    """``evidence`` with the input files of ``labels`` named by their labels (files written from a
+    topic, named by its partition): their problems and lines are summed per label."""
+    if not labels:
+        return evidence
+    problems: dict[tuple[str, str, str], InputProblem] = {}
+    for p in evidence.problems:
+        named = replace(p, file=labels.get(p.file, p.file))
+        seen = problems.get((named.file, named.problem, named.detail))
+        if seen is not None:
+            named = replace(named, lines=seen.lines + named.lines, sample=min(seen.sample, named.sample))
+        problems[(named.file, named.problem, named.detail)] = named
+    lines: dict[str, int] = {}
+    for path, count in evidence.lines_per_file.items():
+        label = labels.get(path, path)
+        lines[label] = lines.get(label, 0) + count
+    ordered = tuple(sorted(problems.values(), key=lambda p: (p.file, p.problem, p.detail)))
+    return replace(evidence, problems=ordered, lines_per_file=lines)
 
 
 def write_parquet(evidence: Evidence, out: str) -> None:

@@ -22,9 +22,21 @@ from pathlib import Path
 from typing import TextIO
 
 from pyspark.sql import SparkSession
+from pyspark.sql.types import StructType
 
-from .coverage import MIN_SPAN_SECONDS, MIN_WINDOWS, DurationError, nice_duration, parse_duration
-from .events import EVENT_SCHEMA, EventsPathError, Evidence, Inputs, find_inputs, read_evidence, write_parquet
+from .coverage import MIN_SPAN_SECONDS, MIN_WINDOWS, DurationError, nice_duration, parse_duration, parse_instant
+from .events import (
+    EVENT_SCHEMA,
+    REPORT_SCHEMA,
+    EventsPathError,
+    Evidence,
+    Inputs,
+    between,
+    find_inputs,
+    read_evidence,
+    relabelled,
+    write_parquet,
+)
 from .impact import Candidate, CandidateError, Impact, choose_candidates, impact_tables, parse_candidate
 from .plots import Plot, load_in_background, plots_for
 from .recommend import Recommendation, policies_yaml, provisional, recommend
@@ -32,11 +44,13 @@ from .report_html import render
 from .session import (
     SHORT_JOB_BYTES,
     JavaMissingError,
+    KafkaSourceMissingError,
     driver_memory_for,
     jvm_cpu_seconds,
     spark_session,
     stop_session,
 )
+from .topic import Topic, is_topic, parse_topic, topic_lines
 from .traffic import Traffic, measure_traffic, open_connections
 
 __all__ = ["ReportOptions", "ReportResult", "Steps", "main", "run_report", "to_parquet"]
@@ -47,12 +61,14 @@ YAML_NAME = "recommended-policies.yaml"
 
 @dataclass(frozen=True)
 class ReportOptions:
-    events: tuple[str, ...]
+    events: tuple[str, ...]  # paths, and topics as kafka://HOST:PORT/TOPIC
     out: str
     candidates: tuple[Candidate, ...] = ()
     headroom_pct: float = 20.0
     min_span_seconds: float = MIN_SPAN_SECONDS  # less: every recommendation is provisional
     min_windows: int = MIN_WINDOWS  # a limit measured by fewer windows gets no number
+    since: float | None = None  # the events from this time (Unix seconds) on, by their own time
+    until: float | None = None  # and before this one
 
 
 @dataclass
@@ -94,19 +110,59 @@ def run_report(spark: SparkSession, options: ReportOptions, steps: Steps | None 
     """The report over ``options.events`` into ``options.out`` on an existing session."""
     steps = steps or Steps()
     with steps.step("finding input files"):
-        inputs = find_inputs(options.events)
+        inputs, topics = _sources(options.events)
     out = Path(options.out).resolve()
     out.mkdir(parents=True, exist_ok=True)
     # JSON lines are converted to Parquet here while the report runs (pipeline.json_lines)
     with tempfile.TemporaryDirectory(prefix=".events-", dir=out) as scratch:
-        return _report(spark, options, inputs, steps, out, scratch)
+        return _report(spark, options, inputs, topics, steps, out, scratch)
+
+
+def _sources(events: Sequence[str]) -> tuple[Inputs, list[Topic]]:
+    """``--events`` sorted into files (found) and topics (parsed): a bad one is named before Spark starts."""
+    topics = [parse_topic(e) for e in events if is_topic(e)]
+    return find_inputs([e for e in events if not is_topic(e)]), topics
+
+
+def _described(inputs: Inputs, topics: Sequence[Topic]) -> str:
+    files = [inputs.described] if inputs.json_files or inputs.parquet_dirs or not topics else []
+    return " and ".join([*files, *(f"topic {t.url}" for t in topics)])
+
+
+def _read(
+    spark: SparkSession,
+    inputs: Inputs,
+    topics: Sequence[Topic],
+    scratch: str,
+    since: float | None,
+    until: float | None,
+    schema: StructType,
+) -> tuple[Evidence, Inputs]:
+    """The events of the files and topics from ``since`` until ``until``. A topic's values are written as
+    JSON lines in ``scratch`` (pipeline.topic) and read with the files, by the same parser and rules."""
+    labels: dict[str, str] = {}
+    for n, topic in enumerate(topics):
+        labels.update(topic_lines(spark, topic, str(Path(scratch, f"topic-{n}")), since))
+    if labels:
+        written = find_inputs(sorted(labels))
+        inputs = Inputs(inputs.json_files + written.json_files, inputs.parquet_dirs, inputs.empty_files)
+    converted = str(Path(scratch, "converted"))
+    evidence = relabelled(read_evidence(spark, inputs, converted, schema), labels)
+    return between(evidence, since, until), inputs
 
 
 def _report(
-    spark: SparkSession, options: ReportOptions, inputs: Inputs, steps: Steps, out: Path, scratch: str
+    spark: SparkSession,
+    options: ReportOptions,
+    inputs: Inputs,
+    topics: Sequence[Topic],
+    steps: Steps,
+    out: Path,
+    scratch: str,
 ) -> ReportResult:
-    with steps.step(f"reading {inputs.described}"):
-        evidence = read_evidence(spark, inputs, scratch)
+    described = _described(inputs, topics)
+    with steps.step(f"reading {described}"):
+        evidence, inputs = _read(spark, inputs, topics, scratch, options.since, options.until, REPORT_SCHEMA)
     with steps.step("traffic aggregates"):
         opens = open_connections(evidence.connections)
         traffic = measure_traffic(evidence, opens)
@@ -152,7 +208,7 @@ def _report(
                 impact=impact,
                 plots=plots[0].result(),
                 problems=evidence.problems,
-                inputs=inputs.described,
+                inputs=described,
                 timings=steps.done,
                 run=run,
                 min_span_seconds=options.min_span_seconds,
@@ -184,18 +240,25 @@ def _report(
     return ReportResult(out, traffic, recs, impact, evidence)
 
 
-def to_parquet(spark: SparkSession, events: Sequence[str], target: str, steps: Steps | None = None) -> Inputs:
-    """Convert audit files to Parquet (partitioned by kind and section) in ``target``."""
+def to_parquet(
+    spark: SparkSession,
+    events: Sequence[str],
+    target: str,
+    steps: Steps | None = None,
+    since: float | None = None,
+    until: float | None = None,
+) -> Inputs:
+    """Convert audit files and topics to Parquet (partitioned by kind and section) in ``target``."""
     steps = steps or Steps()
     with steps.step("finding input files"):
-        inputs = find_inputs(events)
+        inputs, topics = _sources(events)
     parent = Path(target).resolve().parent
     parent.mkdir(parents=True, exist_ok=True)
     with (
-        steps.step(f"converting {inputs.described} to Parquet"),
+        steps.step(f"converting {_described(inputs, topics)} to Parquet"),
         tempfile.TemporaryDirectory(prefix=".events-", dir=parent) as scratch,
     ):
-        evidence = read_evidence(spark, inputs, scratch, schema=EVENT_SCHEMA)
+        evidence, inputs = _read(spark, inputs, topics, scratch, since, until, EVENT_SCHEMA)
         write_parquet(evidence, target)
     if steps.stream is not None:
         print(
@@ -215,7 +278,21 @@ def main(args: argparse.Namespace) -> int:
         min_windows = MIN_WINDOWS if args.min_windows is None else args.min_windows
         if min_windows < 1:
             raise CandidateError(f"--min-windows {min_windows}: a number of windows, at least 1")
-        inputs = find_inputs(args.events)  # a missing path is named before Spark starts
+        events = list(args.events or [])
+        if (args.kafka_bootstrap is None) != (args.topic is None):
+            raise EventsPathError("--kafka-bootstrap and --topic go together: the brokers and the topic they hold")
+        if args.topic is not None:
+            events.append(parse_topic(f"kafka://{args.kafka_bootstrap}/{args.topic}", "--kafka-bootstrap/--topic").url)
+        if not events:
+            raise EventsPathError(
+                "no events: --events PATH..., kafka://HOST:PORT/TOPIC, or --kafka-bootstrap and --topic"
+            )
+        now = time.time()
+        since = None if args.since is None else parse_instant(args.since, "--since", now)
+        until = None if args.until is None else parse_instant(args.until, "--until", now)
+        if since is not None and until is not None and since >= until:
+            raise DurationError(f"--since {args.since} is not before --until {args.until}")
+        inputs, topics = _sources(events)  # a missing path or a bad topic is named before Spark starts
         steps = Steps()
         load_in_background()
         with steps.step(f"starting Spark ({args.master})"):
@@ -224,14 +301,17 @@ def main(args: argparse.Namespace) -> int:
                 short_job=inputs.parquet_bytes < SHORT_JOB_BYTES,
                 driver_memory=driver_memory_for(inputs.total_bytes),
                 class_archive=True,
+                kafka_source=bool(topics),
             )
         try:
             steps.cpu = lambda: jvm_cpu_seconds(spark)
             if args.to_parquet:
-                to_parquet(spark, args.events, args.to_parquet, steps)
+                to_parquet(spark, events, args.to_parquet, steps, since, until)
                 print(f"Parquet events: {Path(args.to_parquet).resolve()}")
             else:
-                options = ReportOptions(tuple(args.events), args.out, candidates, args.headroom, min_span, min_windows)
+                options = ReportOptions(
+                    tuple(events), args.out, candidates, args.headroom, min_span, min_windows, since, until
+                )
                 result = run_report(spark, options, steps)
                 print(f"report: {result.out / 'report.html'}")
                 print(f"recommended policies: {result.out / YAML_NAME}")
@@ -241,6 +321,6 @@ def main(args: argparse.Namespace) -> int:
         finally:
             stop_session(spark, say=lambda text: print(f"report: {text}", file=sys.stderr, flush=True))
         return 0
-    except (EventsPathError, CandidateError, DurationError, JavaMissingError) as exc:
+    except (EventsPathError, CandidateError, DurationError, JavaMissingError, KafkaSourceMissingError) as exc:
         print(f"report: {exc}", file=sys.stderr)
         return EXIT_USAGE

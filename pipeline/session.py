@@ -22,9 +22,11 @@ from pyspark.sql import SparkSession
 __all__ = [
     "SHORT_JOB_BYTES",
     "JavaMissingError",
+    "KafkaSourceMissingError",
     "class_archive_path",
     "driver_memory_for",
     "jvm_cpu_seconds",
+    "kafka_source_jars",
     "spark_session",
     "stop_session",
 ]
@@ -34,6 +36,23 @@ _LOOPBACK = ("127.0.0.1", "localhost", "::1")
 
 class JavaMissingError(RuntimeError):
     """Spark needs a Java runtime (17 or 21) and none was found."""
+
+
+class KafkaSourceMissingError(RuntimeError):
+    """A topic to read and no jars of Spark's Kafka source (tools/fetch-spark-kafka fetches them)."""
+
+
+# Where tools/fetch-spark-kafka puts Spark's Kafka source, in a checkout (the package installed editable);
+# elsewhere (an image, a cluster's driver) this variable names a directory of the same jars.
+KAFKA_JARS_VARIABLE = "KAFKA_ADMISSION_PROXY_SPARK_KAFKA_JARS"
+_CHECKOUT_KAFKA_JARS = Path(__file__).resolve().parent.parent / ".cache" / "spark-kafka"
+
+
+def kafka_source_jars() -> list[str]:
+    """The jars of Spark's Kafka source (spark-sql-kafka-0-10, kafka-clients...), as fetched at set-up:
+    never downloaded when a report runs (spark.jars.packages would, from the driver, every time)."""
+    directory = Path(os.environ.get(KAFKA_JARS_VARIABLE) or _CHECKOUT_KAFKA_JARS)
+    return sorted(str(jar) for jar in directory.glob("*.jar")) if directory.is_dir() else []
 
 
 def _java() -> str:
@@ -168,6 +187,7 @@ def spark_session(
     driver_memory: str = "4g",
     short_job: bool = False,
     class_archive: bool = False,
+    kafka_source: bool = False,
 ) -> SparkSession:
     """Start (or reuse) the session the pipeline runs in.
 
@@ -179,7 +199,9 @@ def spark_session(
     No web UI. Files that vanish (rotated away) or cannot be decoded while being
     read are skipped and reported by :mod:`pipeline.events`, not fatal. With
     ``class_archive``, a JVM started here maps (or, the first time, writes) the
-    archive of Spark's classes; :func:`stop_session` puts a new one in place.
+    archive of Spark's classes; :func:`stop_session` puts a new one in place. With
+    ``kafka_source``, Spark's Kafka source (:func:`kafka_source_jars`) is given to the session with
+    ``spark.jars``, which reach a cluster's executors as well.
     """
     _java()
     # Spark's Python tasks (pipeline.json_lines) run this interpreter, which has pyarrow, unless the
@@ -213,6 +235,14 @@ def spark_session(
         .config("spark.ui.enabled", "false")
         .config("spark.ui.showConsoleProgress", "true" if progress else "false")
     )
+    if kafka_source:
+        jars = kafka_source_jars()
+        if not jars:
+            raise KafkaSourceMissingError(
+                f"Spark's Kafka source is not installed: run tools/fetch-spark-kafka (make spark-kafka),"
+                f" or set {KAFKA_JARS_VARIABLE} to a directory of its jars"
+            )
+        builder = builder.config("spark.jars", ",".join(jars))
     driver_options = [*_collector_options(os.environ), *([_QUICK_JIT] if short_job else [])]
     mapping = None
     if class_archive and SparkContext._gateway is None:  # options reach a JVM only when this starts it

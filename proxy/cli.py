@@ -174,10 +174,19 @@ def build_parser() -> argparse.ArgumentParser:
     report.add_argument(
         "--events",
         nargs="+",
-        required=True,
         metavar="PATH",
-        help="audit files or directories (JSON lines, or Parquet from --to-parquet)",
+        help="audit files or directories (JSON lines, or Parquet from --to-parquet), or a topic of the proxies'"
+        " audit events as kafka://HOST:PORT[,HOST:PORT...]/TOPIC (read with Spark's Kafka source)",
     )
+    report.add_argument("--kafka-bootstrap", metavar="HOST:PORT[,...]", help="the brokers of --topic")
+    report.add_argument("--topic", metavar="NAME", help="a topic of the proxies' audit events (with --kafka-bootstrap)")
+    report.add_argument(
+        "--since",
+        metavar="TIME",
+        help="only the events from TIME on, by their own time: ISO (2026-11-20T08:00Z; UTC unless it says)"
+        " or a duration before now (7d, 12h)",
+    )
+    report.add_argument("--until", metavar="TIME", help="only the events before TIME (as --since)")
     output = report.add_mutually_exclusive_group(required=True)
     output.add_argument("--out", metavar="DIR", help="write report.html, recommended-policies.yaml, impact/ here")
     output.add_argument("--to-parquet", metavar="DIR", help="only convert the events to Parquet in DIR")

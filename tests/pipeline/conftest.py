@@ -32,9 +32,13 @@ FLEET_CANDIDATES = ("group.max.size=50", "max.ssl.connections=20", "max.connecti
 def spark() -> Iterator[Any]:
     if shutil.which("java") is None and not os.environ.get("JAVA_HOME"):
         pytest.skip("no Java runtime for Spark (apt-get install default-jre-headless)")
-    from pipeline.session import spark_session
+    from pipeline.session import kafka_source_jars, spark_session
 
-    session = spark_session("local[2]", progress=False, driver_memory="2g", short_job=True)
+    # With Spark's Kafka source when it was fetched (test_topic_input.py needs it; a session's jars are
+    # given when it starts)
+    session = spark_session(
+        "local[2]", progress=False, driver_memory="2g", short_job=True, kafka_source=bool(kafka_source_jars())
+    )
     yield session
     session.stop()
 
