@@ -192,7 +192,7 @@ class PassthroughConnection:
                 window.on_connection_open(self.listener, True)
             else:
                 window.on_connection_close(self.listener, True)
-        if not audit.writes_files:
+        if not audit.keeps_evidence:
             return
         record: dict[str, object] = {
             "type": "connection",
