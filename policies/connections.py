@@ -83,7 +83,7 @@ from __future__ import annotations
 from collections import OrderedDict
 from collections.abc import Iterable, Iterator, Mapping
 from collections.abc import Set as AbstractSet
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 from types import MappingProxyType
 
 from policies.api_keys import INT_MAX
@@ -208,11 +208,14 @@ class OpenCounts:
     counts (closing connections left out) that ``max.connections`` and ``max.ssl.connections``
     compare (None where the connection does not count against the cap: a protected listener, or
     plaintext for the TLS cap), and the count of its IP (``max.connections.per.ip``). The audit
-    records them, so the report can tell which connections a lower limit would have refused."""
+    records them, so the report can tell which connections a lower limit would have refused.
+    ``node_id``: the broker whose limits counted it (cluster mode's node ports; None for the
+    bootstrap port and sidecar mode)."""
 
     broker: int | None
     ssl: int | None
     ip: int
+    node_id: int | None = None
 
 
 # ---------------------------------------------------------------------------
@@ -848,8 +851,10 @@ class BrokerQuotas:
         return pool is not None and pool.is_closing(conn_id)
 
     def open_counts(self, conn_id: str) -> OpenCounts:
-        """The counts of the pool ``conn_id`` was admitted to."""
-        return self._pool_of[conn_id].open_counts(conn_id)
+        """The counts of the pool ``conn_id`` was admitted to, and its broker's node id."""
+        counts = self._pool_of[conn_id].open_counts(conn_id)
+        broker = self._key_of[conn_id]
+        return replace(counts, node_id=broker) if isinstance(broker, int) else counts
 
     def counts(self) -> ConnectionCounts:
         """All pools together, for metrics."""

@@ -44,6 +44,7 @@ from confluent_kafka import OFFSET_BEGINNING, Consumer, Producer, TopicPartition
 
 from policies.api_keys import API_VERSIONS, FETCH, METADATA
 from proxy.tansu import TansuBroker, free_port
+from tests.audit_files import read_events
 from tests.clients import GROUP_CONF, broker_addresses, consume, create_topic, metadata, produce_values, unique
 from tests.conftest import wait_until
 from tests.raw_kafka import RawConnection, api_versions_frame, fetch_frame, metadata_frame
@@ -650,8 +651,8 @@ def _node_port(proxy: Any, node: int) -> str:
     return f"127.0.0.1:{int(proxy.config['listeners'][0]['node_port_base']) + node}"
 
 
-def _cluster_proxy(start_proxy: Any, mock_cluster: Any, **policies: Any) -> Any:
-    proxy = start_proxy(mock_cluster.bootstrap_servers, node_ids=NODE_IDS, policies=policies)
+def _cluster_proxy(start_proxy: Any, mock_cluster: Any, policies: dict[str, Any], **sections: Any) -> Any:
+    proxy = start_proxy(mock_cluster.bootstrap_servers, node_ids=NODE_IDS, policies=policies, **sections)
     learn = KafkaSocket(proxy.bootstrap)  # the proxy learns the brokers (opens their ports) from Metadata
     learn.send(metadata_frame(1))
     learn.read_response(METADATA, 12)
@@ -693,13 +694,15 @@ def _established_to(port: int) -> int:
 
 
 def test_cluster_mode_counts_max_connections_per_upstream_broker(
-    mock_cluster: Any, start_proxy: Any, sockets: list[KafkaSocket]
+    mock_cluster: Any, start_proxy: Any, sockets: list[KafkaSocket], tmp_path: Any
 ) -> None:
     """Cluster mode, max.connections: 2, librdkafka's mock cluster (3 brokers): two idle
     connections to node 1's port and two to node 2's are all admitted (each broker counts its
     own, as Kafka's brokers do; before, the third and fourth evicted node 1's); a third to node
-    1's port evicts node 1's least recently used one, and nothing of node 2's."""
-    proxy = _cluster_proxy(start_proxy, mock_cluster, **{MAX_CONNECTIONS: 2})
+    1's port evicts node 1's least recently used one, and nothing of node 2's. The audit's open
+    events carry the counts of the broker that counted each connection, and its node id."""
+    audit = tmp_path / "audit"
+    proxy = _cluster_proxy(start_proxy, mock_cluster, {MAX_CONNECTIONS: 2}, audit={"path": str(audit)})
     node1 = _hold_mock(sockets, _node_port(proxy, 1), 2)
     node2 = _hold_mock(sockets, _node_port(proxy, 2), 2)
     assert closings(proxy) == 0
@@ -712,13 +715,22 @@ def test_cluster_mode_counts_max_connections_per_upstream_broker(
         _answered(conn)  # still served
     assert closings(proxy) == 1
 
+    def opens() -> list[tuple[int | None, int]]:
+        events = [e for e in read_events(audit) if e["type"] == "connection" and e["event"] == "open"]
+        return [(e.get("node_id"), e["open_connections"]) for e in events]
+
+    # the bootstrap connection that learned the brokers, then 1, 1, 2, 2, and node 1's third
+    # (2 again: the one it evicted has given up its slot)
+    wait_until(lambda: len(opens()) == 6)
+    assert opens() == [(None, 1), (1, 1), (1, 2), (2, 1), (2, 2), (1, 2)]
+
 
 def test_two_proxy_replicas_each_admit_their_cap_to_the_same_broker(
     mock_cluster: Any, start_proxy: Any, sockets: list[KafkaSocket]
 ) -> None:
     """What the README says of replicas: each proxy counts on its own, so with
     max.connections: 2 on two proxies broker 1 is reached by 2 x 2 connections, none evicted."""
-    proxies = [_cluster_proxy(start_proxy, mock_cluster, **{MAX_CONNECTIONS: 2}) for _ in range(2)]
+    proxies = [_cluster_proxy(start_proxy, mock_cluster, {MAX_CONNECTIONS: 2}) for _ in range(2)]
     broker_port = int(broker_addresses(metadata(mock_cluster.bootstrap_servers[0]))[1][1])
     before = _established_to(broker_port)
     held = [conn for proxy in proxies for conn in _hold_mock(sockets, _node_port(proxy, 1), 2)]

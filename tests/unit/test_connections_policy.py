@@ -1098,7 +1098,7 @@ def test_each_broker_counts_its_own_connections_against_max_connections() -> Non
     q = brokers(max_connections=2)
     for conn_id, broker, count in (("a1", 1, 1), ("a2", 1, 2), ("b1", 2, 1), ("b2", 2, 2)):
         assert accept_at(q, conn_id, broker) is None
-        assert q.open_counts(conn_id) == OpenCounts(count, count, count)  # its own broker's counts
+        assert q.open_counts(conn_id) == OpenCounts(count, count, count, broker)  # its own broker's counts
     # The third on broker 1 closes broker 1's least recently used connection, never broker 2's.
     assert evicts(accept_at(q, "a3", 1)) == ("a1",)
     assert q.counts().total == 5 and q.counts().closing == 1
@@ -1128,6 +1128,7 @@ def test_sidecar_and_bootstrap_connections_share_the_one_bootstrap_pool() -> Non
     q = brokers(max_connections=1)
     assert q.on_accept("s1", listener=TLS, ip="10.0.0.1", tls=True, now=0.0) is None
     assert q.broker_of("s1") == BOOTSTRAP
+    assert q.open_counts("s1").node_id is None  # the bootstrap pool names no broker
     assert evicts(accept_at(q, "s2", BOOTSTRAP)) == ("s1",)
     assert accept_at(q, "n1", 1) is None
 
