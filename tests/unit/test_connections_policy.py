@@ -6,7 +6,7 @@ import dataclasses
 from collections.abc import Callable
 
 import pytest
-from hypothesis import HealthCheck, settings
+from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 from hypothesis.stateful import RuleBasedStateMachine, initialize, invariant, rule
 
@@ -1175,3 +1175,67 @@ def test_idle_expiry_and_its_deadline_span_every_broker() -> None:
     assert q.next_idle_deadline() == 1.0
     assert [c.victims for c in q.idle_expired(1.6)] == [("a1",), ("b1",)]
     assert q.next_idle_deadline() is None
+
+
+_BROKER_OPS = st.lists(
+    st.one_of(
+        st.tuples(st.just("accept"), st.sampled_from([BOOTSTRAP, 1, 2]), st.sampled_from(["10.0.0.1", "10.0.0.2"])),
+        st.tuples(st.sampled_from(["request", "response", "close"]), st.integers(0, 11), st.just("")),
+        st.tuples(st.just("limits"), st.integers(1, 3), st.integers(1, 3)),
+        st.tuples(st.just("tick"), st.sampled_from([0.0, 0.6, 2.0]), st.just("")),
+    ),
+    max_size=40,
+)
+
+
+@settings(max_examples=200, deadline=None)
+@given(ops=_BROKER_OPS)
+def test_broker_quotas_decide_as_independent_quotas_one_per_broker(ops: list[tuple[str, object, object]]) -> None:
+    """BrokerQuotas is exactly one ConnectionQuotas per broker: driven at random, every answer is
+    the answer of that broker's own quotas driven alone (reference pools are never dropped)."""
+    limits = ConnectionLimits(max_connections=2, max_connections_per_ip=1, connections_max_idle_ms=1000)
+    q = BrokerQuotas(limits)
+    ref: dict[BrokerKey, ConnectionQuotas] = {}
+    where: dict[str, BrokerKey] = {}
+    now, made = 0.0, 0
+    for op, a, b in ops:
+        if op == "accept":
+            assert isinstance(a, int | str) and isinstance(b, str)
+            conn_id = f"c{made}"
+            made += 1
+            pool = ref.setdefault(a, ConnectionQuotas(limits))
+            expected = pool.on_accept(conn_id, listener=TLS, ip=b, tls=True, now=now)
+            assert q.on_accept(conn_id, listener=TLS, ip=b, tls=True, now=now, broker=a) == expected
+            if conn_id in pool:
+                where[conn_id] = a
+                got = q.open_counts(conn_id)
+                assert (got.broker, got.ssl, got.ip) == dataclasses.astuple(pool.open_counts(conn_id))[:3]
+        elif op in ("request", "response", "close"):
+            conn_id = f"c{a}"
+            pool = ref.get(where.get(conn_id, BOOTSTRAP))
+            if op == "request":
+                q.on_request(conn_id, now)
+                if pool is not None:
+                    pool.on_request(conn_id, now)
+            elif op == "response":
+                q.on_response(conn_id, now)
+                if pool is not None:
+                    pool.on_response(conn_id, now)
+                assert q.reclaim_excess() == [d for p in ref.values() for d in p.reclaim_excess()]
+            else:
+                q.on_closed(conn_id)
+                if pool is not None:
+                    pool.on_closed(conn_id)
+                where.pop(conn_id, None)
+        elif op == "limits":
+            assert isinstance(a, int) and isinstance(b, int)
+            limits = ConnectionLimits(max_connections=a, max_connections_per_ip=b, connections_max_idle_ms=1000)
+            expected_closes = [d for p in ref.values() for d in p.update_limits(limits, now)]
+            assert sorted(d.victims for d in q.update_limits(limits, now)) == sorted(d.victims for d in expected_closes)
+        else:
+            assert isinstance(a, float)
+            now += a
+            expected_closes = [d for p in ref.values() for d in p.idle_expired(now)]
+            assert sorted(d.victims for d in q.idle_expired(now)) == sorted(d.victims for d in expected_closes)
+        assert q.over_cap == any(p.over_cap for p in ref.values())
+        assert q.counts().total == sum(p.counts().total for p in ref.values())
