@@ -6,6 +6,9 @@ listener's accept loop (connections wait in the kernel backlog, as Kafka's
 acceptor does) until a slot frees. It also holds the TLS handshakes' turns
 (``max.ssl.handshakes.per.turn``, beyond Kafka): handshakes are computed on the
 event loop, so a burst of them would hold up every established connection.
+Each connection counts against the limits of the broker its port leads to
+(policies.connections.BrokerQuotas: a node port's node id, or the bootstrap
+port's own pool), as each Kafka broker counts its own connections.
 
 Per request it only hands the policy a timestamp. The tasks that wait on the
 quotas are woken only when their condition can have changed: accept waiters
