@@ -105,6 +105,7 @@ EVENT_SCHEMA = _schema(
     ("open_connections", _L),
     ("open_ssl_connections", _L),
     ("open_ip_connections", _L),
+    ("node_id", _L),
     ("duration_seconds", _D),
     ("requests", _L),
     ("bytes_in", _L),

@@ -83,7 +83,7 @@ from __future__ import annotations
 from collections import OrderedDict
 from collections.abc import Iterable, Iterator, Mapping
 from collections.abc import Set as AbstractSet
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 from types import MappingProxyType
 
 from policies.api_keys import INT_MAX
@@ -208,11 +208,14 @@ class OpenCounts:
     counts (closing connections left out) that ``max.connections`` and ``max.ssl.connections``
     compare (None where the connection does not count against the cap: a protected listener, or
     plaintext for the TLS cap), and the count of its IP (``max.connections.per.ip``). The audit
-    records them, so the report can tell which connections a lower limit would have refused."""
+    records them, so the report can tell which connections a lower limit would have refused.
+    ``node_id``: the broker whose limits counted it (cluster mode's node ports; None for the
+    bootstrap port and sidecar mode)."""
 
     broker: int | None
     ssl: int | None
     ip: int
+    node_id: int | None = None
 
 
 # ---------------------------------------------------------------------------
@@ -744,3 +747,159 @@ def _scope(key: str, listener: str) -> str:
     if key == MAX_CONNECTIONS:
         return "non-protected"
     return listener
+
+
+# ---------------------------------------------------------------------------
+# Per upstream broker
+
+BOOTSTRAP = "bootstrap"  # the broker key of a cluster-mode bootstrap port (and of sidecar mode's one port)
+
+BrokerKey = int | str  # a broker's node id, or BOOTSTRAP
+
+
+class BrokerQuotas:
+    """One :class:`ConnectionQuotas` per upstream broker, as each Kafka broker counts its own connections.
+
+    In cluster mode a connection accepted on broker N's node port counts only against broker N's
+    caps, per-IP counts and LRU pool. Connections to the bootstrap port count in a pool of their own
+    (key ``BOOTSTRAP``): the broker they reach is chosen after admission, and clients leave it for
+    the node ports once they have metadata. Sidecar mode has only that one pool, so it counts as
+    before. A pool is made on first use and dropped when its last connection closes, so there are
+    at most as many as node ports plus one. Every call routes by ``conn_id`` to its pool; the
+    per-request cost is one dict lookup more.
+    """
+
+    def __init__(
+        self,
+        limits: ConnectionLimits | None = None,
+        *,
+        mode: Mode = Mode.ENFORCE,
+        protected_listeners: Iterable[str] = (),
+    ) -> None:
+        self._limits = limits if limits is not None else ConnectionLimits()
+        self._mode = mode
+        self._protected = frozenset(protected_listeners)
+        self._pools: dict[BrokerKey, ConnectionQuotas] = {}
+        self._pool_of: dict[str, ConnectionQuotas] = {}
+        self._key_of: dict[str, BrokerKey] = {}
+
+    @property
+    def limits(self) -> ConnectionLimits:
+        return self._limits
+
+    @property
+    def mode(self) -> Mode:
+        return self._mode
+
+    @mode.setter
+    def mode(self, mode: Mode) -> None:
+        self._mode = mode
+        for pool in self._pools.values():
+            pool.mode = mode
+
+    def pool(self, broker: BrokerKey) -> ConnectionQuotas | None:
+        """Broker ``broker``'s quotas (None while it has no connection)."""
+        return self._pools.get(broker)
+
+    def broker_of(self, conn_id: str) -> BrokerKey | None:
+        return self._key_of.get(conn_id)
+
+    def __contains__(self, conn_id: object) -> bool:
+        return conn_id in self._pool_of
+
+    def on_accept(
+        self, conn_id: str, *, listener: str, ip: str, tls: bool, now: float, broker: BrokerKey = BOOTSTRAP
+    ) -> Decision | None:
+        """``ConnectionQuotas.on_accept`` against broker ``broker``'s own counts and caps."""
+        if conn_id in self._pool_of:
+            raise ValueError(f"connection {conn_id!r} is already counted")
+        pool = self._pools.get(broker)
+        if pool is None:
+            pool = ConnectionQuotas(self._limits, mode=self._mode, protected_listeners=self._protected)
+        decision = pool.on_accept(conn_id, listener=listener, ip=ip, tls=tls, now=now)
+        if conn_id in pool:
+            self._pools[broker] = pool
+            self._pool_of[conn_id] = pool
+            self._key_of[conn_id] = broker
+        return decision
+
+    def on_request(self, conn_id: str, now: float) -> None:
+        pool = self._pool_of.get(conn_id)
+        if pool is not None:
+            pool.on_request(conn_id, now)
+
+    def on_response(self, conn_id: str, now: float) -> None:
+        pool = self._pool_of.get(conn_id)
+        if pool is not None:
+            pool.on_response(conn_id, now)
+
+    def on_closed(self, conn_id: str) -> None:
+        pool = self._pool_of.pop(conn_id, None)
+        if pool is None:
+            return
+        broker = self._key_of.pop(conn_id)
+        pool.on_closed(conn_id)
+        if not pool.counts().total:
+            del self._pools[broker]
+
+    def in_flight(self, conn_id: str) -> int:
+        pool = self._pool_of.get(conn_id)
+        return 0 if pool is None else pool.in_flight(conn_id)
+
+    def is_closing(self, conn_id: str) -> bool:
+        pool = self._pool_of.get(conn_id)
+        return pool is not None and pool.is_closing(conn_id)
+
+    def open_counts(self, conn_id: str) -> OpenCounts:
+        """The counts of the pool ``conn_id`` was admitted to, and its broker's node id."""
+        counts = self._pool_of[conn_id].open_counts(conn_id)
+        broker = self._key_of[conn_id]
+        return replace(counts, node_id=broker) if isinstance(broker, int) else counts
+
+    def counts(self) -> ConnectionCounts:
+        """All pools together, for metrics."""
+        pools = list(self._pools.values())
+        each = [p.counts() for p in pools]
+        listeners: dict[str, int] = {}
+        for c in each:
+            for name, n in c.listeners.items():
+                listeners[name] = listeners.get(name, 0) + n
+        return ConnectionCounts(
+            total=sum(c.total for c in each),
+            broker=sum(c.broker for c in each),
+            ssl=sum(c.ssl for c in each),
+            closing=sum(c.closing for c in each),
+            busy=sum(c.busy for c in each),
+            listeners=MappingProxyType(listeners),
+        )
+
+    def idle_expired(self, now: float) -> list[Decision]:
+        closes: list[Decision] = []
+        for pool in self._pools.values():
+            closes.extend(pool.idle_expired(now))
+        return closes
+
+    def next_idle_deadline(self) -> float | None:
+        deadlines = [d for p in self._pools.values() if (d := p.next_idle_deadline()) is not None]
+        return min(deadlines, default=None)
+
+    def update_limits(self, limits: ConnectionLimits, now: float) -> list[Decision]:
+        """New limits for every broker's pool (and the pools made later)."""
+        if not isinstance(limits, ConnectionLimits):
+            raise TypeError(f"limits must be ConnectionLimits, got {type(limits).__name__}")
+        self._limits = limits
+        closes: list[Decision] = []
+        for pool in self._pools.values():
+            closes.extend(pool.update_limits(limits, now))
+        return closes
+
+    @property
+    def over_cap(self) -> bool:
+        return any(pool.over_cap for pool in self._pools.values())
+
+    def reclaim_excess(self) -> list[Decision]:
+        closes: list[Decision] = []
+        for pool in self._pools.values():
+            if pool.over_cap:
+                closes.extend(pool.reclaim_excess())
+        return closes

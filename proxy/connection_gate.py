@@ -6,6 +6,9 @@ listener's accept loop (connections wait in the kernel backlog, as Kafka's
 acceptor does) until a slot frees. It also holds the TLS handshakes' turns
 (``max.ssl.handshakes.per.turn``, beyond Kafka): handshakes are computed on the
 event loop, so a burst of them would hold up every established connection.
+Each connection counts against the limits of the broker its port leads to
+(policies.connections.BrokerQuotas: a node port's node id, or the bootstrap
+port's own pool), as each Kafka broker counts its own connections.
 
 Per request it only hands the policy a timestamp. The tasks that wait on the
 quotas are woken only when their condition can have changed: accept waiters
@@ -23,7 +26,7 @@ import trio
 from prometheus_client.core import GaugeMetricFamily
 from prometheus_client.registry import Collector
 
-from policies.connections import ConnectionLimits, ConnectionQuotas, OpenCounts
+from policies.connections import BOOTSTRAP, BrokerKey, BrokerQuotas, ConnectionLimits, OpenCounts
 from policies.decision import Action, Decision, Policy
 from policies.mode import Mode
 
@@ -49,7 +52,7 @@ class Closable(Protocol):
 class ConnectionGate:
     def __init__(
         self,
-        quotas: ConnectionQuotas,
+        quotas: BrokerQuotas,
         metrics: Metrics,
         recorder: DecisionRecorder,
         wait_ms: int,
@@ -74,14 +77,17 @@ class ConnectionGate:
 
     # -- at accept ------------------------------------------------------------------------
 
-    async def admit(self, conn: Closable) -> bool:
-        """True to serve ``conn`` (it is counted from now on); False when it was refused."""
+    async def admit(self, conn: Closable, broker: BrokerKey = BOOTSTRAP) -> bool:
+        """True to serve ``conn`` (it is counted from now on, against broker ``broker``'s
+        limits: its node port's node id, or BOOTSTRAP); False when it was refused."""
         quotas, listener = self.quotas, conn.listener
         blocked_since: float | None = None
         deadline = trio.current_time() + self.wait_seconds
         while True:
             now = trio.current_time()
-            decision = quotas.on_accept(conn.conn_id, listener=listener, ip=conn.peer_ip, tls=conn.tls, now=now)
+            decision = quotas.on_accept(
+                conn.conn_id, listener=listener, ip=conn.peer_ip, tls=conn.tls, now=now, broker=broker
+            )
             if decision is None or decision.action is not Action.WAIT or not decision.enforced:
                 break
             if blocked_since is None:
@@ -196,7 +202,7 @@ class ConnectionGate:
 class _CountsCollector(Collector):
     """Connection counts as the policy sees them (KIP-1015's SSL and total counts)."""
 
-    def __init__(self, quotas: ConnectionQuotas) -> None:
+    def __init__(self, quotas: BrokerQuotas) -> None:
         self._quotas = quotas
 
     def collect(self) -> Iterator[GaugeMetricFamily]:

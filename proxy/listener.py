@@ -17,6 +17,8 @@ from collections.abc import Awaitable, Callable
 
 import trio
 
+from policies.connections import BOOTSTRAP, BrokerKey
+
 from .brokers import BrokerDirectory
 from .config import Listener
 from .connection import ClientConnection, Port
@@ -110,7 +112,7 @@ class ListenerRuntime:
         host, _ = self.config.bind_address
         port = self.config.node_port_base + node_id
         try:
-            await self._acceptors.start(self._serve_port, host, port, route)
+            await self._acceptors.start(self._serve_port, host, port, route, node_id)
         except OSError as exc:
             log.error(
                 "cannot open the port for broker node %d: %s",
@@ -138,6 +140,7 @@ class ListenerRuntime:
         host: str,
         port: int,
         route: Port | PassthroughRoute,
+        broker: BrokerKey = BOOTSTRAP,
         *,
         task_status: trio.TaskStatus[None] = trio.TASK_STATUS_IGNORED,
     ) -> None:
@@ -153,14 +156,18 @@ class ListenerRuntime:
         try:
             async with trio.open_nursery() as accepting:
                 for listener in listeners:
-                    accepting.start_soon(self._accept_loop, listener, route)
+                    accepting.start_soon(self._accept_loop, listener, route, broker)
         finally:
             for listener in listeners:
                 await trio.aclose_forcefully(listener)
 
-    async def _accept_loop(self, listener: trio.SocketListener, route: Port | PassthroughRoute) -> None:
+    async def _accept_loop(
+        self, listener: trio.SocketListener, route: Port | PassthroughRoute, broker: BrokerKey
+    ) -> None:
         """Accept, decide, serve. A decision to wait blocks this loop, so further
-        connections wait in the kernel backlog (Kafka's acceptor does the same)."""
+        connections wait in the kernel backlog (Kafka's acceptor does the same).
+        Connections count against ``broker``'s limits (a node port's node id), as that
+        broker counts its own; the bootstrap port has a pool of its own."""
         assert self._connections is not None
         runtime = self._runtime
         accepted = runtime.metrics.connections_accepted.labels(self.name, self._tls_label)
@@ -180,7 +187,7 @@ class ListenerRuntime:
             else:
                 connection = ClientConnection(route, runtime, stream)
             accepted.inc()
-            if not await runtime.gate.admit(connection):
+            if not await runtime.gate.admit(connection, broker):
                 await trio.aclose_forcefully(stream)
                 continue
             self._connections.start_soon(self._handle, connection)

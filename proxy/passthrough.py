@@ -208,6 +208,8 @@ class PassthroughConnection:
             record.update(
                 open_connections=counts.broker, open_ssl_connections=counts.ssl, open_ip_connections=counts.ip
             )
+            if counts.node_id is not None:
+                record["node_id"] = counts.node_id  # cluster mode: the broker whose limits counted it
         if event == "close":
             record.update(
                 reason=self.end_reason,

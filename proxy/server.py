@@ -12,7 +12,7 @@ from dataclasses import dataclass
 
 import trio
 
-from policies.connections import ConnectionQuotas
+from policies.connections import BrokerQuotas
 from policies.group_size import GroupSizePolicy
 from policies.memory_pool import MemoryPool
 from policies.mode import Mode
@@ -129,7 +129,7 @@ class ProxyServer:
             self.window,
         )
         gate = ConnectionGate(
-            ConnectionQuotas(
+            BrokerQuotas(
                 policies.connection_limits(),
                 mode=Mode(policies.mode_of(policies.connections_mode)),
                 protected_listeners=[lst.name for lst in config.listeners if lst.protected],

@@ -44,7 +44,8 @@ from confluent_kafka import OFFSET_BEGINNING, Consumer, Producer, TopicPartition
 
 from policies.api_keys import API_VERSIONS, FETCH, METADATA
 from proxy.tansu import TansuBroker, free_port
-from tests.clients import GROUP_CONF, consume, create_topic, produce_values, unique
+from tests.audit_files import read_events
+from tests.clients import GROUP_CONF, broker_addresses, consume, create_topic, metadata, produce_values, unique
 from tests.conftest import wait_until
 from tests.raw_kafka import RawConnection, api_versions_frame, fetch_frame, metadata_frame
 
@@ -370,8 +371,8 @@ def test_evicted_idempotent_producer_reconnects_and_delivers_every_record_exactl
             # producer reconnects at once and evicts them in turn: whether they get their
             # answer is not the point here.)
             before = disconnects()
-            for _ in range(2):
-                knock(sockets, proxy.bootstrap)
+            for _ in range(2):  # to the broker's node port: the producer's connection counts there
+                knock(sockets, _node_port(proxy, TansuBroker.NODE_ID))
             evicted_now = decided(proxy, action="evict", limit=MAX_CONNECTIONS)
             assert evicted_now > evicted, f"batch {batch}: nothing was evicted"
             evicted = evicted_now
@@ -639,3 +640,101 @@ def test_idle_connection_closes_after_connections_max_idle_ms_but_a_busy_one_sta
     assert busy.wait_closed(timeout=5), not_seen_closed(proxy, [busy])
     assert time.monotonic() - answered >= 0.8
     assert decided(proxy, action="close", limit="connections.max.idle.ms", mode="enforce") == 2
+
+
+# --- cluster mode: each upstream broker's own caps ---------------------------------------
+
+NODE_IDS = (1, 2, 3)
+
+
+def _node_port(proxy: Any, node: int) -> str:
+    return f"127.0.0.1:{int(proxy.config['listeners'][0]['node_port_base']) + node}"
+
+
+def _cluster_proxy(start_proxy: Any, mock_cluster: Any, policies: dict[str, Any], **sections: Any) -> Any:
+    proxy = start_proxy(mock_cluster.bootstrap_servers, node_ids=NODE_IDS, policies=policies, **sections)
+    learn = KafkaSocket(proxy.bootstrap)  # the proxy learns the brokers (opens their ports) from Metadata
+    learn.send(metadata_frame(1))
+    learn.read_response(METADATA, 12)
+    learn.close()
+    assert wait_until(lambda: proxy.metric("kafka_admission_brokers_known") == 3)
+    assert wait_until(lambda: proxy.metric("kafka_admission_connections_counted") == 0)
+    return proxy
+
+
+def _answered(conn: KafkaSocket) -> None:
+    """One ApiVersions round trip with a mock broker (it answers v3 with UNSUPPORTED_VERSION and
+    its versions, as brokers do): the connection is served, and was just active."""
+    conn._correlation_id += 1
+    conn.send(api_versions_frame(conn._correlation_id))
+    assert conn.read_response(API_VERSIONS, 3).header.correlation_id == conn._correlation_id
+
+
+def _hold_mock(sockets: list[KafkaSocket], address: str, count: int) -> list[KafkaSocket]:
+    held = []
+    for _ in range(count):
+        conn = KafkaSocket(address)
+        sockets.append(conn)
+        _answered(conn)
+        held.append(conn)
+    return held
+
+
+def _established_to(port: int) -> int:
+    """Established TCP connections on this host whose remote end is 127.0.0.1:``port``."""
+    count = 0
+    with open("/proc/net/tcp") as table:
+        next(table)
+        for line in table:
+            fields = line.split()
+            remote, state = fields[2], fields[3]
+            if state == "01" and remote == f"0100007F:{port:04X}":
+                count += 1
+    return count
+
+
+def test_cluster_mode_counts_max_connections_per_upstream_broker(
+    mock_cluster: Any, start_proxy: Any, sockets: list[KafkaSocket], tmp_path: Any
+) -> None:
+    """Cluster mode, max.connections: 2, librdkafka's mock cluster (3 brokers): two idle
+    connections to node 1's port and two to node 2's are all admitted (each broker counts its
+    own, as Kafka's brokers do; before, the third and fourth evicted node 1's); a third to node
+    1's port evicts node 1's least recently used one, and nothing of node 2's. The audit's open
+    events carry the counts of the broker that counted each connection, and its node id."""
+    audit = tmp_path / "audit"
+    proxy = _cluster_proxy(start_proxy, mock_cluster, {MAX_CONNECTIONS: 2}, audit={"path": str(audit)})
+    node1 = _hold_mock(sockets, _node_port(proxy, 1), 2)
+    node2 = _hold_mock(sockets, _node_port(proxy, 2), 2)
+    assert closings(proxy) == 0
+    assert not any(conn.closed_by_peer() for conn in node1 + node2)
+
+    third = _hold_mock(sockets, _node_port(proxy, 1), 1)[0]
+    assert decided(proxy, action="evict", limit=MAX_CONNECTIONS) == 1
+    assert node1[0].wait_closed(10)
+    for conn in (node1[1], third, *node2):
+        _answered(conn)  # still served
+    assert closings(proxy) == 1
+
+    def opens() -> list[tuple[int | None, int]]:
+        events = [e for e in read_events(audit) if e["type"] == "connection" and e["event"] == "open"]
+        return [(e.get("node_id"), e["open_connections"]) for e in events]
+
+    # the bootstrap connection that learned the brokers, then 1, 1, 2, 2, and node 1's third
+    # (2 again: the one it evicted has given up its slot)
+    wait_until(lambda: len(opens()) == 6)
+    assert opens() == [(None, 1), (1, 1), (1, 2), (2, 1), (2, 2), (1, 2)]
+
+
+def test_two_proxy_replicas_each_admit_their_cap_to_the_same_broker(
+    mock_cluster: Any, start_proxy: Any, sockets: list[KafkaSocket]
+) -> None:
+    """What the README says of replicas: each proxy counts on its own, so with
+    max.connections: 2 on two proxies broker 1 is reached by 2 x 2 connections, none evicted."""
+    proxies = [_cluster_proxy(start_proxy, mock_cluster, {MAX_CONNECTIONS: 2}) for _ in range(2)]
+    broker_port = int(broker_addresses(metadata(mock_cluster.bootstrap_servers[0]))[1][1])
+    before = _established_to(broker_port)
+    held = [conn for proxy in proxies for conn in _hold_mock(sockets, _node_port(proxy, 1), 2)]
+    for conn in held:
+        _answered(conn)
+    assert [closings(proxy) for proxy in proxies] == [0, 0]
+    assert _established_to(broker_port) - before >= 4  # each client connection has its own upstream one

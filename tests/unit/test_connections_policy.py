@@ -6,17 +6,20 @@ import dataclasses
 from collections.abc import Callable
 
 import pytest
-from hypothesis import HealthCheck, settings
+from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 from hypothesis.stateful import RuleBasedStateMachine, initialize, invariant, rule
 
 from policies.api_keys import INT_MAX
 from policies.connections import (
+    BOOTSTRAP,
     CONNECTIONS_MAX_IDLE_MS,
     MAX_CONNECTIONS,
     MAX_CONNECTIONS_PER_IP,
     MAX_CONNECTIONS_PER_IP_OVERRIDES,
     MAX_SSL_CONNECTIONS,
+    BrokerKey,
+    BrokerQuotas,
     ConnectionLimits,
     ConnectionQuotas,
     OpenCounts,
@@ -1076,3 +1079,163 @@ TestConnectionQuotasStateful = ConnectionQuotasMachine.TestCase
 TestConnectionQuotasStateful.settings = machine_settings
 TestObserveModeStateful = ObserveModeMachine.TestCase
 TestObserveModeStateful.settings = machine_settings
+
+
+# --- per upstream broker (cluster mode) -----------------------------------------------------
+
+
+def brokers(mode: Mode = Mode.ENFORCE, **limits: object) -> BrokerQuotas:
+    return BrokerQuotas(ConnectionLimits(**limits), mode=mode)  # type: ignore[arg-type]
+
+
+def accept_at(
+    q: BrokerQuotas, conn_id: str, broker: BrokerKey, *, ip: str = "10.0.0.1", now: float = 0.0
+) -> Decision | None:
+    return q.on_accept(conn_id, listener=TLS, ip=ip, tls=True, now=now, broker=broker)
+
+
+def test_each_broker_counts_its_own_connections_against_max_connections() -> None:
+    q = brokers(max_connections=2)
+    for conn_id, broker, count in (("a1", 1, 1), ("a2", 1, 2), ("b1", 2, 1), ("b2", 2, 2)):
+        assert accept_at(q, conn_id, broker) is None
+        assert q.open_counts(conn_id) == OpenCounts(count, count, count, broker)  # its own broker's counts
+    # The third on broker 1 closes broker 1's least recently used connection, never broker 2's.
+    assert evicts(accept_at(q, "a3", 1)) == ("a1",)
+    assert q.counts().total == 5 and q.counts().closing == 1
+    assert accept_at(q, "c1", 3) is None
+
+
+def test_a_full_broker_makes_only_its_own_connections_wait() -> None:
+    q = brokers(max_connections=1)
+    assert accept_at(q, "a1", 1) is None
+    q.on_request("a1", 1.0)  # busy: nothing to evict on broker 1
+    decided(accept_at(q, "a2", 1), Action.WAIT)
+    assert "a2" not in q
+    assert accept_at(q, "b1", 2) is None
+    q.on_response("a1", 2.0)
+    assert evicts(accept_at(q, "a2", 1)) == ("a1",)
+
+
+def test_max_connections_per_ip_counts_per_broker_as_each_kafka_broker_does() -> None:
+    q = brokers(max_connections_per_ip=1)
+    assert accept_at(q, "a1", 1) is None
+    assert accept_at(q, "b1", 2) is None
+    decided(accept_at(q, "a2", 1), Action.REFUSE)
+    assert q.open_counts("b1").ip == 1
+
+
+def test_sidecar_and_bootstrap_connections_share_the_one_bootstrap_pool() -> None:
+    q = brokers(max_connections=1)
+    assert q.on_accept("s1", listener=TLS, ip="10.0.0.1", tls=True, now=0.0) is None
+    assert q.broker_of("s1") == BOOTSTRAP
+    assert q.open_counts("s1").node_id is None  # the bootstrap pool names no broker
+    assert evicts(accept_at(q, "s2", BOOTSTRAP)) == ("s1",)
+    assert accept_at(q, "n1", 1) is None
+
+
+def test_a_pool_goes_when_its_last_connection_closes_and_comes_back_with_current_limits() -> None:
+    q = brokers(max_connections=2)
+    accept_at(q, "a1", 1)
+    q.on_closed("a1")
+    assert q.pool(1) is None and "a1" not in q
+    q.on_closed("a1")  # idempotent
+    q.update_limits(ConnectionLimits(max_connections=1), 1.0)
+    assert accept_at(q, "a2", 1, now=2.0) is None
+    assert evicts(accept_at(q, "a3", 1, now=3.0)) == ("a2",)
+
+
+def test_update_limits_and_mode_reach_every_brokers_pool() -> None:
+    q = brokers(max_connections=2)
+    for conn_id, broker in (("a1", 1), ("a2", 1), ("b1", 2), ("b2", 2)):
+        accept_at(q, conn_id, broker)
+    closes = q.update_limits(ConnectionLimits(max_connections=1), 1.0)
+    assert sorted(c.victims[0] for c in closes) == ["a1", "b1"]
+    assert not q.over_cap
+    q.mode = Mode.OBSERVE
+    assert all(q.pool(b).mode is Mode.OBSERVE for b in (1, 2))  # type: ignore[union-attr]
+    assert not decided(accept_at(q, "a3", 1), Action.EVICT, Mode.OBSERVE).enforced
+
+
+def test_a_busy_excess_on_one_broker_is_reclaimed_when_it_turns_idle() -> None:
+    q = brokers(max_connections=2)
+    for conn_id in ("a1", "a2"):
+        accept_at(q, conn_id, 1)
+        q.on_request(conn_id, 0.5)
+    assert q.update_limits(ConnectionLimits(max_connections=1), 1.0) == []
+    assert q.over_cap
+    q.on_response("a1", 2.0)
+    assert [c.victims for c in q.reclaim_excess()] == [("a1",)]
+    assert q.is_closing("a1") and q.in_flight("a2") == 1
+
+
+def test_idle_expiry_and_its_deadline_span_every_broker() -> None:
+    q = brokers(connections_max_idle_ms=1000)
+    accept_at(q, "a1", 1, now=0.0)
+    accept_at(q, "b1", 2, now=0.5)
+    assert q.next_idle_deadline() == 1.0
+    assert [c.victims for c in q.idle_expired(1.6)] == [("a1",), ("b1",)]
+    assert q.next_idle_deadline() is None
+
+
+_BROKER_OPS = st.lists(
+    st.one_of(
+        st.tuples(st.just("accept"), st.sampled_from([BOOTSTRAP, 1, 2]), st.sampled_from(["10.0.0.1", "10.0.0.2"])),
+        st.tuples(st.sampled_from(["request", "response", "close"]), st.integers(0, 11), st.just("")),
+        st.tuples(st.just("limits"), st.integers(1, 3), st.integers(1, 3)),
+        st.tuples(st.just("tick"), st.sampled_from([0.0, 0.6, 2.0]), st.just("")),
+    ),
+    max_size=40,
+)
+
+
+@settings(max_examples=200, deadline=None)
+@given(ops=_BROKER_OPS)
+def test_broker_quotas_decide_as_independent_quotas_one_per_broker(ops: list[tuple[str, object, object]]) -> None:
+    """BrokerQuotas is exactly one ConnectionQuotas per broker: driven at random, every answer is
+    the answer of that broker's own quotas driven alone (reference pools are never dropped)."""
+    limits = ConnectionLimits(max_connections=2, max_connections_per_ip=1, connections_max_idle_ms=1000)
+    q = BrokerQuotas(limits)
+    ref: dict[BrokerKey, ConnectionQuotas] = {}
+    where: dict[str, BrokerKey] = {}
+    now, made = 0.0, 0
+    for op, a, b in ops:
+        if op == "accept":
+            assert isinstance(a, int | str) and isinstance(b, str)
+            conn_id = f"c{made}"
+            made += 1
+            pool = ref.setdefault(a, ConnectionQuotas(limits))
+            expected = pool.on_accept(conn_id, listener=TLS, ip=b, tls=True, now=now)
+            assert q.on_accept(conn_id, listener=TLS, ip=b, tls=True, now=now, broker=a) == expected
+            if conn_id in pool:
+                where[conn_id] = a
+                got = q.open_counts(conn_id)
+                assert (got.broker, got.ssl, got.ip) == dataclasses.astuple(pool.open_counts(conn_id))[:3]
+        elif op in ("request", "response", "close"):
+            conn_id = f"c{a}"
+            pool = ref.get(where.get(conn_id, BOOTSTRAP))
+            if op == "request":
+                q.on_request(conn_id, now)
+                if pool is not None:
+                    pool.on_request(conn_id, now)
+            elif op == "response":
+                q.on_response(conn_id, now)
+                if pool is not None:
+                    pool.on_response(conn_id, now)
+                assert q.reclaim_excess() == [d for p in ref.values() for d in p.reclaim_excess()]
+            else:
+                q.on_closed(conn_id)
+                if pool is not None:
+                    pool.on_closed(conn_id)
+                where.pop(conn_id, None)
+        elif op == "limits":
+            assert isinstance(a, int) and isinstance(b, int)
+            limits = ConnectionLimits(max_connections=a, max_connections_per_ip=b, connections_max_idle_ms=1000)
+            expected_closes = [d for p in ref.values() for d in p.update_limits(limits, now)]
+            assert sorted(d.victims for d in q.update_limits(limits, now)) == sorted(d.victims for d in expected_closes)
+        else:
+            assert isinstance(a, float)
+            now += a
+            expected_closes = [d for p in ref.values() for d in p.idle_expired(now)]
+            assert sorted(d.victims for d in q.idle_expired(now)) == sorted(d.victims for d in expected_closes)
+        assert q.over_cap == any(p.over_cap for p in ref.values())
+        assert q.counts().total == sum(p.counts().total for p in ref.values())
