@@ -141,12 +141,13 @@ def rendered_config(docs: list[dict[str, Any]]) -> dict[str, Any]:
 
 @pytest.mark.parametrize("mode", MODES)
 def test_the_audit_topic_sink_is_configured_in_both_modes(rendered: dict[str, Path], mode: str) -> None:
-    """standalone: the topic on the upstream's brokers (the default); sidecar: on the brokers'
-    INTERNAL listener, which the proxy does not front. The proxy takes the rendered config."""
+    """standalone: the topic on the upstream's brokers (the default); sidecar (native or not): on
+    the brokers' REPLICATION listener, which the proxy does not front. The proxy takes the rendered
+    config."""
     config = rendered_config(documents(rendered[mode].read_text()))
     audit = config["audit"]
     assert audit["topic"] == "kafka-admission-audit"
-    if mode == "sidecar":
+    if mode != "standalone":
         assert audit["bootstrap_servers"] == ["kafka-broker-headless.kafka.svc.cluster.local:9094"]
     else:
         assert "bootstrap_servers" not in audit
