@@ -47,13 +47,14 @@ from .decisions import Where
 from .framing import MAX_RECEIVE, RECEIVE_SIZE, FrameRefused, FrameSplitter
 from .generation import Generation
 from .identity import ClientCertificate, verified_client_certificate
+from .lifecycle import record_lifecycle
 from .logs import RateLimitedLog
 from .metrics import TrafficStats
 from .request import Request
 from .runtime import Runtime
 from .session import Pending, Session, State, UnexpectedResponse
 from .tls import TlsTermination
-from .transport import SendStalled, SocketTransport, TlsTransport, Transport, stdlib_socket
+from .transport import SendStalled, SocketTransport, TlsTransport, Transport, peer_address, stdlib_socket
 from .upstream import NoClientIdentity, UpstreamLink, UpstreamUnavailable
 from .wire import Received
 
@@ -102,11 +103,7 @@ class ClientConnection:
         self.port = port
         self.runtime = runtime
         self._tcp = stream
-        try:
-            host, peer_port = stream.socket.getpeername()[:2]
-            self.peer, self.peer_ip = f"{host}:{peer_port}", str(host)
-        except OSError:
-            self.peer, self.peer_ip = "unknown", "unknown"
+        self.peer, self.peer_ip = peer_address(stream)
         self.listener = port.listener
         self.conn_id = f"{port.listener}-{next(_ids)}"
         self.tls = port.tls is not None
@@ -720,41 +717,28 @@ class ClientConnection:
         )
 
     def _lifecycle(self, event: str) -> None:
-        """Connection open and close, for the audit (only when it keeps evidence: files or a topic)."""
-        audit, window = self.runtime.audit, self.runtime.window
-        if window is not None:
-            if event == "open":
-                window.on_connection_open(self.listener, self.tls)
-            else:
-                window.on_connection_close(self.listener, self.tls)
-        if not audit.keeps_evidence:
-            return
-        record: dict[str, object] = {
-            "type": "connection",
-            "event": event,
-            "conn_id": self.conn_id,
-            "listener": self.listener,
-            "client_address": self.peer,
-            "tls": self.tls,
-        }
-        if event == "open" and self.open_counts is not None:
-            # the counts the connection limits compared at its admission (the report's connection impact)
-            counts = self.open_counts
-            record.update(
-                open_connections=counts.broker, open_ssl_connections=counts.ssl, open_ip_connections=counts.ip
-            )
-            if counts.node_id is not None:
-                record["node_id"] = counts.node_id  # cluster mode: the broker whose limits counted it
+        """Connection open and close, for the observation window and the audit."""
+        closed: dict[str, object] = {}
         if event == "close":
-            record.update(
-                reason=self.end_reason,
-                duration_seconds=trio.current_time() - self._opened,
-                requests=self.requests,
-                bytes_in=self.bytes_in,
-                bytes_out=self.bytes_out,
-                client_id=self.first_client_id,
-            )
-        audit.record(record)
+            closed = {
+                "reason": self.end_reason,
+                "duration_seconds": trio.current_time() - self._opened,
+                "requests": self.requests,
+                "bytes_in": self.bytes_in,
+                "bytes_out": self.bytes_out,
+                "client_id": self.first_client_id,
+            }
+        record_lifecycle(
+            self.runtime.audit,
+            self.runtime.window,
+            event,
+            conn_id=self.conn_id,
+            listener=self.listener,
+            peer=self.peer,
+            tls=self.tls,
+            counts=self.open_counts,
+            closed=closed,
+        )
 
 
 def _sasl_authenticated(buf: Received, start: int, end: int, api_version: int) -> bool:

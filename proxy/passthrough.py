@@ -22,9 +22,11 @@ from policies.decision import Action, Decision, Policy
 from policies.mode import Mode
 
 from .decisions import Where
+from .lifecycle import record_lifecycle
 from .logs import RateLimitedLog
 from .metrics import TrafficStats
 from .runtime import Runtime
+from .transport import peer_address
 
 log = logging.getLogger("kafka_admission_proxy.passthrough")
 _closes = RateLimitedLog(log)
@@ -72,11 +74,7 @@ class PassthroughConnection:
         self.route = route
         self.runtime = runtime
         self._client = stream
-        try:
-            host, peer_port = stream.socket.getpeername()[:2]
-            self.peer, self.peer_ip = f"{host}:{peer_port}", str(host)
-        except OSError:
-            self.peer, self.peer_ip = "unknown", "unknown"
+        self.peer, self.peer_ip = peer_address(stream)
         self.listener = route.listener
         self.conn_id = conn_id
         self.tls = True  # counted against max.ssl.connections (KIP-1015)
@@ -184,38 +182,26 @@ class PassthroughConnection:
         )
 
     def _lifecycle(self, event: str) -> None:
-        """Open and close for the audit, marked ``passthrough`` (no requests or client id:
-        the proxy never sees a frame)."""
-        audit, window = self.runtime.audit, self.runtime.window
-        if window is not None:
-            if event == "open":
-                window.on_connection_open(self.listener, True)
-            else:
-                window.on_connection_close(self.listener, True)
-        if not audit.keeps_evidence:
-            return
-        record: dict[str, object] = {
-            "type": "connection",
-            "event": event,
-            "conn_id": self.conn_id,
-            "listener": self.listener,
-            "client_address": self.peer,
-            "tls": True,
-            "passthrough": True,
-        }
-        if event == "open" and self.open_counts is not None:
-            counts = self.open_counts
-            record.update(
-                open_connections=counts.broker, open_ssl_connections=counts.ssl, open_ip_connections=counts.ip
-            )
-            if counts.node_id is not None:
-                record["node_id"] = counts.node_id  # cluster mode: the broker whose limits counted it
+        """Open and close, marked ``passthrough`` (no requests or client id: the proxy never
+        sees a frame)."""
+        closed: dict[str, object] = {}
         if event == "close":
-            record.update(
-                reason=self.end_reason,
-                duration_seconds=trio.current_time() - self._opened,
-                upstream=self.upstream_address,
-                bytes_in=self.bytes_in,
-                bytes_out=self.bytes_out,
-            )
-        audit.record(record)
+            closed = {
+                "reason": self.end_reason,
+                "duration_seconds": trio.current_time() - self._opened,
+                "upstream": self.upstream_address,
+                "bytes_in": self.bytes_in,
+                "bytes_out": self.bytes_out,
+            }
+        record_lifecycle(
+            self.runtime.audit,
+            self.runtime.window,
+            event,
+            conn_id=self.conn_id,
+            listener=self.listener,
+            peer=self.peer,
+            tls=True,
+            counts=self.open_counts,
+            closed=closed,
+            passthrough=True,
+        )

@@ -58,6 +58,15 @@ async def _wait_writable(sock: socket.socket, stall_timeout: float) -> None:
         raise SendStalled(f"the peer took nothing for {stall_timeout:g}s")
 
 
+def peer_address(stream: trio.SocketStream) -> tuple[str, str]:
+    """("host:port", "host") of the client, or "unknown" twice when it is already gone."""
+    try:
+        host, port = stream.socket.getpeername()[:2]
+    except OSError:
+        return "unknown", "unknown"
+    return f"{host}:{port}", str(host)
+
+
 def stdlib_socket(stream: trio.SocketStream) -> socket.socket:
     """The plain socket behind a trio SocketStream, now owned by the caller."""
     trio_socket = stream.socket
