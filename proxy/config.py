@@ -219,16 +219,17 @@ class UpstreamTls(_Frozen):
     )
 
 
+def _bootstrap_addresses(value: tuple[str, ...]) -> tuple[str, ...]:
+    for item in value:
+        _host_port(item, "each bootstrap server")
+    return value
+
+
 class Upstream(_Frozen):
     bootstrap_servers: tuple[str, ...] = Field(min_length=1, strict=False)  # a YAML list
     tls: UpstreamTls = UpstreamTls()
 
-    @field_validator("bootstrap_servers")
-    @classmethod
-    def _addresses(cls, value: tuple[str, ...]) -> tuple[str, ...]:
-        for item in value:
-            _host_port(item, "each bootstrap server")
-        return value
+    _addresses = field_validator("bootstrap_servers")(_bootstrap_addresses)
 
     def addresses(self) -> list[tuple[str, int]]:
         return [_host_port(s, "bootstrap_servers") for s in self.bootstrap_servers]
@@ -673,12 +674,7 @@ class Audit(_Frozen):
         CrossFieldRule(("topic", "bootstrap_servers", "producer", "topic_config"), _topic_keys_need_a_topic),
     )
 
-    @field_validator("bootstrap_servers")
-    @classmethod
-    def _addresses(cls, value: tuple[str, ...]) -> tuple[str, ...]:
-        for item in value:
-            _host_port(item, "each bootstrap server")
-        return value
+    _addresses = field_validator("bootstrap_servers")(_bootstrap_addresses)
 
     @field_validator("topic_partitions", "topic_replication_factor")
     @classmethod
