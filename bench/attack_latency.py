@@ -45,8 +45,8 @@ import yaml
 from harness import KafkaSocket, Service, api_versions_frame, load_average, rss_kib
 from kio.index import load_request_schema
 
-from proxy import count_guard, wire
-from proxy.tansu import TansuBroker, free_port
+from demo.tansu import TansuBroker, free_port
+from proxy.protocol import count_guard, wire
 
 HOST = "127.0.0.1"
 _HEADER = struct.Struct(">ihhih")  # length 10, api key, version, correlation id, null client id

@@ -51,7 +51,7 @@ from typing import Any
 
 from harness import HOST, BenchError, Certs, Service, api_versions_frame, cpu_seconds, make_certs, rss_kib
 
-from proxy.tansu import TansuBroker, free_port
+from demo.tansu import TansuBroker, free_port
 
 ROOT = Path(__file__).resolve().parent.parent
 CLIENT_TIMEOUT_S = 120.0
@@ -238,7 +238,7 @@ def measure(
             )
         time.sleep(args.settle)
         rss_after, fds_after = rss_kib(proxy.pid), open_fds(proxy.pid)
-        active = active_connections(proxy.admin)
+        active = active_connections(proxy.serve.admin)
         if active != count:
             raise BenchError(f"{protocol}: the proxy reports {active:g} active connections, expected {count}")
         client.stdin.write("close\n")

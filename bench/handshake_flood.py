@@ -39,7 +39,7 @@ from typing import Any
 
 from harness import HOST, BenchError, Certs, KafkaSocket, Service, api_versions_frame, load_average
 
-from proxy.tansu import TansuBroker, free_port
+from demo.tansu import TansuBroker, free_port
 
 ROOT = Path(__file__).resolve().parent.parent
 NO_LIMIT = 2147483647  # the key's maximum: as good as no limit

@@ -23,7 +23,7 @@ from typing import Any
 
 from kio.serial import entity_reader, entity_writer
 
-from proxy.tansu import stop_process
+from demo.tansu import stop_process
 
 HOST = "127.0.0.1"
 START_TIMEOUT_S = 20.0

@@ -17,14 +17,14 @@ import trio
 from kio.index import load_request_schema
 
 from policies.group_size import GroupSizePolicy
-from proxy import wire
-from proxy.audit import AuditSink
-from proxy.brokers import BrokerDirectory
-from proxy.config import parse_config
-from proxy.decisions import DecisionRecorder, Where
-from proxy.generation import Generation
-from proxy.metrics import Metrics
-from proxy.request import Request
+from proxy.config.model import parse_config
+from proxy.evidence.audit import AuditSink
+from proxy.evidence.decisions import DecisionRecorder, Where
+from proxy.evidence.metrics import Metrics
+from proxy.hooks.generation import Generation
+from proxy.hooks.request import Request
+from proxy.links.brokers import BrokerDirectory
+from proxy.protocol import wire
 
 ROUNDS = 200_000
 

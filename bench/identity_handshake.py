@@ -33,11 +33,11 @@ sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
 
 from cryptography.hazmat.primitives.serialization import Encoding
 
-from proxy.config import ClientIdentity, UpstreamTls
-from proxy.identity import ClientCertificate
-from proxy.metrics import Metrics
-from proxy.tls import upstream_context
-from proxy.upstream import UpstreamConnector
+from proxy.config.model import ClientIdentity, UpstreamTls
+from proxy.evidence.metrics import Metrics
+from proxy.links.identity import ClientCertificate
+from proxy.links.tls import upstream_context
+from proxy.links.upstream import UpstreamConnector
 from tests.identity_certs import client_certificate, identity_ca, person, write_ca
 
 

@@ -1,4 +1,4 @@
-"""Cost per call of the observation-window bookkeeping (proxy/observation_window.py),
+"""Cost per call of the observation-window bookkeeping (proxy/evidence/observation_window.py),
 next to two floors measured the same way: an empty method call, and one dict
 lookup with a tuple key plus one integer update. Keys are realistic: 3
 listeners, 200 client ids, 12 APIs (7,200 client_api keys), group ids of 20-60
@@ -28,10 +28,10 @@ import time
 from collections.abc import Callable
 from typing import Any
 
-from proxy.audit import AuditSink
-from proxy.config import Audit
-from proxy.metrics import Metrics
-from proxy.observation_window import ObservationWindow
+from proxy.config.model import Audit
+from proxy.evidence.audit import AuditSink
+from proxy.evidence.metrics import Metrics
+from proxy.evidence.observation_window import ObservationWindow
 
 LISTENERS = ["external", "internal", "replication"]
 CLIENTS = [f"service-{n}-producer" for n in range(200)]

@@ -75,8 +75,8 @@ from harness import (
     read_metrics,
 )
 
-from proxy.apache_kafka import KROXYLICIOUS_MAIN, ApacheKafkaBroker, JavaParts, fetch_java_parts
-from proxy.tansu import TansuBroker, free_port
+from demo.tansu import TansuBroker, free_port
+from tests.apache_kafka.broker import KROXYLICIOUS_MAIN, ApacheKafkaBroker, JavaParts, fetch_java_parts
 
 BENCH = Path(__file__).resolve().parent
 PROXY_ALL_CONFIG = BENCH / "proxy-all.yaml"

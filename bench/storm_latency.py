@@ -33,7 +33,7 @@ from pathlib import Path
 ROOT = Path(__file__).resolve().parent.parent
 sys.path.insert(0, str(ROOT))
 
-from proxy.tansu import TansuBroker, free_port  # noqa: E402
+from demo.tansu import TansuBroker, free_port  # noqa: E402
 from tests.clients import create_topic, unique  # noqa: E402
 from tests.conftest import ProxyProcess, free_node_port_base, wait_until  # noqa: E402
 from tests.faults import ConnectionStorm, ProducerTraffic  # noqa: E402

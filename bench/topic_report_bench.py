@@ -21,7 +21,7 @@ ROOT = Path(__file__).resolve().parent.parent
 sys.path.insert(0, str(ROOT))
 
 from bench.fleet_evidence import generate, spec_for_events  # noqa: E402
-from proxy.apache_kafka import ApacheKafkaBroker, fetch_java_parts  # noqa: E402
+from tests.apache_kafka.broker import ApacheKafkaBroker, fetch_java_parts  # noqa: E402
 
 TOPIC = "audit-events"
 _INSTANCE = re.compile(rb'"instance":\s*"([^"]*)"')

@@ -1,7 +1,7 @@
 """What the evidence covers, and whether it is enough to recommend from.
 
 The proxies' observation windows are the unit of evidence: every proxy writes a
-``pool`` window row each ``audit.window.seconds`` (``proxy/observation_window.py``),
+``pool`` window row each ``audit.window.seconds`` (``proxy/evidence/observation_window.py``),
 busy or idle, plus a row per section that saw something in that window. From the
 windows of each proxy this module works out the time covered, how many windows
 measured each limit, and the gaps: stretches longer than :data:`GAP_WINDOWS` of a

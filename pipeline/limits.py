@@ -1,5 +1,5 @@
 """The Kafka properties the report evaluates and recommends, by their Kafka
-names (the proxy's own ``policies`` keys, :class:`proxy.config.Policies`), with
+names (the proxy's own ``policies`` keys, :class:`proxy.config.model.Policies`), with
 the policy each belongs to and Kafka's default as the proxy applies it.
 
 Identifier kinds map to their KIP-1233 limit the way
@@ -17,7 +17,7 @@ from pyspark.sql import Column
 from pyspark.sql import functions as F
 
 from policies.identifier_limits import LIMIT_KEYS as IDENTIFIER_LIMIT_KEYS
-from proxy.config import Policies
+from proxy.config.model import Policies
 
 __all__ = ["KAFKA_DEFAULTS", "LIMITS", "Limit", "identifier_limit_key", "limit_key_of", "normalized_kind"]
 

@@ -1,5 +1,5 @@
 """Recommended limits from the observed traffic, as a ``policies:`` section the
-proxy itself accepts (checked with :class:`proxy.config.Policies`, the parser
+proxy itself accepts (checked with :class:`proxy.config.model.Policies`, the parser
 ``check-config`` uses), each value with a one-line reason.
 
 The headroom rule (:func:`rules`, stated on the page and in the YAML): a limit is
@@ -23,7 +23,7 @@ from datetime import UTC, datetime
 
 import yaml
 
-from proxy.config import Policies
+from proxy.config.model import Policies
 
 from .coverage import MIN_SPAN_SECONDS, MIN_WINDOWS, nice_duration
 from .limits import IDENTIFIER_KEYS, KAFKA_DEFAULTS

@@ -322,7 +322,7 @@ def _seconds_setting(key: str, value: object) -> float:
 class GroupSizeConfig:
     """Settings, validated here; errors name Kafka's key where Kafka has one.
 
-    Built by the proxy's config (``proxy.config.Policies.group_size_config``) from the YAML keys.
+    Built by the proxy's config (``proxy.config.model.Policies.group_size_config``) from the YAML keys.
     """
 
     group_max_size: int = INT_MAX  # group.max.size

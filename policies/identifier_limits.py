@@ -147,7 +147,7 @@ LIMIT_KEYS: Final[Mapping[IdentifierKind, str]] = {
     },
 }
 
-# Property name -> IdentifierLimits attribute (proxy/config.py parses the properties; these name them in errors).
+# Property name -> IdentifierLimits attribute (proxy/config/model.py parses the properties; these name them in errors).
 CONFIG_KEYS: Final[Mapping[str, str]] = {
     "resource.identifier.limit.enable": "enabled",
     "resource.identifier.max.length": "max_length",

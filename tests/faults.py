@@ -35,8 +35,8 @@ from typing import Any
 
 from confluent_kafka import OFFSET_BEGINNING, Consumer, KafkaException, Producer, TopicPartition
 
-from proxy.apache_kafka import ApacheKafkaBroker
-from proxy.tansu import TansuBroker
+from demo.tansu import TansuBroker
+from tests.apache_kafka.broker import ApacheKafkaBroker
 from tests.raw_kafka import RawConnection, api_versions_frame, metadata_frame
 
 _LINGER_RESET = struct.pack("ii", 1, 0)  # SO_LINGER on, 0 s: close() sends RST, leaves no TIME_WAIT

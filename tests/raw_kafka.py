@@ -10,7 +10,7 @@ from typing import Any
 from kio.index import load_request_schema
 
 from policies.api_keys import API_VERSIONS, FETCH, JOIN_GROUP, METADATA
-from proxy import wire
+from proxy.protocol import wire
 
 
 def frame(api_key: int, version: int, correlation_id: int, body: Any, client_id: str = "raw-test") -> bytes:

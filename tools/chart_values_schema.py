@@ -1,5 +1,5 @@
 """Write the `config` part of the Helm chart's values.schema.json from the proxy's
-config model (proxy/config.py), so `helm lint` refuses what the proxy would refuse
+config model (proxy/config/model.py), so `helm lint` refuses what the proxy would refuse
 (unknown keys, wrong types, out-of-range Kafka properties). The chart's own keys
 are written by hand in the same file; this replaces only `properties.config` and
 `$defs`.
@@ -19,7 +19,7 @@ from typing import Any
 ROOT = Path(__file__).resolve().parent.parent
 sys.path.insert(0, str(ROOT))
 
-from proxy.config import Config, ListenerPolicies  # noqa: E402
+from proxy.config.model import Config, ListenerPolicies  # noqa: E402
 
 SCHEMA = ROOT / "helm" / "kafka-admission-proxy" / "values.schema.json"
 
@@ -54,7 +54,7 @@ def main(argv: list[str]) -> int:
     text = json.dumps(updated(current), indent=2) + "\n"
     if "--check" in argv:
         if SCHEMA.read_text() != text:
-            print(f"{SCHEMA.relative_to(ROOT)} is not generated from proxy/config.py: run "
+            print(f"{SCHEMA.relative_to(ROOT)} is not generated from proxy/config/model.py: run "
                   "python tools/chart_values_schema.py", file=sys.stderr)
             return 1
         return 0

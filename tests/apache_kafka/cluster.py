@@ -14,8 +14,8 @@ from types import TracebackType
 import pytest
 from confluent_kafka.admin import AdminClient
 
-from proxy.apache_kafka import ApacheKafkaBroker, JavaParts, fetch_java_parts, new_cluster_id
-from proxy.tansu import free_port
+from demo.tansu import free_port
+from tests.apache_kafka.broker import ApacheKafkaBroker, JavaParts, fetch_java_parts, new_cluster_id
 
 NODE_IDS = (1, 2, 3)
 CLUSTER_JVM = ("-Xms64m", "-Xmx256m", "-XX:+UseSerialGC", "-XX:TieredStopAtLevel=1", "-Xshare:auto")

@@ -20,7 +20,7 @@ from pathlib import Path
 import pytest
 from cryptography.hazmat.primitives import serialization
 
-from proxy.apache_kafka import ApacheKafkaBroker, BrokerTls, JavaParts
+from tests.apache_kafka.broker import ApacheKafkaBroker, BrokerTls, JavaParts
 from tests.apache_kafka.cluster import java_parts_or_skip
 from tests.conftest import Certs
 

@@ -15,7 +15,7 @@ import pytest
 from confluent_kafka import Consumer, ConsumerGroupType, KafkaException, TopicPartition
 from confluent_kafka.admin import AdminClient  # type: ignore[attr-defined]
 
-from proxy.apache_kafka import ApacheKafkaBroker, JavaParts
+from tests.apache_kafka.broker import ApacheKafkaBroker, JavaParts
 from tests.clients import (
     CLIENT_TIMEOUT_S,
     consume,
@@ -33,7 +33,7 @@ RECORDS = 300
 
 def proxy_addresses(proxy: Any) -> set[str]:
     """Where a client of ``proxy`` may connect: its bootstrap and its port for node 1."""
-    base = proxy.config["listeners"][0]["node_port_base"]
+    base = proxy.config.model["listeners"][0]["node_port_base"]
     return {proxy.bootstrap, f"127.0.0.1:{base + ApacheKafkaBroker.NODE_ID}"}
 
 

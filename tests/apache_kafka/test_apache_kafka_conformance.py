@@ -21,8 +21,8 @@ from confluent_kafka.admin import AdminClient  # type: ignore[attr-defined]
 from kio.index import load_request_schema
 
 from policies.api_keys import INT_MAX, METADATA
-from proxy import wire
-from proxy.apache_kafka import ApacheKafkaBroker
+from proxy.protocol import wire
+from tests.apache_kafka.broker import ApacheKafkaBroker
 from tests.apache_kafka.conftest import LIMITED_SOURCE, LIMITS, ConformanceRows
 from tests.clients import GROUP_CONF, Member, create_topic, unique, wait_for
 from tests.raw_kafka import RawConnection, api_versions_frame, frame, join_group_frame

@@ -17,7 +17,7 @@ import pytest
 from confluent_kafka import KafkaException
 from confluent_kafka.admin import AdminClient
 
-from proxy.apache_kafka import JavaParts
+from tests.apache_kafka.broker import JavaParts
 from tests.clients import create_topic, unique
 from tests.conftest import wait_until
 from tests.faults import FaultyApacheKafka, ProducerTraffic, assert_exactly_once, consumed_values, sockets_to

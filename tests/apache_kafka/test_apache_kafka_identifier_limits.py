@@ -32,7 +32,7 @@ from kio.schema.consumer_group_heartbeat.v0 import request as heartbeat_request
 from kio.schema.find_coordinator.v4 import request as find_coordinator
 
 from policies.api_keys import CONSUMER_GROUP_DESCRIBE, CONSUMER_GROUP_HEARTBEAT, FIND_COORDINATOR
-from proxy.apache_kafka import ApacheKafkaBroker, JavaParts
+from tests.apache_kafka.broker import ApacheKafkaBroker, JavaParts
 from tests.clients import CLIENT_TIMEOUT_S, create_topic, unique
 from tests.conftest import wait_until
 from tests.raw_kafka import RawConnection, frame

@@ -29,8 +29,8 @@ from confluent_kafka.admin import (  # type: ignore[attr-defined]
 from kio.schema.alter_client_quotas.v1.request import AlterClientQuotasRequest, EntityData, EntryData, OpData
 from kio.static.primitive import f64
 
-from proxy.apache_kafka import LOG4J2, ApacheKafkaBroker, BrokerTls, JavaParts
-from proxy.tansu import free_port
+from demo.tansu import free_port
+from tests.apache_kafka.broker import LOG4J2, ApacheKafkaBroker, BrokerTls, JavaParts
 from tests.apache_kafka.conftest import _keystore
 from tests.clients import CLIENT_TIMEOUT_S, consume, create_topic, produce_values, unique
 from tests.conftest import Certs, wait_until

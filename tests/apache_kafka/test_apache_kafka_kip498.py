@@ -9,7 +9,7 @@ import pytest
 from confluent_kafka import KafkaException
 from confluent_kafka.admin import AdminClient  # type: ignore[attr-defined]
 
-from proxy.apache_kafka import ApacheKafkaBroker
+from tests.apache_kafka.broker import ApacheKafkaBroker
 from tests.fake_upstreams import JAVA_BROKER_TLS_ALERT
 from tests.raw_kafka import RawConnection, api_versions_frame
 

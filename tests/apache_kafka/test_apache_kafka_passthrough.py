@@ -25,8 +25,8 @@ from confluent_kafka.admin import (  # type: ignore[attr-defined]
 )
 from cryptography.hazmat.primitives import serialization
 
-from proxy.apache_kafka import ApacheKafkaBroker, BrokerTls, JavaParts
-from proxy.tansu import free_port
+from demo.tansu import free_port
+from tests.apache_kafka.broker import ApacheKafkaBroker, BrokerTls, JavaParts
 from tests.clients import CLIENT_TIMEOUT_S, consume, create_topic, produce_values
 from tests.conftest import wait_until
 

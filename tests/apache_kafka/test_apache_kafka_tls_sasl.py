@@ -12,7 +12,7 @@ import trustme
 from confluent_kafka import KafkaError, KafkaException
 from confluent_kafka.admin import AdminClient  # type: ignore[attr-defined]
 
-from proxy.apache_kafka import ApacheKafkaBroker
+from tests.apache_kafka.broker import ApacheKafkaBroker
 from tests.apache_kafka.conftest import SCRAM_PASSWORD, SCRAM_USER
 from tests.clients import consume, create_topic, kafka_python_roundtrip, produce_values, unique
 from tests.conftest import Certs

@@ -19,7 +19,7 @@ import pytest
 import yaml
 from confluent_kafka import Consumer, KafkaError
 
-from proxy.tansu import TansuBroker, free_port
+from demo.tansu import TansuBroker, free_port
 from tests.clients import GROUP_CONF, consume, create_topic, produce, unique
 from tests.conftest import ROOT, Certs, ProxyProcess, free_node_port_base, wait_until
 from tests.deploy.podman import IMAGE_SOURCE, build_image, podman

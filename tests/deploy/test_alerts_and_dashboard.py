@@ -155,7 +155,7 @@ def test_build_info_names_the_running_versions(busy_proxy: ProxyProcess) -> None
 
     import trio
 
-    from proxy.metrics import package_version
+    from proxy.evidence.metrics import package_version
 
     _, text = busy_proxy.get("/metrics")
     [info] = [s for f in text_string_to_metric_families(text) for s in f.samples

@@ -14,7 +14,7 @@ from typing import Any
 
 import yaml
 
-from proxy.config import ListenerPolicies, ListenerTls, UpstreamTls, parse_config
+from proxy.config.model import ListenerPolicies, ListenerTls, UpstreamTls, parse_config
 from tests.conftest import ROOT, Certs
 
 EXAMPLE = ROOT / "deploy" / "config.example.yaml"

@@ -19,8 +19,8 @@ from typing import Any
 import pytest
 import yaml
 
-from proxy.config import parse_config_text
-from proxy.tansu import TansuBroker, free_port
+from demo.tansu import TansuBroker, free_port
+from proxy.config.model import parse_config_text
 from tests.conftest import ROOT, free_node_port_base
 from tests.deploy.conftest import deploy_tool, produce_and_consume, system_tool
 from tests.deploy.crd_schema import crd_validator
@@ -763,7 +763,7 @@ def test_the_standalone_config_runs_with_the_rendered_command_line_against_tansu
                 "node_port_base": free_node_port_base([TansuBroker.NODE_ID])}
     proxy = _run_rendered(helm, runtime_venv, launch, tmp_path, tansu.bootstrap, listener,
                           "--set-json", f"brokerNodeIds=[{TansuBroker.NODE_ID}]")
-    assert proxy.config["mode"] == "cluster"
+    assert proxy.config.model["mode"] == "cluster"
     assert len(produce_and_consume(proxy.bootstrap)) == 20
     # Clients were sent to the proxy's per-broker port, which the chart exposes.
     assert proxy.metric("kafka_admission_responses_rewritten_total", api="metadata") >= 1
@@ -777,7 +777,7 @@ def test_the_sidecar_config_runs_with_the_rendered_command_line_against_a_broker
     with TansuBroker(advertised=proxy_address) as broker:
         proxy = _run_rendered(helm, runtime_venv, launch, tmp_path, broker.bootstrap,
                               {"name": "client", "bind": proxy_address}, "-f", str(SIDECAR_VALUES))
-        assert proxy.config["mode"] == "sidecar"
+        assert proxy.config.model["mode"] == "sidecar"
         assert len(produce_and_consume(proxy.bootstrap)) == 20
         assert proxy.metric("kafka_admission_requests_total", api="produce") >= 1
         assert proxy.metric("kafka_admission_responses_rewritten_total", api="metadata") == 0

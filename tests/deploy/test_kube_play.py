@@ -61,8 +61,8 @@ from kafka import KafkaAdminClient, KafkaConsumer, KafkaProducer, TopicPartition
 from kafka.admin import NewTopic
 from prometheus_client.parser import text_string_to_metric_families
 
-from proxy.apache_kafka import fetch_java_parts
-from proxy.tansu import TansuBroker, free_port
+from demo.tansu import TansuBroker, free_port
+from tests.apache_kafka.broker import fetch_java_parts
 from tests.clients import consume, create_topic, produce, unique
 from tests.conftest import free_node_port_base, wait_until
 from tests.deploy.conftest import deploy_tool

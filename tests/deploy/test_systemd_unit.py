@@ -26,7 +26,7 @@ import pytest
 import trustme
 import yaml
 
-from proxy.tansu import free_port
+from demo.tansu import free_port
 from tests import raw_kafka
 from tests.conftest import ROOT, wait_until
 from tests.deploy.conftest import (

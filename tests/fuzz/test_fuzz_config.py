@@ -16,7 +16,7 @@ import yaml
 from hypothesis import given
 from hypothesis import strategies as st
 
-from proxy.config import Config, ConfigError, parse_config_text
+from proxy.config.model import Config, ConfigError, parse_config_text
 from tests.conftest import ROOT
 from tests.fuzz.budget import CONFIG_FUZZ_SETTINGS, Counter
 from tests.fuzz.mutations import mutated

@@ -29,7 +29,7 @@ from typing import Any
 import pytest
 from confluent_kafka import Producer
 
-from proxy.tansu import TansuBroker
+from demo.tansu import TansuBroker
 from tests.fuzz.budget import BUDGET, Counter
 from tests.fuzz.mutations import mutate, reframed
 from tests.fuzz.wire_corpus import wire_corpus

@@ -24,7 +24,7 @@ from hypothesis import strategies as st
 from kio.index import load_request_schema
 
 from policies.api_keys import PRODUCE
-from proxy import wire
+from proxy.protocol import wire
 from tests.fuzz.budget import BUDGET, FUZZ_SETTINGS, Counter
 from tests.fuzz.isolated import Outcome, run_isolated
 from tests.fuzz.mutations import mutate, mutated, reframed

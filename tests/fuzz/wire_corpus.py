@@ -12,7 +12,7 @@ from kio.schema.index import api_key_map, schema_name_map
 from kio.static.primitive import i32
 
 from policies.identifier_limits import IDENTIFIER_FIELDS
-from proxy import wire
+from proxy.protocol import wire
 from tests.kio_entities import make_entity
 
 # Group tracking (JoinGroup, SyncGroup, Heartbeat, LeaveGroup, OffsetCommit,

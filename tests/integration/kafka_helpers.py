@@ -21,7 +21,7 @@ from types import TracebackType
 
 from confluent_kafka import Producer
 
-from proxy.tansu import free_port, stop_process, wait_for_port
+from demo.tansu import free_port, stop_process, wait_for_port
 
 
 def host_port(address: str) -> tuple[str, int]:

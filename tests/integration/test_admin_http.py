@@ -2,7 +2,7 @@
 
 from __future__ import annotations
 
-from proxy.tansu import free_port
+from demo.tansu import free_port
 from tests.raw_kafka import RawConnection, api_versions_frame
 
 

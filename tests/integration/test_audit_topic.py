@@ -16,7 +16,7 @@ from typing import Any
 from confluent_kafka import OFFSET_BEGINNING, Consumer, TopicPartition
 from confluent_kafka.admin import AdminClient, ConfigResource  # type: ignore[attr-defined]
 
-from proxy.tansu import TansuBroker, free_port
+from demo.tansu import TansuBroker, free_port
 from tests.audit_files import assert_valid
 from tests.clients import create_topic, produce, unique
 from tests.conftest import wait_until

@@ -14,7 +14,7 @@ from pathlib import Path
 import pytest
 import yaml
 
-from proxy.tansu import free_port
+from demo.tansu import free_port
 from tests.conftest import ROOT
 
 

@@ -56,7 +56,7 @@ def test_acks_zero_produce_gets_no_response_and_keeps_the_connection_in_step(tan
 
 def test_api_versions_through_the_proxy_cap_produce_fetch_and_rewritten_apis(tansu, start_proxy) -> None:
     from policies.api_keys import DESCRIBE_CLUSTER, FETCH, FIND_COORDINATOR, METADATA, PRODUCE
-    from proxy import wire
+    from proxy.protocol import wire
     from tests.raw_kafka import RawConnection, api_versions_frame
 
     with RawConnection(tansu.bootstrap) as direct:

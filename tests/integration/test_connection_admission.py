@@ -42,8 +42,8 @@ from typing import Any
 import pytest
 from confluent_kafka import OFFSET_BEGINNING, Consumer, Producer, TopicPartition
 
+from demo.tansu import TansuBroker, free_port
 from policies.api_keys import API_VERSIONS, FETCH, METADATA
-from proxy.tansu import TansuBroker, free_port
 from tests.audit_files import read_events
 from tests.clients import GROUP_CONF, broker_addresses, consume, create_topic, metadata, produce_values, unique
 from tests.conftest import wait_until
@@ -648,7 +648,7 @@ NODE_IDS = (1, 2, 3)
 
 
 def _node_port(proxy: Any, node: int) -> str:
-    return f"127.0.0.1:{int(proxy.config['listeners'][0]['node_port_base']) + node}"
+    return f"127.0.0.1:{int(proxy.config.model['listeners'][0]['node_port_base']) + node}"
 
 
 def _cluster_proxy(start_proxy: Any, mock_cluster: Any, policies: dict[str, Any], **sections: Any) -> Any:

@@ -11,8 +11,8 @@ from typing import Any
 
 import pytest
 
-from proxy.connection import MAX_PENDING_REQUESTS
-from proxy.framing import RECEIVE_SIZE
+from proxy.protocol.framing import RECEIVE_SIZE
+from proxy.serve.connection import MAX_PENDING_REQUESTS
 from tests.clients import create_topic, unique
 from tests.conftest import wait_until
 from tests.faults import ConnectionStorm, FaultyTansu, NonReadingClient, ProducerTraffic, Slowloris, serves

@@ -19,7 +19,7 @@ from typing import Any
 
 import pytest
 
-from proxy.framing import RECEIVE_SIZE
+from proxy.protocol.framing import RECEIVE_SIZE
 from tests.clients import create_topic, unique
 from tests.conftest import wait_until
 from tests.faults import (

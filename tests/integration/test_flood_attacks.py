@@ -13,8 +13,8 @@ from collections.abc import Iterator
 import pytest
 from kio.index import load_request_schema
 
-from proxy import wire
-from proxy.tansu import TansuBroker
+from demo.tansu import TansuBroker
+from proxy.protocol import wire
 from tests.conftest import wait_until
 from tests.integration.test_bad_input import assert_still_serving, rss_kib
 from tests.kio_entities import make_entity

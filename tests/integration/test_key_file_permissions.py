@@ -14,7 +14,7 @@ from typing import Any
 import trustme
 from cryptography.hazmat.primitives import serialization
 
-from proxy.tansu import TansuBroker
+from demo.tansu import TansuBroker
 from tests.conftest import ROOT, wait_until
 from tests.integration.test_tls_sessions import connect_twice
 

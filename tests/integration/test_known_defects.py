@@ -5,7 +5,7 @@ The first group was fixed by the request-path rewrite (issue 15). The last one
 was found by the wire fuzzing of issue 13: kio 0.6.5 takes an array's element
 count from the wire and allocates for it before checking that the frame can hold
 that many elements; a count near 2**32 asks for ~34 GB and Rust aborts the process
-(KAFKA-14063 is the same bug, fixed in Kafka's own parser). proxy/count_guard.py
+(KAFKA-14063 is the same bug, fixed in Kafka's own parser). proxy/protocol/count_guard.py
 refuses such frames before kio reads them.
 """
 
@@ -48,7 +48,7 @@ def test_http_during_the_tls_mismatch_backoff_gets_the_400(start_proxy) -> None:
 
 @pytest.fixture
 def proxy_with_the_upstream_down(start_proxy):  # type: ignore[no-untyped-def]
-    from proxy.tansu import free_port
+    from demo.tansu import free_port
 
     return start_proxy(f"127.0.0.1:{free_port()}")
 

@@ -13,7 +13,7 @@ from confluent_kafka import Producer
 from kio.index import load_request_schema
 
 from policies.api_keys import API_VERSIONS, METADATA
-from proxy import wire
+from proxy.protocol import wire
 from tests.audit_files import read_events
 from tests.clients import consume, create_topic, produce
 from tests.conftest import wait_until

@@ -22,8 +22,8 @@ import pytest
 import yaml
 from confluent_kafka import Consumer, Producer
 
+from demo.tansu import TansuBroker, free_port
 from policies.api_keys import API_VERSIONS
-from proxy.tansu import TansuBroker, free_port
 from tests.audit_files import assert_valid, read_events
 from tests.conftest import ROOT, wait_until
 from tests.integration.kafka_helpers import Stunnel

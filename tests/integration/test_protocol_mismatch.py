@@ -15,8 +15,8 @@ import pytest
 from confluent_kafka import Consumer, KafkaError, KafkaException, Message, Producer, TopicPartition
 from confluent_kafka.admin import AdminClient
 
-from proxy import wire
-from proxy.tansu import TansuBroker
+from demo.tansu import TansuBroker
+from proxy.protocol import wire
 from tests.audit_files import read_events
 from tests.clients import consume, create_topic, produce, unique
 from tests.conftest import wait_until

@@ -25,8 +25,8 @@ from cryptography.hazmat.primitives import serialization
 from kafka_helpers import Stunnel
 from prometheus_client.parser import text_string_to_metric_families
 
-from proxy.config import Admin, parse_config
-from proxy.tansu import TansuBroker, free_port, wait_for_port
+from demo.tansu import TansuBroker, free_port, wait_for_port
+from proxy.config.model import Admin, parse_config
 from tests import raw_kafka
 from tests.conftest import ROOT, wait_until
 from tests.raw_kafka import RawConnection, api_versions_frame
@@ -43,7 +43,7 @@ def test_the_admin_endpoint_binds_to_localhost_unless_told_otherwise() -> None:
 
 
 def admin_request(proxy: Any, method: str, path: str, body: bytes | None = None) -> int:
-    host, port = proxy.config["admin"]["bind"].rsplit(":", 1)
+    host, port = proxy.config.model["admin"]["bind"].rsplit(":", 1)
     conn = http.client.HTTPConnection(host, int(port), timeout=10)
     try:
         conn.request(method, path, body=body, headers={"Content-Type": "application/json"} if body else {})

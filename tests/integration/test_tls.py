@@ -14,7 +14,7 @@ import trustme
 from confluent_kafka import KafkaException
 from kafka_helpers import Stunnel
 
-from proxy.tansu import TansuBroker, free_port
+from demo.tansu import TansuBroker, free_port
 from tests.clients import (
     broker_addresses,
     consume,
@@ -48,7 +48,7 @@ def kafka_python_tls(certs: Any, *, client_cert: bool = False) -> dict[str, Any]
 
 
 def node_port(proxy: Any) -> int:
-    return int(proxy.config["listeners"][0]["node_port_base"]) + TansuBroker.NODE_ID
+    return int(proxy.config.model["listeners"][0]["node_port_base"]) + TansuBroker.NODE_ID
 
 
 # --- TLS listener -------------------------------------------------------------

@@ -1,4 +1,4 @@
-"""TLS listeners issue no session tickets and resume no sessions (proxy/tls.py says why): a
+"""TLS listeners issue no session tickets and resume no sessions (proxy/links/tls.py says why): a
 client that kept the session of its first connection makes a full handshake on its second."""
 
 from __future__ import annotations
@@ -8,7 +8,7 @@ from typing import Any
 
 import pytest
 
-from proxy.tansu import TansuBroker
+from demo.tansu import TansuBroker
 from tests.raw_kafka import api_versions_over_tls
 
 

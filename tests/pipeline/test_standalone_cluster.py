@@ -18,7 +18,7 @@ from typing import Any
 import pytest
 from conftest import FLEET_CANDIDATES, report_process
 
-from proxy.tansu import free_port, stop_process, wait_for_port
+from demo.tansu import free_port, stop_process, wait_for_port
 
 pytestmark = pytest.mark.spark
 

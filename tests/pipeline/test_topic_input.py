@@ -16,7 +16,7 @@ import pytest
 from confluent_kafka import Producer
 from conftest import DAY, FLEET_CANDIDATES, Fleet, report_command
 
-from proxy.apache_kafka import ApacheKafkaBroker
+from tests.apache_kafka.broker import ApacheKafkaBroker
 from tests.apache_kafka.cluster import java_parts_or_skip
 from tests.clients import create_topic
 

@@ -14,9 +14,9 @@ from typing import Any
 
 import pytest
 
-from proxy.audit import AuditSink
-from proxy.config import Audit
-from proxy.metrics import Metrics
+from proxy.config.model import Audit
+from proxy.evidence.audit import AuditSink
+from proxy.evidence.metrics import Metrics
 from tests.audit_files import assert_valid, audit_files, read_events
 from tests.conftest import wait_until
 
@@ -220,7 +220,7 @@ def _stalled_fifo(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> tuple[Audi
     the sink opens the FIFO instead of a regular file; everything else is the real sink.)"""
     fifo = tmp_path / "stalled.fifo"
     os.mkfifo(fifo)
-    import proxy.audit as audit_module
+    import proxy.evidence.audit as audit_module
 
     def open_fifo(self: Any) -> None:
         self._file = os.fdopen(os.open(fifo, os.O_RDWR), "wb")

@@ -13,14 +13,14 @@ import trustme
 import yaml
 from prometheus_client import Gauge
 
-from proxy.certificates import (
+from proxy.config.certificates import (
     CertificateProblem,
     certificate_files,
     export_certificate_expiry,
     inspect_certificate,
 )
-from proxy.config import ConfigError, parse_config
-from proxy.metrics import Metrics
+from proxy.config.model import ConfigError, parse_config
+from proxy.evidence.metrics import Metrics
 
 NOW = dt.datetime.now(dt.UTC)
 

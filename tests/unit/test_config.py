@@ -8,7 +8,7 @@ import pytest
 import yaml
 
 from policies.identifier_limits import CONFIG_KEYS, IdentifierLimits
-from proxy.config import ConfigError, load_config, parse_config
+from proxy.config.model import ConfigError, load_config, parse_config
 
 MINIMAL = {
     "upstream": {"bootstrap_servers": ["127.0.0.1:9092"]},
@@ -252,7 +252,7 @@ def test_the_shipped_example_config_is_valid() -> None:
 
 
 def test_the_demo_sample_config_is_valid() -> None:
-    from proxy.demo import sample_config
+    from demo.run import sample_config
 
     assert sample_config("127.0.0.1:1").upstream.bootstrap_servers == ("127.0.0.1:1",)
 

@@ -7,7 +7,7 @@ from typing import Any
 
 import pytest
 
-from proxy.config import ConfigError, parse_config
+from proxy.config.model import ConfigError, parse_config
 
 BASE: dict[str, Any] = {"upstream": {"bootstrap_servers": ["127.0.0.1:9092"]}}
 PASSTHROUGH = {"name": "mtls", "bind": "127.0.0.1:9093", "tls": "passthrough", "passthrough_brokers": {0: "b0:9093"}}

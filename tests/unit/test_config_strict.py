@@ -10,7 +10,7 @@ from pathlib import Path
 
 import pytest
 
-from proxy.config import ConfigError, parse_config_text
+from proxy.config.model import ConfigError, parse_config_text
 
 HEAD = """\
 upstream:

@@ -14,8 +14,8 @@ from kio.index import load_request_schema, load_response_schema
 from kio.schema.index import api_key_map, schema_name_map
 from kio.static.primitive import i32
 
-from proxy import wire
-from proxy.count_guard import MAX_REQUEST_ELEMENTS, MAX_TAGGED_FIELDS, CountTooLarge, check_counts
+from proxy.protocol import wire
+from proxy.protocol.count_guard import MAX_REQUEST_ELEMENTS, MAX_TAGGED_FIELDS, CountTooLarge, check_counts
 from tests.kio_entities import make_entity, unwrap_optional
 
 SCHEMAS = [

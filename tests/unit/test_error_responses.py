@@ -17,8 +17,8 @@ from kio.schema.index import api_key_map, schema_name_map
 from kio.serial import entity_reader
 
 from policies.identifier_limits import IdentifierLimits, check_request
-from proxy import wire
-from proxy.error_responses import (
+from proxy.protocol import wire
+from proxy.protocol.error_responses import (
     UnsupportedErrorResponse,
     build_error_frame,
     build_error_response,

@@ -11,7 +11,7 @@ from pathlib import Path
 
 import trio
 
-from proxy.file_watch import FileWatcher
+from proxy.serve.file_watch import FileWatcher
 from tests.kubelet import ConfigMapDir
 
 

@@ -10,7 +10,7 @@ from hypothesis import given
 from hypothesis import strategies as st
 
 from policies.frame_check import FrameKind
-from proxy.framing import RECEIVE_SIZE, FrameRefused, FrameSplitter
+from proxy.protocol.framing import RECEIVE_SIZE, FrameRefused, FrameSplitter
 
 
 def frame(body: bytes) -> bytes:

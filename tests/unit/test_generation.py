@@ -12,15 +12,15 @@ from kio.schema.errors import ErrorCode
 from policies.api_keys import API_VERSIONS, FETCH, JOIN_GROUP, METADATA, PRODUCE
 from policies.decision import Action, Policy
 from policies.group_size import GroupSizePolicy
-from proxy import wire
-from proxy.audit import AuditSink
-from proxy.brokers import BrokerDirectory
-from proxy.config import parse_config
-from proxy.decisions import DecisionRecorder, Where
-from proxy.generation import Generation
-from proxy.metrics import Metrics
-from proxy.request import Request
-from proxy.upstream import UpstreamLink
+from proxy.config.model import parse_config
+from proxy.evidence.audit import AuditSink
+from proxy.evidence.decisions import DecisionRecorder, Where
+from proxy.evidence.metrics import Metrics
+from proxy.hooks.generation import Generation
+from proxy.hooks.request import Request
+from proxy.links.brokers import BrokerDirectory
+from proxy.links.upstream import UpstreamLink
+from proxy.protocol import wire
 
 
 def generation(mode: str = "cluster", **policies: object) -> tuple[Generation, Metrics]:

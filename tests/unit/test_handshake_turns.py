@@ -17,7 +17,7 @@ import pytest
 import trio
 import trustme
 
-from proxy.transport import TlsTransport
+from proxy.links.transport import TlsTransport
 
 CLIENTS = 12
 

@@ -1,4 +1,4 @@
-"""The identity CA's issuer (proxy/identity.py) with real certificates: what an issued
+"""The identity CA's issuer (proxy/links/identity.py) with real certificates: what an issued
 certificate carries, the per-subject cache, renewal, the bound, and check-config's
 rules for the CA files."""
 
@@ -15,11 +15,11 @@ from cryptography.hazmat.primitives.asymmetric import ec
 from cryptography.hazmat.primitives.serialization import Encoding
 from cryptography.x509.oid import ExtendedKeyUsageOID, NameOID
 
-from proxy.certificates import certificate_files
-from proxy.config import ClientIdentity, ConfigError, UpstreamTls, parse_config
-from proxy.identity import RENEW_AT, ClientCertificate, IdentityIssuer, IdentityRefused
-from proxy.metrics import Metrics
-from proxy.upstream import UpstreamConnector
+from proxy.config.certificates import certificate_files
+from proxy.config.model import ClientIdentity, ConfigError, UpstreamTls, parse_config
+from proxy.evidence.metrics import Metrics
+from proxy.links.identity import RENEW_AT, ClientCertificate, IdentityIssuer, IdentityRefused
+from proxy.links.upstream import UpstreamConnector
 from tests.identity_certs import NOW, cert_pem, client_certificate, identity_ca, person, rdn, write_ca
 
 

@@ -7,10 +7,10 @@ from __future__ import annotations
 from pathlib import Path
 from typing import Any
 
-from proxy.audit import AuditSink
-from proxy.config import Audit
-from proxy.metrics import Metrics
-from proxy.observation_window import ObservationWindow
+from proxy.config.model import Audit
+from proxy.evidence.audit import AuditSink
+from proxy.evidence.metrics import Metrics
+from proxy.evidence.observation_window import ObservationWindow
 from tests.audit_files import assert_valid, read_events
 
 T0 = 1_780_000_000.0

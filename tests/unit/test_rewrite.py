@@ -6,7 +6,7 @@ import pytest
 from kio.index import load_response_schema
 from kio.schema.errors import ErrorCode
 
-from proxy import rewrite, wire
+from proxy.protocol import rewrite, wire
 
 ZERO = datetime.timedelta(0)
 PROXY_HOST = "proxy.example"

@@ -5,7 +5,7 @@ from __future__ import annotations
 
 import pytest
 
-from proxy.session import Pending, Session, State, UnexpectedResponse
+from proxy.protocol.session import Pending, Session, State, UnexpectedResponse
 
 
 def forwarded(session: Session, correlation_id: int) -> Pending:

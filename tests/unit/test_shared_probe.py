@@ -1,4 +1,4 @@
-"""proxy.server.SharedProbe: one upstream probe at a time, its answer kept a second
+"""proxy.serve.server.SharedProbe: one upstream probe at a time, its answer kept a second
 (trio's MockClock: virtual time, no wall-clock bounds)."""
 
 from __future__ import annotations
@@ -6,7 +6,7 @@ from __future__ import annotations
 import trio
 import trio.testing
 
-from proxy.server import SharedProbe
+from proxy.serve.server import SharedProbe
 
 
 def run(test: object) -> None:

@@ -5,7 +5,7 @@ import datetime
 import pytest
 from kio.index import load_request_schema
 
-from proxy import wire
+from proxy.protocol import wire
 
 
 def produce_frame(version: int, acks: int, transactional_id: str | None = "txn-1") -> bytes:

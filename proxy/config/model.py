@@ -1,0 +1,1024 @@
+"""The proxy's one YAML config file, parsed once into frozen, typed objects.
+
+Shape: ``mode``, ``upstream``, ``listeners``, ``admin``, ``policies``, ``audit``.
+Policy keys are Kafka's own property names (``socket.request.max.bytes``, ...)
+with Kafka's defaults and validation rules. Errors name the key and the rule.
+"""
+
+from __future__ import annotations
+
+import difflib
+import os
+import re
+import socket
+import tempfile
+from collections.abc import Callable, Mapping
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Annotated, Any, ClassVar, Literal
+
+from pydantic import (
+    BaseModel,
+    BeforeValidator,
+    ConfigDict,
+    Discriminator,
+    Field,
+    Strict,
+    Tag,
+    ValidationError,
+    ValidationInfo,
+    ValidatorFunctionWrapHandler,
+    field_validator,
+    model_validator,
+)
+from pydantic_core import PydanticCustomError
+
+from policies.connections import ConnectionLimits
+from policies.group_size import GroupSizeConfig
+from policies.identifier_limits import IdentifierLimits
+from policies.memory_pool import validate_settings as validate_pool_settings
+from proxy.config.certificates import IDENTITY_CA_CERTIFICATE, UPSTREAM_CERTIFICATE, TlsFiles, certificate_problems
+from proxy.config.strict_yaml import StrictYamlError, read_yaml
+
+__all__ = ["Config", "ConfigError", "expand_environment", "load_config", "parse_config", "parse_config_text"]
+
+
+class ConfigError(Exception):
+    """A config that cannot be used; the message names the key and the rule."""
+
+
+@dataclass(frozen=True)
+class CrossFieldRule:
+    """A rule over several keys of one section, raising ``ValueError`` naming them.
+
+    It reads the section as written, defaults filled in (strict types make a valid
+    value as written the value parsed), and runs whenever none of ``keys`` has an
+    error of its own, whatever else is wrong: one pass reports every problem.
+    A rule that reads other parts tolerantly (as raw YAML) lists no keys."""
+
+    keys: tuple[str, ...]
+    check: Callable[[Mapping[str, Any]], object]
+
+
+def _cross_field_error(message: str) -> PydanticCustomError:
+    return PydanticCustomError("cross_field", "{rule}", {"rule": message})
+
+
+class _Frozen(BaseModel):
+    # strict: "100" is not an int and 1 is not a bool, as in Kafka's ConfigDef. Keys are
+    # the file's names only (Kafka's property names), never the Python field names.
+    model_config = ConfigDict(extra="forbid", frozen=True, strict=True)
+    cross_field_rules: ClassVar[tuple[CrossFieldRule, ...]] = ()
+
+    @model_validator(mode="wrap")
+    @classmethod
+    def _every_error_in_one_pass(cls, data: Any, handler: ValidatorFunctionWrapHandler) -> Any:
+        errors: list[Any] = []
+        model = None
+        try:
+            model = handler(data)
+        except ValidationError as exc:
+            errors = [
+                {"type": _cross_field_error(e["msg"]) if e["type"] == "cross_field" else e["type"]}
+                | {k: e[k] for k in ("loc", "input", "ctx") if k in e}
+                for e in exc.errors()
+            ]
+        if isinstance(data, Mapping) and cls.cross_field_rules:
+            invalid = {e["loc"][0] for e in errors if e["loc"]}
+            values = {**cls._defaults(), **data}
+            for rule in cls.cross_field_rules:
+                if invalid.isdisjoint(rule.keys):
+                    try:
+                        rule.check(values)
+                    except ValueError as exc:
+                        errors.append({"type": _cross_field_error(str(exc)), "loc": (), "input": data})
+        if errors:
+            raise ValidationError.from_exception_data(cls.__name__, errors)
+        return model
+
+    @classmethod
+    def _defaults(cls) -> dict[str, Any]:
+        return {
+            f.alias or name: f.get_default(call_default_factory=True)
+            for name, f in cls.model_fields.items()
+            if not f.is_required()
+        }
+
+
+def _kafka_bool(value: Any) -> Any:
+    """Kafka's ConfigDef BOOLEAN: true or false, also as a string in any case (as a
+    value copied from server.properties or quoted by a template is); never yes/on/1."""
+    if isinstance(value, str) and value.strip().lower() in ("true", "false"):
+        return value.strip().lower() == "true"
+    if not isinstance(value, bool):
+        raise ValueError(f"must be true or false, got {_shown(value)}")
+    return value
+
+
+KafkaBool = Annotated[bool, BeforeValidator(_kafka_bool)]
+
+
+def _host_port(value: str, key: str) -> tuple[str, int]:
+    host, sep, port = value.rpartition(":")
+    if not sep or not host or not port.isdigit() or not 0 <= int(port) <= 65535:
+        raise ValueError(f"{key} must be 'host:port' with a port 0-65535, got {value!r}")
+    return host.strip("[]"), int(port)
+
+
+def _existing_file(value: str | None) -> str | None:
+    if value is None:
+        return value
+    try:
+        found = Path(value).is_file()
+    except OSError as exc:  # a folder on the way this user cannot enter (e.g. a key kept root's)
+        raise ValueError(f"cannot read {value!r}: {exc.strerror}") from None
+    if not found:
+        raise ValueError(f"file not found: {value!r}")
+    return value
+
+
+def _set_env_var(value: str | None) -> str | None:
+    if value is not None and value not in os.environ:
+        raise ValueError(f"environment variable {value!r} is not set")
+    return value
+
+
+def _one_password_source(v: Mapping[str, Any]) -> None:
+    # Key passwords come from a file or the environment, never from this YAML file.
+    if v["key_password_file"] is not None and v["key_password_env"] is not None:
+        raise ValueError("set key_password_file or key_password_env, not both")
+    if (v["key_password_file"] is not None or v["key_password_env"] is not None) and v["key_file"] is None:
+        raise ValueError("a key password needs key_file")
+
+
+_PASSWORD_RULE = CrossFieldRule(("key_password_file", "key_password_env", "key_file"), _one_password_source)
+
+
+def _cert_and_key_together(v: Mapping[str, Any]) -> None:
+    if (v["cert_file"] is None) != (v["key_file"] is None):
+        raise ValueError("cert_file and key_file must be set together (client certificate)")
+
+
+_DURATION_UNITS = {"s": 1, "m": 60, "h": 3600, "d": 86400}
+MAX_IDENTITY_VALIDITY_S = 30 * 86400
+
+
+def _seconds(value: Any) -> Any:
+    """Seconds as an integer (``3600``) or a duration (``90s``, ``15m``, ``1h``, ``1d``)."""
+    if isinstance(value, str):
+        text = value.strip()
+        number, unit = text[:-1], text[-1:]
+        if unit not in _DURATION_UNITS or not number.isdigit():
+            raise ValueError(f"must be seconds (3600) or a duration such as 90s, 15m, 1h, 1d; got {_shown(value)}")
+        return int(number) * _DURATION_UNITS[unit]
+    return value
+
+
+class ClientIdentity(_Frozen):
+    """The identity CA: the proxy connects to brokers with a certificate it issues for each
+    client that presented a verified certificate, carrying that client's subject and SANs."""
+
+    ca_cert_file: str
+    ca_key_file: str
+    validity: Annotated[int, BeforeValidator(_seconds)] = Field(default=3600, ge=60, le=MAX_IDENTITY_VALIDITY_S)
+    # A client without a certificate: refused, or connected with the proxy's own cert_file.
+    without_certificate: Literal["refuse", "proxy"] = "refuse"
+    # Subjects whose certificate and TLS context are kept (~27 KB each), least recently used out.
+    cache_size: int = Field(default=1000, ge=1, le=1_000_000)
+
+    _files = field_validator("ca_cert_file", "ca_key_file")(_existing_file)
+
+
+def _identity_needs_tls(v: Mapping[str, Any]) -> None:
+    if v["client_identity"] is None:
+        return
+    if v["enabled"] is not True:
+        raise ValueError("client_identity needs enabled: true (identities are TLS client certificates)")
+    if v["ca_file"] is None:
+        # Each identity has its own TLS context: one holding the system's CAs costs ~0.8 MB and ~20 ms.
+        raise ValueError("client_identity needs ca_file (the CA that verifies the brokers), not the system's CAs")
+
+
+class UpstreamTls(_Frozen):
+    enabled: KafkaBool = False
+    ca_file: str | None = None
+    cert_file: str | None = None
+    key_file: str | None = None
+    key_password_file: str | None = None
+    key_password_env: str | None = None
+    server_hostname: str | None = None
+    client_identity: ClientIdentity | None = None
+
+    _files = field_validator("ca_file", "cert_file", "key_file", "key_password_file")(_existing_file)
+    _env = field_validator("key_password_env")(_set_env_var)
+    cross_field_rules = (
+        CrossFieldRule(("cert_file", "key_file"), _cert_and_key_together),
+        _PASSWORD_RULE,
+        CrossFieldRule(("client_identity", "enabled", "ca_file"), _identity_needs_tls),
+    )
+
+
+def _bootstrap_addresses(value: tuple[str, ...]) -> tuple[str, ...]:
+    for item in value:
+        _host_port(item, "each bootstrap server")
+    return value
+
+
+class Upstream(_Frozen):
+    bootstrap_servers: tuple[str, ...] = Field(min_length=1, strict=False)  # a YAML list
+    tls: UpstreamTls = UpstreamTls()
+
+    _addresses = field_validator("bootstrap_servers")(_bootstrap_addresses)
+
+    def addresses(self) -> list[tuple[str, int]]:
+        return [_host_port(s, "bootstrap_servers") for s in self.bootstrap_servers]
+
+
+def _ca_for_client_auth(v: Mapping[str, Any]) -> None:
+    if v["client_auth"] != "none" and v["ca_file"] is None:
+        raise ValueError(f"client_auth: {v['client_auth']} needs ca_file to verify clients")
+
+
+class ListenerTls(_Frozen):
+    cert_file: str
+    key_file: str
+    key_password_file: str | None = None
+    key_password_env: str | None = None
+    ca_file: str | None = None
+    client_auth: Literal["none", "optional", "required"] = "none"
+
+    _files = field_validator("cert_file", "key_file", "ca_file", "key_password_file")(_existing_file)
+    _env = field_validator("key_password_env")(_set_env_var)
+    cross_field_rules = (CrossFieldRule(("client_auth", "ca_file"), _ca_for_client_auth), _PASSWORD_RULE)
+
+
+def parse_ip_overrides(value: str) -> dict[str, int]:
+    """Kafka's ``max.connections.per.ip.overrides``: ``"host:100,127.0.0.2:200"``;
+    hostnames are resolved now, at load, to every address they have."""
+    overrides: dict[str, int] = {}
+    for item in filter(None, (part.strip() for part in value.split(","))):
+        host, sep, limit = item.rpartition(":")
+        if not sep or not host or not limit.isdigit():
+            raise ValueError(f"{item!r} is not host:limit")
+        try:
+            infos = socket.getaddrinfo(host.strip("[]"), None, proto=socket.IPPROTO_TCP)
+        except socket.gaierror as exc:
+            raise ValueError(f"cannot resolve {host!r}: {exc.strerror}") from None
+        for info in infos:
+            overrides[str(info[4][0])] = int(limit)
+    return overrides
+
+
+def _check_bind(value: str) -> str:
+    _host_port(value, "bind")
+    return value
+
+
+PASSTHROUGH = "passthrough"
+# The tags of a listener's ``tls`` union: left out of the key an error names.
+_TERMINATION_TAG, _PASSTHROUGH_TAG = "tls-termination", "tls-passthrough"
+
+
+def _tls_kind(value: Any) -> str:
+    return _TERMINATION_TAG if isinstance(value, ListenerTls | Mapping) else _PASSTHROUGH_TAG
+
+
+# A listener's ``tls``: a mapping (this proxy terminates TLS) or ``passthrough``.
+ListenerTlsSetting = Annotated[
+    Annotated[ListenerTls, Tag(_TERMINATION_TAG)] | Annotated[Literal["passthrough"], Tag(_PASSTHROUGH_TAG)],
+    Discriminator(_tls_kind),
+]
+
+
+def _passthrough_brokers_with_passthrough(v: Mapping[str, Any]) -> None:
+    if v["tls"] == PASSTHROUGH and not v["passthrough_brokers"]:
+        raise ValueError("tls: passthrough needs passthrough_brokers (node id: host:port of a broker's TLS listener)")
+    if v["tls"] != PASSTHROUGH and v["passthrough_brokers"]:
+        raise ValueError("passthrough_brokers is only for a listener with tls: passthrough")
+
+
+def _no_sasl_flag_on_passthrough(v: Mapping[str, Any]) -> None:
+    # sasl bounds frames before authentication (sasl.server.max.receive.size): none is read here.
+    if v["tls"] == PASSTHROUGH and v["sasl"] is True:
+        raise ValueError("sasl: true cannot apply to tls: passthrough (its frames are encrypted end to end)")
+
+
+class Listener(_Frozen):
+    name: str = Field(pattern=r"^[A-Za-z0-9_.-]+$")
+    bind: str
+    advertised_host: str = "127.0.0.1"
+    node_port_base: int = Field(default=29100, ge=1, le=65535)
+    # A mapping terminates TLS here; "passthrough" relays the client's TLS bytes, undecrypted,
+    # to one broker (proxy/serve/passthrough.py): only the connection-level policies apply to it.
+    tls: ListenerTlsSetting | None = None
+    # tls: passthrough only: node id -> host:port of that broker's TLS listener for clients.
+    # The bootstrap port relays to the first that accepts; in cluster mode, node port
+    # node_port_base + id relays to broker id (the broker advertises that port itself).
+    passthrough_brokers: dict[Annotated[int, Strict(False)], str] = Field(default_factory=dict)  # "0" too (JSON keys)
+    # Clients authenticate with SASL here (passed through to the broker): until the broker
+    # accepts their SaslAuthenticate, frames are bounded by sasl.server.max.receive.size.
+    sasl: KafkaBool = False
+    protected: KafkaBool = False
+
+    _bind = field_validator("bind")(_check_bind)
+    cross_field_rules = (
+        CrossFieldRule(("tls", "passthrough_brokers"), _passthrough_brokers_with_passthrough),
+        CrossFieldRule(("tls", "sasl"), _no_sasl_flag_on_passthrough),
+    )
+
+    @field_validator("passthrough_brokers")
+    @classmethod
+    def _broker_addresses(cls, value: dict[int, str]) -> dict[int, str]:
+        for node_id, address in value.items():
+            if node_id < 0:
+                raise ValueError(f"node ids must be >= 0, got {node_id}")
+            _host_port(address, f"passthrough_brokers[{node_id}]")
+        return value
+
+    @property
+    def bind_address(self) -> tuple[str, int]:
+        return _host_port(self.bind, "bind")
+
+    @property
+    def passthrough(self) -> bool:
+        return self.tls == PASSTHROUGH
+
+    @property
+    def termination(self) -> ListenerTls | None:
+        """The TLS this proxy terminates on this listener (None: plaintext or passthrough)."""
+        return self.tls if isinstance(self.tls, ListenerTls) else None
+
+    def passthrough_addresses(self) -> dict[int, tuple[str, int]]:
+        return {n: _host_port(a, "passthrough_brokers") for n, a in self.passthrough_brokers.items()}
+
+    @property
+    def security_protocol(self) -> str:
+        """Kafka's name for what this listener speaks (``listener.security.protocol.map``)."""
+        return ("SASL_" if self.sasl else "") + ("SSL" if self.tls is not None else "PLAINTEXT")
+
+
+class Admin(_Frozen):
+    bind: str = "127.0.0.1:9464"
+
+    _bind = field_validator("bind")(_check_bind)
+
+    @property
+    def bind_address(self) -> tuple[str, int]:
+        return _host_port(self.bind, "bind")
+
+
+PolicyMode = Literal["enforce", "observe"]
+_INT_MAX = 2147483647
+_LISTENER_PREFIX = "listener.name."
+
+
+def _listener_key(key: object) -> tuple[str, str] | None:
+    """(listener, property) of a ``listener.name.<listener>.<property>`` key."""
+    if not isinstance(key, str) or not key.startswith(_LISTENER_PREFIX):
+        return None
+    listener, _, prop = key.removeprefix(_LISTENER_PREFIX).partition(".")
+    return (listener, prop) if listener and prop else None
+
+
+def _per_listener(flat: Mapping[str, Any]) -> dict[str, dict[str, Any]]:
+    """``listener.name.<l>.<prop>: v`` keys -> ``{<l>: {<prop>: v}}``."""
+    overrides: dict[str, dict[str, Any]] = {}
+    for key, value in flat.items():
+        parts = _listener_key(key)
+        if parts is not None:
+            overrides.setdefault(parts[0], {})[parts[1]] = value
+    return overrides
+
+
+def _connection_limits(flat: Mapping[str, Any]) -> ConnectionLimits:
+    """Kafka's connection quota settings from the policies as written (Kafka names)."""
+    return ConnectionLimits(
+        max_connections=flat["max.connections"],
+        max_connections_per_ip=flat["max.connections.per.ip"],
+        max_connections_per_ip_overrides=parse_ip_overrides(flat["max.connections.per.ip.overrides"]),
+        max_ssl_connections=flat["max.ssl.connections"],
+        listener_max_connections={
+            name: props["max.connections"] for name, props in _per_listener(flat).items() if "max.connections" in props
+        },
+        connections_max_idle_ms=flat["connections.max.idle.ms"],
+    )
+
+
+def _group_size_config(flat: Mapping[str, Any]) -> GroupSizeConfig:
+    return GroupSizeConfig(
+        group_max_size=flat["group.max.size"],
+        group_consumer_max_size=flat["group.consumer.max.size"],
+        join_rate_per_minute=flat["group.join.rate.per.minute"],
+        reconcile_interval_seconds=flat["group.reconcile.interval.ms"] / 1000,
+        min_session_timeout_seconds=flat["group.min.session.timeout.ms"] / 1000,
+        max_session_timeout_seconds=flat["group.max.session.timeout.ms"] / 1000,
+    )
+
+
+def _pool_fits_the_largest_request(flat: Mapping[str, Any]) -> None:
+    validate_pool_settings(
+        flat["queued.max.request.bytes"],
+        flat["socket.request.max.bytes"],
+        flat["queued.max.request.bytes.per.connection"],
+    )
+
+
+class ListenerPolicies(_Frozen):
+    """Per-listener overrides, written ``listener.name.<listener>.<property>`` as in Kafka."""
+
+    max_response_size: int | None = Field(default=None, ge=1, le=_INT_MAX, alias="max.response.size")
+    max_connections: int | None = Field(default=None, ge=1, le=_INT_MAX, alias="max.connections")
+
+
+class Policies(_Frozen):
+    """Kafka broker properties, by their Kafka names, and each policy's mode."""
+
+    mode: PolicyMode = "enforce"
+    socket_request_max_bytes: int = Field(default=104857600, ge=1, le=_INT_MAX, alias="socket.request.max.bytes")
+    # Kafka's SaslServerAuthenticator: the largest frame before SASL authentication (SASL listeners).
+    sasl_server_max_receive_size: int = Field(default=524288, ge=1, le=_INT_MAX, alias="sasl.server.max.receive.size")
+    # KIP-498: the largest response frame accepted from a broker and forwarded.
+    max_response_size: int = Field(default=104857600, ge=1, le=_INT_MAX, alias="max.response.size")
+    response_size_mode: PolicyMode | None = Field(default=None, alias="response.size.mode")
+    # Connection quotas (Kafka's ConnectionQuotas) and the KIP-1015 TLS cap.
+    max_connections: int = Field(default=_INT_MAX, ge=0, le=_INT_MAX, alias="max.connections")
+    max_connections_per_ip: int = Field(default=_INT_MAX, ge=0, le=_INT_MAX, alias="max.connections.per.ip")
+    max_connections_per_ip_overrides: str = Field(default="", alias="max.connections.per.ip.overrides")
+    max_ssl_connections: int = Field(default=_INT_MAX, ge=0, le=_INT_MAX, alias="max.ssl.connections")
+    connections_max_idle_ms: int = Field(default=600000, ge=-1, alias="connections.max.idle.ms")
+    # Beyond Kafka: how long a connection may wait in the backlog for a slot before it is closed.
+    max_connections_wait_ms: int = Field(default=30000, ge=1, le=_INT_MAX, alias="max.connections.wait.ms")
+    connections_mode: PolicyMode | None = Field(default=None, alias="connections.mode")
+    # Beyond Kafka: TLS handshakes are computed on the one event loop; at most this many
+    # between two turns of the established connections (the rest wait for the next turn).
+    max_ssl_handshakes_per_turn: int = Field(default=4, ge=1, le=_INT_MAX, alias="max.ssl.handshakes.per.turn")
+    # Consumer group size (KIP-389 classic, KIP-848 consumer groups).
+    group_max_size: int = Field(default=_INT_MAX, ge=1, le=_INT_MAX, alias="group.max.size")
+    group_consumer_max_size: int = Field(default=_INT_MAX, ge=1, le=_INT_MAX, alias="group.consumer.max.size")
+    # Beyond Kafka: joins per minute per group (-1 = off), answered with a throttle.
+    group_join_rate_per_minute: int = Field(default=-1, ge=-1, le=_INT_MAX, alias="group.join.rate.per.minute")
+    group_size_mode: PolicyMode | None = Field(default=None, alias="group.size.mode")
+    # Kafka's bounds on a classic member's session timeout: how long a join's slot can live.
+    group_min_session_timeout_ms: int = Field(default=6000, ge=0, le=_INT_MAX, alias="group.min.session.timeout.ms")
+    group_max_session_timeout_ms: int = Field(default=1800000, ge=1, le=_INT_MAX, alias="group.max.session.timeout.ms")
+    # Beyond Kafka: how often a group near its cap is re-counted at the coordinator.
+    group_reconcile_interval_ms: int = Field(default=60000, ge=1, le=_INT_MAX, alias="group.reconcile.interval.ms")
+    # KIP-72 memory pool: bytes of requests read and not yet answered (-1 = off).
+    queued_max_request_bytes: int = Field(default=-1, ge=-1, le=2**63 - 1, alias="queued.max.request.bytes")
+    queued_max_request_bytes_per_connection: int = Field(
+        default=-1, ge=-1, le=2**63 - 1, alias="queued.max.request.bytes.per.connection"
+    )
+    request_body_timeout_ms: int = Field(default=10000, ge=1, le=_INT_MAX, alias="request.body.timeout.ms")
+    memory_pool_mode: PolicyMode | None = Field(default=None, alias="memory.pool.mode")
+    # KIP-1233 identifier lengths (limits are UTF-16 code units, as Java counts).
+    resource_identifier_limit_enable: KafkaBool = Field(default=False, alias="resource.identifier.limit.enable")
+    resource_identifier_max_length: int = Field(default=249, ge=0, le=_INT_MAX, alias="resource.identifier.max.length")
+    member_id_max_length: int = Field(default=36, ge=0, le=_INT_MAX, alias="member.id.max.length")
+    classic_member_id_max_length: int = Field(default=286, ge=0, le=_INT_MAX, alias="classic.member.id.max.length")
+    topic_name_max_length: int = Field(default=249, ge=0, le=_INT_MAX, alias="topic.name.max.length")
+    offset_metadata_max_bytes: int = Field(default=4096, ge=0, le=_INT_MAX, alias="offset.metadata.max.bytes")
+    resource_identifier_limit_error_code: int = Field(
+        default=42, ge=1, le=32767, alias="resource.identifier.limit.error.code"
+    )
+    resource_identifier_limit_mode: PolicyMode | None = Field(default=None, alias="resource.identifier.limit.mode")
+    listener_overrides: dict[str, ListenerPolicies] = Field(default_factory=dict, alias="listener.name")
+
+    # Kafka's rules over several keys (KafkaConfig, ConnectionQuotas, the memory pool's).
+    cross_field_rules = (
+        CrossFieldRule(
+            (
+                "group.max.size",
+                "group.consumer.max.size",
+                "group.join.rate.per.minute",
+                "group.reconcile.interval.ms",
+                "group.min.session.timeout.ms",
+                "group.max.session.timeout.ms",
+            ),
+            _group_size_config,
+        ),
+        CrossFieldRule(
+            (
+                "max.connections",
+                "max.connections.per.ip",
+                "max.connections.per.ip.overrides",
+                "max.ssl.connections",
+                "connections.max.idle.ms",
+                "listener.name",
+            ),
+            _connection_limits,
+        ),
+        CrossFieldRule(
+            ("queued.max.request.bytes", "socket.request.max.bytes", "queued.max.request.bytes.per.connection"),
+            _pool_fits_the_largest_request,
+        ),
+    )
+
+    @model_validator(mode="before")
+    @classmethod
+    def _gather_listener_keys(cls, raw: Any) -> Any:
+        """``listener.name.<l>.<prop>: v`` -> ``listener.name: {<l>: {<prop>: v}}``."""
+        if not isinstance(raw, dict):
+            return raw
+        overrides = _per_listener(raw)
+        # A malformed listener.name.* key stays, to be reported as an unknown key.
+        flat = {k: v for k, v in raw.items() if _listener_key(k) is None}
+        if overrides:
+            flat["listener.name"] = overrides
+        return flat
+
+    def group_size_config(self) -> GroupSizeConfig:
+        return _group_size_config(self.flat())
+
+    @field_validator("max_connections_per_ip_overrides")
+    @classmethod
+    def _overrides_parse(cls, value: str) -> str:
+        parse_ip_overrides(value)
+        return value
+
+    def connection_limits(self) -> ConnectionLimits:
+        return _connection_limits(self.flat())
+
+    def identifier_limits(self) -> IdentifierLimits:
+        return IdentifierLimits(
+            enabled=self.resource_identifier_limit_enable,
+            max_length=self.resource_identifier_max_length,
+            member_id_max_length=self.member_id_max_length,
+            classic_member_id_max_length=self.classic_member_id_max_length,
+            topic_name_max_length=self.topic_name_max_length,
+            offset_metadata_max_bytes=self.offset_metadata_max_bytes,
+            error_code=self.resource_identifier_limit_error_code,
+        )
+
+    @property
+    def int_max(self) -> int:
+        return _INT_MAX
+
+    def mode_of(self, policy_mode: PolicyMode | None) -> PolicyMode:
+        return policy_mode or self.mode
+
+    def max_response_size_for(self, listener: str) -> int:
+        override = self.listener_overrides.get(listener)
+        if override is not None and override.max_response_size is not None:
+            return override.max_response_size
+        return self.max_response_size
+
+    def flat(self) -> dict[str, Any]:
+        """The policies as written in the file: Kafka property names, listener keys flattened."""
+        out = self.model_dump(mode="json", by_alias=True, exclude={"listener_overrides"})
+        for listener, props in self.listener_overrides.items():
+            for prop, value in props.model_dump(by_alias=True, exclude_none=True).items():
+                out[f"{_LISTENER_PREFIX}{listener}.{prop}"] = value
+        return out
+
+
+class AuditWindow(_Frozen):
+    seconds: float = Field(default=60, gt=0, le=86400)
+
+
+def _writable_directory(value: str | None) -> str | None:
+    """``audit.path``: a directory this process can write (created if missing)."""
+    if value is None:
+        return None
+    path = Path(value)
+    try:
+        path.mkdir(parents=True, exist_ok=True)
+    except FileExistsError:
+        raise ValueError(f"must be a directory; {value!r} is a file") from None
+    except OSError as exc:
+        raise ValueError(f"cannot create directory {value!r}: {exc.strerror}") from None
+    try:
+        # A real write, not os.access: root passes access checks on read-only mounts.
+        tempfile.TemporaryFile(dir=path).close()
+    except OSError as exc:
+        raise ValueError(f"directory {value!r} is not writable: {exc.strerror}") from None
+    return value
+
+
+# What the audit producer runs with unless ``audit.producer`` says otherwise (librdkafka names):
+# idempotent (no duplicates on retry), compressed, batched, and bounded in memory and time so
+# that a slow or down broker costs dropped, counted events, never the proxy's memory.
+AUDIT_PRODUCER_DEFAULTS: dict[str, str | int | bool] = {
+    "enable.idempotence": True,
+    "compression.type": "zstd",
+    "linger.ms": 200,
+    "queue.buffering.max.kbytes": 16384,
+    "queue.buffering.max.messages": 100000,
+    "message.timeout.ms": 120000,
+    "client.id": "kafka-admission-proxy-audit",
+}
+# Applied when the proxy creates the audit topic (Kafka topic configs): a week of evidence, the
+# report's default --min-span, then deleted.
+AUDIT_TOPIC_CONFIG_DEFAULTS: dict[str, str] = {"retention.ms": "604800000", "cleanup.policy": "delete"}
+_AUDIT_PRODUCER_OWN_KEYS = ("bootstrap.servers", "metadata.broker.list")
+
+
+class _Quiet:
+    def log(self, level: int, msg: str, *args: object) -> None:
+        pass
+
+
+def _librdkafka_accepts(value: dict[str, Any]) -> dict[str, Any]:
+    """``audit.producer``: librdkafka producer properties, checked by librdkafka itself (a producer
+    is built without brokers: nothing connects) when confluent-kafka is installed."""
+    for key in _AUDIT_PRODUCER_OWN_KEYS:
+        if key in value:
+            raise ValueError(f"{key!r} is set by audit.bootstrap_servers, not here")
+    try:
+        from confluent_kafka import KafkaException, Producer
+    except ImportError:
+        return value  # the sink says so at start; check-config of a file sink must not need it
+    try:
+        Producer({**AUDIT_PRODUCER_DEFAULTS, **value, "logger": _Quiet()})  # "no bootstrap.servers": true here
+    except (KafkaException, TypeError, ValueError) as exc:
+        detail = exc.args[0].str() if isinstance(exc, KafkaException) else str(exc)
+        raise ValueError(f"librdkafka refuses it: {detail}") from None
+    return value
+
+
+def _topic_keys_need_a_topic(v: Mapping[str, Any]) -> None:
+    if v["topic"] is None:
+        set_keys = [k for k in ("bootstrap_servers", "producer", "topic_config") if v[k]]
+        if set_keys:
+            verb = "needs" if len(set_keys) == 1 else "need"
+            raise ValueError(f"audit.{', audit.'.join(set_keys)} {verb} audit.topic (the audit topic's name)")
+
+
+class Audit(_Frozen):
+    """The evidence sink (proxy/evidence/audit.py): rotated JSON-line files in ``path`` and/or the Kafka
+    topic ``topic`` (proxy/evidence/audit_kafka.py); the log when neither is set."""
+
+    path: str | None = None
+    # Kafka's legal topic names (Topic.java): at most 249 of [a-zA-Z0-9._-].
+    topic: str | None = Field(default=None, pattern=r"^[a-zA-Z0-9._-]{1,249}$")
+    # Where the topic lives; empty: the upstream's bootstrap_servers.
+    bootstrap_servers: tuple[str, ...] = Field(default=(), strict=False)
+    # librdkafka producer properties over AUDIT_PRODUCER_DEFAULTS (security.protocol, ssl.*, sasl.*, ...).
+    producer: dict[str, str | int | float | bool] = Field(default_factory=dict)
+    # Used only when the proxy creates the topic: over AUDIT_TOPIC_CONFIG_DEFAULTS; -1: the broker's
+    # num.partitions and default.replication.factor.
+    topic_config: dict[str, str | int | bool] = Field(default_factory=dict)
+    topic_partitions: int = Field(default=-1, ge=-1, le=100000)
+    topic_replication_factor: int = Field(default=-1, ge=-1, le=32767)
+    # Names this proxy's files and events; default the hostname. Safe in a file name.
+    instance_id: str | None = Field(default=None, pattern=r"^[A-Za-z0-9_.-]{1,128}$")
+    max_file_bytes: int = Field(default=67108864, ge=4096, le=2**40)
+    max_file_seconds: float = Field(default=3600, gt=0, le=7 * 86400)
+    max_total_bytes: int = Field(default=1073741824, ge=4096, le=2**50)
+    queue_events: int = Field(default=65536, ge=1, le=16777216)
+    window: AuditWindow = AuditWindow()
+
+    _path = field_validator("path")(_writable_directory)
+    _producer = field_validator("producer")(_librdkafka_accepts)
+    cross_field_rules = (
+        CrossFieldRule(("topic", "bootstrap_servers", "producer", "topic_config"), _topic_keys_need_a_topic),
+    )
+
+    _addresses = field_validator("bootstrap_servers")(_bootstrap_addresses)
+
+    @field_validator("topic_partitions", "topic_replication_factor")
+    @classmethod
+    def _not_zero(cls, value: int) -> int:
+        if value == 0:
+            raise ValueError("must be -1 (the broker's default) or at least 1, got 0")
+        return value
+
+    @field_validator("max_total_bytes")
+    @classmethod
+    def _a_file_fits_the_total(cls, value: int, info: ValidationInfo) -> int:
+        file_bytes = info.data.get("max_file_bytes")
+        if file_bytes is not None and value < file_bytes:
+            raise ValueError(f"must be >= max_file_bytes ({file_bytes}), got {value}")
+        return value
+
+    @property
+    def instance(self) -> str:
+        return self.instance_id or socket.gethostname()
+
+    def producer_config(self, upstream_bootstrap: tuple[str, ...]) -> dict[str, str | int | float | bool]:
+        """The audit producer's librdkafka config: the defaults, then ``producer``, then the brokers."""
+        servers = self.bootstrap_servers or upstream_bootstrap
+        return {**AUDIT_PRODUCER_DEFAULTS, **self.producer, "bootstrap.servers": ",".join(servers)}
+
+    @property
+    def new_topic_config(self) -> dict[str, str]:
+        given = {k: str(v).lower() if isinstance(v, bool) else str(v) for k, v in self.topic_config.items()}
+        return {**AUDIT_TOPIC_CONFIG_DEFAULTS, **given}
+
+
+def _raw_listeners(v: Mapping[str, Any]) -> list[Mapping[str, Any]]:
+    items = v.get("listeners")
+    return [item for item in items if isinstance(item, Mapping)] if isinstance(items, list) else []
+
+
+def _raw_listener_names(v: Mapping[str, Any]) -> list[str]:
+    return [item["name"] for item in _raw_listeners(v) if isinstance(item.get("name"), str)]
+
+
+def _distinct(items: list[str]) -> list[str]:
+    return list(dict.fromkeys(items))
+
+
+def _repeated(items: list[Any]) -> list[Any]:
+    return sorted({item for item in items if items.count(item) > 1}, key=str)
+
+
+def _listener_names_unique(v: Mapping[str, Any]) -> None:
+    repeated = _repeated(_raw_listener_names(v))
+    if repeated:
+        raise ValueError(f"listener names must be unique: {', '.join(repeated)} more than once")
+
+
+def _listener_binds_unique(v: Mapping[str, Any]) -> None:
+    binds = []
+    for item in _raw_listeners(v):
+        try:
+            binds.append(_host_port(item["bind"], "bind"))
+        except (KeyError, TypeError, ValueError, AttributeError):
+            continue  # a missing or malformed bind has its own error
+    repeated = _repeated(binds)
+    if repeated:
+        where = ", ".join(f"{host}:{port}" for host, port in repeated)
+        raise ValueError(f"listener bind addresses must be unique: {where} more than once")
+
+
+def _per_listener_keys_name_listeners(v: Mapping[str, Any]) -> None:
+    policies = v.get("policies")
+    if not isinstance(policies, Mapping):
+        return
+    names = _distinct(_raw_listener_names(v))
+    unknown = sorted({parts[0] for key in policies if (parts := _listener_key(key)) and parts[0] not in names})
+    if unknown:
+        keys = ", ".join(f"listener.name.{name}.*" for name in unknown)
+        verb = "names" if len(unknown) == 1 else "name"
+        raise ValueError(f"policies: {keys} {verb} no configured listener (have: {names})")
+
+
+# The per-listener keys that need no Kafka frame: the only ones a passthrough listener takes.
+_CONNECTION_LEVEL_KEYS = frozenset({"max.connections"})
+
+
+def _passthrough_listeners_take_connection_policies_only(v: Mapping[str, Any]) -> None:
+    """A key written for a passthrough listener (``listener.name.<l>.<prop>``) that needs
+    Kafka frames is an error: it was meant for that listener and could never act there.
+    A broker-wide frame-level key is not: it applies to the other listeners (as Kafka's
+    broker-wide defaults do) and, as documented, to no passthrough listener."""
+    policies = v.get("policies")
+    passthrough = {item.get("name") for item in _raw_listeners(v) if item.get("tls") == PASSTHROUGH}
+    if not isinstance(policies, Mapping) or not passthrough:
+        return
+    lines = [
+        f"policies: {key}: listener {parts[0]} is tls: passthrough (its bytes are not decrypted), "
+        f"so {parts[1]} cannot apply to it; only {', '.join(sorted(_CONNECTION_LEVEL_KEYS))} can"
+        for key in policies
+        if (parts := _listener_key(key)) and parts[0] in passthrough and parts[1] not in _CONNECTION_LEVEL_KEYS
+    ]
+    if lines:
+        raise ValueError("\n".join(lines))
+
+
+def _sidecar_passthrough_has_one_broker(v: Mapping[str, Any]) -> None:
+    if v.get("mode", "cluster") != "sidecar":
+        return
+    for i, item in enumerate(_raw_listeners(v)):
+        brokers = item.get("passthrough_brokers")
+        if item.get("tls") == PASSTHROUGH and isinstance(brokers, Mapping) and len(brokers) > 1:
+            raise ValueError(
+                f"listeners[{i}].passthrough_brokers: mode: sidecar relays to its one broker, "
+                f"got {len(brokers)}"
+            )
+
+
+class Config(_Frozen):
+    mode: Literal["cluster", "sidecar"] = "cluster"
+    upstream: Upstream
+    listeners: tuple[Listener, ...] = Field(min_length=1, strict=False)  # a YAML list
+    admin: Admin = Admin()
+    policies: Policies = Policies()
+    audit: Audit = Audit()
+
+    # Read from the YAML as written, so they are reported even when a listener or a
+    # policy has errors of its own.
+    cross_field_rules = (
+        CrossFieldRule((), _listener_names_unique),
+        CrossFieldRule((), _per_listener_keys_name_listeners),
+        CrossFieldRule((), _listener_binds_unique),
+        CrossFieldRule((), _passthrough_listeners_take_connection_policies_only),
+        CrossFieldRule((), _sidecar_passthrough_has_one_broker),
+    )
+
+    def tls_files(self) -> list[TlsFiles]:
+        """The TLS files of every section that has them (the client certificate toward brokers
+        is labelled ``upstream``)."""
+        sections = [
+            TlsFiles(
+                f"listeners[{i}].tls", lst.name, term.cert_file, term.key_file, term.ca_file,
+                term.key_password_file, term.key_password_env,
+            )
+            for i, lst in enumerate(self.listeners)
+            if (term := lst.termination) is not None
+        ]
+        tls = self.upstream.tls
+        if tls.enabled:
+            sections.append(
+                TlsFiles(
+                    "upstream.tls", UPSTREAM_CERTIFICATE, tls.cert_file, tls.key_file, tls.ca_file,
+                    tls.key_password_file, tls.key_password_env,
+                )
+            )
+            if tls.client_identity is not None:
+                identity = tls.client_identity
+                sections.append(
+                    TlsFiles(
+                        "upstream.tls.client_identity", IDENTITY_CA_CERTIFICATE, identity.ca_cert_file,
+                        identity.ca_key_file, None, field_prefix="ca_", issues_certificates=True,
+                    )
+                )
+        return sections
+
+    def effective(self) -> dict[str, Any]:
+        """The config with every default filled in, under the file's own key names."""
+        out = self.model_dump(mode="json", by_alias=True, exclude={"policies"})
+        out["policies"] = self.policies.flat()
+        return {key: out[key] for key in ("mode", "upstream", "listeners", "admin", "policies", "audit")}
+
+
+def _known_keys(model: type[BaseModel]) -> list[str]:
+    return [f.alias or name for name, f in model.model_fields.items()]
+
+
+def _model_at(loc: tuple[int | str, ...]) -> type[BaseModel] | None:
+    """The model that owns the key at ``loc``, to suggest its valid keys."""
+    model: type[BaseModel] = Config
+    skip_key = False
+    for part in loc[:-1]:
+        if isinstance(part, int) or skip_key:
+            skip_key = False
+            continue
+        field = model.model_fields.get(str(part))
+        if field is None:
+            field = next((f for f in model.model_fields.values() if f.alias == part), None)
+        if field is None:
+            return None
+        inner = _model_of(field.annotation)
+        if inner is None:
+            return None
+        skip_key = getattr(field.annotation, "__origin__", None) is dict  # next part is a dict key
+        model = inner
+    return model
+
+
+def _model_of(annotation: Any) -> type[BaseModel] | None:
+    if isinstance(annotation, type) and issubclass(annotation, BaseModel):
+        return annotation
+    for arg in getattr(annotation, "__args__", ()):
+        found = _model_of(arg)
+        if found is not None:
+            return found
+    return None
+
+
+def _sections_knowing(key: str) -> list[str]:
+    """The top-level sections in which ``key`` is a valid key."""
+    sections = []
+    for section, field in Config.model_fields.items():
+        model = _model_of(field.annotation)
+        if model is not None and (key in _known_keys(model) or (model is Policies and _listener_key(key))):
+            sections.append(f"{section}:")
+    return sections
+
+
+def _unknown_key_hint(loc: tuple[int | str, ...]) -> str:
+    key = str(loc[-1])
+    if "password" in key:
+        return "; passwords are never written in the config: use key_password_file or key_password_env"
+    if len(loc) == 1:
+        sections = _sections_knowing(key)
+        if sections:
+            return f" at the top level; it belongs under {' or '.join(sections)}"
+    if key.startswith(_LISTENER_PREFIX) and _listener_key(key) is None:
+        return "; write per-listener keys as listener.name.<listener>.<property>"
+    model = _model_at(loc)
+    if model is not None:
+        close = difflib.get_close_matches(key, _known_keys(model), n=1)
+        if close:
+            return f" (did you mean {close[0]!r}?)"
+    return ""
+
+
+def _shown(value: object, limit: int = 60) -> str:
+    text = repr(value)
+    return text if len(text) <= limit else text[: limit - 3] + "..."
+
+
+def _describe(error: Any) -> str:
+    loc = tuple(part for part in error["loc"] if part not in (_TERMINATION_TAG, _PASSTHROUGH_TAG))
+    key = ".".join(str(p) if not isinstance(p, int) else f"[{p}]" for p in loc).replace(".[", "[")
+    value = error.get("input")
+    if _PASSTHROUGH_TAG in error["loc"]:
+        message = f"must be a mapping (cert_file, key_file, ...) or 'passthrough', got {_shown(value)}"
+    elif error["type"] == "extra_forbidden":
+        message = f"unknown key{_unknown_key_hint(loc)}"
+    elif error["type"] == "int_type" and isinstance(value, str):
+        message = f"must be an integer, got the string {_shown(value)} (write numbers without quotes)"
+    elif error["type"] == "int_type" and isinstance(value, bool | float):
+        message = f"must be an integer, got {str(value).lower() if isinstance(value, bool) else value}"
+    else:
+        message = str(error["msg"]).removeprefix("Value error, ")
+    return f"{key}: {message}" if key else message
+
+
+def parse_config(raw: Any) -> Config:
+    if not isinstance(raw, dict):
+        raise ConfigError("the config must be a YAML mapping")
+    try:
+        config = Config.model_validate(raw)
+    except ValidationError as exc:
+        errors = exc.errors()
+        # A list whose items failed also reports itself as too short: say the cause only.
+        shown = [
+            e
+            for e in errors
+            if not (
+                e["type"] == "too_short"
+                and any(len(o["loc"]) > len(e["loc"]) and o["loc"][: len(e["loc"])] == e["loc"] for o in errors)
+            )
+        ]
+        raise ConfigError("\n".join(_describe(e) for e in shown)) from None
+    _check_certificates(config)
+    return config
+
+
+def _check_certificates(config: Config) -> None:
+    """TLS files that exist but cannot serve (key mismatch, chain order, dates): one line each."""
+    problems = certificate_problems(config.tls_files())
+    if problems:
+        raise ConfigError("\n".join(problems))
+
+
+# ``${NAME}`` in a string value is the environment's NAME, so one file serves every pod
+# (Strimzi's per-broker ``<pod>.crt``, with POD_NAME from the downward API). ``$${`` writes a
+# literal ``${``; any other ``$`` is itself (regex anchors stay as written).
+_ENV_REFERENCE = re.compile(r"\$(\$)?\{([^}]*)\}?")
+_ENV_NAME = re.compile(r"[A-Za-z_][A-Za-z0-9_]*")
+_ENV_RULE = "${NAME} is expanded from the environment at load; write $${ for a literal ${"
+
+
+def _expand_string(value: str, environ: Mapping[str, str]) -> tuple[str, list[str]]:
+    problems: list[str] = []
+
+    def replace(match: re.Match[str]) -> str:
+        escaped, name = match.group(1), match.group(2)
+        if escaped:
+            return match.group(0)[1:]
+        if not match.group(0).endswith("}") or not _ENV_NAME.fullmatch(name):
+            problems.append(f"malformed reference {match.group(0)!r}")
+            return match.group(0)
+        if name not in environ:
+            problems.append(f"environment variable {name!r} is not set")
+            return match.group(0)
+        return environ[name]
+
+    return _ENV_REFERENCE.sub(replace, value), problems
+
+
+def expand_environment(raw: Any, environ: Mapping[str, str]) -> Any:
+    """``raw`` (the YAML as read) with every ``${NAME}`` in its string values replaced, once:
+    an expanded value is not expanded again. Keys stay as written. Every reference that
+    cannot be expanded is an error line naming the key path, the variable and the rule."""
+    problems: list[str] = []
+
+    def walk(node: Any, path: str) -> Any:
+        if isinstance(node, dict):
+            return {key: walk(value, f"{path}.{key}" if path else str(key)) for key, value in node.items()}
+        if isinstance(node, list):
+            return [walk(item, f"{path}[{i}]") for i, item in enumerate(node)]
+        if isinstance(node, str) and "${" in node:
+            expanded, found = _expand_string(node, environ)
+            problems.extend(f"{path or '<config>'}: {problem} ({_ENV_RULE})" for problem in found)
+            return expanded
+        return node
+
+    expanded = walk(raw, "")
+    if problems:
+        raise ConfigError("\n".join(problems))
+    return expanded
+
+
+def parse_config_text(text: str, source: str = "<config>", environ: Mapping[str, str] | None = None) -> Config:
+    """A config from YAML text; ``source`` (its file name) is named in YAML errors. ``${NAME}``
+    references are expanded from ``environ`` (the process environment unless given), read
+    again at every load, so a reload sees the environment as it is then."""
+    try:
+        raw = read_yaml(text, source)
+    except StrictYamlError as exc:
+        raise ConfigError(str(exc)) from None
+    return parse_config(expand_environment(raw, os.environ if environ is None else environ))
+
+
+def load_config(path: str | Path) -> Config:
+    try:
+        text = Path(path).read_text()
+    except (OSError, UnicodeDecodeError) as exc:
+        reason = exc.strerror if isinstance(exc, OSError) else "not UTF-8 text"
+        raise ConfigError(f"cannot read config file {str(path)!r}: {reason}") from None
+    return parse_config_text(text, str(path))

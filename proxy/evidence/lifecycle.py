@@ -1,0 +1,52 @@
+"""A connection's open and close as evidence, in one shape for every kind of connection
+(terminating or ``tls: passthrough``): the observation window's connection counts and, when
+the audit keeps evidence (files or a topic), one ``connection`` event each."""
+
+from __future__ import annotations
+
+from collections.abc import Mapping
+
+from policies.connections import OpenCounts
+from proxy.evidence.audit import AuditSink
+from proxy.evidence.observation_window import ObservationWindow
+
+
+def record_lifecycle(
+    audit: AuditSink,
+    window: ObservationWindow | None,
+    event: str,
+    *,
+    conn_id: str,
+    listener: str,
+    peer: str,
+    tls: bool,
+    counts: OpenCounts | None,
+    closed: Mapping[str, object],
+    passthrough: bool = False,
+) -> None:
+    """``event`` is "open" or "close"; ``closed`` holds the close event's own fields."""
+    if window is not None:
+        if event == "open":
+            window.on_connection_open(listener, tls)
+        else:
+            window.on_connection_close(listener, tls)
+    if not audit.keeps_evidence:
+        return
+    record: dict[str, object] = {
+        "type": "connection",
+        "event": event,
+        "conn_id": conn_id,
+        "listener": listener,
+        "client_address": peer,
+        "tls": tls,
+    }
+    if passthrough:
+        record["passthrough"] = True
+    if event == "open" and counts is not None:
+        # the counts the connection limits compared at its admission (the report's connection impact)
+        record.update(open_connections=counts.broker, open_ssl_connections=counts.ssl, open_ip_connections=counts.ip)
+        if counts.node_id is not None:
+            record["node_id"] = counts.node_id  # cluster mode: the broker whose limits counted it
+    if event == "close":
+        record.update(closed)
+    audit.record(record)

@@ -1,0 +1,71 @@
+"""Which broker each node id is, as learned from the responses that name brokers
+(Metadata, FindCoordinator, DescribeCluster, NodeEndpoints). Learning a node
+opens its port on every listener before any client hears of it."""
+
+from __future__ import annotations
+
+import logging
+from collections.abc import Awaitable, Callable, Iterable
+
+from proxy.evidence.metrics import Metrics
+from proxy.protocol.rewrite import BrokerAddress
+
+log = logging.getLogger("kafka_admission_proxy.brokers")
+
+OpenNodePort = Callable[[int], Awaitable[None]]
+
+
+class BrokerDirectory:
+    def __init__(self, metrics: Metrics) -> None:
+        self._metrics = metrics
+        self._nodes: dict[int, tuple[str, int]] = {}
+        self._via_bootstrap: set[int] = set()  # sole brokers whose advertised address is unreachable
+        self._openers: list[OpenNodePort] = []
+
+    def on_new_node(self, open_node_port: OpenNodePort) -> None:
+        self._openers.append(open_node_port)
+
+    def address_of(self, node_id: int) -> tuple[str, int] | None:
+        return self._nodes.get(node_id)
+
+    def reach_via_bootstrap(self, node_id: int) -> bool:
+        """A single-broker cluster whose advertised address the proxy cannot reach (a broker
+        advertising ``localhost`` from a container, say) is the bootstrap server itself:
+        use it. With several brokers there is no telling which bootstrap server is which."""
+        if list(self._nodes) != [node_id]:
+            return False
+        if node_id not in self._via_bootstrap:
+            self._via_bootstrap.add(node_id)
+            host, port = self._nodes[node_id]
+            log.warning(
+                "broker node %d advertises %s:%d, which does not answer; reaching it through the bootstrap "
+                "servers (it is the only broker)",
+                node_id,
+                host,
+                port,
+            )
+        return True
+
+    def is_via_bootstrap(self, node_id: int) -> bool:
+        return node_id in self._via_bootstrap
+
+    @property
+    def node_ids(self) -> list[int]:
+        return sorted(self._nodes)
+
+    async def learn(self, brokers: Iterable[BrokerAddress]) -> None:
+        for broker in brokers:
+            address = (broker.host, broker.port)
+            known = self._nodes.get(broker.node_id)
+            if known == address:
+                continue
+            self._nodes[broker.node_id] = address
+            self._via_bootstrap.discard(broker.node_id)
+            self._metrics.brokers_known.set(len(self._nodes))
+            where = {"node_id": broker.node_id, "upstream": f"{broker.host}:{broker.port}"}
+            if known is None:
+                log.info("learned broker", extra=where)
+                for open_node_port in self._openers:
+                    await open_node_port(broker.node_id)
+            else:
+                log.info("broker moved", extra=where)

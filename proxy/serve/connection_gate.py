@@ -1,0 +1,219 @@
+"""The trio side of the connection quotas (policies.connections, Kafka's
+ConnectionQuotas and KIP-1015): decides at accept, before any TLS handshake;
+closes the connections the policy names (LRU eviction, idle expiry, lowered
+limits); and, when a cap is full with nothing idle to close, blocks the
+listener's accept loop (connections wait in the kernel backlog, as Kafka's
+acceptor does) until a slot frees. It also holds the TLS handshakes' turns
+(``max.ssl.handshakes.per.turn``, beyond Kafka): handshakes are computed on the
+event loop, so a burst of them would hold up every established connection.
+Each connection counts against the limits of the broker its port leads to
+(policies.connections.BrokerQuotas: a node port's node id, or the bootstrap
+port's own pool), as each Kafka broker counts its own connections.
+
+Per request it only hands the policy a timestamp. The tasks that wait on the
+quotas are woken only when their condition can have changed: accept waiters
+when a connection closes or turns idle while they wait, the idle reaper when
+the first connection turns idle while it has nothing to time.
+"""
+
+from __future__ import annotations
+
+import logging
+from collections.abc import Iterator
+from typing import Protocol
+
+import trio
+from prometheus_client.core import GaugeMetricFamily
+from prometheus_client.registry import Collector
+
+from policies.connections import BOOTSTRAP, BrokerKey, BrokerQuotas, ConnectionLimits, OpenCounts
+from policies.decision import Action, Decision, Policy
+from policies.mode import Mode
+from proxy.evidence.decisions import DecisionRecorder, Where
+from proxy.evidence.metrics import Metrics
+
+log = logging.getLogger("kafka_admission_proxy.connections")
+
+
+class Closable(Protocol):
+    """What the gate needs of a connection."""
+
+    conn_id: str
+    listener: str
+    peer_ip: str
+    tls: bool
+    where: Where
+    open_counts: OpenCounts | None  # what the limits counted once it was admitted (for the audit)
+
+    def close_now(self, cause: str, reason: str) -> None: ...
+
+
+class ConnectionGate:
+    def __init__(
+        self,
+        quotas: BrokerQuotas,
+        metrics: Metrics,
+        recorder: DecisionRecorder,
+        wait_ms: int,
+        ssl_handshakes_per_turn: int,
+    ) -> None:
+        self.quotas = quotas
+        self._metrics = metrics
+        self._recorder = recorder
+        self.wait_seconds = wait_ms / 1000
+        # A slot per handshake step, given back after every other runnable task had its
+        # turn (TlsTransport.handshake); waiting for the peer holds none.
+        self.handshake_turns = trio.CapacityLimiter(ssl_handshakes_per_turn)
+        self._open: dict[str, Closable] = {}
+        self._accept_waiters = 0
+        self._slot_freed = trio.Event()  # set (and replaced) when a waiting accept may now succeed
+        self._reaper_rearm: trio.Event | None = None  # set when the idle reaper must look again
+        self._reaper_idle = True  # the reaper has no deadline: wake it when a connection turns idle
+        # Per request the quotas only take a timestamp: the connection calls them directly.
+        self.on_request = quotas.on_request
+        self.touched = quotas.on_response  # activity with nothing left in flight (acks=0 Produce)
+        metrics.registry.register(_CountsCollector(quotas))
+
+    # -- at accept ------------------------------------------------------------------------
+
+    async def admit(self, conn: Closable, broker: BrokerKey = BOOTSTRAP) -> bool:
+        """True to serve ``conn`` (it is counted from now on, against broker ``broker``'s
+        limits: its node port's node id, or BOOTSTRAP); False when it was refused."""
+        quotas, listener = self.quotas, conn.listener
+        blocked_since: float | None = None
+        deadline = trio.current_time() + self.wait_seconds
+        while True:
+            now = trio.current_time()
+            decision = quotas.on_accept(
+                conn.conn_id, listener=listener, ip=conn.peer_ip, tls=conn.tls, now=now, broker=broker
+            )
+            if decision is None or decision.action is not Action.WAIT or not decision.enforced:
+                break
+            if blocked_since is None:
+                blocked_since = trio.current_time()
+                self._recorder.record(decision, conn.where)
+            self._accept_waiters += 1
+            try:
+                with trio.move_on_at(deadline):
+                    await self._slot_freed.wait()
+                    continue
+            finally:
+                self._accept_waiters -= 1
+            self._blocked(listener, blocked_since)
+            waited = Decision(
+                Policy.CONNECTIONS,
+                Action.REFUSE,
+                Mode.ENFORCE,
+                "max.connections.wait.ms",
+                f"waited {self.wait_seconds:g}s for a slot ({decision.reason})",
+                limit=round(self.wait_seconds * 1000),
+            )
+            self._recorder.record(waited, conn.where)
+            return False
+        if blocked_since is not None:
+            self._blocked(listener, blocked_since)
+        if decision is not None:
+            self._recorder.record(decision, conn.where)
+            if decision.enforced and decision.action is Action.REFUSE:
+                return False
+        self._open[conn.conn_id] = conn
+        conn.open_counts = self.quotas.open_counts(conn.conn_id)
+        self._rearm_reaper()  # a new connection is idle until its first request
+        if decision is not None and decision.enforced and decision.action is Action.EVICT:
+            for victim in decision.victims:
+                self._close(victim, decision)
+        return True
+
+    # -- per request: timestamps only ---------------------------------------------------------
+
+    def on_response(self, conn_id: str, now: float) -> None:
+        quotas = self.quotas
+        quotas.on_response(conn_id, now)
+        if (self._accept_waiters or self._reaper_idle or quotas.over_cap) and not quotas.in_flight(conn_id):
+            # It turned idle: it can be evicted for a waiting accept, the reaper must time
+            # it, and a cap lowered below the busy connections can be met now.
+            self._wake_accepts()
+            self._rearm_reaper()
+            for decision in quotas.reclaim_excess():
+                self._carry_out(decision)
+
+    def on_closed(self, conn: Closable) -> None:
+        self.quotas.on_closed(conn.conn_id)
+        self._open.pop(conn.conn_id, None)
+        self._wake_accepts()
+
+    # -- reload and idle expiry ---------------------------------------------------------------
+
+    def reconfigure(self, limits: ConnectionLimits, mode: Mode, wait_ms: int, ssl_handshakes_per_turn: int) -> None:
+        """A reload: raising takes effect at once; lowering closes the excess, LRU-first."""
+        self.quotas.mode = mode
+        self.wait_seconds = wait_ms / 1000
+        self.handshake_turns.total_tokens = ssl_handshakes_per_turn
+        for decision in self.quotas.update_limits(limits, trio.current_time()):
+            self._carry_out(decision)
+        self._wake_accepts()
+        self._rearm_reaper(force=True)  # connections.max.idle.ms may have changed
+
+    async def reap_idle(self) -> None:
+        """Close connections idle for more than connections.max.idle.ms, for ever. Sleeps
+        until the oldest idle connection's deadline: later activity only moves it later."""
+        while True:
+            deadline = self.quotas.next_idle_deadline()
+            self._reaper_idle = deadline is None
+            self._reaper_rearm = trio.Event()
+            with trio.move_on_at(deadline if deadline is not None else float("inf")):
+                await self._reaper_rearm.wait()
+            for decision in self.quotas.idle_expired(trio.current_time()):
+                self._carry_out(decision)
+
+    def _rearm_reaper(self, *, force: bool = False) -> None:
+        if (self._reaper_idle or force) and self._reaper_rearm is not None:
+            self._reaper_rearm.set()
+
+    # -- carrying decisions out -----------------------------------------------------------------
+
+    def _carry_out(self, decision: Decision) -> None:
+        victim = self._open.get(decision.victims[0]) if decision.victims else None
+        self._recorder.record(decision, victim.where if victim is not None else Where())
+        if decision.enforced:
+            for conn_id in decision.victims:
+                self._close(conn_id, decision)
+
+    def _close(self, conn_id: str, decision: Decision) -> None:
+        conn = self._open.get(conn_id)
+        if conn is None:
+            return
+        if decision.action is Action.EVICT:
+            reason = f"evicted (LRU idle) to admit a connection: {decision.reason}"
+            conn.close_now(f"evicted: {decision.limit_key}", reason)
+        else:
+            conn.close_now(f"closed: {decision.limit_key}", decision.reason)
+
+    def _blocked(self, listener: str, since: float) -> None:
+        self._metrics.acceptor_blocked.labels(listener).inc(trio.current_time() - since)
+
+    def _wake_accepts(self) -> None:
+        if self._accept_waiters:
+            self._slot_freed.set()
+            self._slot_freed = trio.Event()
+
+
+class _CountsCollector(Collector):
+    """Connection counts as the policy sees them (KIP-1015's SSL and total counts)."""
+
+    def __init__(self, quotas: BrokerQuotas) -> None:
+        self._quotas = quotas
+
+    def collect(self) -> Iterator[GaugeMetricFamily]:
+        counts = self._quotas.counts()
+        yield GaugeMetricFamily(
+            "kafka_admission_connections_counted", "Connections counted by the quotas", value=counts.total
+        )
+        yield GaugeMetricFamily(
+            "kafka_admission_connections_counted_tls",
+            "TLS connections counted against max.ssl.connections",
+            value=counts.ssl,
+        )
+        yield GaugeMetricFamily(
+            "kafka_admission_connections_counted_busy", "Connections with requests in flight", value=counts.busy
+        )

@@ -1,0 +1,223 @@
+"""A configured listener: its bootstrap port and, in cluster mode, one port per
+broker node (``node_port_base + node_id``), each forwarding to its broker. A
+``tls: passthrough`` listener relays bytes instead (proxy/serve/passthrough.py): its
+node ports are those of ``passthrough_brokers``, opened at start, since the proxy
+reads no metadata on it.
+
+The listener's nursery owns its connections: stopping accepting cancels the
+accept loops, and the listener's ``run`` returns once its last connection is gone.
+"""
+
+from __future__ import annotations
+
+import errno
+import itertools
+import logging
+from collections.abc import Awaitable, Callable
+
+import trio
+
+from policies.connections import BOOTSTRAP, BrokerKey
+from proxy.config.model import Listener
+from proxy.errors import BindError
+from proxy.links.brokers import BrokerDirectory
+from proxy.links.identity import ClientCertificate
+from proxy.links.tls import TlsTermination
+from proxy.links.upstream import UpstreamLink, UpstreamUnavailable
+from proxy.serve.connection import ClientConnection, Port
+from proxy.serve.passthrough import PassthroughConnection, PassthroughRoute
+from proxy.serve.runtime import Runtime
+
+log = logging.getLogger("kafka_admission_proxy.listener")
+
+# accept() errors that mean "out of file descriptors or memory for now": pause, don't die.
+_OUT_OF_RESOURCES = {errno.EMFILE, errno.ENFILE, errno.ENOMEM, errno.ENOBUFS}
+
+
+class ListenerRuntime:
+    def __init__(
+        self,
+        config: Listener,
+        runtime: Runtime,
+        *,
+        directory: BrokerDirectory,
+        bootstrap: list[tuple[str, int]],
+        rewrites: bool,
+        tls: TlsTermination | None,
+    ) -> None:
+        self.config = config
+        self.name = config.name
+        self._runtime = runtime
+        self._directory = directory
+        self._bootstrap = bootstrap
+        self._rewrites = rewrites
+        self.tls = tls
+        self._stats = runtime.metrics.traffic_of(config.name)
+        self._tls_label = "passthrough" if config.passthrough else "true" if tls is not None else "false"
+        self.connections: set[ClientConnection | PassthroughConnection] = set()
+        self._passthrough_ids = itertools.count(1)
+        self._node_ports: set[int] = set()
+        self._acceptors: trio.Nursery | None = None
+        self._connections: trio.Nursery | None = None
+        self._one_closed: trio.Event | None = None  # made only while someone waits for the drain
+        self.bound = False
+
+    def _port(self, upstream_name: str, connect: Callable[[ClientCertificate], Awaitable[UpstreamLink]]) -> Port:
+        return Port(self.name, self.tls, upstream_name, connect, self._stats)
+
+    async def run(self, *, task_status: trio.TaskStatus[None] = trio.TASK_STATUS_IGNORED) -> None:
+        """Bind the bootstrap port (then node ports as brokers are learned) and serve
+        until accepting stops and the last connection is gone."""
+        host, port = self.config.bind_address
+        bootstrap: Port | PassthroughRoute
+        if self.config.passthrough:
+            brokers = self.config.passthrough_addresses()
+            bootstrap = self._passthrough_route(tuple(brokers.values()))
+        else:
+            names = ",".join(f"{h}:{p}" for h, p in self._bootstrap)
+            bootstrap = self._port(
+                names, lambda client: self._runtime.connector.connect_any(self._bootstrap, client=client)
+            )
+        async with trio.open_nursery() as connections:
+            self._connections = connections
+            async with trio.open_nursery() as acceptors:
+                self._acceptors = acceptors
+                await acceptors.start(self._serve_port, host, port, bootstrap)
+                self.bound = True
+                if self.config.passthrough:
+                    if self._rewrites:  # cluster mode: a port per broker, as the brokers advertise
+                        for node_id, address in brokers.items():
+                            await self._open_port(node_id, self._passthrough_route((address,)))
+                elif self._rewrites:
+                    self._directory.on_new_node(self.open_node_port)
+                    for node_id in self._directory.node_ids:
+                        await self.open_node_port(node_id)
+                task_status.started()
+            self.bound = False
+
+    def _passthrough_route(self, brokers: tuple[tuple[str, int], ...]) -> PassthroughRoute:
+        return PassthroughRoute(self.name, ",".join(f"{h}:{p}" for h, p in brokers), brokers, self._stats)
+
+    async def open_node_port(self, node_id: int) -> None:
+        if self.config.passthrough:
+            return  # its node ports are its passthrough_brokers, not the brokers metadata names
+        route = self._port(f"node {node_id}", lambda client: self._connect_node(node_id, client))
+        await self._open_port(node_id, route)
+
+    async def _open_port(self, node_id: int, route: Port | PassthroughRoute) -> None:
+        if node_id in self._node_ports or self._acceptors is None:
+            return
+        self._node_ports.add(node_id)
+        host, _ = self.config.bind_address
+        port = self.config.node_port_base + node_id
+        try:
+            await self._acceptors.start(self._serve_port, host, port, route, node_id)
+        except OSError as exc:
+            log.error(
+                "cannot open the port for broker node %d: %s",
+                node_id,
+                exc,
+                extra={"listener": self.name, "port": port},
+            )
+
+    async def _connect_node(self, node_id: int, client: ClientCertificate) -> UpstreamLink:
+        connector = self._runtime.connector
+        address = self._directory.address_of(node_id)
+        if address is None:
+            raise UpstreamUnavailable(f"broker node {node_id} is unknown")
+        if self._directory.is_via_bootstrap(node_id):
+            return await connector.connect_any(self._bootstrap, client=client)
+        try:
+            return await connector.connect(*address, client=client)
+        except UpstreamUnavailable:
+            if not self._directory.reach_via_bootstrap(node_id):
+                raise
+            return await connector.connect_any(self._bootstrap, client=client)
+
+    async def _serve_port(
+        self,
+        host: str,
+        port: int,
+        route: Port | PassthroughRoute,
+        broker: BrokerKey = BOOTSTRAP,
+        *,
+        task_status: trio.TaskStatus[None] = trio.TASK_STATUS_IGNORED,
+    ) -> None:
+        if not 0 < port <= 65535:
+            out_of_range = OSError(errno.EINVAL, "port out of range (node_port_base + node id)")
+            raise BindError(f"listener {self.name}", host, port, out_of_range)
+        try:
+            listeners = await trio.open_tcp_listeners(port, host=host)
+        except OSError as exc:
+            raise BindError(f"listener {self.name}", host, port, exc) from None
+        log.info("listening", extra={"listener": self.name, "bind": f"{host}:{port}", "upstream": route.upstream_name})
+        task_status.started()
+        try:
+            async with trio.open_nursery() as accepting:
+                for listener in listeners:
+                    accepting.start_soon(self._accept_loop, listener, route, broker)
+        finally:
+            for listener in listeners:
+                await trio.aclose_forcefully(listener)
+
+    async def _accept_loop(
+        self, listener: trio.SocketListener, route: Port | PassthroughRoute, broker: BrokerKey
+    ) -> None:
+        """Accept, decide, serve. A decision to wait blocks this loop, so further
+        connections wait in the kernel backlog (Kafka's acceptor does the same).
+        Connections count against ``broker``'s limits (a node port's node id), as that
+        broker counts its own; the bootstrap port has a pool of its own."""
+        assert self._connections is not None
+        runtime = self._runtime
+        accepted = runtime.metrics.connections_accepted.labels(self.name, self._tls_label)
+        while True:
+            try:
+                stream = await listener.accept()
+            except OSError as exc:
+                if exc.errno in _OUT_OF_RESOURCES:
+                    log.error("accept failed: %s; pausing", exc, extra={"listener": self.name})
+                    await trio.sleep(0.1)
+                    continue
+                raise
+            connection: ClientConnection | PassthroughConnection
+            if isinstance(route, PassthroughRoute):
+                conn_id = f"{self.name}-p{next(self._passthrough_ids)}"
+                connection = PassthroughConnection(route, runtime, stream, conn_id)
+            else:
+                connection = ClientConnection(route, runtime, stream)
+            accepted.inc()
+            if not await runtime.gate.admit(connection, broker):
+                await trio.aclose_forcefully(stream)
+                continue
+            self._connections.start_soon(self._handle, connection)
+
+    async def _handle(self, connection: ClientConnection | PassthroughConnection) -> None:
+        metrics = self._runtime.metrics
+        self.connections.add(connection)
+        metrics.connections_active.labels(self.name, self._tls_label).inc()
+        try:
+            await connection.run()
+        finally:
+            self._runtime.gate.on_closed(connection)
+            self.connections.discard(connection)
+            if self._one_closed is not None:
+                self._one_closed.set()
+            metrics.connections_active.labels(self.name, self._tls_label).dec()
+            metrics.connections_closed.labels(self.name, self._tls_label).inc()
+
+    def stop_accepting(self) -> None:
+        """No new connections (and no node ports) from now on."""
+        if self._acceptors is not None:
+            self._acceptors.cancel_scope.cancel()
+            self._acceptors = None
+
+    async def wait_closed(self) -> None:
+        """Return once this listener has no open connection."""
+        while self.connections:
+            self._one_closed = trio.Event()
+            await self._one_closed.wait()
+        self._one_closed = None
+
+    def stop_reading(self) -> None:
+        for connection in list(self.connections):
+            connection.stop_reading()
