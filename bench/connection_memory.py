@@ -238,7 +238,7 @@ def measure(
             )
         time.sleep(args.settle)
         rss_after, fds_after = rss_kib(proxy.pid), open_fds(proxy.pid)
-        active = active_connections(proxy.serve.admin)
+        active = active_connections(proxy.admin)
         if active != count:
             raise BenchError(f"{protocol}: the proxy reports {active:g} active connections, expected {count}")
         client.stdin.write("close\n")
