@@ -172,16 +172,18 @@ def metric_families() -> list[tuple[str, str, tuple[str, ...], str]]:
     families: list[tuple[str, str, tuple[str, ...], str]] = []
 
     async def walk() -> None:
-        for collector in list(registry._collector_to_names):  # the registry's own list of collectors
+        # prometheus-client keeps a family's label names in private attributes only: a labelled
+        # Counter or Gauge with no child yet collects no sample to read them from.
+        for collector in list(registry._collector_to_names):
             if isinstance(collector, MetricWrapperBase):
                 families.append(
-                    (collector._name, collector._type, tuple(collector._labelnames), collector._documentation)
+                    (collector._name, str(collector._type), tuple(collector._labelnames), collector._documentation)
                 )
                 continue
             for family in collector.collect():
                 labels = getattr(family, "_labelnames", None)
                 if labels is None:
-                    labels = {label for sample in family.samples for label in sample.labels}
+                    labels = sorted({label for sample in family.samples for label in sample.labels})
                 names = tuple(label for label in labels if label != "le")
                 families.append((family.name, family.type, names, family.documentation))
 
