@@ -27,7 +27,7 @@ PROFILE_ARGS :=
 SOAK_SECONDS := 600
 
 .PHONY: demo test test-tools deploy-tools apache-kafka spark-kafka test-apache-kafka lint bench bench-tools profile \
-	bench-instructions bench-report lock runtime-size fuzz soak
+	bench-instructions bench-report lock runtime-size fuzz soak docs
 
 $(BIN)/.installed: pyproject.toml requirements/dev.txt
 	python3 -m venv $(VENV)
@@ -80,6 +80,11 @@ test: $(BIN)/.installed test-tools deploy-tools apache-kafka spark-kafka
 	$(BIN)/ruff check .
 	$(BIN)/mypy policies proxy pipeline
 	$(BIN)/pytest -n 2 --dist loadgroup  # two workers; Spark's and Apache Kafka's tests each in one (tests/conftest.py)
+
+# The generated parts of docs/: the config reference from the config model, the metrics reference
+# from a proxy's registry (tests/unit/test_docs.py fails while they are stale).
+docs: $(BIN)/.installed
+	$(BIN)/python tools/gen_docs.py
 
 # Only the tests against Apache Kafka itself (tests/apache_kafka).
 test-apache-kafka: $(BIN)/.installed apache-kafka

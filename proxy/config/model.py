@@ -178,13 +178,24 @@ class ClientIdentity(_Frozen):
     """The identity CA: the proxy connects to brokers with a certificate it issues for each
     client that presented a verified certificate, carrying that client's subject and SANs."""
 
-    ca_cert_file: str
-    ca_key_file: str
-    validity: Annotated[int, BeforeValidator(_seconds)] = Field(default=3600, ge=60, le=MAX_IDENTITY_VALIDITY_S)
-    # A client without a certificate: refused, or connected with the proxy's own cert_file.
-    without_certificate: Literal["refuse", "proxy"] = "refuse"
-    # Subjects whose certificate and TLS context are kept (~27 KB each), least recently used out.
-    cache_size: int = Field(default=1000, ge=1, le=1_000_000)
+    ca_cert_file: str = Field(description="The identity CA's certificate (PEM), which signs each client's certificate.")
+    ca_key_file: str = Field(description="The identity CA's private key (PEM), readable by the proxy's user only.")
+    validity: Annotated[int, BeforeValidator(_seconds)] = Field(
+        default=3600,
+        ge=60,
+        le=MAX_IDENTITY_VALIDITY_S,
+        description="Lifetime of an issued certificate: seconds (3600) or a duration (90s, 15m, 1h, 1d).",
+    )
+    without_certificate: Literal["refuse", "proxy"] = Field(
+        default="refuse",
+        description="A client without a verified certificate: refused, or connected with the proxy's own cert_file.",
+    )
+    cache_size: int = Field(
+        default=1000,
+        ge=1,
+        le=1_000_000,
+        description="Subjects whose certificate and TLS context are kept (~27 KB each), least recently used out.",
+    )
 
     _files = field_validator("ca_cert_file", "ca_key_file")(_existing_file)
 
@@ -200,14 +211,27 @@ def _identity_needs_tls(v: Mapping[str, Any]) -> None:
 
 
 class UpstreamTls(_Frozen):
-    enabled: KafkaBool = False
-    ca_file: str | None = None
-    cert_file: str | None = None
-    key_file: str | None = None
-    key_password_file: str | None = None
-    key_password_env: str | None = None
-    server_hostname: str | None = None
-    client_identity: ClientIdentity | None = None
+    enabled: KafkaBool = Field(default=False, description="TLS toward the brokers.")
+    ca_file: str | None = Field(
+        default=None, description="PEM bundle that verifies the brokers; null: the system's CAs."
+    )
+    cert_file: str | None = Field(
+        default=None, description="Client certificate toward the brokers (mTLS), set together with key_file."
+    )
+    key_file: str | None = Field(default=None, description="The client certificate's private key (PEM).")
+    key_password_file: str | None = Field(
+        default=None, description="A file holding the key's password (a trailing newline dropped)."
+    )
+    key_password_env: str | None = Field(
+        default=None, description="Or an environment variable holding the key's password."
+    )
+    server_hostname: str | None = Field(
+        default=None, description="Name to verify in the broker's certificate; null: the host dialled."
+    )
+    client_identity: ClientIdentity | None = Field(
+        default=None,
+        description="The identity CA: each mTLS client reaches the brokers as itself (docs/identity.md).",
+    )
 
     _files = field_validator("ca_file", "cert_file", "key_file", "key_password_file")(_existing_file)
     _env = field_validator("key_password_env")(_set_env_var)
@@ -225,8 +249,10 @@ def _bootstrap_addresses(value: tuple[str, ...]) -> tuple[str, ...]:
 
 
 class Upstream(_Frozen):
-    bootstrap_servers: tuple[str, ...] = Field(min_length=1, strict=False)  # a YAML list
-    tls: UpstreamTls = UpstreamTls()
+    bootstrap_servers: tuple[str, ...] = Field(
+        min_length=1, strict=False, description="host:port of the brokers to bootstrap from."
+    )  # a YAML list
+    tls: UpstreamTls = Field(default=UpstreamTls(), description="TLS toward the brokers.")
 
     _addresses = field_validator("bootstrap_servers")(_bootstrap_addresses)
 
@@ -240,12 +266,18 @@ def _ca_for_client_auth(v: Mapping[str, Any]) -> None:
 
 
 class ListenerTls(_Frozen):
-    cert_file: str
-    key_file: str
-    key_password_file: str | None = None
-    key_password_env: str | None = None
-    ca_file: str | None = None
-    client_auth: Literal["none", "optional", "required"] = "none"
+    cert_file: str = Field(description="The listener's certificate chain (PEM): leaf first, then intermediates.")
+    key_file: str = Field(description="Its private key (PEM).")
+    key_password_file: str | None = Field(
+        default=None, description="A file holding the key's password (a trailing newline dropped)."
+    )
+    key_password_env: str | None = Field(
+        default=None, description="Or an environment variable holding the key's password."
+    )
+    ca_file: str | None = Field(default=None, description="PEM bundle that verifies client certificates.")
+    client_auth: Literal["none", "optional", "required"] = Field(
+        default="none", description="Client certificates: none, optional or required (mTLS)."
+    )
 
     _files = field_validator("cert_file", "key_file", "ca_file", "key_password_file")(_existing_file)
     _env = field_validator("key_password_env")(_set_env_var)
@@ -304,21 +336,35 @@ def _no_sasl_flag_on_passthrough(v: Mapping[str, Any]) -> None:
 
 
 class Listener(_Frozen):
-    name: str = Field(pattern=r"^[A-Za-z0-9_.-]+$")
-    bind: str
-    advertised_host: str = "127.0.0.1"
-    node_port_base: int = Field(default=29100, ge=1, le=65535)
-    # A mapping terminates TLS here; "passthrough" relays the client's TLS bytes, undecrypted,
-    # to one broker (proxy/serve/passthrough.py): only the connection-level policies apply to it.
-    tls: ListenerTlsSetting | None = None
-    # tls: passthrough only: node id -> host:port of that broker's TLS listener for clients.
-    # The bootstrap port relays to the first that accepts; in cluster mode, node port
-    # node_port_base + id relays to broker id (the broker advertises that port itself).
-    passthrough_brokers: dict[Annotated[int, Strict(False)], str] = Field(default_factory=dict)  # "0" too (JSON keys)
-    # Clients authenticate with SASL here (passed through to the broker): until the broker
-    # accepts their SaslAuthenticate, frames are bounded by sasl.server.max.receive.size.
-    sasl: KafkaBool = False
-    protected: KafkaBool = False
+    name: str = Field(
+        pattern=r"^[A-Za-z0-9_.-]+$", description="Names the listener in metrics, logs and listener.name.<name>.* keys."
+    )
+    bind: str = Field(description="host:port clients connect to: this listener's bootstrap address.")
+    advertised_host: str = Field(default="127.0.0.1", description="The host written into rewritten responses.")
+    node_port_base: int = Field(
+        default=29100, ge=1, le=65535, description="Cluster mode: broker node N is served on node_port_base + N."
+    )
+    # proxy/serve/passthrough.py relays a passthrough listener's bytes.
+    tls: ListenerTlsSetting | None = Field(
+        default=None,
+        description="null: plaintext; a mapping: this proxy terminates TLS; passthrough: the client's TLS bytes "
+        "are relayed, undecrypted, to one broker, and only the connection-level policies apply.",
+    )
+    passthrough_brokers: dict[Annotated[int, Strict(False)], str] = Field(
+        default_factory=dict,
+        description="tls: passthrough only: node id to host:port of that broker's TLS listener for clients. The "
+        "bootstrap port relays to the first that accepts; in cluster mode, node port node_port_base + id relays "
+        "to broker id (the broker advertises that port itself).",
+    )  # "0" too (JSON keys)
+    sasl: KafkaBool = Field(
+        default=False,
+        description="Clients authenticate with SASL here (SASL_PLAINTEXT, or SASL_SSL with tls; passed through to "
+        "the broker): until the broker accepts their SaslAuthenticate, frames are bounded by "
+        "sasl.server.max.receive.size.",
+    )
+    protected: KafkaBool = Field(
+        default=False, description="Exempt from the broker-wide caps max.connections and max.ssl.connections."
+    )
 
     _bind = field_validator("bind")(_check_bind)
     cross_field_rules = (
@@ -358,7 +404,10 @@ class Listener(_Frozen):
 
 
 class Admin(_Frozen):
-    bind: str = "127.0.0.1:9464"
+    bind: str = Field(
+        default="127.0.0.1:9464",
+        description="host:port of /metrics, /healthz and /readyz; 0.0.0.0:9464 to be scraped from elsewhere.",
+    )
 
     _bind = field_validator("bind")(_check_bind)
 
@@ -426,62 +475,234 @@ def _pool_fits_the_largest_request(flat: Mapping[str, Any]) -> None:
 class ListenerPolicies(_Frozen):
     """Per-listener overrides, written ``listener.name.<listener>.<property>`` as in Kafka."""
 
-    max_response_size: int | None = Field(default=None, ge=1, le=_INT_MAX, alias="max.response.size")
-    max_connections: int | None = Field(default=None, ge=1, le=_INT_MAX, alias="max.connections")
+    max_response_size: int | None = Field(
+        default=None, ge=1, le=_INT_MAX, alias="max.response.size", description="This listener's max.response.size."
+    )
+    max_connections: int | None = Field(
+        default=None,
+        ge=1,
+        le=_INT_MAX,
+        alias="max.connections",
+        description="This listener's own connection cap (protected listeners too).",
+    )
 
 
 class Policies(_Frozen):
     """Kafka broker properties, by their Kafka names, and each policy's mode."""
 
-    mode: PolicyMode = "enforce"
-    socket_request_max_bytes: int = Field(default=104857600, ge=1, le=_INT_MAX, alias="socket.request.max.bytes")
-    # Kafka's SaslServerAuthenticator: the largest frame before SASL authentication (SASL listeners).
-    sasl_server_max_receive_size: int = Field(default=524288, ge=1, le=_INT_MAX, alias="sasl.server.max.receive.size")
-    # KIP-498: the largest response frame accepted from a broker and forwarded.
-    max_response_size: int = Field(default=104857600, ge=1, le=_INT_MAX, alias="max.response.size")
-    response_size_mode: PolicyMode | None = Field(default=None, alias="response.size.mode")
+    mode: PolicyMode = Field(
+        default="enforce",
+        description="Every policy's mode unless its own says: enforce, or observe (decide, count and audit, "
+        "but let the traffic through).",
+    )
+    socket_request_max_bytes: int = Field(
+        default=104857600,
+        ge=1,
+        le=_INT_MAX,
+        alias="socket.request.max.bytes",
+        description="The largest request frame, checked at its 4-byte length prefix before anything is read.",
+    )
+    sasl_server_max_receive_size: int = Field(
+        default=524288,
+        ge=1,
+        le=_INT_MAX,
+        alias="sasl.server.max.receive.size",
+        description="Kafka's SaslServerAuthenticator: the largest frame before SASL authentication (listeners with "
+        "sasl: true).",
+    )
+    max_response_size: int = Field(
+        default=104857600,
+        ge=1,
+        le=_INT_MAX,
+        alias="max.response.size",
+        description="KIP-498: the largest response frame accepted from a broker and forwarded.",
+    )
+    response_size_mode: PolicyMode | None = Field(
+        default=None, alias="response.size.mode", description="The response size guard's mode; null: policies.mode."
+    )
     # Connection quotas (Kafka's ConnectionQuotas) and the KIP-1015 TLS cap.
-    max_connections: int = Field(default=_INT_MAX, ge=0, le=_INT_MAX, alias="max.connections")
-    max_connections_per_ip: int = Field(default=_INT_MAX, ge=0, le=_INT_MAX, alias="max.connections.per.ip")
-    max_connections_per_ip_overrides: str = Field(default="", alias="max.connections.per.ip.overrides")
-    max_ssl_connections: int = Field(default=_INT_MAX, ge=0, le=_INT_MAX, alias="max.ssl.connections")
-    connections_max_idle_ms: int = Field(default=600000, ge=-1, alias="connections.max.idle.ms")
-    # Beyond Kafka: how long a connection may wait in the backlog for a slot before it is closed.
-    max_connections_wait_ms: int = Field(default=30000, ge=1, le=_INT_MAX, alias="max.connections.wait.ms")
-    connections_mode: PolicyMode | None = Field(default=None, alias="connections.mode")
-    # Beyond Kafka: TLS handshakes are computed on the one event loop; at most this many
-    # between two turns of the established connections (the rest wait for the next turn).
-    max_ssl_handshakes_per_turn: int = Field(default=4, ge=1, le=_INT_MAX, alias="max.ssl.handshakes.per.turn")
+    max_connections: int = Field(
+        default=_INT_MAX,
+        ge=0,
+        le=_INT_MAX,
+        alias="max.connections",
+        description="Kafka's ConnectionQuotas: all listeners together, protected ones excluded; in cluster mode each "
+        "broker counts its own.",
+    )
+    max_connections_per_ip: int = Field(
+        default=_INT_MAX,
+        ge=0,
+        le=_INT_MAX,
+        alias="max.connections.per.ip",
+        description="Connections from one client address.",
+    )
+    max_connections_per_ip_overrides: str = Field(
+        default="",
+        alias="max.connections.per.ip.overrides",
+        description='Per-address caps, as "host:100,127.0.0.2:200"; hostnames are resolved at load.',
+    )
+    max_ssl_connections: int = Field(
+        default=_INT_MAX,
+        ge=0,
+        le=_INT_MAX,
+        alias="max.ssl.connections",
+        description="KIP-1015: all TLS listeners together; plaintext connections are never affected.",
+    )
+    connections_max_idle_ms: int = Field(
+        default=600000,
+        ge=-1,
+        alias="connections.max.idle.ms",
+        description="Idle connections are closed after this long (-1: never).",
+    )
+    max_connections_wait_ms: int = Field(
+        default=30000,
+        ge=1,
+        le=_INT_MAX,
+        alias="max.connections.wait.ms",
+        description="Beyond Kafka: how long a connection may wait in the backlog for a slot before it is closed.",
+    )
+    connections_mode: PolicyMode | None = Field(
+        default=None, alias="connections.mode", description="The connection caps' mode; null: policies.mode."
+    )
+    max_ssl_handshakes_per_turn: int = Field(
+        default=4,
+        ge=1,
+        le=_INT_MAX,
+        alias="max.ssl.handshakes.per.turn",
+        description="Beyond Kafka: TLS handshakes are computed on the one event loop; at most this many steps between "
+        "two turns of the established connections (the rest wait for the next turn).",
+    )
     # Consumer group size (KIP-389 classic, KIP-848 consumer groups).
-    group_max_size: int = Field(default=_INT_MAX, ge=1, le=_INT_MAX, alias="group.max.size")
-    group_consumer_max_size: int = Field(default=_INT_MAX, ge=1, le=_INT_MAX, alias="group.consumer.max.size")
-    # Beyond Kafka: joins per minute per group (-1 = off), answered with a throttle.
-    group_join_rate_per_minute: int = Field(default=-1, ge=-1, le=_INT_MAX, alias="group.join.rate.per.minute")
-    group_size_mode: PolicyMode | None = Field(default=None, alias="group.size.mode")
-    # Kafka's bounds on a classic member's session timeout: how long a join's slot can live.
-    group_min_session_timeout_ms: int = Field(default=6000, ge=0, le=_INT_MAX, alias="group.min.session.timeout.ms")
-    group_max_session_timeout_ms: int = Field(default=1800000, ge=1, le=_INT_MAX, alias="group.max.session.timeout.ms")
-    # Beyond Kafka: how often a group near its cap is re-counted at the coordinator.
-    group_reconcile_interval_ms: int = Field(default=60000, ge=1, le=_INT_MAX, alias="group.reconcile.interval.ms")
-    # KIP-72 memory pool: bytes of requests read and not yet answered (-1 = off).
-    queued_max_request_bytes: int = Field(default=-1, ge=-1, le=2**63 - 1, alias="queued.max.request.bytes")
+    group_max_size: int = Field(
+        default=_INT_MAX,
+        ge=1,
+        le=_INT_MAX,
+        alias="group.max.size",
+        description="KIP-389: members of a classic group (JoinGroup).",
+    )
+    group_consumer_max_size: int = Field(
+        default=_INT_MAX,
+        ge=1,
+        le=_INT_MAX,
+        alias="group.consumer.max.size",
+        description="KIP-848: members of a consumer group (ConsumerGroupHeartbeat).",
+    )
+    group_join_rate_per_minute: int = Field(
+        default=-1,
+        ge=-1,
+        le=_INT_MAX,
+        alias="group.join.rate.per.minute",
+        description="Beyond Kafka: joins per group per minute (-1: off), answered with a throttle.",
+    )
+    group_size_mode: PolicyMode | None = Field(
+        default=None, alias="group.size.mode", description="The group size policy's mode; null: policies.mode."
+    )
+    group_min_session_timeout_ms: int = Field(
+        default=6000,
+        ge=0,
+        le=_INT_MAX,
+        alias="group.min.session.timeout.ms",
+        description="Kafka's lower bound on a classic member's session timeout: how long a join's slot can live.",
+    )
+    group_max_session_timeout_ms: int = Field(
+        default=1800000,
+        ge=1,
+        le=_INT_MAX,
+        alias="group.max.session.timeout.ms",
+        description="Kafka's upper bound on a member's session timeout (and here its rebalance timeout).",
+    )
+    group_reconcile_interval_ms: int = Field(
+        default=60000,
+        ge=1,
+        le=_INT_MAX,
+        alias="group.reconcile.interval.ms",
+        description="Beyond Kafka: how often a group near its cap is re-counted at the coordinator.",
+    )
+    queued_max_request_bytes: int = Field(
+        default=-1,
+        ge=-1,
+        le=2**63 - 1,
+        alias="queued.max.request.bytes",
+        description="KIP-72 memory pool: bytes of requests read and not yet answered; <= 0: off, else at least "
+        "socket.request.max.bytes.",
+    )
     queued_max_request_bytes_per_connection: int = Field(
-        default=-1, ge=-1, le=2**63 - 1, alias="queued.max.request.bytes.per.connection"
+        default=-1,
+        ge=-1,
+        le=2**63 - 1,
+        alias="queued.max.request.bytes.per.connection",
+        description="Beyond Kafka: the most bytes of the pool one connection may hold while others wait (-1: off).",
     )
-    request_body_timeout_ms: int = Field(default=10000, ge=1, le=_INT_MAX, alias="request.body.timeout.ms")
-    memory_pool_mode: PolicyMode | None = Field(default=None, alias="memory.pool.mode")
+    request_body_timeout_ms: int = Field(
+        default=10000,
+        ge=1,
+        le=_INT_MAX,
+        alias="request.body.timeout.ms",
+        description="The wait for pool memory plus the arrival of a frame's body; a stalled sender is dropped.",
+    )
+    memory_pool_mode: PolicyMode | None = Field(
+        default=None, alias="memory.pool.mode", description="The memory pool's mode; null: policies.mode."
+    )
     # KIP-1233 identifier lengths (limits are UTF-16 code units, as Java counts).
-    resource_identifier_limit_enable: KafkaBool = Field(default=False, alias="resource.identifier.limit.enable")
-    resource_identifier_max_length: int = Field(default=249, ge=0, le=_INT_MAX, alias="resource.identifier.max.length")
-    member_id_max_length: int = Field(default=36, ge=0, le=_INT_MAX, alias="member.id.max.length")
-    classic_member_id_max_length: int = Field(default=286, ge=0, le=_INT_MAX, alias="classic.member.id.max.length")
-    topic_name_max_length: int = Field(default=249, ge=0, le=_INT_MAX, alias="topic.name.max.length")
-    offset_metadata_max_bytes: int = Field(default=4096, ge=0, le=_INT_MAX, alias="offset.metadata.max.bytes")
-    resource_identifier_limit_error_code: int = Field(
-        default=42, ge=1, le=32767, alias="resource.identifier.limit.error.code"
+    resource_identifier_limit_enable: KafkaBool = Field(
+        default=False,
+        alias="resource.identifier.limit.enable",
+        description="KIP-1233: check identifier lengths in every request that carries them.",
     )
-    resource_identifier_limit_mode: PolicyMode | None = Field(default=None, alias="resource.identifier.limit.mode")
-    listener_overrides: dict[str, ListenerPolicies] = Field(default_factory=dict, alias="listener.name")
+    resource_identifier_max_length: int = Field(
+        default=249,
+        ge=0,
+        le=_INT_MAX,
+        alias="resource.identifier.max.length",
+        description="Group id, group instance id, client id, transactional id, rack id, config resource names, ACL "
+        "resource name, principal, host.",
+    )
+    member_id_max_length: int = Field(
+        default=36,
+        ge=0,
+        le=_INT_MAX,
+        alias="member.id.max.length",
+        description="Member ids clients generate (KIP-848, KIP-932 share groups, KIP-1071 streams groups).",
+    )
+    classic_member_id_max_length: int = Field(
+        default=286,
+        ge=0,
+        le=_INT_MAX,
+        alias="classic.member.id.max.length",
+        description="Classic-protocol member ids, which the broker generates as <client.id or "
+        "group.instance.id>-<UUID>.",
+    )
+    topic_name_max_length: int = Field(
+        default=249,
+        ge=0,
+        le=_INT_MAX,
+        alias="topic.name.max.length",
+        description="Topic names where topics are created (also [a-zA-Z0-9._-] only).",
+    )
+    offset_metadata_max_bytes: int = Field(
+        default=4096,
+        ge=0,
+        le=_INT_MAX,
+        alias="offset.metadata.max.bytes",
+        description="Offset commit metadata, per partition.",
+    )
+    resource_identifier_limit_error_code: int = Field(
+        default=42,
+        ge=1,
+        le=32767,
+        alias="resource.identifier.limit.error.code",
+        description="The error code a breach is answered with (42: INVALID_REQUEST).",
+    )
+    resource_identifier_limit_mode: PolicyMode | None = Field(
+        default=None,
+        alias="resource.identifier.limit.mode",
+        description="The identifier checks' mode; null: policies.mode.",
+    )
+    listener_overrides: dict[str, ListenerPolicies] = Field(
+        default_factory=dict,
+        alias="listener.name",
+        description="Per-listener overrides, written listener.name.<listener>.<property> as in Kafka.",
+    )
 
     # Kafka's rules over several keys (KafkaConfig, ConnectionQuotas, the memory pool's).
     cross_field_rules = (
@@ -572,7 +793,7 @@ class Policies(_Frozen):
 
 
 class AuditWindow(_Frozen):
-    seconds: float = Field(default=60, gt=0, le=86400)
+    seconds: float = Field(default=60, gt=0, le=86400, description="Length of an observation window.")
 
 
 def _writable_directory(value: str | None) -> str | None:
@@ -647,25 +868,68 @@ class Audit(_Frozen):
     """The evidence sink (proxy/evidence/audit.py): rotated JSON-line files in ``path`` and/or the Kafka
     topic ``topic`` (proxy/evidence/audit_kafka.py); the log when neither is set."""
 
-    path: str | None = None
+    path: str | None = Field(
+        default=None,
+        description="A directory of rotated JSON-line files (created if missing); null (and no topic): the log.",
+    )
     # Kafka's legal topic names (Topic.java): at most 249 of [a-zA-Z0-9._-].
-    topic: str | None = Field(default=None, pattern=r"^[a-zA-Z0-9._-]{1,249}$")
-    # Where the topic lives; empty: the upstream's bootstrap_servers.
-    bootstrap_servers: tuple[str, ...] = Field(default=(), strict=False)
-    # librdkafka producer properties over AUDIT_PRODUCER_DEFAULTS (security.protocol, ssl.*, sasl.*, ...).
-    producer: dict[str, str | int | float | bool] = Field(default_factory=dict)
-    # Used only when the proxy creates the topic: over AUDIT_TOPIC_CONFIG_DEFAULTS; -1: the broker's
-    # num.partitions and default.replication.factor.
-    topic_config: dict[str, str | int | bool] = Field(default_factory=dict)
-    topic_partitions: int = Field(default=-1, ge=-1, le=100000)
-    topic_replication_factor: int = Field(default=-1, ge=-1, le=32767)
-    # Names this proxy's files and events; default the hostname. Safe in a file name.
-    instance_id: str | None = Field(default=None, pattern=r"^[A-Za-z0-9_.-]{1,128}$")
-    max_file_bytes: int = Field(default=67108864, ge=4096, le=2**40)
-    max_file_seconds: float = Field(default=3600, gt=0, le=7 * 86400)
-    max_total_bytes: int = Field(default=1073741824, ge=4096, le=2**50)
-    queue_events: int = Field(default=65536, ge=1, le=16777216)
-    window: AuditWindow = AuditWindow()
+    topic: str | None = Field(
+        default=None,
+        pattern=r"^[a-zA-Z0-9._-]{1,249}$",
+        description="A Kafka topic for the events, beside or instead of path.",
+    )
+    bootstrap_servers: tuple[str, ...] = Field(
+        default=(),
+        strict=False,
+        description="The topic's brokers, reached directly (no policy applies); empty: upstream.bootstrap_servers.",
+    )
+    producer: dict[str, str | int | float | bool] = Field(
+        default_factory=dict,
+        description="librdkafka producer properties over the defaults (enable.idempotence, zstd, linger.ms 200, "
+        "16 MiB buffer): security.protocol, ssl.*, sasl.*, ...",
+    )
+    topic_config: dict[str, str | int | bool] = Field(
+        default_factory=dict,
+        description="When the proxy creates the topic: topic configs over retention.ms 604800000 (7 days) and "
+        "cleanup.policy delete.",
+    )
+    topic_partitions: int = Field(
+        default=-1, ge=-1, le=100000, description="When the proxy creates the topic; -1: the broker's num.partitions."
+    )
+    topic_replication_factor: int = Field(
+        default=-1,
+        ge=-1,
+        le=32767,
+        description="When the proxy creates the topic; -1: the broker's default.replication.factor.",
+    )
+    instance_id: str | None = Field(
+        default=None,
+        pattern=r"^[A-Za-z0-9_.-]{1,128}$",
+        description="Names this proxy's files and events (safe in a file name); null: the hostname.",
+    )
+    max_file_bytes: int = Field(
+        default=67108864,
+        ge=4096,
+        le=2**40,
+        description="A file is finished (.jsonl.open renamed .jsonl) at this size...",
+    )
+    max_file_seconds: float = Field(default=3600, gt=0, le=7 * 86400, description="... or this age.")
+    max_total_bytes: int = Field(
+        default=1073741824,
+        ge=4096,
+        le=2**50,
+        description="This instance's oldest files are deleted beyond this (at least max_file_bytes).",
+    )
+    queue_events: int = Field(
+        default=65536,
+        ge=1,
+        le=16777216,
+        description="Events waiting for each sink's writer; beyond it they are dropped and counted.",
+    )
+    window: AuditWindow = Field(
+        default=AuditWindow(),
+        description="Observation windows (sizes, groups, pool, connections, identifiers): evidence for the report.",
+    )
 
     _path = field_validator("path")(_writable_directory)
     _producer = field_validator("producer")(_librdkafka_accepts)
@@ -789,12 +1053,20 @@ def _sidecar_passthrough_has_one_broker(v: Mapping[str, Any]) -> None:
 
 
 class Config(_Frozen):
-    mode: Literal["cluster", "sidecar"] = "cluster"
-    upstream: Upstream
-    listeners: tuple[Listener, ...] = Field(min_length=1, strict=False)  # a YAML list
-    admin: Admin = Admin()
-    policies: Policies = Policies()
-    audit: Audit = Audit()
+    mode: Literal["cluster", "sidecar"] = Field(
+        default="cluster",
+        description="cluster: in front of a whole cluster, broker addresses rewritten to this proxy; sidecar: one "
+        "proxy per broker pod, addresses passed through.",
+    )
+    upstream: Upstream = Field(description="The brokers.")
+    listeners: tuple[Listener, ...] = Field(
+        min_length=1, strict=False, description="Where clients connect."
+    )  # a YAML list
+    admin: Admin = Field(default=Admin(), description="The admin HTTP endpoint.")
+    policies: Policies = Field(
+        default=Policies(), description="Kafka broker properties, by their Kafka names, and each policy's mode."
+    )
+    audit: Audit = Field(default=Audit(), description="The evidence sink: audit events and observation windows.")
 
     # Read from the YAML as written, so they are reported even when a listener or a
     # policy has errors of its own.

@@ -49,7 +49,7 @@ def conformance_rows(request: pytest.FixtureRequest) -> ConformanceRows:
 
 
 def pytest_terminal_summary(terminalreporter: pytest.TerminalReporter, config: pytest.Config) -> None:
-    """The conformance table (Markdown, as in the README), for the scenarios that ran."""
+    """The conformance table (Markdown, as in docs/conformance.md), for the scenarios that ran."""
     rows = config.stash.get(_CONFORMANCE, [])
     if not rows:
         return

@@ -16,10 +16,13 @@ from prometheus_client.parser import text_string_to_metric_families
 
 from tests.conftest import ROOT, ProxyProcess
 from tests.deploy.conftest import system_tool
+from tests.markdown import github_anchors
 
 RULES = ROOT / "deploy" / "prometheus" / "kafka-admission-proxy.rules.yaml"
 RULES_TEST = ROOT / "deploy" / "prometheus" / "kafka-admission-proxy.rules.test.yaml"
 DASHBOARD = ROOT / "deploy" / "grafana" / "kafka-admission-proxy.json"
+# Where every runbook_url points (relative to the repository), one heading per alert.
+RUNBOOKS = "docs/alerts.md"
 # The alerts the operators asked for, by what they watch.
 ALERTS = {
     "KafkaAdmissionMemoryPoolExhausted", "KafkaAdmissionTlsConnectionCapReached", "KafkaAdmissionEvictionsRising",
@@ -41,13 +44,6 @@ def rules() -> dict[str, dict[str, Any]]:
 
 def rule_expressions() -> dict[str, str]:
     return {name: rule["expr"] for name, rule in rules().items()}
-
-
-def github_anchors(markdown: str) -> set[str]:
-    """The anchors GitHub gives a document's headings: lower case, spaces to dashes,
-    punctuation other than - and _ dropped."""
-    headings = re.findall(r"^#+ (.+)$", markdown, flags=re.MULTILINE)
-    return {re.sub(r"[^\w\- ]", "", h.strip().lower()).replace(" ", "-") for h in headings}
 
 
 def dashboard_expressions() -> list[str]:
@@ -79,14 +75,15 @@ def test_each_alert_fires_on_its_series_and_not_on_a_quiet_proxy() -> None:
     assert fires == quiet == set(rules()) == ALERTS
 
 
-def test_every_alert_waits_and_links_its_runbook_in_the_readme() -> None:
-    anchors = github_anchors((ROOT / "README.md").read_text())
+def test_every_alert_waits_and_links_its_runbook_in_the_docs() -> None:
+    """Each runbook_url is docs/alerts.md#<the alert's anchor>, and that heading exists."""
+    anchors = github_anchors((ROOT / RUNBOOKS).read_text())
     for name, rule in rules().items():
         assert re.fullmatch(r"[1-9][0-9]*m", rule.get("for", "")), name
         assert rule["labels"]["severity"] in ("warning", "critical"), name
         document, _, anchor = rule["annotations"]["runbook_url"].partition("#")
-        assert (document, anchor) == ("README.md", name.lower()), name
-        assert anchor in anchors, f"README.md has no heading for {name}"
+        assert (document, anchor) == (RUNBOOKS, name.lower()), name
+        assert anchor in anchors, f"{RUNBOOKS} has no heading for {name}"
 
 
 def test_every_aggregation_keeps_the_namespace_pod_instance_and_job() -> None:

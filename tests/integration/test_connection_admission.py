@@ -728,7 +728,7 @@ def test_cluster_mode_counts_max_connections_per_upstream_broker(
 def test_two_proxy_replicas_each_admit_their_cap_to_the_same_broker(
     mock_cluster: Any, start_proxy: Any, sockets: list[KafkaSocket]
 ) -> None:
-    """What the README says of replicas: each proxy counts on its own, so with
+    """What docs/policies.md says of replicas: each proxy counts on its own, so with
     max.connections: 2 on two proxies broker 1 is reached by 2 x 2 connections, none evicted."""
     proxies = [_cluster_proxy(start_proxy, mock_cluster, {MAX_CONNECTIONS: 2}) for _ in range(2)]
     broker_port = int(broker_addresses(metadata(mock_cluster.bootstrap_servers[0]))[1][1])
