@@ -1,26 +1,30 @@
 """``kafka-admission-proxy demo``: an embedded Tansu broker, this proxy in front
 of it with the sample policy file, and a short produce/consume workload through
-the proxy. Runs until Ctrl-C, then stops everything it started."""
+the proxy. Runs until Ctrl-C, then stops everything it started.
+
+The proxy runs as its own process (``kafka-admission-proxy run``), exactly as an
+operator runs it, and the demo reads its numbers from its ``/metrics``: the demo
+is a client of the proxy and imports none of it."""
 
 from __future__ import annotations
 
-import logging
 import signal
+import subprocess
+import sys
+import tempfile
 import time
+import urllib.request
 from dataclasses import dataclass
 from importlib import resources
 from pathlib import Path
+from typing import Any
 
-import trio
 import yaml
 from confluent_kafka import Consumer, KafkaException, Producer
 from confluent_kafka.admin import AdminClient, NewTopic  # type: ignore[attr-defined]
+from prometheus_client.parser import text_string_to_metric_families
 
-from demo.tansu import TansuBroker
-from proxy.config.model import Config, parse_config
-from proxy.serve.server import ProxyServer
-
-log = logging.getLogger("kafka_admission_proxy.demo")
+from demo.tansu import TansuBroker, stop_process
 
 TOPIC = "demo-events"
 
@@ -37,12 +41,13 @@ class WorkloadResult:
 DEMO_WINDOW_SECONDS = 2
 
 
-def sample_config(bootstrap: str, audit_dir: Path | None = None) -> Config:
-    raw = yaml.safe_load(resources.files("demo").joinpath("demo-config.yaml").read_text())
+def sample_config(bootstrap: str, audit_dir: Path | None = None) -> dict[str, Any]:
+    """The sample policy file as a mapping, pointed at ``bootstrap``."""
+    raw: dict[str, Any] = yaml.safe_load(resources.files("demo").joinpath("demo-config.yaml").read_text())
     raw["upstream"]["bootstrap_servers"] = [bootstrap]
     if audit_dir is not None:
         raw["audit"] = {"path": str(audit_dir), "instance_id": "demo", "window": {"seconds": DEMO_WINDOW_SECONDS}}
-    return parse_config(raw)
+    return raw
 
 
 def run_workload(bootstrap: str, records: int) -> WorkloadResult:
@@ -87,45 +92,55 @@ def run_workload(bootstrap: str, records: int) -> WorkloadResult:
     return WorkloadResult(delivered, consumed, time.monotonic() - started)
 
 
-def _summary(server: ProxyServer, result: WorkloadResult) -> str:
-    registry = server.metrics.registry
-    requests = sum(
-        s.value
-        for m in registry.collect()
-        if m.name == "kafka_admission_requests"
-        for s in m.samples
-        if s.name.endswith("_total")
+def _get(url: str) -> str:
+    with urllib.request.urlopen(url, timeout=2) as response:
+        return str(response.read().decode())
+
+
+def _start_proxy(config_file: Path, admin: str) -> subprocess.Popen[bytes]:
+    """``kafka-admission-proxy run`` on the demo's config, once its ``/readyz`` answers."""
+    proxy = subprocess.Popen([sys.executable, "-m", "proxy.cli", "run", "--config", str(config_file)])
+    deadline = time.monotonic() + 30
+    while True:
+        if proxy.poll() is not None:
+            raise SystemExit(f"demo: the proxy exited with status {proxy.returncode} before it was ready")
+        try:
+            _get(f"http://{admin}/readyz")
+            return proxy
+        except OSError:
+            if time.monotonic() > deadline:
+                stop_process(proxy)
+                raise SystemExit(f"demo: the proxy's http://{admin}/readyz did not answer within 30 s") from None
+            time.sleep(0.1)
+
+
+def _requests_served(admin: str) -> int:
+    families = text_string_to_metric_families(_get(f"http://{admin}/metrics"))
+    return int(
+        sum(
+            sample.value
+            for family in families
+            if family.name == "kafka_admission_requests"
+            for sample in family.samples
+            if sample.name.endswith("_total")
+        )
     )
-    listener = server.config.listeners[0]
-    host = server.config.admin.bind_address[0]
+
+
+def _summary(config: dict[str, Any], result: WorkloadResult, requests: int) -> str:
+    listener, admin = config["listeners"][0], config["admin"]["bind"]
     return "\n".join(
         [
             "kafka-admission-proxy demo",
-            f"  broker (Tansu, embedded):  {server.config.upstream.bootstrap_servers[0]}",
-            f"  proxy listener:            {listener.bind}  (brokers on {listener.advertised_host}:"
-            f"{listener.node_port_base}+node id)",
-            f"  metrics:                   http://{host}:{server.admin_port}/metrics",
-            f"  health:                    http://{host}:{server.admin_port}/readyz",
+            f"  broker (Tansu, embedded):  {config['upstream']['bootstrap_servers'][0]}",
+            f"  proxy listener:            {listener['bind']}  (brokers on {listener['advertised_host']}:"
+            f"{listener['node_port_base']}+node id)",
+            f"  metrics:                   http://{admin}/metrics",
+            f"  health:                    http://{admin}/readyz",
             f"  workload: produced {result.produced}, consumed {result.consumed} records of "
-            f"topic {TOPIC!r} through the proxy in {result.seconds:.1f}s ({int(requests)} requests)",
+            f"topic {TOPIC!r} through the proxy in {result.seconds:.1f}s ({requests} requests)",
         ]
     )
-
-
-async def _demo(config: Config, records: int, exit_after_workload: bool) -> int:
-    server = ProxyServer(config)
-    with trio.open_signal_receiver(signal.SIGTERM, signal.SIGINT) as signals:
-        async with trio.open_nursery() as nursery:
-            await nursery.start(server.run)
-            result = await trio.to_thread.run_sync(run_workload, config.listeners[0].bind, records)
-            print(_summary(server, result), flush=True)
-            ok = result.produced == records and result.consumed == records
-            if not exit_after_workload:
-                print("Running; press Ctrl-C to stop.", flush=True)
-                async for _ in signals:
-                    break
-            await server.shutdown(drain_timeout=5)
-    return 0 if ok else 1
 
 
 def run_demo(records: int = 1000, exit_after_workload: bool = False, audit_dir: Path | None = None) -> int:
@@ -135,6 +150,23 @@ def run_demo(records: int = 1000, exit_after_workload: bool = False, audit_dir: 
         audit_dir.mkdir(parents=True, exist_ok=True)
         for old in audit_dir.glob("demo-*.jsonl*"):
             old.unlink()
-    with TansuBroker() as broker:
+    with TansuBroker() as broker, tempfile.TemporaryDirectory(prefix="kafka-admission-demo-") as workdir:
         config = sample_config(broker.bootstrap, audit_dir)
-        return trio.run(_demo, config, records, exit_after_workload)
+        config_file = Path(workdir) / "config.yaml"
+        config_file.write_text(yaml.safe_dump(config, sort_keys=False))
+        admin = config["admin"]["bind"]
+        proxy = _start_proxy(config_file, admin)
+        # Ctrl-C reaches the whole foreground process group: the proxy drains on its own SIGINT,
+        # and the demo waits for it rather than dying with a traceback. (Blocked only now: a
+        # child inherits the signal mask.)
+        signal.pthread_sigmask(signal.SIG_BLOCK, {signal.SIGINT, signal.SIGTERM})
+        try:
+            result = run_workload(config["listeners"][0]["bind"], records)
+            print(_summary(config, result, _requests_served(admin)), flush=True)
+            if not exit_after_workload:
+                print("Running; press Ctrl-C to stop.", flush=True)
+                signal.sigwait({signal.SIGINT, signal.SIGTERM})
+        finally:
+            status = stop_process(proxy, timeout=15)
+    ok = result.produced == records and result.consumed == records
+    return 0 if ok and status == 0 else 1

@@ -254,7 +254,7 @@ def test_the_shipped_example_config_is_valid() -> None:
 def test_the_demo_sample_config_is_valid() -> None:
     from demo.run import sample_config
 
-    assert sample_config("127.0.0.1:1").upstream.bootstrap_servers == ("127.0.0.1:1",)
+    assert parse_config(sample_config("127.0.0.1:1")).upstream.bootstrap_servers == ("127.0.0.1:1",)
 
 
 def test_per_listener_max_response_size_is_written_as_kafka_does() -> None:
