@@ -33,6 +33,7 @@ from pydantic import (
 )
 from pydantic_core import PydanticCustomError
 
+from policies.api_keys import INT_MAX
 from policies.connections import ConnectionLimits
 from policies.group_size import GroupSizeConfig
 from policies.identifier_limits import IdentifierLimits
@@ -368,7 +369,6 @@ class Admin(_Frozen):
 
 
 PolicyMode = Literal["enforce", "observe"]
-_INT_MAX = 2147483647
 _LISTENER_PREFIX = "listener.name."
 
 
@@ -426,57 +426,57 @@ def _pool_fits_the_largest_request(flat: Mapping[str, Any]) -> None:
 class ListenerPolicies(_Frozen):
     """Per-listener overrides, written ``listener.name.<listener>.<property>`` as in Kafka."""
 
-    max_response_size: int | None = Field(default=None, ge=1, le=_INT_MAX, alias="max.response.size")
-    max_connections: int | None = Field(default=None, ge=1, le=_INT_MAX, alias="max.connections")
+    max_response_size: int | None = Field(default=None, ge=1, le=INT_MAX, alias="max.response.size")
+    max_connections: int | None = Field(default=None, ge=1, le=INT_MAX, alias="max.connections")
 
 
 class Policies(_Frozen):
     """Kafka broker properties, by their Kafka names, and each policy's mode."""
 
     mode: PolicyMode = "enforce"
-    socket_request_max_bytes: int = Field(default=104857600, ge=1, le=_INT_MAX, alias="socket.request.max.bytes")
+    socket_request_max_bytes: int = Field(default=104857600, ge=1, le=INT_MAX, alias="socket.request.max.bytes")
     # Kafka's SaslServerAuthenticator: the largest frame before SASL authentication (SASL listeners).
-    sasl_server_max_receive_size: int = Field(default=524288, ge=1, le=_INT_MAX, alias="sasl.server.max.receive.size")
+    sasl_server_max_receive_size: int = Field(default=524288, ge=1, le=INT_MAX, alias="sasl.server.max.receive.size")
     # KIP-498: the largest response frame accepted from a broker and forwarded.
-    max_response_size: int = Field(default=104857600, ge=1, le=_INT_MAX, alias="max.response.size")
+    max_response_size: int = Field(default=104857600, ge=1, le=INT_MAX, alias="max.response.size")
     response_size_mode: PolicyMode | None = Field(default=None, alias="response.size.mode")
     # Connection quotas (Kafka's ConnectionQuotas) and the KIP-1015 TLS cap.
-    max_connections: int = Field(default=_INT_MAX, ge=0, le=_INT_MAX, alias="max.connections")
-    max_connections_per_ip: int = Field(default=_INT_MAX, ge=0, le=_INT_MAX, alias="max.connections.per.ip")
+    max_connections: int = Field(default=INT_MAX, ge=0, le=INT_MAX, alias="max.connections")
+    max_connections_per_ip: int = Field(default=INT_MAX, ge=0, le=INT_MAX, alias="max.connections.per.ip")
     max_connections_per_ip_overrides: str = Field(default="", alias="max.connections.per.ip.overrides")
-    max_ssl_connections: int = Field(default=_INT_MAX, ge=0, le=_INT_MAX, alias="max.ssl.connections")
+    max_ssl_connections: int = Field(default=INT_MAX, ge=0, le=INT_MAX, alias="max.ssl.connections")
     connections_max_idle_ms: int = Field(default=600000, ge=-1, alias="connections.max.idle.ms")
     # Beyond Kafka: how long a connection may wait in the backlog for a slot before it is closed.
-    max_connections_wait_ms: int = Field(default=30000, ge=1, le=_INT_MAX, alias="max.connections.wait.ms")
+    max_connections_wait_ms: int = Field(default=30000, ge=1, le=INT_MAX, alias="max.connections.wait.ms")
     connections_mode: PolicyMode | None = Field(default=None, alias="connections.mode")
     # Beyond Kafka: TLS handshakes are computed on the one event loop; at most this many
     # between two turns of the established connections (the rest wait for the next turn).
-    max_ssl_handshakes_per_turn: int = Field(default=4, ge=1, le=_INT_MAX, alias="max.ssl.handshakes.per.turn")
+    max_ssl_handshakes_per_turn: int = Field(default=4, ge=1, le=INT_MAX, alias="max.ssl.handshakes.per.turn")
     # Consumer group size (KIP-389 classic, KIP-848 consumer groups).
-    group_max_size: int = Field(default=_INT_MAX, ge=1, le=_INT_MAX, alias="group.max.size")
-    group_consumer_max_size: int = Field(default=_INT_MAX, ge=1, le=_INT_MAX, alias="group.consumer.max.size")
+    group_max_size: int = Field(default=INT_MAX, ge=1, le=INT_MAX, alias="group.max.size")
+    group_consumer_max_size: int = Field(default=INT_MAX, ge=1, le=INT_MAX, alias="group.consumer.max.size")
     # Beyond Kafka: joins per minute per group (-1 = off), answered with a throttle.
-    group_join_rate_per_minute: int = Field(default=-1, ge=-1, le=_INT_MAX, alias="group.join.rate.per.minute")
+    group_join_rate_per_minute: int = Field(default=-1, ge=-1, le=INT_MAX, alias="group.join.rate.per.minute")
     group_size_mode: PolicyMode | None = Field(default=None, alias="group.size.mode")
     # Kafka's bounds on a classic member's session timeout: how long a join's slot can live.
-    group_min_session_timeout_ms: int = Field(default=6000, ge=0, le=_INT_MAX, alias="group.min.session.timeout.ms")
-    group_max_session_timeout_ms: int = Field(default=1800000, ge=1, le=_INT_MAX, alias="group.max.session.timeout.ms")
+    group_min_session_timeout_ms: int = Field(default=6000, ge=0, le=INT_MAX, alias="group.min.session.timeout.ms")
+    group_max_session_timeout_ms: int = Field(default=1800000, ge=1, le=INT_MAX, alias="group.max.session.timeout.ms")
     # Beyond Kafka: how often a group near its cap is re-counted at the coordinator.
-    group_reconcile_interval_ms: int = Field(default=60000, ge=1, le=_INT_MAX, alias="group.reconcile.interval.ms")
+    group_reconcile_interval_ms: int = Field(default=60000, ge=1, le=INT_MAX, alias="group.reconcile.interval.ms")
     # KIP-72 memory pool: bytes of requests read and not yet answered (-1 = off).
     queued_max_request_bytes: int = Field(default=-1, ge=-1, le=2**63 - 1, alias="queued.max.request.bytes")
     queued_max_request_bytes_per_connection: int = Field(
         default=-1, ge=-1, le=2**63 - 1, alias="queued.max.request.bytes.per.connection"
     )
-    request_body_timeout_ms: int = Field(default=10000, ge=1, le=_INT_MAX, alias="request.body.timeout.ms")
+    request_body_timeout_ms: int = Field(default=10000, ge=1, le=INT_MAX, alias="request.body.timeout.ms")
     memory_pool_mode: PolicyMode | None = Field(default=None, alias="memory.pool.mode")
     # KIP-1233 identifier lengths (limits are UTF-16 code units, as Java counts).
     resource_identifier_limit_enable: KafkaBool = Field(default=False, alias="resource.identifier.limit.enable")
-    resource_identifier_max_length: int = Field(default=249, ge=0, le=_INT_MAX, alias="resource.identifier.max.length")
-    member_id_max_length: int = Field(default=36, ge=0, le=_INT_MAX, alias="member.id.max.length")
-    classic_member_id_max_length: int = Field(default=286, ge=0, le=_INT_MAX, alias="classic.member.id.max.length")
-    topic_name_max_length: int = Field(default=249, ge=0, le=_INT_MAX, alias="topic.name.max.length")
-    offset_metadata_max_bytes: int = Field(default=4096, ge=0, le=_INT_MAX, alias="offset.metadata.max.bytes")
+    resource_identifier_max_length: int = Field(default=249, ge=0, le=INT_MAX, alias="resource.identifier.max.length")
+    member_id_max_length: int = Field(default=36, ge=0, le=INT_MAX, alias="member.id.max.length")
+    classic_member_id_max_length: int = Field(default=286, ge=0, le=INT_MAX, alias="classic.member.id.max.length")
+    topic_name_max_length: int = Field(default=249, ge=0, le=INT_MAX, alias="topic.name.max.length")
+    offset_metadata_max_bytes: int = Field(default=4096, ge=0, le=INT_MAX, alias="offset.metadata.max.bytes")
     resource_identifier_limit_error_code: int = Field(
         default=42, ge=1, le=32767, alias="resource.identifier.limit.error.code"
     )
@@ -548,10 +548,6 @@ class Policies(_Frozen):
             offset_metadata_max_bytes=self.offset_metadata_max_bytes,
             error_code=self.resource_identifier_limit_error_code,
         )
-
-    @property
-    def int_max(self) -> int:
-        return _INT_MAX
 
     def mode_of(self, policy_mode: PolicyMode | None) -> PolicyMode:
         return policy_mode or self.mode
