@@ -47,7 +47,11 @@ def test_every_runtime_module_imports_without_test_bench_or_demo_modules(runtime
     clean = {key: value for key, value in os.environ.items() if key != "PYTHONPATH"}
     result = subprocess.run(
         [str(runtime_venv / "bin" / "python"), "-I", "-c", script],
-        capture_output=True, text=True, cwd=tmp_path, env=clean, timeout=120,
+        capture_output=True,
+        text=True,
+        cwd=tmp_path,
+        env=clean,
+        timeout=120,
     )
     assert result.returncode == 0, result.stderr
     found = json.loads(result.stdout)
