@@ -38,6 +38,36 @@ from policies.connections import ConnectionLimits
 from policies.group_size import GroupSizeConfig
 from policies.identifier_limits import IdentifierLimits
 from policies.memory_pool import validate_settings as validate_pool_settings
+from policies.properties import (
+    CLASSIC_MEMBER_ID_MAX_LENGTH,
+    CONNECTIONS_MAX_IDLE_MS,
+    GROUP_CONSUMER_MAX_SIZE,
+    GROUP_JOIN_RATE_PER_MINUTE,
+    GROUP_MAX_SESSION_TIMEOUT_MS,
+    GROUP_MAX_SIZE,
+    GROUP_MIN_SESSION_TIMEOUT_MS,
+    GROUP_RECONCILE_INTERVAL_MS,
+    LISTENER_PREFIX,
+    MAX_CONNECTIONS,
+    MAX_CONNECTIONS_PER_IP,
+    MAX_CONNECTIONS_PER_IP_OVERRIDES,
+    MAX_CONNECTIONS_WAIT_MS,
+    MAX_RESPONSE_SIZE,
+    MAX_SSL_CONNECTIONS,
+    MAX_SSL_HANDSHAKES_PER_TURN,
+    MEMBER_ID_MAX_LENGTH,
+    OFFSET_METADATA_MAX_BYTES,
+    PROPERTIES,
+    QUEUED_MAX_REQUEST_BYTES,
+    QUEUED_MAX_REQUEST_BYTES_PER_CONNECTION,
+    REQUEST_BODY_TIMEOUT_MS,
+    RESOURCE_IDENTIFIER_LIMIT_ENABLE,
+    RESOURCE_IDENTIFIER_LIMIT_ERROR_CODE,
+    RESOURCE_IDENTIFIER_MAX_LENGTH,
+    SASL_SERVER_MAX_RECEIVE_SIZE,
+    SOCKET_REQUEST_MAX_BYTES,
+    TOPIC_NAME_MAX_LENGTH,
+)
 from proxy.config.certificates import IDENTITY_CA_CERTIFICATE, UPSTREAM_CERTIFICATE, TlsFiles, certificate_problems
 from proxy.config.strict_yaml import StrictYamlError, read_yaml
 
@@ -369,14 +399,19 @@ class Admin(_Frozen):
 
 
 PolicyMode = Literal["enforce", "observe"]
-_LISTENER_PREFIX = "listener.name."
+
+
+def _property(name: str) -> Any:
+    """The ``policies`` field of a Kafka property: its name as the key, its default and bounds."""
+    prop = PROPERTIES[name]
+    return Field(default=prop.default, ge=prop.at_least, le=prop.at_most, alias=name)
 
 
 def _listener_key(key: object) -> tuple[str, str] | None:
     """(listener, property) of a ``listener.name.<listener>.<property>`` key."""
-    if not isinstance(key, str) or not key.startswith(_LISTENER_PREFIX):
+    if not isinstance(key, str) or not key.startswith(LISTENER_PREFIX):
         return None
-    listener, _, prop = key.removeprefix(_LISTENER_PREFIX).partition(".")
+    listener, _, prop = key.removeprefix(LISTENER_PREFIX).partition(".")
     return (listener, prop) if listener and prop else None
 
 
@@ -393,93 +428,81 @@ def _per_listener(flat: Mapping[str, Any]) -> dict[str, dict[str, Any]]:
 def _connection_limits(flat: Mapping[str, Any]) -> ConnectionLimits:
     """Kafka's connection quota settings from the policies as written (Kafka names)."""
     return ConnectionLimits(
-        max_connections=flat["max.connections"],
-        max_connections_per_ip=flat["max.connections.per.ip"],
-        max_connections_per_ip_overrides=parse_ip_overrides(flat["max.connections.per.ip.overrides"]),
-        max_ssl_connections=flat["max.ssl.connections"],
+        max_connections=flat[MAX_CONNECTIONS],
+        max_connections_per_ip=flat[MAX_CONNECTIONS_PER_IP],
+        max_connections_per_ip_overrides=parse_ip_overrides(flat[MAX_CONNECTIONS_PER_IP_OVERRIDES]),
+        max_ssl_connections=flat[MAX_SSL_CONNECTIONS],
         listener_max_connections={
-            name: props["max.connections"] for name, props in _per_listener(flat).items() if "max.connections" in props
+            name: props[MAX_CONNECTIONS] for name, props in _per_listener(flat).items() if MAX_CONNECTIONS in props
         },
-        connections_max_idle_ms=flat["connections.max.idle.ms"],
+        connections_max_idle_ms=flat[CONNECTIONS_MAX_IDLE_MS],
     )
 
 
 def _group_size_config(flat: Mapping[str, Any]) -> GroupSizeConfig:
     return GroupSizeConfig(
-        group_max_size=flat["group.max.size"],
-        group_consumer_max_size=flat["group.consumer.max.size"],
-        join_rate_per_minute=flat["group.join.rate.per.minute"],
-        reconcile_interval_seconds=flat["group.reconcile.interval.ms"] / 1000,
-        min_session_timeout_seconds=flat["group.min.session.timeout.ms"] / 1000,
-        max_session_timeout_seconds=flat["group.max.session.timeout.ms"] / 1000,
+        group_max_size=flat[GROUP_MAX_SIZE],
+        group_consumer_max_size=flat[GROUP_CONSUMER_MAX_SIZE],
+        join_rate_per_minute=flat[GROUP_JOIN_RATE_PER_MINUTE],
+        reconcile_interval_seconds=flat[GROUP_RECONCILE_INTERVAL_MS] / 1000,
+        min_session_timeout_seconds=flat[GROUP_MIN_SESSION_TIMEOUT_MS] / 1000,
+        max_session_timeout_seconds=flat[GROUP_MAX_SESSION_TIMEOUT_MS] / 1000,
     )
 
 
 def _pool_fits_the_largest_request(flat: Mapping[str, Any]) -> None:
     validate_pool_settings(
-        flat["queued.max.request.bytes"],
-        flat["socket.request.max.bytes"],
-        flat["queued.max.request.bytes.per.connection"],
+        flat[QUEUED_MAX_REQUEST_BYTES],
+        flat[SOCKET_REQUEST_MAX_BYTES],
+        flat[QUEUED_MAX_REQUEST_BYTES_PER_CONNECTION],
     )
 
 
 class ListenerPolicies(_Frozen):
     """Per-listener overrides, written ``listener.name.<listener>.<property>`` as in Kafka."""
 
-    max_response_size: int | None = Field(default=None, ge=1, le=INT_MAX, alias="max.response.size")
-    max_connections: int | None = Field(default=None, ge=1, le=INT_MAX, alias="max.connections")
+    max_response_size: int | None = Field(default=None, ge=1, le=INT_MAX, alias=MAX_RESPONSE_SIZE)
+    max_connections: int | None = Field(default=None, ge=1, le=INT_MAX, alias=MAX_CONNECTIONS)
 
 
 class Policies(_Frozen):
     """Kafka broker properties, by their Kafka names, and each policy's mode."""
 
     mode: PolicyMode = "enforce"
-    socket_request_max_bytes: int = Field(default=104857600, ge=1, le=INT_MAX, alias="socket.request.max.bytes")
-    # Kafka's SaslServerAuthenticator: the largest frame before SASL authentication (SASL listeners).
-    sasl_server_max_receive_size: int = Field(default=524288, ge=1, le=INT_MAX, alias="sasl.server.max.receive.size")
-    # KIP-498: the largest response frame accepted from a broker and forwarded.
-    max_response_size: int = Field(default=104857600, ge=1, le=INT_MAX, alias="max.response.size")
+    # Each property's default, bounds and meaning: policies/properties.py.
+    socket_request_max_bytes: int = _property(SOCKET_REQUEST_MAX_BYTES)
+    sasl_server_max_receive_size: int = _property(SASL_SERVER_MAX_RECEIVE_SIZE)
+    max_response_size: int = _property(MAX_RESPONSE_SIZE)
     response_size_mode: PolicyMode | None = Field(default=None, alias="response.size.mode")
-    # Connection quotas (Kafka's ConnectionQuotas) and the KIP-1015 TLS cap.
-    max_connections: int = Field(default=INT_MAX, ge=0, le=INT_MAX, alias="max.connections")
-    max_connections_per_ip: int = Field(default=INT_MAX, ge=0, le=INT_MAX, alias="max.connections.per.ip")
-    max_connections_per_ip_overrides: str = Field(default="", alias="max.connections.per.ip.overrides")
-    max_ssl_connections: int = Field(default=INT_MAX, ge=0, le=INT_MAX, alias="max.ssl.connections")
-    connections_max_idle_ms: int = Field(default=600000, ge=-1, alias="connections.max.idle.ms")
-    # Beyond Kafka: how long a connection may wait in the backlog for a slot before it is closed.
-    max_connections_wait_ms: int = Field(default=30000, ge=1, le=INT_MAX, alias="max.connections.wait.ms")
+    max_connections: int = _property(MAX_CONNECTIONS)
+    max_connections_per_ip: int = _property(MAX_CONNECTIONS_PER_IP)
+    max_connections_per_ip_overrides: str = _property(MAX_CONNECTIONS_PER_IP_OVERRIDES)
+    max_ssl_connections: int = _property(MAX_SSL_CONNECTIONS)
+    connections_max_idle_ms: int = _property(CONNECTIONS_MAX_IDLE_MS)
+    max_connections_wait_ms: int = _property(MAX_CONNECTIONS_WAIT_MS)
     connections_mode: PolicyMode | None = Field(default=None, alias="connections.mode")
-    # Beyond Kafka: TLS handshakes are computed on the one event loop; at most this many
-    # between two turns of the established connections (the rest wait for the next turn).
-    max_ssl_handshakes_per_turn: int = Field(default=4, ge=1, le=INT_MAX, alias="max.ssl.handshakes.per.turn")
-    # Consumer group size (KIP-389 classic, KIP-848 consumer groups).
-    group_max_size: int = Field(default=INT_MAX, ge=1, le=INT_MAX, alias="group.max.size")
-    group_consumer_max_size: int = Field(default=INT_MAX, ge=1, le=INT_MAX, alias="group.consumer.max.size")
-    # Beyond Kafka: joins per minute per group (-1 = off), answered with a throttle.
-    group_join_rate_per_minute: int = Field(default=-1, ge=-1, le=INT_MAX, alias="group.join.rate.per.minute")
+    # TLS handshakes are computed on the one event loop: the rest wait for the next turn.
+    max_ssl_handshakes_per_turn: int = _property(MAX_SSL_HANDSHAKES_PER_TURN)
+    group_max_size: int = _property(GROUP_MAX_SIZE)
+    group_consumer_max_size: int = _property(GROUP_CONSUMER_MAX_SIZE)
+    group_join_rate_per_minute: int = _property(GROUP_JOIN_RATE_PER_MINUTE)
     group_size_mode: PolicyMode | None = Field(default=None, alias="group.size.mode")
     # Kafka's bounds on a classic member's session timeout: how long a join's slot can live.
-    group_min_session_timeout_ms: int = Field(default=6000, ge=0, le=INT_MAX, alias="group.min.session.timeout.ms")
-    group_max_session_timeout_ms: int = Field(default=1800000, ge=1, le=INT_MAX, alias="group.max.session.timeout.ms")
-    # Beyond Kafka: how often a group near its cap is re-counted at the coordinator.
-    group_reconcile_interval_ms: int = Field(default=60000, ge=1, le=INT_MAX, alias="group.reconcile.interval.ms")
-    # KIP-72 memory pool: bytes of requests read and not yet answered (-1 = off).
-    queued_max_request_bytes: int = Field(default=-1, ge=-1, le=2**63 - 1, alias="queued.max.request.bytes")
-    queued_max_request_bytes_per_connection: int = Field(
-        default=-1, ge=-1, le=2**63 - 1, alias="queued.max.request.bytes.per.connection"
-    )
-    request_body_timeout_ms: int = Field(default=10000, ge=1, le=INT_MAX, alias="request.body.timeout.ms")
+    group_min_session_timeout_ms: int = _property(GROUP_MIN_SESSION_TIMEOUT_MS)
+    group_max_session_timeout_ms: int = _property(GROUP_MAX_SESSION_TIMEOUT_MS)
+    group_reconcile_interval_ms: int = _property(GROUP_RECONCILE_INTERVAL_MS)
+    queued_max_request_bytes: int = _property(QUEUED_MAX_REQUEST_BYTES)
+    queued_max_request_bytes_per_connection: int = _property(QUEUED_MAX_REQUEST_BYTES_PER_CONNECTION)
+    request_body_timeout_ms: int = _property(REQUEST_BODY_TIMEOUT_MS)
     memory_pool_mode: PolicyMode | None = Field(default=None, alias="memory.pool.mode")
     # KIP-1233 identifier lengths (limits are UTF-16 code units, as Java counts).
-    resource_identifier_limit_enable: KafkaBool = Field(default=False, alias="resource.identifier.limit.enable")
-    resource_identifier_max_length: int = Field(default=249, ge=0, le=INT_MAX, alias="resource.identifier.max.length")
-    member_id_max_length: int = Field(default=36, ge=0, le=INT_MAX, alias="member.id.max.length")
-    classic_member_id_max_length: int = Field(default=286, ge=0, le=INT_MAX, alias="classic.member.id.max.length")
-    topic_name_max_length: int = Field(default=249, ge=0, le=INT_MAX, alias="topic.name.max.length")
-    offset_metadata_max_bytes: int = Field(default=4096, ge=0, le=INT_MAX, alias="offset.metadata.max.bytes")
-    resource_identifier_limit_error_code: int = Field(
-        default=42, ge=1, le=32767, alias="resource.identifier.limit.error.code"
-    )
+    resource_identifier_limit_enable: KafkaBool = _property(RESOURCE_IDENTIFIER_LIMIT_ENABLE)
+    resource_identifier_max_length: int = _property(RESOURCE_IDENTIFIER_MAX_LENGTH)
+    member_id_max_length: int = _property(MEMBER_ID_MAX_LENGTH)
+    classic_member_id_max_length: int = _property(CLASSIC_MEMBER_ID_MAX_LENGTH)
+    topic_name_max_length: int = _property(TOPIC_NAME_MAX_LENGTH)
+    offset_metadata_max_bytes: int = _property(OFFSET_METADATA_MAX_BYTES)
+    resource_identifier_limit_error_code: int = _property(RESOURCE_IDENTIFIER_LIMIT_ERROR_CODE)
     resource_identifier_limit_mode: PolicyMode | None = Field(default=None, alias="resource.identifier.limit.mode")
     listener_overrides: dict[str, ListenerPolicies] = Field(default_factory=dict, alias="listener.name")
 
@@ -487,28 +510,28 @@ class Policies(_Frozen):
     cross_field_rules = (
         CrossFieldRule(
             (
-                "group.max.size",
-                "group.consumer.max.size",
-                "group.join.rate.per.minute",
-                "group.reconcile.interval.ms",
-                "group.min.session.timeout.ms",
-                "group.max.session.timeout.ms",
+                GROUP_MAX_SIZE,
+                GROUP_CONSUMER_MAX_SIZE,
+                GROUP_JOIN_RATE_PER_MINUTE,
+                GROUP_RECONCILE_INTERVAL_MS,
+                GROUP_MIN_SESSION_TIMEOUT_MS,
+                GROUP_MAX_SESSION_TIMEOUT_MS,
             ),
             _group_size_config,
         ),
         CrossFieldRule(
             (
-                "max.connections",
-                "max.connections.per.ip",
-                "max.connections.per.ip.overrides",
-                "max.ssl.connections",
-                "connections.max.idle.ms",
+                MAX_CONNECTIONS,
+                MAX_CONNECTIONS_PER_IP,
+                MAX_CONNECTIONS_PER_IP_OVERRIDES,
+                MAX_SSL_CONNECTIONS,
+                CONNECTIONS_MAX_IDLE_MS,
                 "listener.name",
             ),
             _connection_limits,
         ),
         CrossFieldRule(
-            ("queued.max.request.bytes", "socket.request.max.bytes", "queued.max.request.bytes.per.connection"),
+            (QUEUED_MAX_REQUEST_BYTES, SOCKET_REQUEST_MAX_BYTES, QUEUED_MAX_REQUEST_BYTES_PER_CONNECTION),
             _pool_fits_the_largest_request,
         ),
     )
@@ -563,7 +586,7 @@ class Policies(_Frozen):
         out = self.model_dump(mode="json", by_alias=True, exclude={"listener_overrides"})
         for listener, props in self.listener_overrides.items():
             for prop, value in props.model_dump(by_alias=True, exclude_none=True).items():
-                out[f"{_LISTENER_PREFIX}{listener}.{prop}"] = value
+                out[f"{LISTENER_PREFIX}{listener}.{prop}"] = value
         return out
 
 
@@ -744,13 +767,13 @@ def _per_listener_keys_name_listeners(v: Mapping[str, Any]) -> None:
     names = _distinct(_raw_listener_names(v))
     unknown = sorted({parts[0] for key in policies if (parts := _listener_key(key)) and parts[0] not in names})
     if unknown:
-        keys = ", ".join(f"listener.name.{name}.*" for name in unknown)
+        keys = ", ".join(f"{LISTENER_PREFIX}{name}.*" for name in unknown)
         verb = "names" if len(unknown) == 1 else "name"
         raise ValueError(f"policies: {keys} {verb} no configured listener (have: {names})")
 
 
 # The per-listener keys that need no Kafka frame: the only ones a passthrough listener takes.
-_CONNECTION_LEVEL_KEYS = frozenset({"max.connections"})
+_CONNECTION_LEVEL_KEYS = frozenset({MAX_CONNECTIONS})
 
 
 def _passthrough_listeners_take_connection_policies_only(v: Mapping[str, Any]) -> None:
@@ -891,7 +914,7 @@ def _unknown_key_hint(loc: tuple[int | str, ...]) -> str:
         sections = _sections_knowing(key)
         if sections:
             return f" at the top level; it belongs under {' or '.join(sections)}"
-    if key.startswith(_LISTENER_PREFIX) and _listener_key(key) is None:
+    if key.startswith(LISTENER_PREFIX) and _listener_key(key) is None:
         return "; write per-listener keys as listener.name.<listener>.<property>"
     model = _model_at(loc)
     if model is not None:
