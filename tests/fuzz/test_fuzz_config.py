@@ -71,7 +71,7 @@ audit:
 BASES = [
     FULL,
     (ROOT / "deploy" / "config.example.yaml").read_text(),
-    (ROOT / "proxy" / "demo-config.yaml").read_text(),
+    (ROOT / "demo" / "demo-config.yaml").read_text(),
 ]
 TRICKY = [
     "yes", "no", "on", "off", "~", "null", "''", '"100"', "0x10", "010", "1_000", "1:30", "1e3", ".inf", "-1", "0",

@@ -67,7 +67,7 @@ def check_recommended(
     """``check-config`` as an operator runs it, on ``config`` (default: the demo's) with its ``policies``
     replaced by the recommended YAML as the report wrote it, comments and all."""
     if config is None:
-        config = yaml.safe_load((ROOT / "proxy" / "demo-config.yaml").read_text())
+        config = yaml.safe_load((ROOT / "demo" / "demo-config.yaml").read_text())
     path = directory / "with-recommended-policies.yaml"
     path.write_text(yaml.safe_dump({k: v for k, v in config.items() if k != "policies"}) + recommended)
     return subprocess.run(
