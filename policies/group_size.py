@@ -114,6 +114,7 @@ from policies.decision import Action, Decision, Policy
 from policies.mode import Mode
 from policies.properties import (
     GROUP_CONSUMER_MAX_SIZE,
+    GROUP_CONSUMER_SESSION_TIMEOUT_MS,
     GROUP_JOIN_RATE_PER_MINUTE,
     GROUP_MAX_SESSION_TIMEOUT_MS,
     GROUP_MAX_SIZE,
@@ -363,7 +364,7 @@ class GroupSizeConfig:
             raise ValueError(f"{GROUP_JOIN_RATE_PER_MINUTE} must be -1 (off) or at least 1, got 0")
         _int_setting("max_groups", self.max_groups, 1, "must be at least 1")
         _int_setting("reconcile_margin", self.reconcile_margin, 0, "must be at least 0")
-        _seconds_setting("group.consumer.session.timeout.ms", self.consumer_session_timeout_seconds)
+        _seconds_setting(GROUP_CONSUMER_SESSION_TIMEOUT_MS, self.consumer_session_timeout_seconds)
         _seconds_setting("idle_group_seconds", self.idle_group_seconds)
         _seconds_setting("reconcile_interval_seconds", self.reconcile_interval_seconds)
         _seconds_setting("default_session_timeout_seconds", self.default_session_timeout_seconds)

@@ -47,6 +47,8 @@ CLASSIC_MEMBER_ID_MAX_LENGTH: Final = "classic.member.id.max.length"
 TOPIC_NAME_MAX_LENGTH: Final = "topic.name.max.length"
 OFFSET_METADATA_MAX_BYTES: Final = "offset.metadata.max.bytes"
 RESOURCE_IDENTIFIER_LIMIT_ERROR_CODE: Final = "resource.identifier.limit.error.code"
+# Named in messages only: the proxy takes Kafka's default (45000), not a value.
+GROUP_CONSUMER_SESSION_TIMEOUT_MS: Final = "group.consumer.session.timeout.ms"
 
 
 @dataclass(frozen=True, slots=True)
