@@ -3,6 +3,7 @@ proxy's config parses them as it says, and its value check refuses what the conf
 
 from __future__ import annotations
 
+import ast
 import re
 from typing import Any
 
@@ -21,6 +22,7 @@ from policies.properties import (
     per_listener,
 )
 from proxy.config.model import ConfigError, Policies, parse_config
+from tests.conftest import ROOT
 
 
 def _config(policies: dict[str, Any]) -> dict[str, Any]:
@@ -79,3 +81,16 @@ def test_the_check_refuses_a_wrong_type_and_an_unknown_name() -> None:
         check_values({RESOURCE_IDENTIFIER_LIMIT_ENABLE: 1})
     with pytest.raises(ValueError, match=re.escape("group.max.sizes is not a property the proxy takes")):
         check_values({"group.max.sizes": 5})
+
+
+def test_the_pipeline_imports_nothing_of_the_proxy() -> None:
+    """The report reads the properties from policies/, not the proxy's config (one home for them)."""
+    imported = set()
+    for path in (ROOT / "pipeline").glob("*.py"):
+        for node in ast.walk(ast.parse(path.read_text())):
+            if isinstance(node, ast.Import):
+                imported |= {(path.name, alias.name) for alias in node.names}
+            elif isinstance(node, ast.ImportFrom) and node.module and not node.level:
+                imported.add((path.name, node.module))
+    assert [(name, module) for name, module in sorted(imported) if module.split(".")[0] == "proxy"] == []
+    assert ("limits.py", "policies.properties") in imported
