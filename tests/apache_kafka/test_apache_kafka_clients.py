@@ -33,7 +33,7 @@ RECORDS = 300
 
 def proxy_addresses(proxy: Any) -> set[str]:
     """Where a client of ``proxy`` may connect: its bootstrap and its port for node 1."""
-    base = proxy.config.model["listeners"][0]["node_port_base"]
+    base = proxy.config["listeners"][0]["node_port_base"]
     return {proxy.bootstrap, f"127.0.0.1:{base + ApacheKafkaBroker.NODE_ID}"}
 
 

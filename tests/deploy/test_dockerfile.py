@@ -118,7 +118,7 @@ def test_entrypoint_and_cmd_carry_a_produce_and_consume_and_the_healthcheck_foll
     config_path.parent.mkdir()
     argv = [str(runtime_venv / "bin" / argv[0])] + [str(config_path) if a == IMAGE_CONFIG else a for a in argv[1:]]
     proxy = launch(proxy_config(tansu.bootstrap), argv, config_path)
-    admin = proxy.config.model["admin"]["bind"]
+    admin = proxy.config["admin"]["bind"]
     assert _healthcheck(runtime_venv, admin).returncode == 0
     assert len(produce_and_consume(proxy.bootstrap)) == 20
     assert proxy.metric("kafka_admission_requests_total", api="produce") >= 1

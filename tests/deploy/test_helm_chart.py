@@ -763,7 +763,7 @@ def test_the_standalone_config_runs_with_the_rendered_command_line_against_tansu
                 "node_port_base": free_node_port_base([TansuBroker.NODE_ID])}
     proxy = _run_rendered(helm, runtime_venv, launch, tmp_path, tansu.bootstrap, listener,
                           "--set-json", f"brokerNodeIds=[{TansuBroker.NODE_ID}]")
-    assert proxy.config.model["mode"] == "cluster"
+    assert proxy.config["mode"] == "cluster"
     assert len(produce_and_consume(proxy.bootstrap)) == 20
     # Clients were sent to the proxy's per-broker port, which the chart exposes.
     assert proxy.metric("kafka_admission_responses_rewritten_total", api="metadata") >= 1
@@ -777,7 +777,7 @@ def test_the_sidecar_config_runs_with_the_rendered_command_line_against_a_broker
     with TansuBroker(advertised=proxy_address) as broker:
         proxy = _run_rendered(helm, runtime_venv, launch, tmp_path, broker.bootstrap,
                               {"name": "client", "bind": proxy_address}, "-f", str(SIDECAR_VALUES))
-        assert proxy.config.model["mode"] == "sidecar"
+        assert proxy.config["mode"] == "sidecar"
         assert len(produce_and_consume(proxy.bootstrap)) == 20
         assert proxy.metric("kafka_admission_requests_total", api="produce") >= 1
         assert proxy.metric("kafka_admission_responses_rewritten_total", api="metadata") == 0

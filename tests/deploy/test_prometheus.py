@@ -168,18 +168,18 @@ def test_the_reload_alert_follows_the_proxy_gauge_and_the_down_alert_a_stopped_p
     reload turns KafkaAdmissionConfigReloadFailed pending (its `for:` is minutes) with the
     target's labels, a good one ends it; a stopped proxy turns KafkaAdmissionProxyDown pending."""
     proxy = start_proxy(tansu.bootstrap)
-    target = proxy.config.model["admin"]["bind"]
+    target = proxy.config["admin"]["bind"]
     job = "kafka-admission-proxy-reload"  # a job the rules' `job=~".*kafka-admission-proxy.*"` selects
     reload_alert = 'ALERTS{alertname="KafkaAdmissionConfigReloadFailed"}'
     with running_prometheus(tmp_path, job, target) as prometheus:
         wait_until(lambda: prometheus.value("kafka_admission_config_last_reload_successful") == 1,
                    timeout=30, interval=0.5)
         assert prometheus.query(reload_alert) == []
-        proxy.reload("policies: {group.max.size: -5}\n" + yaml.safe_dump(proxy.config.model), expect="invalid")
+        proxy.reload("policies: {group.max.size: -5}\n" + yaml.safe_dump(proxy.config), expect="invalid")
         [pending] = wait_until(lambda: prometheus.query(reload_alert), timeout=30, interval=0.5)
         assert pending["metric"]["alertstate"] == "pending"
         assert (pending["metric"]["instance"], pending["metric"]["job"]) == (target, job)
-        proxy.reload(yaml.safe_dump(proxy.config.model))
+        proxy.reload(yaml.safe_dump(proxy.config))
         wait_until(lambda: prometheus.query(reload_alert) == [], timeout=30, interval=0.5)
         down_alert = 'ALERTS{alertname="KafkaAdmissionProxyDown"}'
         assert prometheus.query(down_alert) == []

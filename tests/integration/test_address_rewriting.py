@@ -41,7 +41,7 @@ KAFKA_PYTHON_VS_MOCK = {"api_version": (2, 3, 0)}
 
 
 def node_port_base(proxy: Any) -> int:
-    return int(proxy.config.model["listeners"][0]["node_port_base"])
+    return int(proxy.config["listeners"][0]["node_port_base"])
 
 
 # --- three brokers: librdkafka's mock cluster, and Apache Kafka's ------------

@@ -648,7 +648,7 @@ NODE_IDS = (1, 2, 3)
 
 
 def _node_port(proxy: Any, node: int) -> str:
-    return f"127.0.0.1:{int(proxy.config.model['listeners'][0]['node_port_base']) + node}"
+    return f"127.0.0.1:{int(proxy.config['listeners'][0]['node_port_base']) + node}"
 
 
 def _cluster_proxy(start_proxy: Any, mock_cluster: Any, policies: dict[str, Any], **sections: Any) -> Any:

@@ -129,7 +129,7 @@ def test_marking_a_listener_sasl_on_reload_bounds_the_connections_opened_after_i
     with RawConnection(proxy.bootstrap) as before:
         before.send(request)
         assert before.read_response(18, 3).body.error_code == 0
-        proxy.config.model["listeners"][0]["sasl"] = True
+        proxy.config["listeners"][0]["sasl"] = True
         proxy.reload()
         with RawConnection(proxy.bootstrap) as after:
             after.send(request)

@@ -85,11 +85,11 @@ def test_the_reload_gauges_say_a_stale_config_runs_until_a_good_reload(tansu, st
     proxy = start_proxy(tansu.bootstrap, configmap=configmap)
     started = last_success(proxy)
     assert reload_successful(proxy) == 1  # the config loaded at start is the file
-    proxy.reload("policies: {group.max.size: -5}\n" + yaml.safe_dump(proxy.config.model), expect="invalid")
+    proxy.reload("policies: {group.max.size: -5}\n" + yaml.safe_dump(proxy.config), expect="invalid")
     assert (reload_successful(proxy), last_success(proxy)) == (0, started)
-    proxy.reload(yaml.safe_dump({**proxy.config.model, "admin": {"bind": "127.0.0.1:1"}}), expect="restart_required")
+    proxy.reload(yaml.safe_dump({**proxy.config, "admin": {"bind": "127.0.0.1:1"}}), expect="restart_required")
     assert (reload_successful(proxy), last_success(proxy)) == (0, started)  # still stale: admin.bind
-    proxy.reload(yaml.safe_dump(proxy.config.model))
+    proxy.reload(yaml.safe_dump(proxy.config))
     assert reload_successful(proxy) == 1 and last_success(proxy) > started
     proxy.reload("{", expect="invalid")
     assert reload_successful(proxy) == 0
@@ -100,7 +100,7 @@ def test_a_restart_only_change_is_named_and_the_rest_applies(tansu, start_proxy,
     proxy = start_proxy(tansu.bootstrap, configmap=configmap)
     started = last_success(proxy)
     changed = {
-        **proxy.config.model,
+        **proxy.config,
         "admin": {"bind": "127.0.0.1:1"},
         "policies": {"resource.identifier.limit.enable": True},
     }
@@ -122,7 +122,7 @@ def test_a_restart_only_change_is_named_and_the_rest_applies(tansu, start_proxy,
 def test_an_invalid_file_changes_nothing_and_the_proxy_keeps_serving(tansu, start_proxy, configmap) -> None:  # type: ignore[no-untyped-def]
     proxy = start_proxy(tansu.bootstrap, configmap=configmap)
     started = last_success(proxy)
-    proxy.reload("policies: {group.max.size: -5}\n" + yaml.safe_dump(proxy.config.model), expect="invalid")
+    proxy.reload("policies: {group.max.size: -5}\n" + yaml.safe_dump(proxy.config), expect="invalid")
     assert "config reload refused, keeping the running config" in proxy.log()
     assert "policies.group.max.size: Input should be greater than or equal to 1" in proxy.log()
     with RawConnection(proxy.bootstrap) as conn:

@@ -43,7 +43,7 @@ def test_the_admin_endpoint_binds_to_localhost_unless_told_otherwise() -> None:
 
 
 def admin_request(proxy: Any, method: str, path: str, body: bytes | None = None) -> int:
-    host, port = proxy.config.model["admin"]["bind"].rsplit(":", 1)
+    host, port = proxy.config["admin"]["bind"].rsplit(":", 1)
     conn = http.client.HTTPConnection(host, int(port), timeout=10)
     try:
         conn.request(method, path, body=body, headers={"Content-Type": "application/json"} if body else {})

@@ -48,7 +48,7 @@ def kafka_python_tls(certs: Any, *, client_cert: bool = False) -> dict[str, Any]
 
 
 def node_port(proxy: Any) -> int:
-    return int(proxy.config.model["listeners"][0]["node_port_base"]) + TansuBroker.NODE_ID
+    return int(proxy.config["listeners"][0]["node_port_base"]) + TansuBroker.NODE_ID
 
 
 # --- TLS listener -------------------------------------------------------------

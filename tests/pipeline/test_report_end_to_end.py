@@ -171,7 +171,7 @@ def test_report_over_a_real_proxys_audit_names_the_violators_and_renders_in_chro
     # The group id in the reason, as text: its control character escaped, as YAML requires.
     assert f"{group[:-1]}\\x01" in (out / "recommended-policies.yaml").read_text()
     # The proxy's own config with the YAML as written in place of its policies, comments and all.
-    checked = check_recommended(tmp_path, text, {**proxy.config.model, "audit": {"path": None}})
+    checked = check_recommended(tmp_path, text, {**proxy.config, "audit": {"path": None}})
     assert checked.returncode == 0, checked.stderr
     effective = yaml.safe_load(checked.stdout)["policies"]
     assert {k: effective[k] for k in recommended} == recommended
