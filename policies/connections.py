@@ -93,6 +93,8 @@ from policies.properties import (
     CONNECTIONS_MAX_IDLE_MS as CONNECTIONS_MAX_IDLE_MS,  # also named from here by proxy/serve/passthrough.py
 )
 from policies.properties import (
+    LONG_MAX,
+    LONG_MIN,
     MAX_CONNECTIONS,
     MAX_CONNECTIONS_PER_IP,
     MAX_CONNECTIONS_PER_IP_OVERRIDES,
@@ -100,10 +102,6 @@ from policies.properties import (
     int_default,
     per_listener,
 )
-
-LONG_MIN = -(2**63)
-LONG_MAX = 2**63 - 1
-
 
 _NO_SUBJECT: Mapping[str, object] = MappingProxyType({})
 

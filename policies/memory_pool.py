@@ -56,6 +56,7 @@ from typing import Final
 from policies.decision import Action, Decision, Policy
 from policies.mode import Mode
 from policies.properties import (
+    LONG_MAX,
     QUEUED_MAX_REQUEST_BYTES,
     QUEUED_MAX_REQUEST_BYTES_PER_CONNECTION,
     SOCKET_REQUEST_MAX_BYTES,
@@ -65,7 +66,7 @@ from policies.properties import (
 _PER_CONNECTION_OFF: Final = int_default(QUEUED_MAX_REQUEST_BYTES_PER_CONNECTION)
 
 # What ``available`` reports while the pool is off (Kafka's MemoryPool.NONE: Long.MAX_VALUE).
-UNBOUNDED = 2**63 - 1
+UNBOUNDED = LONG_MAX
 
 
 def validate_settings(

@@ -17,6 +17,8 @@ from typing import Final
 
 from policies.api_keys import INT_MAX
 
+# Java's Long.MIN_VALUE and MAX_VALUE: the bounds of Kafka's LONG properties.
+LONG_MIN: Final = -(2**63)
 LONG_MAX: Final = 2**63 - 1
 # Kafka's per-listener form of a property: ``listener.name.<listener>.<property>``.
 LISTENER_PREFIX: Final = "listener.name."
@@ -110,7 +112,7 @@ PROPERTIES: Final[Mapping[str, Property]] = {
         Property(
             CONNECTIONS_MAX_IDLE_MS,
             600_000,
-            "a connection with no traffic for this long is closed (Selector); -1: never",
+            "a connection with no request in flight idle longer than this is closed (Selector); -1: never",
             -1,
         ),
         Property(
