@@ -25,6 +25,18 @@ from typing import Any, Final
 
 from pyspark.sql import functions as F
 
+from policies.properties import (
+    GROUP_CONSUMER_MAX_SIZE,
+    GROUP_MAX_SIZE,
+    MAX_CONNECTIONS,
+    MAX_CONNECTIONS_PER_IP,
+    MAX_RESPONSE_SIZE,
+    MAX_SSL_CONNECTIONS,
+    QUEUED_MAX_REQUEST_BYTES,
+    RESOURCE_IDENTIFIER_LIMIT_ENABLE,
+    SOCKET_REQUEST_MAX_BYTES,
+)
+
 from .events import SECTIONS, Evidence
 from .limits import IDENTIFIER_KEYS
 
@@ -49,15 +61,15 @@ MIN_WINDOWS: Final = 30
 
 # What measured each limit: the kind of window (section; group per kind, connections per TLS).
 _MEASURED_BY: Final[dict[str, tuple[str, str]]] = {
-    "group.max.size": ("group/classic", "with a classic group"),
-    "group.consumer.max.size": ("group/consumer", "with a consumer (KIP-848) group"),
-    "max.connections": ("connections", "with connections"),
-    "max.ssl.connections": ("connections/tls", "with TLS connections"),
-    "max.connections.per.ip": ("connections", "with connections"),
-    "queued.max.request.bytes": ("pool", "of the memory pool"),
-    "socket.request.max.bytes": ("client_api", "with requests"),
-    "max.response.size": ("client_api", "with requests"),
-    "resource.identifier.limit.enable": ("identifier", "with identifiers checked"),
+    GROUP_MAX_SIZE: ("group/classic", "with a classic group"),
+    GROUP_CONSUMER_MAX_SIZE: ("group/consumer", "with a consumer (KIP-848) group"),
+    MAX_CONNECTIONS: ("connections", "with connections"),
+    MAX_SSL_CONNECTIONS: ("connections/tls", "with TLS connections"),
+    MAX_CONNECTIONS_PER_IP: ("connections", "with connections"),
+    QUEUED_MAX_REQUEST_BYTES: ("pool", "of the memory pool"),
+    SOCKET_REQUEST_MAX_BYTES: ("client_api", "with requests"),
+    MAX_RESPONSE_SIZE: ("client_api", "with requests"),
+    RESOURCE_IDENTIFIER_LIMIT_ENABLE: ("identifier", "with identifiers checked"),
     **{key: ("identifier", "with identifiers checked") for key in IDENTIFIER_KEYS},
 }
 

@@ -35,6 +35,17 @@ from pyspark.sql import Column, DataFrame, SparkSession, Window
 from pyspark.sql import functions as F
 from pyspark.sql.types import LongType, StringType, StructField, StructType
 
+from policies.properties import (
+    GROUP_CONSUMER_MAX_SIZE,
+    GROUP_MAX_SIZE,
+    MAX_CONNECTIONS,
+    MAX_CONNECTIONS_PER_IP,
+    MAX_RESPONSE_SIZE,
+    MAX_SSL_CONNECTIONS,
+    QUEUED_MAX_REQUEST_BYTES,
+    SOCKET_REQUEST_MAX_BYTES,
+)
+
 from .events import Evidence, union_all
 from .limits import IDENTIFIER_KEYS, KAFKA_DEFAULTS, LIMITS, identifier_limit_key
 from .traffic import bucket, client_host
@@ -105,7 +116,7 @@ def choose_candidates(
     proxies had configured (seen in their decisions), the recommended ones, and Kafka's defaults
     for the identifier limits and frame sizes (what turning them on would do)."""
     chosen: dict[tuple[str, int], Candidate] = {}
-    defaults = [(k, KAFKA_DEFAULTS[k]) for k in (*IDENTIFIER_KEYS, "socket.request.max.bytes", "max.response.size")]
+    defaults = [(k, KAFKA_DEFAULTS[k]) for k in (*IDENTIFIER_KEYS, SOCKET_REQUEST_MAX_BYTES, MAX_RESPONSE_SIZE)]
     sources: list[tuple[str, Iterable[tuple[str, int]]]] = [
         ("candidate", ((c.key, c.value) for c in explicit)),
         ("configured", configured),
@@ -185,16 +196,16 @@ def _window_observations(evidence: Evidence, opens: DataFrame, smallest: dict[st
     kind = F.coalesce(F.col("group_kind"), lit("classic"))
     members = F.col("max_members")
     groups = wanted(
-        ("group.max.size", F.when(kind == "classic", members), lit("classic group")),
-        ("group.consumer.max.size", F.when(kind == "consumer", members), lit("consumer group")),
+        (GROUP_MAX_SIZE, F.when(kind == "classic", members), lit("classic group")),
+        (GROUP_CONSUMER_MAX_SIZE, F.when(kind == "consumer", members), lit("consumer group")),
     )
     if groups:
         found.append(
             _measured(_at_start(evidence.windows("group")), "window", groups, table, group_id=F.col("group_id"))
         )
     per_proxy = wanted(
-        ("max.connections", F.col("all"), lit("all listeners")),
-        ("max.ssl.connections", F.col("tls"), lit("TLS listeners")),
+        (MAX_CONNECTIONS, F.col("all"), lit("all listeners")),
+        (MAX_SSL_CONNECTIONS, F.col("tls"), lit("TLS listeners")),
     )
     if per_proxy:
         open_at_once = (
@@ -205,15 +216,15 @@ def _window_observations(evidence: Evidence, opens: DataFrame, smallest: dict[st
         )
         found.append(_measured(open_at_once, "window", per_proxy, table))
     counted = wanted(
-        ("max.connections", F.col("open_connections"), F.col("listener")),
-        ("max.ssl.connections", F.col("open_ssl_connections"), F.col("listener")),
-        ("max.connections.per.ip", F.col("open_ip_connections"), F.col("listener")),
+        (MAX_CONNECTIONS, F.col("open_connections"), F.col("listener")),
+        (MAX_SSL_CONNECTIONS, F.col("open_ssl_connections"), F.col("listener")),
+        (MAX_CONNECTIONS_PER_IP, F.col("open_ip_connections"), F.col("listener")),
     )
     if counted:
         found.append(
             _measured(opens, "connection", counted, table, client_address=F.col("host"), conn_id=F.col("conn_id"))
         )
-    pool = wanted(("queued.max.request.bytes", F.col("high_water_mark_bytes"), lit("in-flight high-water mark")))
+    pool = wanted((QUEUED_MAX_REQUEST_BYTES, F.col("high_water_mark_bytes"), lit("in-flight high-water mark")))
     if pool:
         found.append(_measured(_at_start(evidence.windows("pool")), "window", pool, table))
     # The bulk of the windows, sizes and identifier lengths, in one scan of the sections where the bulk
@@ -222,8 +233,8 @@ def _window_observations(evidence: Evidence, opens: DataFrame, smallest: dict[st
     sizes = [
         (key, value, detail)
         for key, value, detail, seen in (
-            ("socket.request.max.bytes", F.col("max_request_bytes"), F.col("api"), largest["rq"]),
-            ("max.response.size", F.col("max_response_bytes"), F.col("api"), largest["rs"]),
+            (SOCKET_REQUEST_MAX_BYTES, F.col("max_request_bytes"), F.col("api"), largest["rq"]),
+            (MAX_RESPONSE_SIZE, F.col("max_response_bytes"), F.col("api"), largest["rs"]),
         )
         if key in keys and seen > smallest[key]
     ]
@@ -265,7 +276,7 @@ def _decision_observations(evidence: Evidence, keys: set[str]) -> DataFrame:
         kind.isin("group_id", "group id"), F.col("group_id")
     )
     is_identifier = F.col("limit_key").isin(*IDENTIFIER_KEYS)
-    is_size = F.col("limit_key").isin("socket.request.max.bytes", "max.response.size")
+    is_size = F.col("limit_key").isin(SOCKET_REQUEST_MAX_BYTES, MAX_RESPONSE_SIZE)
     acts_below = (
         F.when(is_identifier, F.col("identifier_length")).when(is_size, F.col("size")).otherwise(F.col("limit") + 1)
     )

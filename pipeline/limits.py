@@ -1,5 +1,5 @@
 """The Kafka properties the report evaluates and recommends, by their Kafka
-names (the proxy's own ``policies`` keys, :class:`proxy.config.model.Policies`), with
+names (the proxy's own ``policies`` keys, :mod:`policies.properties`), with
 the policy each belongs to and Kafka's default as the proxy applies it.
 
 Identifier kinds map to their KIP-1233 limit the way
@@ -17,7 +17,22 @@ from pyspark.sql import Column
 from pyspark.sql import functions as F
 
 from policies.identifier_limits import LIMIT_KEYS as IDENTIFIER_LIMIT_KEYS
-from proxy.config.model import Policies
+from policies.properties import (
+    CLASSIC_MEMBER_ID_MAX_LENGTH,
+    GROUP_CONSUMER_MAX_SIZE,
+    GROUP_MAX_SIZE,
+    MAX_CONNECTIONS,
+    MAX_CONNECTIONS_PER_IP,
+    MAX_RESPONSE_SIZE,
+    MAX_SSL_CONNECTIONS,
+    MEMBER_ID_MAX_LENGTH,
+    OFFSET_METADATA_MAX_BYTES,
+    QUEUED_MAX_REQUEST_BYTES,
+    RESOURCE_IDENTIFIER_MAX_LENGTH,
+    SOCKET_REQUEST_MAX_BYTES,
+    TOPIC_NAME_MAX_LENGTH,
+    int_default,
+)
 
 __all__ = ["KAFKA_DEFAULTS", "LIMITS", "Limit", "identifier_limit_key", "limit_key_of", "normalized_kind"]
 
@@ -33,24 +48,24 @@ class Limit:
 LIMITS: Final[dict[str, Limit]] = {
     limit.key: limit
     for limit in (
-        Limit("group.max.size", "group_size", "refuse", "members"),
-        Limit("group.consumer.max.size", "group_size", "refuse", "members"),
-        Limit("max.connections", "connections", "refuse_or_evict", "connections"),
-        Limit("max.ssl.connections", "connections", "refuse_or_evict", "connections"),
-        Limit("max.connections.per.ip", "connections", "refuse", "connections"),
-        Limit("queued.max.request.bytes", "memory_pool", "wait", "bytes"),
-        Limit("socket.request.max.bytes", "request_size", "close", "bytes"),
-        Limit("max.response.size", "response_size", "close", "bytes"),
-        Limit("resource.identifier.max.length", "identifier_limits", "refuse", "characters"),
-        Limit("member.id.max.length", "identifier_limits", "refuse", "characters"),
-        Limit("classic.member.id.max.length", "identifier_limits", "refuse", "characters"),
-        Limit("topic.name.max.length", "identifier_limits", "refuse", "characters"),
-        Limit("offset.metadata.max.bytes", "identifier_limits", "refuse", "characters"),
+        Limit(GROUP_MAX_SIZE, "group_size", "refuse", "members"),
+        Limit(GROUP_CONSUMER_MAX_SIZE, "group_size", "refuse", "members"),
+        Limit(MAX_CONNECTIONS, "connections", "refuse_or_evict", "connections"),
+        Limit(MAX_SSL_CONNECTIONS, "connections", "refuse_or_evict", "connections"),
+        Limit(MAX_CONNECTIONS_PER_IP, "connections", "refuse", "connections"),
+        Limit(QUEUED_MAX_REQUEST_BYTES, "memory_pool", "wait", "bytes"),
+        Limit(SOCKET_REQUEST_MAX_BYTES, "request_size", "close", "bytes"),
+        Limit(MAX_RESPONSE_SIZE, "response_size", "close", "bytes"),
+        Limit(RESOURCE_IDENTIFIER_MAX_LENGTH, "identifier_limits", "refuse", "characters"),
+        Limit(MEMBER_ID_MAX_LENGTH, "identifier_limits", "refuse", "characters"),
+        Limit(CLASSIC_MEMBER_ID_MAX_LENGTH, "identifier_limits", "refuse", "characters"),
+        Limit(TOPIC_NAME_MAX_LENGTH, "identifier_limits", "refuse", "characters"),
+        Limit(OFFSET_METADATA_MAX_BYTES, "identifier_limits", "refuse", "characters"),
     )
 }
 
 # Kafka's defaults, as the proxy's config applies them.
-KAFKA_DEFAULTS: Final[dict[str, int]] = {key: int(value) for key, value in Policies().flat().items() if key in LIMITS}
+KAFKA_DEFAULTS: Final[dict[str, int]] = {key: int_default(key) for key in LIMITS}
 
 
 def normalized_kind(kind: str) -> str:
@@ -64,7 +79,7 @@ _KIND_TO_KEY: Final[dict[str, str]] = {
     **{normalized_kind(kind.value): key for kind, key in IDENTIFIER_LIMIT_KEYS.items()},
 }
 IDENTIFIER_KEYS: Final[tuple[str, ...]] = tuple(dict.fromkeys(IDENTIFIER_LIMIT_KEYS.values()))
-_GENERAL_KEY: Final = "resource.identifier.max.length"
+_GENERAL_KEY: Final = RESOURCE_IDENTIFIER_MAX_LENGTH
 
 
 def limit_key_of(kind: str) -> str:

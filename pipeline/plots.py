@@ -11,6 +11,16 @@ from collections.abc import Sequence
 from datetime import UTC
 from typing import TYPE_CHECKING
 
+from policies.properties import (
+    GROUP_MAX_SIZE,
+    MAX_RESPONSE_SIZE,
+    MAX_SSL_CONNECTIONS,
+    QUEUED_MAX_REQUEST_BYTES,
+    RESOURCE_IDENTIFIER_MAX_LENGTH,
+    SOCKET_REQUEST_MAX_BYTES,
+    int_default,
+)
+
 from .plain_text import printable
 from .traffic import Traffic, nice_bytes
 
@@ -112,8 +122,8 @@ def _size_hist(ax: Axes, hist: list[tuple[int, int]], what: str, limit: int | No
 def sizes(traffic: Traffic, limits: dict[str, int]) -> Plot:
     fig = _figure(9, 3.4)
     left, right = fig.subplots(1, 2)
-    _size_hist(left, traffic.request_size_hist, "request", limits.get("socket.request.max.bytes"))
-    _size_hist(right, traffic.response_size_hist, "response", limits.get("max.response.size"))
+    _size_hist(left, traffic.request_size_hist, "request", limits.get(SOCKET_REQUEST_MAX_BYTES))
+    _size_hist(right, traffic.response_size_hist, "response", limits.get(MAX_RESPONSE_SIZE))
     return Plot("sizes", "Request and response sizes", fig)
 
 
@@ -129,7 +139,7 @@ def pool(traffic: Traffic, limits: dict[str, int]) -> Plot:
         ax.plot(t, [p[2] / mib for p in traffic.pool_series], label="median proxy", color="#2e86c1", linewidth=1)
         if traffic.pool_capacity:
             ax.axhline(traffic.pool_capacity / mib, color="#7f8c8d", linestyle=":", label="configured capacity")
-        rec = limits.get("queued.max.request.bytes")
+        rec = limits.get(QUEUED_MAX_REQUEST_BYTES)
         if rec:
             ax.axhline(rec / mib, color="#27ae60", linestyle="--", linewidth=1, label="recommended")
         ax.set_ylabel("in-flight request MiB (high-water mark)")
@@ -151,9 +161,11 @@ def connections(traffic: Traffic, limits: dict[str, int]) -> Plot:
                 t = _times([r[0] for r in rows])
                 fleet.plot(t, [r[2] for r in rows], label=name, color=color, linewidth=1)
                 busiest.plot(t, [r[3] for r in rows], label=f"{name}, busiest proxy", color=color, linewidth=1)
-        rec = limits.get("max.ssl.connections")
+        rec = limits.get(MAX_SSL_CONNECTIONS)
         if rec:
-            busiest.axhline(rec, color="#27ae60", linestyle="--", linewidth=1, label="recommended max.ssl.connections")
+            busiest.axhline(
+                rec, color="#27ae60", linestyle="--", linewidth=1, label=f"recommended {MAX_SSL_CONNECTIONS}"
+            )
         fleet.set_ylabel("connections open, whole fleet")
         busiest.set_ylabel("connections open, one proxy")
         for ax in (fleet, busiest):
@@ -173,10 +185,12 @@ def groups(traffic: Traffic, limits: dict[str, int]) -> Plot:
         for group, points in traffic.group_series.items():
             t, members = _times([p[0] for p in points]), [p[1] for p in points]
             lines += over_time.plot(t, members, label=printable(group[:30]), linewidth=1)
-        rec = limits.get("group.max.size")
+        rec = limits.get(GROUP_MAX_SIZE)
         if rec:
             lines.append(
-                over_time.axhline(rec, color="#c0392b", linestyle="--", linewidth=1, label="recommended group.max.size")
+                over_time.axhline(
+                    rec, color="#c0392b", linestyle="--", linewidth=1, label=f"recommended {GROUP_MAX_SIZE}"
+                )
             )
         over_time.set_ylabel("members (largest in bucket)")
         _time_axis(over_time)
@@ -197,8 +211,13 @@ def identifiers(traffic: Traffic, limits: dict[str, int]) -> Plot:
     else:
         for kind, points in sorted(traffic.identifier_hist.items()):
             ax.step([p[0] for p in points], [p[1] for p in points], where="mid", label=kind, linewidth=1)
+        kafka = int_default(RESOURCE_IDENTIFIER_MAX_LENGTH)
         ax.axvline(
-            249, color="#c0392b", linestyle="--", linewidth=1, label="249: Kafka's resource.identifier.max.length"
+            kafka,
+            color="#c0392b",
+            linestyle="--",
+            linewidth=1,
+            label=f"{kafka}: Kafka's {RESOURCE_IDENTIFIER_MAX_LENGTH}",
         )
         _log_counts(ax)
         ax.set_xlabel("longest identifier per client id and window (UTF-16 code units)")

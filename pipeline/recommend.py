@@ -1,6 +1,6 @@
 """Recommended limits from the observed traffic, as a ``policies:`` section the
-proxy itself accepts (checked with :class:`proxy.config.model.Policies`, the parser
-``check-config`` uses), each value with a one-line reason.
+proxy itself accepts (each value checked against its property in :mod:`policies.properties`,
+and the memory pool's rule over several keys), each value with a one-line reason.
 
 The headroom rule (:func:`rules`, stated on the page and in the YAML): a limit is
 never tighter than what the evidence shows the cluster using -- the largest value
@@ -18,12 +18,27 @@ from __future__ import annotations
 
 import math
 import textwrap
+from collections.abc import Mapping
 from dataclasses import dataclass
 from datetime import UTC, datetime
 
 import yaml
 
-from proxy.config.model import Policies
+from policies.memory_pool import validate_settings as validate_pool_settings
+from policies.properties import (
+    GROUP_CONSUMER_MAX_SIZE,
+    GROUP_MAX_SIZE,
+    MAX_CONNECTIONS,
+    MAX_CONNECTIONS_PER_IP,
+    MAX_RESPONSE_SIZE,
+    MAX_SSL_CONNECTIONS,
+    QUEUED_MAX_REQUEST_BYTES,
+    QUEUED_MAX_REQUEST_BYTES_PER_CONNECTION,
+    RESOURCE_IDENTIFIER_LIMIT_ENABLE,
+    SOCKET_REQUEST_MAX_BYTES,
+    check_values,
+    int_default,
+)
 
 from .coverage import MIN_SPAN_SECONDS, MIN_WINDOWS, nice_duration
 from .limits import IDENTIFIER_KEYS, KAFKA_DEFAULTS
@@ -121,7 +136,7 @@ def recommend(traffic: Traffic, headroom_pct: float, min_windows: int = MIN_WIND
             Recommendation(key, None, thin) if thin else Recommendation(key, value, reason + _enforced(traffic, key))
         )
 
-    for key, kind in (("group.max.size", "classic"), ("group.consumer.max.size", "consumer")):
+    for key, kind in ((GROUP_MAX_SIZE, "classic"), (GROUP_CONSUMER_MAX_SIZE, "consumer")):
         peak = traffic.largest_by_kind.get(kind)
         if peak is not None and peak.value > 0:
             add(
@@ -130,21 +145,21 @@ def recommend(traffic: Traffic, headroom_pct: float, min_windows: int = MIN_WIND
                 f"largest {kind} group seen: {peak.value} members ({_at(peak)}) {plus}",
             )
     for key, peak, what in (
-        ("max.connections", traffic.peak_connections, "connections open at once on one proxy"),
-        ("max.ssl.connections", traffic.peak_tls, "TLS connections open at once on one proxy"),
-        ("max.connections.per.ip", traffic.peak_per_ip, "connections at once from one client host"),
+        (MAX_CONNECTIONS, traffic.peak_connections, "connections open at once on one proxy"),
+        (MAX_SSL_CONNECTIONS, traffic.peak_tls, "TLS connections open at once on one proxy"),
+        (MAX_CONNECTIONS_PER_IP, traffic.peak_per_ip, "connections at once from one client host"),
     ):
         if peak is not None and peak.value > 0:
             add(key, with_headroom(peak.value, h), f"peak {what}: {peak.value} ({_at(peak)}) {plus}")
-    request_limit = KAFKA_DEFAULTS["socket.request.max.bytes"]
+    request_limit = KAFKA_DEFAULTS[SOCKET_REQUEST_MAX_BYTES]
     for key, largest, what in (
-        ("socket.request.max.bytes", traffic.largest_requests, "request"),
-        ("max.response.size", traffic.largest_responses, "response"),
+        (SOCKET_REQUEST_MAX_BYTES, traffic.largest_requests, "request"),
+        (MAX_RESPONSE_SIZE, traffic.largest_responses, "response"),
     ):
         if largest:
             top = largest[0]
             value = with_headroom(top["bytes"], h, kib=True)
-            if key == "socket.request.max.bytes" and not coverage.thin(key, min_windows):
+            if key == SOCKET_REQUEST_MAX_BYTES and not coverage.thin(key, min_windows):
                 request_limit = value
             add(
                 key,
@@ -158,7 +173,7 @@ def recommend(traffic: Traffic, headroom_pct: float, min_windows: int = MIN_WIND
         value = max(from_max, request_limit)
         floor = " -> socket.request.max.bytes, the least Kafka allows" if value > from_max else ""
         add(
-            "queued.max.request.bytes",
+            QUEUED_MAX_REQUEST_BYTES,
             value,
             f"in-flight request bytes per proxy and window: p50 {nice_bytes(p['p50'])}, "
             f"p99 {nice_bytes(p['p99'])}, max {nice_bytes(p['max'])}; max {plus}, whole KiB{floor}",
@@ -181,20 +196,34 @@ def recommend(traffic: Traffic, headroom_pct: float, min_windows: int = MIN_WIND
         identifier_recs.append(Recommendation(key, value, reason))
     if identifier_recs:
         # The checks go on only with every limit they apply: thin evidence leaves the switch out too.
-        thin = coverage.thin("resource.identifier.limit.enable", min_windows)
+        thin = coverage.thin(RESOURCE_IDENTIFIER_LIMIT_ENABLE, min_windows)
         if thin:
-            recs.append(Recommendation("resource.identifier.limit.enable", None, thin))
+            recs.append(Recommendation(RESOURCE_IDENTIFIER_LIMIT_ENABLE, None, thin))
             recs += [Recommendation(r.key, None, thin) for r in identifier_recs]
         else:
             recs.append(
                 Recommendation(
-                    "resource.identifier.limit.enable",
+                    RESOURCE_IDENTIFIER_LIMIT_ENABLE,
                     True,
                     "KIP-1233 checks on, with the limits below (identifiers seen)",
                 )
             )
             recs += identifier_recs
     return recs
+
+
+def _check(section: Mapping[str, object]) -> None:
+    """Raise ``ValueError`` naming the key if the proxy would refuse the section (its own
+    ``check-config`` is run on it by the tests)."""
+    check_values(section)
+
+    def value(key: str) -> int:
+        given = section.get(key)
+        return given if isinstance(given, int) and not isinstance(given, bool) else int_default(key)
+
+    validate_pool_settings(
+        value(QUEUED_MAX_REQUEST_BYTES), value(SOCKET_REQUEST_MAX_BYTES), value(QUEUED_MAX_REQUEST_BYTES_PER_CONNECTION)
+    )
 
 
 def _comment(text: str) -> str:
@@ -209,11 +238,11 @@ def policies_yaml(
     min_span_seconds: float = MIN_SPAN_SECONDS,
     min_windows: int = MIN_WINDOWS,
 ) -> str:
-    """The ``policies:`` section, commented; validated by the proxy's own config model first. Keys too thin
+    """The ``policies:`` section, commented; each value checked against its property first. Keys too thin
     for a number are comments (the proxy keeps its default for them); provisional ones say so."""
     given = [r for r in recs if r.value is not None]
     section = {r.key: r.value for r in given}
-    Policies.model_validate(section)  # raises (naming the key) if the proxy would refuse it
+    _check(section)
     seen, coverage = traffic.overview, traffic.coverage
     warning = provisional(traffic, min_span_seconds)
     lines = [

@@ -89,23 +89,26 @@ from types import MappingProxyType
 from policies.api_keys import INT_MAX
 from policies.decision import Action, Decision, Policy
 from policies.mode import Mode
-
-LONG_MIN = -(2**63)
-LONG_MAX = 2**63 - 1
-
-MAX_CONNECTIONS = "max.connections"
-MAX_CONNECTIONS_PER_IP = "max.connections.per.ip"
-MAX_CONNECTIONS_PER_IP_OVERRIDES = "max.connections.per.ip.overrides"
-MAX_SSL_CONNECTIONS = "max.ssl.connections"
-CONNECTIONS_MAX_IDLE_MS = "connections.max.idle.ms"
-
+from policies.properties import (
+    CONNECTIONS_MAX_IDLE_MS as CONNECTIONS_MAX_IDLE_MS,  # also named from here by proxy/serve/passthrough.py
+)
+from policies.properties import (
+    LONG_MAX,
+    LONG_MIN,
+    MAX_CONNECTIONS,
+    MAX_CONNECTIONS_PER_IP,
+    MAX_CONNECTIONS_PER_IP_OVERRIDES,
+    MAX_SSL_CONNECTIONS,
+    int_default,
+    per_listener,
+)
 
 _NO_SUBJECT: Mapping[str, object] = MappingProxyType({})
 
 
 def listener_max_connections_key(listener: str) -> str:
     """Kafka's per-listener key, e.g. ``listener.name.external.max.connections``."""
-    return f"listener.name.{listener}.max.connections"
+    return per_listener(listener, MAX_CONNECTIONS)
 
 
 def _check_int(key: str, value: object, low: int, high: int = INT_MAX) -> int:
@@ -133,12 +136,12 @@ class ConnectionLimits:
     Mappings are copied and frozen.
     """
 
-    max_connections: int = INT_MAX
-    max_connections_per_ip: int = INT_MAX
+    max_connections: int = int_default(MAX_CONNECTIONS)
+    max_connections_per_ip: int = int_default(MAX_CONNECTIONS_PER_IP)
     max_connections_per_ip_overrides: Mapping[str, int] = field(default_factory=dict)
-    max_ssl_connections: int = INT_MAX
+    max_ssl_connections: int = int_default(MAX_SSL_CONNECTIONS)
     listener_max_connections: Mapping[str, int] = field(default_factory=dict)
-    connections_max_idle_ms: int = 600_000
+    connections_max_idle_ms: int = int_default(CONNECTIONS_MAX_IDLE_MS)
 
     def __post_init__(self) -> None:
         _check_int(MAX_CONNECTIONS, self.max_connections, 0)

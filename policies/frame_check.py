@@ -15,6 +15,7 @@ from dataclasses import dataclass
 
 from policies.decision import Action, Decision, Policy
 from policies.mode import Mode
+from policies.properties import SASL_SERVER_MAX_RECEIVE_SIZE, SOCKET_REQUEST_MAX_BYTES
 
 
 class FrameKind(enum.Enum):
@@ -69,10 +70,6 @@ def check_length_prefix(prefix: bytes, max_bytes: int, *, plaintext: bool = True
     if size > max_bytes:
         return FrameVerdict(FrameKind.TOO_LARGE, size)
     return FrameVerdict(FrameKind.KAFKA, size)
-
-
-SOCKET_REQUEST_MAX_BYTES = "socket.request.max.bytes"
-SASL_SERVER_MAX_RECEIVE_SIZE = "sasl.server.max.receive.size"
 
 
 @dataclass(frozen=True, slots=True)

@@ -112,6 +112,16 @@ from kio.schema.errors import ErrorCode
 from policies.api_keys import HEARTBEAT, INT_MAX, OFFSET_COMMIT, SYNC_GROUP
 from policies.decision import Action, Decision, Policy
 from policies.mode import Mode
+from policies.properties import (
+    GROUP_CONSUMER_MAX_SIZE,
+    GROUP_CONSUMER_SESSION_TIMEOUT_MS,
+    GROUP_JOIN_RATE_PER_MINUTE,
+    GROUP_MAX_SESSION_TIMEOUT_MS,
+    GROUP_MAX_SIZE,
+    GROUP_MIN_SESSION_TIMEOUT_MS,
+    GROUP_RECONCILE_INTERVAL_MS,
+    int_default,
+)
 
 __all__ = [
     "TRANSITIONS",
@@ -325,51 +335,52 @@ class GroupSizeConfig:
     Built by the proxy's config (``proxy.config.model.Policies.group_size_config``) from the YAML keys.
     """
 
-    group_max_size: int = INT_MAX  # group.max.size
-    group_consumer_max_size: int = INT_MAX  # group.consumer.max.size
-    join_rate_per_minute: int = -1  # group.join.rate.per.minute; -1 = off
+    group_max_size: int = int_default(GROUP_MAX_SIZE)
+    group_consumer_max_size: int = int_default(GROUP_CONSUMER_MAX_SIZE)
+    join_rate_per_minute: int = int_default(GROUP_JOIN_RATE_PER_MINUTE)  # -1 = off
     consumer_session_timeout_seconds: float = 45.0  # group.consumer.session.timeout.ms
     max_groups: int = 100_000  # groups tracked at once; least recently used dropped beyond
     idle_group_seconds: float = 3600.0  # empty groups with no traffic for this long are dropped
-    reconcile_interval_seconds: float = 60.0  # at most one reconciliation per group per interval
+    # At most one reconciliation per group per interval.
+    reconcile_interval_seconds: float = int_default(GROUP_RECONCILE_INTERVAL_MS) / 1000
     reconcile_margin: int = 1  # groups with >= cap - margin members are reconciled
     default_session_timeout_seconds: float = 45.0  # when a JoinGroup's is not passed in
     default_rebalance_timeout_seconds: float = 300.0  # when a JoinGroup's is not passed in
     # Kafka's bounds on a classic member's session timeout: a JoinGroup outside them is answered
     # INVALID_SESSION_TIMEOUT by the coordinator, so no member it admits has one. Here they bound
     # the timeouts a join's slot lives by (the rebalance timeout too: see _rebalance_timeout).
-    min_session_timeout_seconds: float = 6.0  # group.min.session.timeout.ms
-    max_session_timeout_seconds: float = 1800.0  # group.max.session.timeout.ms
+    min_session_timeout_seconds: float = int_default(GROUP_MIN_SESSION_TIMEOUT_MS) / 1000
+    max_session_timeout_seconds: float = int_default(GROUP_MAX_SESSION_TIMEOUT_MS) / 1000
     # A join forwarded this long before a describe was sent has reached the coordinator if it ever
     # will (Kafka lists a member awaiting join from the moment it reads the join): an awaiting slot
     # that old which the coordinator does not list is not a member (see _reconcile_members).
     join_transit_seconds: float = 10.0
 
     def __post_init__(self) -> None:
-        _int_setting("group.max.size", self.group_max_size, 1, "must be at least 1")
-        _int_setting("group.consumer.max.size", self.group_consumer_max_size, 1, "must be at least 1")
-        rate = _int_setting("group.join.rate.per.minute", self.join_rate_per_minute, -1, "must be -1 (off) or >= 1")
+        _int_setting(GROUP_MAX_SIZE, self.group_max_size, 1, "must be at least 1")
+        _int_setting(GROUP_CONSUMER_MAX_SIZE, self.group_consumer_max_size, 1, "must be at least 1")
+        rate = _int_setting(GROUP_JOIN_RATE_PER_MINUTE, self.join_rate_per_minute, -1, "must be -1 (off) or >= 1")
         if rate == 0:
-            raise ValueError("group.join.rate.per.minute must be -1 (off) or at least 1, got 0")
+            raise ValueError(f"{GROUP_JOIN_RATE_PER_MINUTE} must be -1 (off) or at least 1, got 0")
         _int_setting("max_groups", self.max_groups, 1, "must be at least 1")
         _int_setting("reconcile_margin", self.reconcile_margin, 0, "must be at least 0")
-        _seconds_setting("group.consumer.session.timeout.ms", self.consumer_session_timeout_seconds)
+        _seconds_setting(GROUP_CONSUMER_SESSION_TIMEOUT_MS, self.consumer_session_timeout_seconds)
         _seconds_setting("idle_group_seconds", self.idle_group_seconds)
         _seconds_setting("reconcile_interval_seconds", self.reconcile_interval_seconds)
         _seconds_setting("default_session_timeout_seconds", self.default_session_timeout_seconds)
         _seconds_setting("default_rebalance_timeout_seconds", self.default_rebalance_timeout_seconds)
         _seconds_setting("join_transit_seconds", self.join_transit_seconds)
         low, high = self.min_session_timeout_seconds, self.max_session_timeout_seconds
-        for key, value in (("group.min.session.timeout.ms", low), ("group.max.session.timeout.ms", high)):
+        for key, value in ((GROUP_MIN_SESSION_TIMEOUT_MS, low), (GROUP_MAX_SESSION_TIMEOUT_MS, high)):
             if isinstance(value, bool) or not isinstance(value, int | float) or not math.isfinite(value):
                 raise ValueError(f"{key} must be a number of milliseconds, got {value!r}")
             if not 0 <= value <= INT_MAX / 1000:
                 raise ValueError(f"{key} must be between 0 and {INT_MAX}, got {value * 1000:g}")
         if high <= 0:
-            raise ValueError(f"group.max.session.timeout.ms must be at least 1, got {high * 1000:g}")
+            raise ValueError(f"{GROUP_MAX_SESSION_TIMEOUT_MS} must be at least 1, got {high * 1000:g}")
         if low > high:
             raise ValueError(
-                "group.min.session.timeout.ms must be at most group.max.session.timeout.ms, "
+                f"{GROUP_MIN_SESSION_TIMEOUT_MS} must be at most {GROUP_MAX_SESSION_TIMEOUT_MS}, "
                 f"got {low * 1000:g} > {high * 1000:g}"
             )
 
@@ -1203,19 +1214,19 @@ class GroupSizePolicy:
                     return None
             elif g.counted < cap:
                 return None
-            reason = f"group.max.size={cap} reached: {g.counted} members rejoining while the group rebalances"
-            return self._refuse("group.max.size", cap, reason, group_id, member_id)
+            reason = f"{GROUP_MAX_SIZE}={cap} reached: {g.counted} members rejoining while the group rebalances"
+            return self._refuse(GROUP_MAX_SIZE, cap, reason, group_id, member_id)
         if known or g.size < cap:
             return None
-        reason = f"group.max.size={cap} reached: the group has {g.size} members"
-        return self._refuse("group.max.size", cap, reason, group_id, member_id)
+        reason = f"{GROUP_MAX_SIZE}={cap} reached: the group has {g.size} members"
+        return self._refuse(GROUP_MAX_SIZE, cap, reason, group_id, member_id)
 
     def _consumer_refusal(self, g: _Group, slot: _Slot | None, group_id: str, member_id: str) -> Decision | None:
         cap = self.config.group_consumer_max_size
         if slot is not None or g.size < cap:
             return None
         reason = f"The consumer group has reached its maximum capacity of {cap} members."
-        return self._refuse("group.consumer.max.size", cap, reason, group_id, member_id)
+        return self._refuse(GROUP_CONSUMER_MAX_SIZE, cap, reason, group_id, member_id)
 
     def _take_token(self, g: _Group, group_id: str, member_id: str, now: float) -> Decision | None:
         rate = self.config.join_rate_per_minute
@@ -1233,8 +1244,8 @@ class GroupSizePolicy:
             policy=_GROUP_SIZE,
             action=Action.THROTTLE,
             mode=self.mode,
-            limit_key="group.join.rate.per.minute",
-            reason=f"group.join.rate.per.minute={rate} exceeded",
+            limit_key=GROUP_JOIN_RATE_PER_MINUTE,
+            reason=f"{GROUP_JOIN_RATE_PER_MINUTE}={rate} exceeded",
             limit=rate,
             error_code=ErrorCode.coordinator_load_in_progress,
             throttle_ms=min(max(wait_ms, 1), INT_MAX),

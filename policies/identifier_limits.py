@@ -95,6 +95,17 @@ from policies.api_keys import (
 )
 from policies.decision import Action, Decision, Policy
 from policies.mode import Mode
+from policies.properties import (
+    CLASSIC_MEMBER_ID_MAX_LENGTH,
+    MEMBER_ID_MAX_LENGTH,
+    OFFSET_METADATA_MAX_BYTES,
+    PROPERTIES,
+    RESOURCE_IDENTIFIER_LIMIT_ENABLE,
+    RESOURCE_IDENTIFIER_LIMIT_ERROR_CODE,
+    RESOURCE_IDENTIFIER_MAX_LENGTH,
+    TOPIC_NAME_MAX_LENGTH,
+    int_default,
+)
 
 # The Kafka error codes this policy answers with (kio's, as plain ints: they go on the wire and in events).
 INVALID_REQUEST: Final = ErrorCode.invalid_request.value
@@ -128,12 +139,12 @@ class BreachReason(enum.Enum):
 
 # The property that sets each kind's limit (for messages and docs).
 LIMIT_KEYS: Final[Mapping[IdentifierKind, str]] = {
-    IdentifierKind.TOPIC_NAME: "topic.name.max.length",
-    IdentifierKind.MEMBER_ID: "member.id.max.length",
-    IdentifierKind.CLASSIC_MEMBER_ID: "classic.member.id.max.length",
-    IdentifierKind.OFFSET_METADATA: "offset.metadata.max.bytes",
+    IdentifierKind.TOPIC_NAME: TOPIC_NAME_MAX_LENGTH,
+    IdentifierKind.MEMBER_ID: MEMBER_ID_MAX_LENGTH,
+    IdentifierKind.CLASSIC_MEMBER_ID: CLASSIC_MEMBER_ID_MAX_LENGTH,
+    IdentifierKind.OFFSET_METADATA: OFFSET_METADATA_MAX_BYTES,
     **{
-        kind: "resource.identifier.max.length"
+        kind: RESOURCE_IDENTIFIER_MAX_LENGTH
         for kind in (
             IdentifierKind.GROUP_ID,
             IdentifierKind.GROUP_INSTANCE_ID,
@@ -149,25 +160,25 @@ LIMIT_KEYS: Final[Mapping[IdentifierKind, str]] = {
 
 # Property name -> IdentifierLimits attribute (proxy/config/model.py parses the properties; these name them in errors).
 CONFIG_KEYS: Final[Mapping[str, str]] = {
-    "resource.identifier.limit.enable": "enabled",
-    "resource.identifier.max.length": "max_length",
-    "member.id.max.length": "member_id_max_length",
-    "classic.member.id.max.length": "classic_member_id_max_length",
-    "topic.name.max.length": "topic_name_max_length",
-    "offset.metadata.max.bytes": "offset_metadata_max_bytes",
-    "resource.identifier.limit.error.code": "error_code",
+    RESOURCE_IDENTIFIER_LIMIT_ENABLE: "enabled",
+    RESOURCE_IDENTIFIER_MAX_LENGTH: "max_length",
+    MEMBER_ID_MAX_LENGTH: "member_id_max_length",
+    CLASSIC_MEMBER_ID_MAX_LENGTH: "classic_member_id_max_length",
+    TOPIC_NAME_MAX_LENGTH: "topic_name_max_length",
+    OFFSET_METADATA_MAX_BYTES: "offset_metadata_max_bytes",
+    RESOURCE_IDENTIFIER_LIMIT_ERROR_CODE: "error_code",
 }
 
 
 @dataclass(frozen=True, slots=True)
 class IdentifierLimits:
-    enabled: bool = False
-    max_length: int = 249
-    member_id_max_length: int = 36
-    classic_member_id_max_length: int = 249 + 1 + 36
-    topic_name_max_length: int = 249
-    offset_metadata_max_bytes: int = 4096
-    error_code: int = INVALID_REQUEST
+    enabled: bool = PROPERTIES[RESOURCE_IDENTIFIER_LIMIT_ENABLE].default is True
+    max_length: int = int_default(RESOURCE_IDENTIFIER_MAX_LENGTH)
+    member_id_max_length: int = int_default(MEMBER_ID_MAX_LENGTH)
+    classic_member_id_max_length: int = int_default(CLASSIC_MEMBER_ID_MAX_LENGTH)
+    topic_name_max_length: int = int_default(TOPIC_NAME_MAX_LENGTH)
+    offset_metadata_max_bytes: int = int_default(OFFSET_METADATA_MAX_BYTES)
+    error_code: int = int_default(RESOURCE_IDENTIFIER_LIMIT_ERROR_CODE)
 
     def __post_init__(self) -> None:
         for name in (
@@ -182,9 +193,9 @@ class IdentifierLimits:
                 raise ValueError(f"{_key_of(name)} must be an integer 0-{INT_MAX}, got {value!r}")
         code = self.error_code
         if isinstance(code, bool) or not isinstance(code, int) or not 1 <= code <= 32767:
-            raise ValueError(f"resource.identifier.limit.error.code must be a Kafka error code 1-32767, got {code!r}")
+            raise ValueError(f"{RESOURCE_IDENTIFIER_LIMIT_ERROR_CODE} must be a Kafka error code 1-32767, got {code!r}")
         if not isinstance(self.enabled, bool):
-            raise ValueError(f"resource.identifier.limit.enable must be a boolean, got {self.enabled!r}")
+            raise ValueError(f"{RESOURCE_IDENTIFIER_LIMIT_ENABLE} must be a boolean, got {self.enabled!r}")
 
     def limit_for(self, kind: IdentifierKind) -> int:
         """The length limit for identifiers of ``kind``."""

@@ -51,26 +51,28 @@ from __future__ import annotations
 import itertools
 from collections.abc import Hashable
 from dataclasses import dataclass, field
+from typing import Final
 
 from policies.decision import Action, Decision, Policy
 from policies.mode import Mode
+from policies.properties import (
+    LONG_MAX,
+    QUEUED_MAX_REQUEST_BYTES,
+    QUEUED_MAX_REQUEST_BYTES_PER_CONNECTION,
+    SOCKET_REQUEST_MAX_BYTES,
+    int_default,
+)
 
-QUEUED_MAX_REQUEST_BYTES = "queued.max.request.bytes"
-SOCKET_REQUEST_MAX_BYTES = "socket.request.max.bytes"
-QUEUED_MAX_REQUEST_BYTES_PER_CONNECTION = "queued.max.request.bytes.per.connection"
-
-DEFAULT_QUEUED_MAX_REQUEST_BYTES = -1
-DEFAULT_SOCKET_REQUEST_MAX_BYTES = 104_857_600
-DEFAULT_QUEUED_MAX_REQUEST_BYTES_PER_CONNECTION = -1
+_PER_CONNECTION_OFF: Final = int_default(QUEUED_MAX_REQUEST_BYTES_PER_CONNECTION)
 
 # What ``available`` reports while the pool is off (Kafka's MemoryPool.NONE: Long.MAX_VALUE).
-UNBOUNDED = 2**63 - 1
+UNBOUNDED = LONG_MAX
 
 
 def validate_settings(
     queued_max_request_bytes: int,
     socket_request_max_bytes: int,
-    per_connection: int = DEFAULT_QUEUED_MAX_REQUEST_BYTES_PER_CONNECTION,
+    per_connection: int = _PER_CONNECTION_OFF,
 ) -> None:
     """Raise ``ValueError`` naming the keys involved if the settings cannot be used together."""
     if socket_request_max_bytes <= 0:
@@ -101,7 +103,7 @@ class MemoryPool:
         self,
         capacity: int,
         max_request: int,
-        per_connection: int = DEFAULT_QUEUED_MAX_REQUEST_BYTES_PER_CONNECTION,
+        per_connection: int = _PER_CONNECTION_OFF,
         mode: Mode = Mode.ENFORCE,
     ) -> None:
         validate_settings(capacity, max_request, per_connection)

@@ -15,8 +15,7 @@ from __future__ import annotations
 from policies.decision import Action, Decision, Policy
 from policies.frame_check import FrameKind, FrameVerdict
 from policies.mode import Mode
-
-MAX_RESPONSE_SIZE = "max.response.size"
+from policies.properties import MAX_RESPONSE_SIZE
 
 
 def decide_response_prefix(verdict: FrameVerdict, limit: int, mode: Mode, about: str) -> Decision:

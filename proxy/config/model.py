@@ -33,10 +33,41 @@ from pydantic import (
 )
 from pydantic_core import PydanticCustomError
 
+from policies.api_keys import INT_MAX
 from policies.connections import ConnectionLimits
 from policies.group_size import GroupSizeConfig
 from policies.identifier_limits import IdentifierLimits
 from policies.memory_pool import validate_settings as validate_pool_settings
+from policies.properties import (
+    CLASSIC_MEMBER_ID_MAX_LENGTH,
+    CONNECTIONS_MAX_IDLE_MS,
+    GROUP_CONSUMER_MAX_SIZE,
+    GROUP_JOIN_RATE_PER_MINUTE,
+    GROUP_MAX_SESSION_TIMEOUT_MS,
+    GROUP_MAX_SIZE,
+    GROUP_MIN_SESSION_TIMEOUT_MS,
+    GROUP_RECONCILE_INTERVAL_MS,
+    LISTENER_PREFIX,
+    MAX_CONNECTIONS,
+    MAX_CONNECTIONS_PER_IP,
+    MAX_CONNECTIONS_PER_IP_OVERRIDES,
+    MAX_CONNECTIONS_WAIT_MS,
+    MAX_RESPONSE_SIZE,
+    MAX_SSL_CONNECTIONS,
+    MAX_SSL_HANDSHAKES_PER_TURN,
+    MEMBER_ID_MAX_LENGTH,
+    OFFSET_METADATA_MAX_BYTES,
+    PROPERTIES,
+    QUEUED_MAX_REQUEST_BYTES,
+    QUEUED_MAX_REQUEST_BYTES_PER_CONNECTION,
+    REQUEST_BODY_TIMEOUT_MS,
+    RESOURCE_IDENTIFIER_LIMIT_ENABLE,
+    RESOURCE_IDENTIFIER_LIMIT_ERROR_CODE,
+    RESOURCE_IDENTIFIER_MAX_LENGTH,
+    SASL_SERVER_MAX_RECEIVE_SIZE,
+    SOCKET_REQUEST_MAX_BYTES,
+    TOPIC_NAME_MAX_LENGTH,
+)
 from proxy.config.certificates import IDENTITY_CA_CERTIFICATE, UPSTREAM_CERTIFICATE, TlsFiles, certificate_problems
 from proxy.config.strict_yaml import StrictYamlError, read_yaml
 
@@ -417,15 +448,19 @@ class Admin(_Frozen):
 
 
 PolicyMode = Literal["enforce", "observe"]
-_INT_MAX = 2147483647
-_LISTENER_PREFIX = "listener.name."
+
+
+def _property(name: str) -> Any:
+    """The ``policies`` field of a Kafka property: its name as the key, its default and bounds."""
+    prop = PROPERTIES[name]
+    return Field(default=prop.default, ge=prop.at_least, le=prop.at_most, alias=name, description=prop.meaning)
 
 
 def _listener_key(key: object) -> tuple[str, str] | None:
     """(listener, property) of a ``listener.name.<listener>.<property>`` key."""
-    if not isinstance(key, str) or not key.startswith(_LISTENER_PREFIX):
+    if not isinstance(key, str) or not key.startswith(LISTENER_PREFIX):
         return None
-    listener, _, prop = key.removeprefix(_LISTENER_PREFIX).partition(".")
+    listener, _, prop = key.removeprefix(LISTENER_PREFIX).partition(".")
     return (listener, prop) if listener and prop else None
 
 
@@ -442,33 +477,33 @@ def _per_listener(flat: Mapping[str, Any]) -> dict[str, dict[str, Any]]:
 def _connection_limits(flat: Mapping[str, Any]) -> ConnectionLimits:
     """Kafka's connection quota settings from the policies as written (Kafka names)."""
     return ConnectionLimits(
-        max_connections=flat["max.connections"],
-        max_connections_per_ip=flat["max.connections.per.ip"],
-        max_connections_per_ip_overrides=parse_ip_overrides(flat["max.connections.per.ip.overrides"]),
-        max_ssl_connections=flat["max.ssl.connections"],
+        max_connections=flat[MAX_CONNECTIONS],
+        max_connections_per_ip=flat[MAX_CONNECTIONS_PER_IP],
+        max_connections_per_ip_overrides=parse_ip_overrides(flat[MAX_CONNECTIONS_PER_IP_OVERRIDES]),
+        max_ssl_connections=flat[MAX_SSL_CONNECTIONS],
         listener_max_connections={
-            name: props["max.connections"] for name, props in _per_listener(flat).items() if "max.connections" in props
+            name: props[MAX_CONNECTIONS] for name, props in _per_listener(flat).items() if MAX_CONNECTIONS in props
         },
-        connections_max_idle_ms=flat["connections.max.idle.ms"],
+        connections_max_idle_ms=flat[CONNECTIONS_MAX_IDLE_MS],
     )
 
 
 def _group_size_config(flat: Mapping[str, Any]) -> GroupSizeConfig:
     return GroupSizeConfig(
-        group_max_size=flat["group.max.size"],
-        group_consumer_max_size=flat["group.consumer.max.size"],
-        join_rate_per_minute=flat["group.join.rate.per.minute"],
-        reconcile_interval_seconds=flat["group.reconcile.interval.ms"] / 1000,
-        min_session_timeout_seconds=flat["group.min.session.timeout.ms"] / 1000,
-        max_session_timeout_seconds=flat["group.max.session.timeout.ms"] / 1000,
+        group_max_size=flat[GROUP_MAX_SIZE],
+        group_consumer_max_size=flat[GROUP_CONSUMER_MAX_SIZE],
+        join_rate_per_minute=flat[GROUP_JOIN_RATE_PER_MINUTE],
+        reconcile_interval_seconds=flat[GROUP_RECONCILE_INTERVAL_MS] / 1000,
+        min_session_timeout_seconds=flat[GROUP_MIN_SESSION_TIMEOUT_MS] / 1000,
+        max_session_timeout_seconds=flat[GROUP_MAX_SESSION_TIMEOUT_MS] / 1000,
     )
 
 
 def _pool_fits_the_largest_request(flat: Mapping[str, Any]) -> None:
     validate_pool_settings(
-        flat["queued.max.request.bytes"],
-        flat["socket.request.max.bytes"],
-        flat["queued.max.request.bytes.per.connection"],
+        flat[QUEUED_MAX_REQUEST_BYTES],
+        flat[SOCKET_REQUEST_MAX_BYTES],
+        flat[QUEUED_MAX_REQUEST_BYTES_PER_CONNECTION],
     )
 
 
@@ -476,13 +511,13 @@ class ListenerPolicies(_Frozen):
     """Per-listener overrides, written ``listener.name.<listener>.<property>`` as in Kafka."""
 
     max_response_size: int | None = Field(
-        default=None, ge=1, le=_INT_MAX, alias="max.response.size", description="This listener's max.response.size."
+        default=None, ge=1, le=INT_MAX, alias=MAX_RESPONSE_SIZE, description="This listener's max.response.size."
     )
     max_connections: int | None = Field(
         default=None,
         ge=1,
-        le=_INT_MAX,
-        alias="max.connections",
+        le=INT_MAX,
+        alias=MAX_CONNECTIONS,
         description="This listener's own connection cap (protected listeners too).",
     )
 
@@ -495,241 +530,81 @@ class Policies(_Frozen):
         description="Every policy's mode unless its own says: enforce, or observe (decide, count and audit, "
         "but let the traffic through).",
     )
-    socket_request_max_bytes: int = Field(
-        default=104857600,
-        ge=1,
-        le=_INT_MAX,
-        alias="socket.request.max.bytes",
-        description="The largest request frame, checked at its 4-byte length prefix before anything is read.",
-    )
-    sasl_server_max_receive_size: int = Field(
-        default=524288,
-        ge=1,
-        le=_INT_MAX,
-        alias="sasl.server.max.receive.size",
-        description="Kafka's SaslServerAuthenticator: the largest frame before SASL authentication (listeners with "
-        "sasl: true).",
-    )
-    max_response_size: int = Field(
-        default=104857600,
-        ge=1,
-        le=_INT_MAX,
-        alias="max.response.size",
-        description="KIP-498: the largest response frame accepted from a broker and forwarded.",
-    )
+    # Each property's default, bounds and meaning: policies/properties.py.
+    socket_request_max_bytes: int = _property(SOCKET_REQUEST_MAX_BYTES)
+    sasl_server_max_receive_size: int = _property(SASL_SERVER_MAX_RECEIVE_SIZE)
+    max_response_size: int = _property(MAX_RESPONSE_SIZE)
     response_size_mode: PolicyMode | None = Field(
         default=None, alias="response.size.mode", description="The response size guard's mode; null: policies.mode."
     )
-    # Connection quotas (Kafka's ConnectionQuotas) and the KIP-1015 TLS cap.
-    max_connections: int = Field(
-        default=_INT_MAX,
-        ge=0,
-        le=_INT_MAX,
-        alias="max.connections",
-        description="Kafka's ConnectionQuotas: all listeners together, protected ones excluded; in cluster mode each "
-        "broker counts its own.",
-    )
-    max_connections_per_ip: int = Field(
-        default=_INT_MAX,
-        ge=0,
-        le=_INT_MAX,
-        alias="max.connections.per.ip",
-        description="Connections from one client address.",
-    )
-    max_connections_per_ip_overrides: str = Field(
-        default="",
-        alias="max.connections.per.ip.overrides",
-        description='Per-address caps, as "host:100,127.0.0.2:200"; hostnames are resolved at load.',
-    )
-    max_ssl_connections: int = Field(
-        default=_INT_MAX,
-        ge=0,
-        le=_INT_MAX,
-        alias="max.ssl.connections",
-        description="KIP-1015: all TLS listeners together; plaintext connections are never affected.",
-    )
-    connections_max_idle_ms: int = Field(
-        default=600000,
-        ge=-1,
-        alias="connections.max.idle.ms",
-        description="Idle connections are closed after this long (-1: never).",
-    )
-    max_connections_wait_ms: int = Field(
-        default=30000,
-        ge=1,
-        le=_INT_MAX,
-        alias="max.connections.wait.ms",
-        description="Beyond Kafka: how long a connection may wait in the backlog for a slot before it is closed.",
-    )
+    max_connections: int = _property(MAX_CONNECTIONS)
+    max_connections_per_ip: int = _property(MAX_CONNECTIONS_PER_IP)
+    max_connections_per_ip_overrides: str = _property(MAX_CONNECTIONS_PER_IP_OVERRIDES)
+    max_ssl_connections: int = _property(MAX_SSL_CONNECTIONS)
+    connections_max_idle_ms: int = _property(CONNECTIONS_MAX_IDLE_MS)
+    max_connections_wait_ms: int = _property(MAX_CONNECTIONS_WAIT_MS)
     connections_mode: PolicyMode | None = Field(
         default=None, alias="connections.mode", description="The connection caps' mode; null: policies.mode."
     )
-    max_ssl_handshakes_per_turn: int = Field(
-        default=4,
-        ge=1,
-        le=_INT_MAX,
-        alias="max.ssl.handshakes.per.turn",
-        description="Beyond Kafka: TLS handshakes are computed on the one event loop; at most this many steps between "
-        "two turns of the established connections (the rest wait for the next turn).",
-    )
-    # Consumer group size (KIP-389 classic, KIP-848 consumer groups).
-    group_max_size: int = Field(
-        default=_INT_MAX,
-        ge=1,
-        le=_INT_MAX,
-        alias="group.max.size",
-        description="KIP-389: members of a classic group (JoinGroup).",
-    )
-    group_consumer_max_size: int = Field(
-        default=_INT_MAX,
-        ge=1,
-        le=_INT_MAX,
-        alias="group.consumer.max.size",
-        description="KIP-848: members of a consumer group (ConsumerGroupHeartbeat).",
-    )
-    group_join_rate_per_minute: int = Field(
-        default=-1,
-        ge=-1,
-        le=_INT_MAX,
-        alias="group.join.rate.per.minute",
-        description="Beyond Kafka: joins per group per minute (-1: off), answered with a throttle.",
-    )
+    # TLS handshakes are computed on the one event loop: the rest wait for the next turn.
+    max_ssl_handshakes_per_turn: int = _property(MAX_SSL_HANDSHAKES_PER_TURN)
+    group_max_size: int = _property(GROUP_MAX_SIZE)
+    group_consumer_max_size: int = _property(GROUP_CONSUMER_MAX_SIZE)
+    group_join_rate_per_minute: int = _property(GROUP_JOIN_RATE_PER_MINUTE)
     group_size_mode: PolicyMode | None = Field(
         default=None, alias="group.size.mode", description="The group size policy's mode; null: policies.mode."
     )
-    group_min_session_timeout_ms: int = Field(
-        default=6000,
-        ge=0,
-        le=_INT_MAX,
-        alias="group.min.session.timeout.ms",
-        description="Kafka's lower bound on a classic member's session timeout: how long a join's slot can live.",
-    )
-    group_max_session_timeout_ms: int = Field(
-        default=1800000,
-        ge=1,
-        le=_INT_MAX,
-        alias="group.max.session.timeout.ms",
-        description="Kafka's upper bound on a member's session timeout (and here its rebalance timeout).",
-    )
-    group_reconcile_interval_ms: int = Field(
-        default=60000,
-        ge=1,
-        le=_INT_MAX,
-        alias="group.reconcile.interval.ms",
-        description="Beyond Kafka: how often a group near its cap is re-counted at the coordinator.",
-    )
-    queued_max_request_bytes: int = Field(
-        default=-1,
-        ge=-1,
-        le=2**63 - 1,
-        alias="queued.max.request.bytes",
-        description="KIP-72 memory pool: bytes of requests read and not yet answered; <= 0: off, else at least "
-        "socket.request.max.bytes.",
-    )
-    queued_max_request_bytes_per_connection: int = Field(
-        default=-1,
-        ge=-1,
-        le=2**63 - 1,
-        alias="queued.max.request.bytes.per.connection",
-        description="Beyond Kafka: the most bytes of the pool one connection may hold while others wait (-1: off).",
-    )
-    request_body_timeout_ms: int = Field(
-        default=10000,
-        ge=1,
-        le=_INT_MAX,
-        alias="request.body.timeout.ms",
-        description="The wait for pool memory plus the arrival of a frame's body; a stalled sender is dropped.",
-    )
+    # Kafka's bounds on a classic member's session timeout: how long a join's slot can live.
+    group_min_session_timeout_ms: int = _property(GROUP_MIN_SESSION_TIMEOUT_MS)
+    group_max_session_timeout_ms: int = _property(GROUP_MAX_SESSION_TIMEOUT_MS)
+    group_reconcile_interval_ms: int = _property(GROUP_RECONCILE_INTERVAL_MS)
+    queued_max_request_bytes: int = _property(QUEUED_MAX_REQUEST_BYTES)
+    queued_max_request_bytes_per_connection: int = _property(QUEUED_MAX_REQUEST_BYTES_PER_CONNECTION)
+    request_body_timeout_ms: int = _property(REQUEST_BODY_TIMEOUT_MS)
     memory_pool_mode: PolicyMode | None = Field(
         default=None, alias="memory.pool.mode", description="The memory pool's mode; null: policies.mode."
     )
     # KIP-1233 identifier lengths (limits are UTF-16 code units, as Java counts).
-    resource_identifier_limit_enable: KafkaBool = Field(
-        default=False,
-        alias="resource.identifier.limit.enable",
-        description="KIP-1233: check identifier lengths in every request that carries them.",
-    )
-    resource_identifier_max_length: int = Field(
-        default=249,
-        ge=0,
-        le=_INT_MAX,
-        alias="resource.identifier.max.length",
-        description="Group id, group instance id, client id, transactional id, rack id, config resource names, ACL "
-        "resource name, principal, host.",
-    )
-    member_id_max_length: int = Field(
-        default=36,
-        ge=0,
-        le=_INT_MAX,
-        alias="member.id.max.length",
-        description="Member ids clients generate (KIP-848, KIP-932 share groups, KIP-1071 streams groups).",
-    )
-    classic_member_id_max_length: int = Field(
-        default=286,
-        ge=0,
-        le=_INT_MAX,
-        alias="classic.member.id.max.length",
-        description="Classic-protocol member ids, which the broker generates as <client.id or "
-        "group.instance.id>-<UUID>.",
-    )
-    topic_name_max_length: int = Field(
-        default=249,
-        ge=0,
-        le=_INT_MAX,
-        alias="topic.name.max.length",
-        description="Topic names where topics are created (also [a-zA-Z0-9._-] only).",
-    )
-    offset_metadata_max_bytes: int = Field(
-        default=4096,
-        ge=0,
-        le=_INT_MAX,
-        alias="offset.metadata.max.bytes",
-        description="Offset commit metadata, per partition.",
-    )
-    resource_identifier_limit_error_code: int = Field(
-        default=42,
-        ge=1,
-        le=32767,
-        alias="resource.identifier.limit.error.code",
-        description="The error code a breach is answered with (42: INVALID_REQUEST).",
-    )
+    resource_identifier_limit_enable: KafkaBool = _property(RESOURCE_IDENTIFIER_LIMIT_ENABLE)
+    resource_identifier_max_length: int = _property(RESOURCE_IDENTIFIER_MAX_LENGTH)
+    member_id_max_length: int = _property(MEMBER_ID_MAX_LENGTH)
+    classic_member_id_max_length: int = _property(CLASSIC_MEMBER_ID_MAX_LENGTH)
+    topic_name_max_length: int = _property(TOPIC_NAME_MAX_LENGTH)
+    offset_metadata_max_bytes: int = _property(OFFSET_METADATA_MAX_BYTES)
+    resource_identifier_limit_error_code: int = _property(RESOURCE_IDENTIFIER_LIMIT_ERROR_CODE)
     resource_identifier_limit_mode: PolicyMode | None = Field(
         default=None,
         alias="resource.identifier.limit.mode",
         description="The identifier checks' mode; null: policies.mode.",
     )
-    listener_overrides: dict[str, ListenerPolicies] = Field(
-        default_factory=dict,
-        alias="listener.name",
-        description="Per-listener overrides, written listener.name.<listener>.<property> as in Kafka.",
-    )
+    listener_overrides: dict[str, ListenerPolicies] = Field(default_factory=dict, alias="listener.name")
 
     # Kafka's rules over several keys (KafkaConfig, ConnectionQuotas, the memory pool's).
     cross_field_rules = (
         CrossFieldRule(
             (
-                "group.max.size",
-                "group.consumer.max.size",
-                "group.join.rate.per.minute",
-                "group.reconcile.interval.ms",
-                "group.min.session.timeout.ms",
-                "group.max.session.timeout.ms",
+                GROUP_MAX_SIZE,
+                GROUP_CONSUMER_MAX_SIZE,
+                GROUP_JOIN_RATE_PER_MINUTE,
+                GROUP_RECONCILE_INTERVAL_MS,
+                GROUP_MIN_SESSION_TIMEOUT_MS,
+                GROUP_MAX_SESSION_TIMEOUT_MS,
             ),
             _group_size_config,
         ),
         CrossFieldRule(
             (
-                "max.connections",
-                "max.connections.per.ip",
-                "max.connections.per.ip.overrides",
-                "max.ssl.connections",
-                "connections.max.idle.ms",
+                MAX_CONNECTIONS,
+                MAX_CONNECTIONS_PER_IP,
+                MAX_CONNECTIONS_PER_IP_OVERRIDES,
+                MAX_SSL_CONNECTIONS,
+                CONNECTIONS_MAX_IDLE_MS,
                 "listener.name",
             ),
             _connection_limits,
         ),
         CrossFieldRule(
-            ("queued.max.request.bytes", "socket.request.max.bytes", "queued.max.request.bytes.per.connection"),
+            (QUEUED_MAX_REQUEST_BYTES, SOCKET_REQUEST_MAX_BYTES, QUEUED_MAX_REQUEST_BYTES_PER_CONNECTION),
             _pool_fits_the_largest_request,
         ),
     )
@@ -770,10 +645,6 @@ class Policies(_Frozen):
             error_code=self.resource_identifier_limit_error_code,
         )
 
-    @property
-    def int_max(self) -> int:
-        return _INT_MAX
-
     def mode_of(self, policy_mode: PolicyMode | None) -> PolicyMode:
         return policy_mode or self.mode
 
@@ -788,7 +659,7 @@ class Policies(_Frozen):
         out = self.model_dump(mode="json", by_alias=True, exclude={"listener_overrides"})
         for listener, props in self.listener_overrides.items():
             for prop, value in props.model_dump(by_alias=True, exclude_none=True).items():
-                out[f"{_LISTENER_PREFIX}{listener}.{prop}"] = value
+                out[f"{LISTENER_PREFIX}{listener}.{prop}"] = value
         return out
 
 
@@ -1012,13 +883,13 @@ def _per_listener_keys_name_listeners(v: Mapping[str, Any]) -> None:
     names = _distinct(_raw_listener_names(v))
     unknown = sorted({parts[0] for key in policies if (parts := _listener_key(key)) and parts[0] not in names})
     if unknown:
-        keys = ", ".join(f"listener.name.{name}.*" for name in unknown)
+        keys = ", ".join(f"{LISTENER_PREFIX}{name}.*" for name in unknown)
         verb = "names" if len(unknown) == 1 else "name"
         raise ValueError(f"policies: {keys} {verb} no configured listener (have: {names})")
 
 
 # The per-listener keys that need no Kafka frame: the only ones a passthrough listener takes.
-_CONNECTION_LEVEL_KEYS = frozenset({"max.connections"})
+_CONNECTION_LEVEL_KEYS = frozenset({MAX_CONNECTIONS})
 
 
 def _passthrough_listeners_take_connection_policies_only(v: Mapping[str, Any]) -> None:
@@ -1047,8 +918,7 @@ def _sidecar_passthrough_has_one_broker(v: Mapping[str, Any]) -> None:
         brokers = item.get("passthrough_brokers")
         if item.get("tls") == PASSTHROUGH and isinstance(brokers, Mapping) and len(brokers) > 1:
             raise ValueError(
-                f"listeners[{i}].passthrough_brokers: mode: sidecar relays to its one broker, "
-                f"got {len(brokers)}"
+                f"listeners[{i}].passthrough_brokers: mode: sidecar relays to its one broker, got {len(brokers)}"
             )
 
 
@@ -1083,8 +953,13 @@ class Config(_Frozen):
         is labelled ``upstream``)."""
         sections = [
             TlsFiles(
-                f"listeners[{i}].tls", lst.name, term.cert_file, term.key_file, term.ca_file,
-                term.key_password_file, term.key_password_env,
+                f"listeners[{i}].tls",
+                lst.name,
+                term.cert_file,
+                term.key_file,
+                term.ca_file,
+                term.key_password_file,
+                term.key_password_env,
             )
             for i, lst in enumerate(self.listeners)
             if (term := lst.termination) is not None
@@ -1093,16 +968,26 @@ class Config(_Frozen):
         if tls.enabled:
             sections.append(
                 TlsFiles(
-                    "upstream.tls", UPSTREAM_CERTIFICATE, tls.cert_file, tls.key_file, tls.ca_file,
-                    tls.key_password_file, tls.key_password_env,
+                    "upstream.tls",
+                    UPSTREAM_CERTIFICATE,
+                    tls.cert_file,
+                    tls.key_file,
+                    tls.ca_file,
+                    tls.key_password_file,
+                    tls.key_password_env,
                 )
             )
             if tls.client_identity is not None:
                 identity = tls.client_identity
                 sections.append(
                     TlsFiles(
-                        "upstream.tls.client_identity", IDENTITY_CA_CERTIFICATE, identity.ca_cert_file,
-                        identity.ca_key_file, None, field_prefix="ca_", issues_certificates=True,
+                        "upstream.tls.client_identity",
+                        IDENTITY_CA_CERTIFICATE,
+                        identity.ca_cert_file,
+                        identity.ca_key_file,
+                        None,
+                        field_prefix="ca_",
+                        issues_certificates=True,
                     )
                 )
         return sections
@@ -1167,7 +1052,7 @@ def _unknown_key_hint(loc: tuple[int | str, ...]) -> str:
         sections = _sections_knowing(key)
         if sections:
             return f" at the top level; it belongs under {' or '.join(sections)}"
-    if key.startswith(_LISTENER_PREFIX) and _listener_key(key) is None:
+    if key.startswith(LISTENER_PREFIX) and _listener_key(key) is None:
         return "; write per-listener keys as listener.name.<listener>.<property>"
     model = _model_at(loc)
     if model is not None:

@@ -133,9 +133,9 @@ class ApiVersionCaps(ApiHook):
     below the versions whose responses carry broker addresses, so their bodies never
     need decoding."""
 
-    def __init__(self, decoded: frozenset[int], hot_path: bool) -> None:
+    def __init__(self, decoded: frozenset[int], cluster_mode: bool) -> None:
         self._decoded = decoded
-        self._hot_path = hot_path
+        self._cluster_mode = cluster_mode
 
     def reads_response(self, api_key: int, api_version: int) -> bool:
         return api_key == API_VERSIONS
@@ -143,5 +143,5 @@ class ApiVersionCaps(ApiHook):
     async def on_response(self, request: Request, body: Any) -> Any:
         if body.error_code != 0:
             return body
-        capped = rewrite.cap_api_versions(body, hot_path=self._hot_path, decoded=self._decoded)
+        capped = rewrite.cap_api_versions(body, cluster_mode=self._cluster_mode, decoded=self._decoded)
         return body if capped == body else capped

@@ -87,7 +87,7 @@ class Generation:
         if self.rewrites:
             decoded |= rewrite.ADDRESS_APIS
         if decoded or self.rewrites:
-            hooks.append(ApiVersionCaps(decoded, hot_path=self.rewrites))
+            hooks.append(ApiVersionCaps(decoded, cluster_mode=self.rewrites))
         self.hooks = tuple(hooks)
         self.decoded_api_keys = decoded
 

@@ -23,7 +23,6 @@ from proxy.links.identity import ClientCertificate, IdentityIssuer, IdentityRefu
 from proxy.links.transport import SocketTransport, TlsTransport, Transport, stdlib_socket
 
 log = logging.getLogger("kafka_admission_proxy.upstream")
-_rate_limited = RateLimitedLog(log)
 
 CONNECT_TIMEOUT_S = 10.0
 HANDSHAKE_TIMEOUT_S = 5.0
@@ -69,6 +68,7 @@ class UpstreamConnector:
         self._metrics = metrics
         self._recorder = recorder
         self.backoff = UpstreamBackoff()
+        self._mismatch_log = RateLimitedLog(log)
         self.identity: IdentityIssuer | None = None
         self.identity = self.prepare_identity(tls)
 
@@ -108,9 +108,10 @@ class UpstreamConnector:
     def mismatch(self, address: str, kind: str, description: str) -> str:
         """``address`` speaks the other protocol: back off from it; returns the log line.
         (The caller records the decision: it knows the client connection.)"""
-        self.backoff.on_mismatch(address, description, trio.current_time())
+        now = trio.current_time()
+        self.backoff.on_mismatch(address, description, now)
         message = f"upstream {address} {description}"
-        _rate_limited.log(logging.ERROR, (address, kind), trio.current_time(), message, extra={"upstream": address})
+        self._mismatch_log.log(logging.ERROR, (address, kind), now, message, extra={"upstream": address})
         return message
 
     def _record_mismatch(self, address: str, kind: str, description: str) -> None:

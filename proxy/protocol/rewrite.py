@@ -19,9 +19,9 @@ from typing import Any
 from policies.api_keys import DESCRIBE_CLUSTER, FETCH, FIND_COORDINATOR, METADATA, PRODUCE
 from proxy.protocol import wire
 
-# Versions the proxy advertises at most: Produce/Fetch below their NodeEndpoints
-# versions so their bodies never need decoding.
-HOT_PATH_MAX_VERSION = {PRODUCE: 9, FETCH: 15}
+# In cluster mode, the newest Produce/Fetch versions the proxy advertises: their responses carry
+# no NodeEndpoints (broker addresses to rewrite), so their bodies never need decoding.
+NO_NODE_ENDPOINTS_MAX_VERSION = {PRODUCE: 9, FETCH: 15}
 # Responses that carry broker addresses: api key -> (first version with addresses,
 # the body attributes holding lists of nodes; "" = the body itself is the node).
 _ADDRESS_FIELDS: dict[int, tuple[int, Callable[[int], tuple[str, ...]]]] = {
@@ -87,17 +87,17 @@ def rewrite_addresses(body: Any, api_key: int, api_version: int, address_of: Add
     return body
 
 
-def cap_api_versions(body: Any, *, hot_path: bool, decoded: frozenset[int]) -> Any:
+def cap_api_versions(body: Any, *, cluster_mode: bool, decoded: frozenset[int]) -> Any:
     """Cap advertised versions so clients use only what the proxy can read.
 
-    ``hot_path`` (cluster mode): Produce and Fetch below their NodeEndpoints
+    ``cluster_mode`` (broker addresses rewritten): Produce and Fetch below their NodeEndpoints
     versions, so their bodies never need decoding. ``decoded``: the APIs the
     proxy decodes (address-carrying ones, and those a policy reads) at the
     codec's newest version.
     """
     capped = []
     for entry in body.api_keys:
-        limit = HOT_PATH_MAX_VERSION.get(entry.api_key) if hot_path else None
+        limit = NO_NODE_ENDPOINTS_MAX_VERSION.get(entry.api_key) if cluster_mode else None
         if limit is None and entry.api_key in decoded:
             limit = wire.max_known_version(entry.api_key)
         if limit is not None and entry.max_version > limit:
@@ -106,4 +106,4 @@ def cap_api_versions(body: Any, *, hot_path: bool, decoded: frozenset[int]) -> A
     return dataclasses.replace(body, api_keys=tuple(capped))
 
 
-ADDRESS_APIS = frozenset(_ADDRESS_FIELDS) - set(HOT_PATH_MAX_VERSION)
+ADDRESS_APIS = frozenset(_ADDRESS_FIELDS) - set(NO_NODE_ENDPOINTS_MAX_VERSION)

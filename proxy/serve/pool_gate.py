@@ -108,7 +108,3 @@ class _PoolCollector(Collector):
             "Time the pool had nothing left (Kafka's MemoryPoolDepletedTimeTotal)",
             value=pool.depleted_seconds(now),
         )
-
-
-def build_pool(capacity: int, max_request: int, per_connection: int, mode: str) -> MemoryPool:
-    return MemoryPool(capacity, max_request, per_connection, Mode(mode))

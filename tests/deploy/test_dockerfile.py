@@ -19,6 +19,7 @@ from tests.conftest import ROOT
 from tests.deploy.conftest import (
     EXTRAS_MODULES,
     IMAGE_CONFIG,
+    IMAGE_PACKAGE_SOURCES,
     IMAGE_VENV,
     deploy_tool,
     produce_and_consume,
@@ -75,6 +76,8 @@ def test_the_image_is_multi_stage_and_runs_as_a_numeric_non_root_user() -> None:
     assert any("--require-hashes -r requirements/runtime.txt" in run for run in build["RUN"])
     # The build backend comes from its hash-locked file, never from an isolated build's own fetch.
     assert any("--require-hashes -r requirements/build.txt" in run for run in build["RUN"])
+    copied = [path for copy in build["COPY"] for path in copy.split()[:-1]]
+    assert [p for p in copied if not p.startswith("requirements/")] == list(IMAGE_PACKAGE_SOURCES)
     [package] = [run for run in build["RUN"] if " ./" in run]
     assert "pip wheel --no-cache-dir --no-deps --no-build-isolation" in package and "--no-index" in package
     assert final["COPY"] == [f"--from=build {IMAGE_VENV} {IMAGE_VENV}"]

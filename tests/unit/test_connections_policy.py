@@ -13,11 +13,6 @@ from hypothesis.stateful import RuleBasedStateMachine, initialize, invariant, ru
 from policies.api_keys import INT_MAX
 from policies.connections import (
     BOOTSTRAP,
-    CONNECTIONS_MAX_IDLE_MS,
-    MAX_CONNECTIONS,
-    MAX_CONNECTIONS_PER_IP,
-    MAX_CONNECTIONS_PER_IP_OVERRIDES,
-    MAX_SSL_CONNECTIONS,
     BrokerKey,
     BrokerQuotas,
     ConnectionLimits,
@@ -27,6 +22,13 @@ from policies.connections import (
 )
 from policies.decision import Action, Decision, Policy
 from policies.mode import Mode
+from policies.properties import (
+    CONNECTIONS_MAX_IDLE_MS,
+    MAX_CONNECTIONS,
+    MAX_CONNECTIONS_PER_IP,
+    MAX_CONNECTIONS_PER_IP_OVERRIDES,
+    MAX_SSL_CONNECTIONS,
+)
 
 TLS = "external_tls"
 PLAIN = "external_plain"

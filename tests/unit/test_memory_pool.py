@@ -12,15 +12,13 @@ from hypothesis import strategies as st
 from hypothesis.stateful import RuleBasedStateMachine, initialize, invariant, precondition, rule
 
 from policies.decision import Action, Decision, Policy
-from policies.memory_pool import (
+from policies.memory_pool import UNBOUNDED, MemoryPool, validate_settings
+from policies.mode import Mode
+from policies.properties import (
     QUEUED_MAX_REQUEST_BYTES,
     QUEUED_MAX_REQUEST_BYTES_PER_CONNECTION,
     SOCKET_REQUEST_MAX_BYTES,
-    UNBOUNDED,
-    MemoryPool,
-    validate_settings,
 )
-from policies.mode import Mode
 
 KIB = 1024
 MIB = 1024 * KIB

@@ -8,7 +8,8 @@ import pytest
 from policies.decision import Action, Decision, Policy
 from policies.frame_check import FrameVerdict, check_length_prefix
 from policies.mode import Mode
-from policies.response_size import MAX_RESPONSE_SIZE, decide_response_prefix
+from policies.properties import MAX_RESPONSE_SIZE
+from policies.response_size import decide_response_prefix
 
 LIMIT = 1024 * 1024
 ABOUT = "response to Metadata v12 correlation id 7"

@@ -158,10 +158,10 @@ def test_api_versions_caps_produce_fetch_and_rewritten_apis() -> None:
     )
     frame = wire.encode_frame(header_for(m.ApiVersionsResponse), body)
     decoded = wire.decode_response(frame, 18, 3)
-    capped = rewrite.cap_api_versions(decoded.body, hot_path=True, decoded=rewrite.ADDRESS_APIS)
+    capped = rewrite.cap_api_versions(decoded.body, cluster_mode=True, decoded=rewrite.ADDRESS_APIS)
     assert {a.api_key: a.max_version for a in capped.api_keys} == {
         0: 9, 1: 15, 3: wire.max_known_version(3), 10: 6, 19: 7, 60: 2
     }
     # Sidecar mode: no address rewriting, Produce/Fetch untouched; policy-decoded APIs capped.
-    sidecar = rewrite.cap_api_versions(decoded.body, hot_path=False, decoded=frozenset({19}))
+    sidecar = rewrite.cap_api_versions(decoded.body, cluster_mode=False, decoded=frozenset({19}))
     assert {a.api_key: a.max_version for a in sidecar.api_keys} == {0: 11, 1: 17, 3: 99, 10: 6, 19: 7, 60: 2}
