@@ -372,6 +372,10 @@ STARTERS: dict[str, Callable[[Setup], Endpoint]] = {
     "floor-lowlevel": _forwarder("floor_forwarder.py", "lowlevel"),
     "floor-socket": _forwarder("floor_forwarder.py", "socket"),
     "floor-stream": _forwarder("floor_forwarder.py", "stream"),
+    # on request only: one trio task serves every ready socket from its own epoll (issue 28)
+    "trio-epoll": _forwarder("trio_epoll_forwarder.py", "pass"),
+    "trio-epoll-budget": _forwarder("trio_epoll_forwarder.py", "budget"),
+    "trio-epoll-blocking": _forwarder("trio_epoll_forwarder.py", "blocking"),
 }
 DEFAULT_PATHS = (
     "direct", "floor", "epoll", "proxy", "proxy-all", "haproxy", "tansu-proxy", "kroxylicious", "stunnel",
