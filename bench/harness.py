@@ -223,6 +223,38 @@ def fetch_high_watermark(response: bytes) -> int:
     return int(partition.high_watermark)
 
 
+def produce_frame(topic: str, value: bytes, correlation_id: int = 1) -> bytearray:
+    """Produce v9, acks=1, of one record (``value``, no key) to partition 0 of ``topic``:
+    one uncompressed v2 record batch, encoded by kafka-python's builder (CRC-32C included)."""
+    from kafka.record.default_records import DefaultRecordBatchBuilder
+    from kio.schema.produce.v9 import request as m
+    from kio.schema.types import TopicName
+    from kio.static.primitive import Records, i16, i32, i32Timedelta
+
+    batch = DefaultRecordBatchBuilder(
+        magic=2, compression_type=0, is_transactional=0, producer_id=-1, producer_epoch=-1,
+        base_sequence=-1, batch_size=len(value) + 1024,
+    )
+    batch.append(0, timestamp=None, key=None, value=value, headers=[])
+    body = m.ProduceRequest(
+        acks=i16(1), timeout=i32Timedelta.parse(datetime.timedelta(seconds=30)),
+        topic_data=(m.TopicProduceData(
+            name=TopicName(topic),
+            partition_data=(m.PartitionProduceData(index=i32(0), records=Records(bytes(batch.build()))),),
+        ),),
+    )
+    return request_frame(body, correlation_id)
+
+
+def produce_error_code(response: bytes) -> int:
+    """The error code of the one partition in a whole Produce v9 response frame."""
+    from kio.schema.produce.v9.response import ProduceResponse
+
+    _, header_size = entity_reader(ProduceResponse.__header_schema__)(response, 4)
+    body, _ = entity_reader(ProduceResponse)(response, 4 + header_size)
+    return int(body.responses[0].partition_responses[0].error_code)
+
+
 class KafkaSocket:
     """A blocking Kafka connection that sends prepared frames and reads whole responses."""
 

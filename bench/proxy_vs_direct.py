@@ -82,7 +82,7 @@ BENCH = Path(__file__).resolve().parent
 PROXY_ALL_CONFIG = BENCH / "proxy-all.yaml"
 TOPIC = "bench"
 FLUSH_TIMEOUT_S = 60.0
-HAPROXY_MAXCONN = 1000
+HAPROXY_MAXCONN = 2000  # bench/concurrency.py opens 1,024 connections at once
 # Fetches read a topic of their own, written once at start: Tansu's fetch time grows with
 # the partition's log, and the produce topic's grows by every round.
 FETCH_TOPIC = "bench-fetch"
