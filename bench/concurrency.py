@@ -16,8 +16,11 @@ measurement: the path's C connections are opened, each load runs ``--warmup`` se
 unmeasured, then ``--seconds`` measured; after that no new request is sent and the
 requests still in flight are awaited and counted, so the middle's CPU from the start to
 the last response belongs to the round trips counted. The middle's CPU is the CPU time of
-all its threads (``/proc/PID/task/*/schedstat``); the client's, of its processes
-(``time.process_time``), shown beside it as a share of one core.
+all its threads (``/proc/PID/task/*/schedstat``), and its waits per round trip its
+voluntary context switches (``/proc/PID/task/*/status``: a thread blocked, in
+``epoll_wait`` for these middles), which show how many ready sockets one wake-up
+served; the client's CPU is that of its processes (``time.process_time``), shown beside
+it as a share of one core.
 
 Paths and C are interleaved: each round goes through every C, and for each C through
 every path in an order rotated each round; each figure is the median over rounds, its
@@ -49,6 +52,7 @@ from multiprocessing.connection import Connection
 from harness import (
     BenchError,
     KafkaSocket,
+    context_switches,
     fetch_frame,
     fetch_high_watermark,
     load_average,
@@ -153,6 +157,7 @@ class Sample:
     round_trips: int
     seconds: float
     middle_cpu: float | None
+    middle_waits: int | None  # the middle's voluntary context switches: its threads blocked
     client_cpu: float
 
     @property
@@ -196,12 +201,14 @@ class Clients:
         self._expect("warm")
         middle = self.endpoint.middle
         middle_before = middle.cpu_seconds() if middle else 0.0
+        waits_before = context_switches(middle.pid)[0] if middle else 0
         started_at = time.perf_counter()
         for pipe in self.pipes:
             pipe.send("go")
         answers = self._answers()
         elapsed = time.perf_counter() - started_at
         middle_cpu = middle.cpu_seconds() - middle_before if middle else None
+        middle_waits = context_switches(middle.pid)[0] - waits_before if middle else None
         for answer in answers:
             if not isinstance(answer, tuple):
                 raise BenchError(f"client: {answer}")
@@ -211,6 +218,7 @@ class Clients:
             sum(a[0] for a in answers),
             elapsed,
             middle_cpu,
+            middle_waits,
             sum(a[1] for a in answers),  # type: ignore[index]
         )
 
@@ -256,6 +264,10 @@ def middle_us(s: Sample) -> float | None:
     return None if s.middle_cpu is None else s.middle_cpu / s.round_trips * 1e6
 
 
+def middle_waits(s: Sample) -> float | None:
+    return None if s.middle_waits is None else s.middle_waits / s.round_trips
+
+
 def client_us(s: Sample) -> float:
     return s.client_cpu / s.round_trips * 1e6
 
@@ -299,21 +311,22 @@ def tables(cells: dict[tuple[str, int, str], Cell], paths: list[str], connection
     out.append("\nEvery measurement: median over rounds and the lowest-highest round\n")
     out.append(
         "| load | C | path | round trips/s | range | vs direct | middle CPU us/rt | range "
-        "| client CPU us/rt | client CPU, cores |"
+        "| middle waits/rt | client CPU us/rt | client CPU, cores |"
     )
-    out.append("|---|---:|---|---:|---:|---:|---:|---:|---:|---:|")
+    out.append("|---|---:|---|---:|---:|---:|---:|---:|---:|---:|---:|")
     for load in LOADS:
         for c in connections:
             for path in paths:
                 cell = cells[path, c, load]
                 rt, rt_range = spread(cell.medians(rate), ",.0f")
                 cpu, cpu_range = spread(cell.medians(middle_us), ".1f")
+                waits, _ = spread(cell.medians(middle_waits), ".2f")
                 client, _ = spread(cell.medians(client_us), ".1f")
                 share, _ = spread(cell.medians(client_share), ".2f")
                 versus = versus_direct(cell, cells.get(("direct", c, load))) if path != "direct" else "-"
                 out.append(
                     f"| {load} | {c:,} | {path} | {rt} | {rt_range} | {versus} | {cpu} | {cpu_range} "
-                    f"| {client} | {share} |"
+                    f"| {waits} | {client} | {share} |"
                 )
     return "\n".join(out)
 

@@ -110,6 +110,20 @@ def cpu_seconds(pid: int) -> float:
     return total / 1e9
 
 
+def context_switches(pid: int) -> tuple[int, int]:
+    """Voluntary (the thread blocked: waited for I/O or a lock) and involuntary (preempted)
+    context switches of a process's live threads so far."""
+    voluntary = involuntary = 0
+    for task in Path(f"/proc/{pid}/task").iterdir():
+        with contextlib.suppress(FileNotFoundError, ProcessLookupError):
+            for line in (task / "status").read_text().splitlines():
+                if line.startswith("voluntary_ctxt_switches"):
+                    voluntary += int(line.split()[1])
+                elif line.startswith("nonvoluntary_ctxt_switches"):
+                    involuntary += int(line.split()[1])
+    return voluntary, involuntary
+
+
 def rss_kib(pid: int) -> int:
     for line in Path(f"/proc/{pid}/status").read_text().splitlines():
         if line.startswith("VmRSS:"):
@@ -232,16 +246,20 @@ def produce_frame(topic: str, value: bytes, correlation_id: int = 1) -> bytearra
     from kio.static.primitive import Records, i16, i32, i32Timedelta
 
     batch = DefaultRecordBatchBuilder(
-        magic=2, compression_type=0, is_transactional=0, producer_id=-1, producer_epoch=-1,
-        base_sequence=-1, batch_size=len(value) + 1024,
+        magic=2,
+        compression_type=0,
+        is_transactional=0,
+        producer_id=-1,
+        producer_epoch=-1,
+        base_sequence=-1,
+        batch_size=len(value) + 1024,
     )
     batch.append(0, timestamp=None, key=None, value=value, headers=[])
+    partition = m.PartitionProduceData(index=i32(0), records=Records(bytes(batch.build())))
     body = m.ProduceRequest(
-        acks=i16(1), timeout=i32Timedelta.parse(datetime.timedelta(seconds=30)),
-        topic_data=(m.TopicProduceData(
-            name=TopicName(topic),
-            partition_data=(m.PartitionProduceData(index=i32(0), records=Records(bytes(batch.build()))),),
-        ),),
+        acks=i16(1),
+        timeout=i32Timedelta.parse(datetime.timedelta(seconds=30)),
+        topic_data=(m.TopicProduceData(name=TopicName(topic), partition_data=(partition,)),),
     )
     return request_frame(body, correlation_id)
 
