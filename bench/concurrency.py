@@ -16,7 +16,7 @@ measurement: the path's C connections are opened, each load runs ``--warmup`` se
 unmeasured, then ``--seconds`` measured; after that no new request is sent and the
 requests still in flight are awaited and counted, so the middle's CPU from the start to
 the last response belongs to the round trips counted. The middle's CPU is the CPU time of
-all its threads (``/proc/PID/task/*/schedstat``), and its waits per round trip its
+all its threads (``/proc/PID/task/*/schedstat``), and its waits per round trip are its
 voluntary context switches (``/proc/PID/task/*/status``: a thread blocked, in
 ``epoll_wait`` for these middles), which show how many ready sockets one wake-up
 served; the client's CPU is that of its processes (``time.process_time``), shown beside

@@ -46,7 +46,8 @@ class Forwarder:
         self.listener.bind(listen)
         self.listener.listen(1024)
         self.listener.setblocking(False)
-        self.epoll.register(self.listener.fileno(), select.EPOLLIN)
+        self.listener_fd = self.listener.fileno()
+        self.epoll.register(self.listener_fd, select.EPOLLIN)
         self.sides: dict[int, Side] = {}
 
     def accept(self) -> None:
@@ -101,7 +102,7 @@ class Forwarder:
 
     def serve(self, ready: list[tuple[int, int]]) -> None:
         """Every event of one ``epoll.poll``: accept, forward, finish sends, close."""
-        listener_fd, sides = self.listener.fileno(), self.sides
+        listener_fd, sides = self.listener_fd, self.sides
         for fd, events in ready:
             if fd == listener_fd:
                 self.accept()
