@@ -12,13 +12,14 @@ other side). Only the wait differs, per ``--variant``:
             every ready event in one pass; wait again
   budget    the same, at most 64 events a pass; a full pass (more may be ready) ends in a
             ``trio.lowlevel.checkpoint()`` (other tasks run) and polls again without waiting
-  blocking  no trio wake-up while trio has nothing else to do: the task blocks in its own
-            ``epoll.poll``, which also holds trio's epoll fd and times out at trio's next
-            deadline; when trio's fd is ready or a task is runnable it checkpoints. It reads
-            trio's run queue, deadlines and epoll object, which are private (trio 0.35)
+  blocking  no trio wake-up for a socket: the forwarder is served from trio's
+            ``before_io_wait`` instrument hook; when trio has nothing to run it blocks in its
+            own ``epoll.poll``, which also holds trio's epoll fd, serving sockets as they
+            become ready, until trio's fd is ready or trio's timeout passes. Trio's epoll fd
+            is private (trio 0.35: ``runner.io_manager._epoll``)
 
 Like the epoll forwarder, it connects to the broker with a blocking ``connect`` (loopback;
-only established connections are measured), in the same task.
+only established connections are measured), where it serves sockets.
 
     python bench/trio_epoll_forwarder.py --listen 127.0.0.1:9093 --upstream 127.0.0.1:9092
 """
@@ -26,8 +27,8 @@ only established connections are measured), in the same task.
 from __future__ import annotations
 
 import gc
-import math
 import select
+import time
 
 import trio
 from epoll_forwarder import Forwarder
@@ -49,29 +50,52 @@ async def serve_passes(forwarder: Forwarder, budget: int = -1) -> None:
             await wait_readable(epoll_fd)
 
 
-async def serve_blocking(forwarder: Forwarder) -> None:
-    """Block in our own ``epoll.poll`` while trio has nothing to run; checkpoint when it has."""
-    from trio._core._run import GLOBAL_RUN_CONTEXT  # private: the runner of this thread
+class IdleWait(trio.abc.Instrument):
+    """The ``blocking`` variant: the forwarder is served from trio's ``before_io_wait`` hook,
+    the one point where trio itself knows whether any task is runnable.
 
-    runner = GLOBAL_RUN_CONTEXT.runner
-    trio_fd = runner.io_manager._epoll.fileno()
-    forwarder.epoll.register(trio_fd, select.EPOLLIN)
-    poll, serve, checkpoint = forwarder.epoll.poll, forwarder.serve, trio.lowlevel.checkpoint
-    runq, deadlines, clock = runner.runq, runner.deadlines, runner.clock
-    while True:
-        if runq:
-            await checkpoint()
-            continue
-        deadline = deadlines.next_deadline()
-        timeout = -1.0 if deadline == math.inf else max(0.0, deadline - clock.current_time())
-        ready = poll(timeout)
-        if any(fd == trio_fd for fd, _ in ready):
-            serve([event for event in ready if event[0] != trio_fd])
-            await checkpoint()  # trio polls its own epoll (timeout 0: we are runnable) and runs its tasks
-        elif ready:
+    Runnable tasks (timeout 0): one pass of what is ready, no wait. Nothing runnable: block in
+    our own epoll, which also holds trio's epoll fd, serving sockets as they become ready,
+    until trio's fd is ready or trio's timeout (its next deadline) passes; then return, and
+    trio's own ``epoll_wait`` finds its events at once. No task wakes for a socket."""
+
+    def __init__(self, forwarder: Forwarder) -> None:
+        from trio._core._run import GLOBAL_RUN_CONTEXT  # private: this thread's trio runner
+
+        self.forwarder = forwarder
+        self.trio_fd = GLOBAL_RUN_CONTEXT.runner.io_manager._epoll.fileno()
+        self.token = trio.lowlevel.current_trio_token()
+        forwarder.epoll.register(self.trio_fd, select.EPOLLIN)
+
+    def before_io_wait(self, timeout: float) -> None:
+        poll, serve, trio_fd = self.forwarder.epoll.poll, self.forwarder.serve, self.trio_fd
+        if timeout <= 0:
+            serve(poll(0, BUDGET))  # trio's fd among them is no socket: serve skips it
+            return
+        deadline = time.monotonic() + timeout
+        while True:
+            ready = poll(timeout)
             serve(ready)
-        else:
-            await checkpoint()  # trio's deadline passed
+            if any(fd == trio_fd for fd, _ in ready):
+                return
+            timeout = deadline - time.monotonic()
+            if timeout <= 0:
+                # trio's epoll_wait would now wait its whole timeout again: end it at once
+                self.token.run_sync_soon(_nothing)
+                return
+
+
+def _nothing() -> None:
+    pass
+
+
+async def serve_idle_wait(forwarder: Forwarder) -> None:
+    instrument = IdleWait(forwarder)
+    trio.lowlevel.add_instrument(instrument)
+    try:
+        await trio.sleep_forever()
+    finally:
+        trio.lowlevel.remove_instrument(instrument)
 
 
 async def run(forwarder: Forwarder, variant: str) -> None:
@@ -81,7 +105,7 @@ async def run(forwarder: Forwarder, variant: str) -> None:
         elif variant == "budget":
             nursery.start_soon(serve_passes, forwarder, BUDGET)
         else:
-            nursery.start_soon(serve_blocking, forwarder)
+            nursery.start_soon(serve_idle_wait, forwarder)
 
 
 def main() -> None:
