@@ -17,10 +17,12 @@ unmeasured, then ``--seconds`` measured; after that no new request is sent and t
 requests still in flight are awaited and counted, so the middle's CPU from the start to
 the last response belongs to the round trips counted. The middle's CPU is the CPU time of
 all its threads (``/proc/PID/task/*/schedstat``), and its waits per round trip are its
-voluntary context switches (``/proc/PID/task/*/status``: a thread blocked, in
-``epoll_wait`` for these middles), which show how many ready sockets one wake-up
-served; the client's CPU is that of its processes (``time.process_time``), shown beside
-it as a share of one core.
+voluntary context switches (``/proc/PID/task/*/status``): how often it found nothing to
+do and blocked (in ``epoll_wait``, for these middles). With one connection that is 2 per
+round trip (the request, the response); near 0 when the middle never runs out of work,
+busy or waiting for a CPU on a loaded machine. They count the process's waits, not trio's
+task switches. The client's CPU is that of its processes (``time.process_time``), shown
+beside it as a share of one core.
 
 Paths and C are interleaved: each round goes through every C, and for each C through
 every path in an order rotated each round; each figure is the median over rounds, its
