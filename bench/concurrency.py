@@ -107,8 +107,10 @@ def drive(socks: list[socket.socket], frame: bytes, seconds: float) -> int:
         for fd in by_fd:
             epoll.register(fd, select.EPOLLIN)
         deadline = time.monotonic() + seconds
+        size = len(frame)
         for sock in socks:
-            sock.send(frame)
+            if sock.send(frame) != size:
+                raise BenchError("a request did not fit the socket's empty send buffer")
         in_flight, count, poll, clock = len(socks), 0, epoll.poll, time.monotonic
         while in_flight:
             ready = poll(STALL_S)
@@ -125,7 +127,8 @@ def drive(socks: list[socket.socket], frame: bytes, seconds: float) -> int:
                 buffer.clear()  # one request in flight: one response, nothing after it
                 count += 1
                 if clock() < deadline:
-                    by_fd[fd].send(frame)
+                    if by_fd[fd].send(frame) != size:  # its response is read: the buffer is empty
+                        raise BenchError("a request did not fit the socket's empty send buffer")
                 else:
                     in_flight -= 1
         return count
