@@ -23,11 +23,12 @@ BENCH_PACKAGES := haproxy stunnel4 valgrind strace default-jdk-headless
 # e.g. make bench BENCH_ARGS="--paths floor,proxy-all --rounds 3"
 BENCH_ARGS :=
 PROFILE_ARGS :=
+CONCURRENCY_ARGS :=
 # How long `make soak` runs mixed traffic (seconds).
 SOAK_SECONDS := 600
 
 .PHONY: demo test test-tools deploy-tools apache-kafka spark-kafka test-apache-kafka lint bench bench-tools profile \
-	bench-instructions bench-report lock runtime-size fuzz soak docs
+	bench-instructions bench-concurrency bench-report lock runtime-size fuzz soak docs
 
 $(BIN)/.installed: pyproject.toml requirements/dev.txt
 	python3 -m venv $(VENV)
@@ -108,9 +109,13 @@ profile: bench-tools $(BIN)/py-spy
 bench-report: $(BIN)/.installed
 	$(BIN)/python bench/report_bench.py --events 10000000
 
-# Instructions per round trip (callgrind) of floor, epoll and proxy-all.
+# Instructions per round trip (callgrind) of floor, epoll, trio-epoll and proxy-all.
 bench-instructions: bench-tools
 	$(BIN)/python bench/instructions_per_request.py
+
+# Round trips per second and the middle's CPU per round trip, C = 1 to 1,024 connections (issue 28).
+bench-concurrency: bench-tools apache-kafka
+	$(BIN)/python bench/concurrency.py $(CONCURRENCY_ARGS)
 
 # Regenerate the locks after a change of pyproject.toml's dependencies (or its build-system.requires)
 # or of requirements/deploy-tools.in. The image installs runtime.txt, and builds this package with

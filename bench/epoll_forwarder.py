@@ -46,7 +46,8 @@ class Forwarder:
         self.listener.bind(listen)
         self.listener.listen(1024)
         self.listener.setblocking(False)
-        self.epoll.register(self.listener.fileno(), select.EPOLLIN)
+        self.listener_fd = self.listener.fileno()
+        self.epoll.register(self.listener_fd, select.EPOLLIN)
         self.sides: dict[int, Side] = {}
 
     def accept(self) -> None:
@@ -99,27 +100,31 @@ class Forwarder:
                 self.epoll.modify(side.fd, side.flags())
         return True
 
+    def serve(self, ready: list[tuple[int, int]]) -> None:
+        """Every event of one ``epoll.poll``: accept, forward, finish sends, close."""
+        listener_fd, sides = self.listener_fd, self.sides
+        for fd, events in ready:
+            if fd == listener_fd:
+                self.accept()
+                continue
+            side = sides.get(fd)
+            if side is None:  # closed by an earlier event of this batch
+                continue
+            try:
+                if events & select.EPOLLOUT:
+                    self.on_writable(side)
+                if events & (select.EPOLLIN | select.EPOLLHUP | select.EPOLLERR):
+                    if not self.on_readable(side):
+                        self.close(side)
+            except BlockingIOError:
+                pass
+            except OSError:
+                self.close(side)
+
     def run(self) -> None:
-        listener_fd = self.listener.fileno()
-        poll, sides = self.epoll.poll, self.sides
+        poll, serve = self.epoll.poll, self.serve
         while True:
-            for fd, events in poll():
-                if fd == listener_fd:
-                    self.accept()
-                    continue
-                side = sides.get(fd)
-                if side is None:  # closed by an earlier event of this batch
-                    continue
-                try:
-                    if events & select.EPOLLOUT:
-                        self.on_writable(side)
-                    if events & (select.EPOLLIN | select.EPOLLHUP | select.EPOLLERR):
-                        if not self.on_readable(side):
-                            self.close(side)
-                except BlockingIOError:
-                    pass
-                except OSError:
-                    self.close(side)
+            serve(poll())
 
 
 def main() -> None:

@@ -110,6 +110,20 @@ def cpu_seconds(pid: int) -> float:
     return total / 1e9
 
 
+def context_switches(pid: int) -> tuple[int, int]:
+    """Voluntary (the thread blocked: waited for I/O or a lock) and involuntary (preempted)
+    context switches of a process's live threads so far."""
+    voluntary = involuntary = 0
+    for task in Path(f"/proc/{pid}/task").iterdir():
+        with contextlib.suppress(FileNotFoundError, ProcessLookupError):
+            for line in (task / "status").read_text().splitlines():
+                if line.startswith("voluntary_ctxt_switches"):
+                    voluntary += int(line.split()[1])
+                elif line.startswith("nonvoluntary_ctxt_switches"):
+                    involuntary += int(line.split()[1])
+    return voluntary, involuntary
+
+
 def rss_kib(pid: int) -> int:
     for line in Path(f"/proc/{pid}/status").read_text().splitlines():
         if line.startswith("VmRSS:"):
@@ -221,6 +235,42 @@ def fetch_high_watermark(response: bytes) -> int:
     if partition.error_code != 0:
         raise BenchError(f"Fetch answered error code {int(partition.error_code)}")
     return int(partition.high_watermark)
+
+
+def produce_frame(topic: str, value: bytes, correlation_id: int = 1) -> bytearray:
+    """Produce v9, acks=1, of one record (``value``, no key) to partition 0 of ``topic``:
+    one uncompressed v2 record batch, encoded by kafka-python's builder (CRC-32C included)."""
+    from kafka.record.default_records import DefaultRecordBatchBuilder
+    from kio.schema.produce.v9 import request as m
+    from kio.schema.types import TopicName
+    from kio.static.primitive import Records, i16, i32, i32Timedelta
+
+    batch = DefaultRecordBatchBuilder(
+        magic=2,
+        compression_type=0,
+        is_transactional=0,
+        producer_id=-1,
+        producer_epoch=-1,
+        base_sequence=-1,
+        batch_size=len(value) + 1024,
+    )
+    batch.append(0, timestamp=None, key=None, value=value, headers=[])
+    partition = m.PartitionProduceData(index=i32(0), records=Records(bytes(batch.build())))
+    body = m.ProduceRequest(
+        acks=i16(1),
+        timeout=i32Timedelta.parse(datetime.timedelta(seconds=30)),
+        topic_data=(m.TopicProduceData(name=TopicName(topic), partition_data=(partition,)),),
+    )
+    return request_frame(body, correlation_id)
+
+
+def produce_error_code(response: bytes) -> int:
+    """The error code of the one partition in a whole Produce v9 response frame."""
+    from kio.schema.produce.v9.response import ProduceResponse
+
+    _, header_size = entity_reader(ProduceResponse.__header_schema__)(response, 4)
+    body, _ = entity_reader(ProduceResponse)(response, 4 + header_size)
+    return int(body.responses[0].partition_responses[0].error_code)
 
 
 class KafkaSocket:

@@ -14,7 +14,7 @@ some 50-100 times slower under callgrind, so the counts are small (a few
 hundred round trips take about a minute); they repeat within about 1% from
 window to window.
 
-    .venv/bin/python bench/instructions_per_request.py                     # floor, epoll, proxy-all
+    .venv/bin/python bench/instructions_per_request.py                     # floor, epoll, trio-epoll, proxy-all
     .venv/bin/python bench/instructions_per_request.py --paths proxy-all --round-trips 300 --windows 3
 
 ``--load produce`` counts bulk produce instead: per window, ``--megabytes`` of
@@ -42,7 +42,7 @@ from typing import Any
 from harness import BenchError, load_average
 from proxy_vs_direct import _produce_all, _producer, middle_paths, round_trips, started
 
-DEFAULT_PATHS = "floor,epoll,proxy-all"
+DEFAULT_PATHS = "floor,epoll,trio-epoll,proxy-all"
 
 
 def callgrind_control(pid: int, *options: str) -> None:

@@ -82,7 +82,7 @@ BENCH = Path(__file__).resolve().parent
 PROXY_ALL_CONFIG = BENCH / "proxy-all.yaml"
 TOPIC = "bench"
 FLUSH_TIMEOUT_S = 60.0
-HAPROXY_MAXCONN = 1000
+HAPROXY_MAXCONN = 2000  # bench/concurrency.py opens 1,024 connections at once
 # Fetches read a topic of their own, written once at start: Tansu's fetch time grows with
 # the partition's log, and the produce topic's grows by every round.
 FETCH_TOPIC = "bench-fetch"
@@ -372,6 +372,10 @@ STARTERS: dict[str, Callable[[Setup], Endpoint]] = {
     "floor-lowlevel": _forwarder("floor_forwarder.py", "lowlevel"),
     "floor-socket": _forwarder("floor_forwarder.py", "socket"),
     "floor-stream": _forwarder("floor_forwarder.py", "stream"),
+    # on request only: one trio task serves every ready socket from its own epoll (issue 28)
+    "trio-epoll": _forwarder("trio_epoll_forwarder.py", "pass"),
+    "trio-epoll-budget": _forwarder("trio_epoll_forwarder.py", "budget"),
+    "trio-epoll-blocking": _forwarder("trio_epoll_forwarder.py", "blocking"),
 }
 DEFAULT_PATHS = (
     "direct", "floor", "epoll", "proxy", "proxy-all", "haproxy", "tansu-proxy", "kroxylicious", "stunnel",

@@ -29,7 +29,7 @@ from collections import Counter
 from collections.abc import Callable
 from pathlib import Path
 
-from harness import BenchError, load_average
+from harness import BenchError, context_switches, load_average
 from proxy_vs_direct import Endpoint, middle_paths, round_trips, started
 
 DEFAULT_PATHS = "floor,floor-lowlevel,floor-socket,floor-stream,epoll,proxy,proxy-all"
@@ -41,15 +41,6 @@ def run_queue_seconds(pid: int) -> float:
     for task in Path(f"/proc/{pid}/task").iterdir():
         total += int((task / "schedstat").read_text().split()[1])
     return total / 1e9
-
-
-def context_switches(pid: int) -> int:
-    total = 0
-    for task in Path(f"/proc/{pid}/task").iterdir():
-        for line in (task / "status").read_text().splitlines():
-            if line.startswith(("voluntary_ctxt_switches", "nonvoluntary_ctxt_switches")):
-                total += int(line.split()[1])
-    return total
 
 
 def strace_counts(output: str) -> tuple[Counter[str], Counter[str]]:
@@ -109,11 +100,11 @@ def main(argv: list[str] | None = None) -> int:
                     # one connection throughout: its set-up is in neither window
                     with round_trips(endpoint, payload) as run:
                         run(args.warmup)
-                        switches, waited = context_switches(pid), run_queue_seconds(pid)
+                        switches, waited = sum(context_switches(pid)), run_queue_seconds(pid)
                         cpu = endpoint.middle.cpu_seconds()
                         run(args.round_trips)
                         cpu_rt = (endpoint.middle.cpu_seconds() - cpu) / args.round_trips * 1e6
-                        switches = context_switches(pid) - switches
+                        switches = sum(context_switches(pid)) - switches
                         waited = run_queue_seconds(pid) - waited
                         calls, errors = under_strace(endpoint, run, args.round_trips, Path(tmp))
                 n = args.round_trips
