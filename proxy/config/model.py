@@ -69,6 +69,7 @@ from policies.properties import (
     TOPIC_NAME_MAX_LENGTH,
 )
 from proxy.config.certificates import IDENTITY_CA_CERTIFICATE, UPSTREAM_CERTIFICATE, TlsFiles, certificate_problems
+from proxy.config.key_password import read_key_password
 from proxy.config.strict_yaml import StrictYamlError, read_yaml
 
 __all__ = ["Config", "ConfigError", "expand_environment", "load_config", "parse_config", "parse_config_text"]
@@ -735,6 +736,25 @@ def _topic_keys_need_a_topic(v: Mapping[str, Any]) -> None:
             raise ValueError(f"audit.{', audit.'.join(set_keys)} {verb} audit.topic (the audit topic's name)")
 
 
+def upstream_tls_for_librdkafka(tls: UpstreamTls | None) -> dict[str, str | int | float | bool]:
+    """``upstream.tls`` as librdkafka properties, so the audit topic on the upstream's brokers is
+    reached as the proxy reaches them: verified TLS, and its client certificate when it has one.
+    (librdkafka verifies the host it dials: ``server_hostname`` has no equivalent there, and a
+    config that sets it must give ``audit.producer`` its own ssl.* keys: checked at load.)"""
+    if tls is None or not tls.enabled:
+        return {}
+    out: dict[str, str | int | float | bool] = {"security.protocol": "ssl"}
+    if tls.ca_file is not None:
+        out["ssl.ca.location"] = tls.ca_file
+    if tls.cert_file is not None and tls.key_file is not None:
+        out["ssl.certificate.location"] = tls.cert_file
+        out["ssl.key.location"] = tls.key_file
+        password, _ = read_key_password(tls.key_password_file, tls.key_password_env)
+        if password is not None:
+            out["ssl.key.password"] = password.decode()
+    return out
+
+
 class Audit(_Frozen):
     """The evidence sink (proxy/evidence/audit.py): rotated JSON-line files in ``path`` and/or the Kafka
     topic ``topic`` (proxy/evidence/audit_kafka.py); the log when neither is set."""
@@ -752,7 +772,8 @@ class Audit(_Frozen):
     bootstrap_servers: tuple[str, ...] = Field(
         default=(),
         strict=False,
-        description="The topic's brokers, reached directly (no policy applies); empty: upstream.bootstrap_servers.",
+        description="The topic's brokers, reached directly (no policy applies); empty: upstream.bootstrap_servers, "
+        "with upstream.tls.",
     )
     producer: dict[str, str | int | float | bool] = Field(
         default_factory=dict,
@@ -829,10 +850,13 @@ class Audit(_Frozen):
     def instance(self) -> str:
         return self.instance_id or socket.gethostname()
 
-    def producer_config(self, upstream_bootstrap: tuple[str, ...]) -> dict[str, str | int | float | bool]:
-        """The audit producer's librdkafka config: the defaults, then ``producer``, then the brokers."""
-        servers = self.bootstrap_servers or upstream_bootstrap
-        return {**AUDIT_PRODUCER_DEFAULTS, **self.producer, "bootstrap.servers": ",".join(servers)}
+    def producer_config(self, upstream: Upstream) -> dict[str, str | int | float | bool]:
+        """The audit producer's librdkafka config: the defaults, the upstream's TLS when the topic
+        lives on the upstream's brokers, then ``producer``, then the brokers. Reads the upstream
+        key's password, if it has one (KeyPasswordError when it cannot)."""
+        tls = upstream_tls_for_librdkafka(upstream.tls) if not self.bootstrap_servers else {}
+        servers = self.bootstrap_servers or upstream.bootstrap_servers
+        return {**AUDIT_PRODUCER_DEFAULTS, **tls, **self.producer, "bootstrap.servers": ",".join(servers)}
 
     @property
     def new_topic_config(self) -> dict[str, str]:
@@ -922,6 +946,21 @@ def _sidecar_passthrough_has_one_broker(v: Mapping[str, Any]) -> None:
             )
 
 
+def _audit_topic_can_take_the_upstream_tls(v: Mapping[str, Any]) -> None:
+    audit, upstream = v.get("audit"), v.get("upstream")
+    if not isinstance(audit, Mapping) or not isinstance(upstream, Mapping) or not audit.get("topic"):
+        return
+    tls = upstream.get("tls")
+    if audit.get("bootstrap_servers") or not isinstance(tls, Mapping) or tls.get("enabled") is not True:
+        return
+    if tls.get("server_hostname") is not None:
+        raise ValueError(
+            "audit.topic on the upstream's brokers: upstream.tls.server_hostname has no librdkafka equivalent "
+            "(it verifies the host it dials); set audit.bootstrap_servers to names the brokers' certificates "
+            "carry, with audit.producer's ssl.* keys"
+        )
+
+
 class Config(_Frozen):
     mode: Literal["cluster", "sidecar"] = Field(
         default="cluster",
@@ -946,6 +985,7 @@ class Config(_Frozen):
         CrossFieldRule((), _listener_binds_unique),
         CrossFieldRule((), _passthrough_listeners_take_connection_policies_only),
         CrossFieldRule((), _sidecar_passthrough_has_one_broker),
+        CrossFieldRule((), _audit_topic_can_take_the_upstream_tls),
     )
 
     def tls_files(self) -> list[TlsFiles]:

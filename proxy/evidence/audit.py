@@ -33,7 +33,7 @@ import time
 from pathlib import Path
 from typing import Any, BinaryIO, Protocol
 
-from proxy.config.model import Audit
+from proxy.config.model import Audit, Upstream
 from proxy.evidence.metrics import Metrics
 
 SCHEMA_VERSION = 2
@@ -53,7 +53,7 @@ class AuditSink:
     queue and writer thread: a stalled disk does not hold up the topic, nor a down broker
     the files."""
 
-    def __init__(self, settings: Audit, metrics: Metrics, upstream_bootstrap: tuple[str, ...] = ()) -> None:
+    def __init__(self, settings: Audit, metrics: Metrics, upstream: Upstream | None = None) -> None:
         self.instance = settings.instance
         # Connection lifecycle and observation windows go to files and the topic only: into the
         # log they would be a line per connection. Decisions go wherever the audit goes.
@@ -64,7 +64,8 @@ class AuditSink:
         if settings.topic is not None:
             from proxy.evidence.audit_kafka import TopicOutput  # confluent-kafka only where a topic is configured
 
-            outputs.append(("topic", TopicOutput(settings, upstream_bootstrap, metrics)))
+            assert upstream is not None, "the topic sink needs the upstream (its default brokers and TLS)"
+            outputs.append(("topic", TopicOutput(settings, upstream, metrics)))
         if not outputs:
             outputs.append(("log", _Log()))
         self._lanes = [_Lane(sink, out, settings.queue_events, metrics) for sink, out in outputs]

@@ -34,7 +34,7 @@ from typing import Any
 from confluent_kafka import KafkaError, KafkaException, Message, Producer
 from confluent_kafka.admin import AdminClient, NewTopic  # type: ignore[attr-defined]
 
-from proxy.config.model import Audit
+from proxy.config.model import Audit, Upstream
 from proxy.evidence.logs import RateLimitedLog
 from proxy.evidence.metrics import Metrics
 
@@ -68,15 +68,15 @@ class TopicOutput:
 
     counts_delivery = True
 
-    def __init__(self, settings: Audit, upstream_bootstrap: tuple[str, ...], metrics: Metrics) -> None:
+    def __init__(self, settings: Audit, upstream: Upstream, metrics: Metrics) -> None:
         assert settings.topic is not None
         self.topic = settings.topic
         self._settings = settings
-        self._bootstrap = upstream_bootstrap
+        self._upstream = upstream
         self._key = settings.instance.encode()
         self._limited = RateLimitedLog(_log, _LOG_INTERVAL_S)
         self._config: dict[str, Any] = {
-            **settings.producer_config(upstream_bootstrap),
+            **settings.producer_config(upstream),
             "logger": _LibrdkafkaLog(self._limited),
             "error_cb": self._error,
         }
@@ -271,7 +271,7 @@ class TopicOutput:
                 try:
                     if admin is None:
                         admin_config: dict[str, Any] = {
-                            **self._settings.producer_config(self._bootstrap),
+                            **self._settings.producer_config(self._upstream),
                             "logger": _LibrdkafkaLog(self._admin_limited),
                         }
                         admin = AdminClient(admin_config)

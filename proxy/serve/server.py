@@ -104,7 +104,7 @@ class ProxyServer:
         self._watcher: FileWatcher | None = None
         policies = config.policies
         self.metrics = metrics = Metrics()
-        self.audit = AuditSink(config.audit, metrics, config.upstream.bootstrap_servers)
+        self.audit = AuditSink(config.audit, metrics, config.upstream)
         self.recorder = recorder = DecisionRecorder(metrics, self.audit)
         self.directory = BrokerDirectory(metrics)
         connector = UpstreamConnector(config.upstream.tls, upstream_context(config.upstream.tls), metrics, recorder)

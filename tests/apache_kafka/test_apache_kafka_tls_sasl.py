@@ -4,6 +4,7 @@ between client and broker, passed through the proxy untouched)."""
 
 from __future__ import annotations
 
+import json
 from pathlib import Path
 from typing import Any
 
@@ -15,7 +16,7 @@ from confluent_kafka.admin import AdminClient  # type: ignore[attr-defined]
 from tests.apache_kafka.broker import ApacheKafkaBroker
 from tests.apache_kafka.conftest import SCRAM_PASSWORD, SCRAM_USER
 from tests.clients import consume, create_topic, kafka_python_roundtrip, produce_values, unique
-from tests.conftest import Certs
+from tests.conftest import Certs, wait_until
 from tests.raw_kafka import RawConnection
 
 pytestmark = pytest.mark.apache_kafka
@@ -47,6 +48,26 @@ def test_the_proxy_speaks_verified_tls_to_the_brokers_ssl_listener(
     # The clients spoke plaintext to the proxy; the broker saw only TLS (its SSL listener is the upstream).
     assert proxy.metric("kafka_admission_connections_accepted_total", tls="false") >= 2
     assert "speaks TLS" not in proxy.log()
+
+
+def test_the_audit_topic_on_the_brokers_ssl_listener_is_reached_with_the_upstreams_tls(
+    kafka: ApacheKafkaBroker, start_proxy: Any, certs: Certs
+) -> None:
+    """audit.topic with neither its own brokers nor producer settings: the audit producer
+    reaches the upstream's SSL listener as the proxy does (verified TLS), so events arrive."""
+    ssl_address, topic = kafka.address("SSL"), unique("ak-audit-tls")
+    proxy = start_proxy(
+        ssl_address,
+        node_ids=NODES,
+        upstream=upstream_tls(ssl_address, certs.ca_file),
+        audit={"topic": topic, "instance_id": "proxy-tls", "window": {"seconds": 0.5}},
+    )
+    wait_until(lambda: proxy.metric("kafka_admission_audit_events_total", sink="topic", type="window") >= 2, timeout=60)
+    assert proxy.metric("kafka_admission_audit_events_dropped_total", sink="topic") == 0
+    tls = {"security.protocol": "ssl", "ssl.ca.location": certs.ca_file}
+    events = [json.loads(value) for value in consume(ssl_address, topic, unique("ak-audit-tls"), 2, **tls)]
+    assert len(events) == 2 and {e["instance"] for e in events} == {"proxy-tls"}
+    assert {e["type"] for e in events} == {"window"}
 
 
 def test_a_broker_certificate_from_another_ca_is_refused(

@@ -5,7 +5,9 @@ import sys
 from pathlib import Path
 
 import pytest
+import trustme
 import yaml
+from cryptography.hazmat.primitives import serialization
 
 from policies.identifier_limits import CONFIG_KEYS, IdentifierLimits
 from proxy.config.model import ConfigError, load_config, parse_config
@@ -173,16 +175,60 @@ def test_audit_instance_defaults_to_the_hostname() -> None:
 
 
 def test_the_audit_topic_producer_and_topic_defaults_and_overrides() -> None:
-    audit = parse_config(with_(audit={"topic": "audit", "producer": {"compression.type": "lz4"}})).audit
-    producer = audit.producer_config(("127.0.0.1:9092",))
+    config = parse_config(with_(audit={"topic": "audit", "producer": {"compression.type": "lz4"}}))
+    producer = config.audit.producer_config(config.upstream)
     assert producer["bootstrap.servers"] == "127.0.0.1:9092"  # the upstream's by default
     assert producer["enable.idempotence"] is True and producer["compression.type"] == "lz4"
     assert producer["linger.ms"] == 200 and producer["queue.buffering.max.kbytes"] == 16384
-    assert audit.new_topic_config == {"retention.ms": "604800000", "cleanup.policy": "delete"}
+    assert "security.protocol" not in producer  # a plaintext upstream: a plaintext topic
+    assert config.audit.new_topic_config == {"retention.ms": "604800000", "cleanup.policy": "delete"}
     own_settings = {"topic": "audit", "bootstrap_servers": ["10.0.0.1:9094"], "topic_config": {"retention.ms": 3600000}}
-    own = parse_config(with_(audit=own_settings)).audit
-    assert own.producer_config(("127.0.0.1:9092",))["bootstrap.servers"] == "10.0.0.1:9094"
-    assert own.new_topic_config == {"retention.ms": "3600000", "cleanup.policy": "delete"}
+    own = parse_config(with_(audit=own_settings))
+    assert own.audit.producer_config(own.upstream)["bootstrap.servers"] == "10.0.0.1:9094"
+    assert own.audit.new_topic_config == {"retention.ms": "3600000", "cleanup.policy": "delete"}
+
+
+def test_the_audit_topic_on_the_upstreams_brokers_reaches_them_with_the_upstreams_tls(tmp_path: Path) -> None:
+    ca = trustme.CA()
+    leaf = ca.issue_cert("proxy.example")
+    ca.cert_pem.write_to_path(tmp_path / "ca.pem")
+    leaf.cert_chain_pems[0].write_to_path(tmp_path / "proxy.pem")
+    key = serialization.load_pem_private_key(leaf.private_key_pem.bytes(), None)
+    encrypted = serialization.BestAvailableEncryption(b"s3cret")
+    (tmp_path / "proxy.key").write_bytes(
+        key.private_bytes(serialization.Encoding.PEM, serialization.PrivateFormat.PKCS8, encrypted)
+    )
+    (tmp_path / "key.pass").write_text("s3cret\n")
+    tls = {
+        "enabled": True,
+        "ca_file": str(tmp_path / "ca.pem"),
+        "cert_file": str(tmp_path / "proxy.pem"),
+        "key_file": str(tmp_path / "proxy.key"),
+        "key_password_file": str(tmp_path / "key.pass"),
+    }
+    raw = with_(audit={"topic": "audit"})
+    raw["upstream"] = {**raw["upstream"], "tls": tls}
+    config = parse_config(raw)
+    producer = config.audit.producer_config(config.upstream)
+    assert producer["security.protocol"] == "ssl" and producer["ssl.ca.location"] == str(tmp_path / "ca.pem")
+    assert producer["ssl.certificate.location"] == str(tmp_path / "proxy.pem")
+    assert producer["ssl.key.location"] == str(tmp_path / "proxy.key") and producer["ssl.key.password"] == "s3cret"
+    # audit.producer has the last word; a topic on other brokers takes none of the upstream's TLS
+    raw["audit"] = {"topic": "audit", "producer": {"ssl.ca.location": "/etc/audit/ca.pem"}}
+    config = parse_config(raw)
+    assert config.audit.producer_config(config.upstream)["ssl.ca.location"] == "/etc/audit/ca.pem"
+    raw["audit"] = {"topic": "audit", "bootstrap_servers": ["10.0.0.1:9094"]}
+    config = parse_config(raw)
+    assert "security.protocol" not in config.audit.producer_config(config.upstream)
+
+
+def test_an_audit_topic_cannot_take_an_upstream_server_hostname() -> None:
+    raw = with_(audit={"topic": "audit"})
+    raw["upstream"] = {**raw["upstream"], "tls": {"enabled": True, "server_hostname": "kafka.example"}}
+    with pytest.raises(ConfigError, match=r"upstream\.tls\.server_hostname has no librdkafka equivalent"):
+        parse_config(raw)
+    raw["audit"]["bootstrap_servers"] = ["kafka.example:9093"]
+    assert parse_config(raw).audit.bootstrap_servers == ("kafka.example:9093",)
 
 
 @pytest.mark.parametrize(
