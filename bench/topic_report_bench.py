@@ -4,12 +4,17 @@ topic of a real Apache Kafka broker (tools/fetch-apache-kafka), keyed by proxy a
 them, then each report a fresh command in local mode (Spark start included), with its step times.
 
     .venv/bin/python bench/topic_report_bench.py --events 1000000 --dir /tmp/fleet-bench
+
+With ``--before DIR`` (a checkout of other code, e.g. ``git worktree add DIR COMMIT``, with ``.cache``
+linked to this one's for Spark's Kafka jars) each round runs that code's report from the topic, then
+this checkout's, back to back on the same broker: the pair to compare on a shared machine.
 """
 
 from __future__ import annotations
 
 import argparse
 import json
+import os
 import re
 import shutil
 import subprocess
@@ -29,10 +34,15 @@ _INSTANCE = re.compile(rb'"instance":\s*"([^"]*)"')
 BROKER_JVM = ("-Xms1g", "-Xmx1g", "-XX:+UseParallelGC", "-Xshare:auto")
 
 
-def _run(*args: str) -> float:
+def _run(*args: str, code: Path = ROOT) -> float:
     started = time.monotonic()
     done = subprocess.run(
-        [sys.executable, "-m", "proxy.cli", "report", *args], capture_output=True, text=True, cwd=ROOT, check=False
+        [sys.executable, "-m", "proxy.cli", "report", *args],
+        capture_output=True,
+        text=True,
+        cwd=code,
+        env={**os.environ, "PYTHONPATH": str(code)},
+        check=False,
     )
     if done.returncode != 0:
         raise SystemExit(f"report {' '.join(args)} failed:\n{done.stderr[-4000:]}")
@@ -50,6 +60,9 @@ def main() -> int:
     parser.add_argument("--events", type=int, default=1_000_000)
     parser.add_argument("--dir", type=Path, default=Path("/tmp/fleet-bench"))
     parser.add_argument("--partitions", type=int, default=4)
+    parser.add_argument("--before", type=Path, help="a checkout of the code to compare with, run first in each round")
+    parser.add_argument("--rounds", type=int, default=1)
+    parser.add_argument("--topic-only", action="store_true", help="no report from the files")
     args = parser.parse_args()
     events_dir = args.dir / f"topic-events-{args.events}"
     if not events_dir.is_dir():
@@ -106,11 +119,15 @@ def main() -> int:
         print(f"produced {produced:,} records in {time.monotonic() - started:.0f} s")
         url = f"kafka://{broker.bootstrap}/{TOPIC}"
         topic_out, files_out = args.dir / "report-topic", args.dir / "report-files"
-        for out, source in ((topic_out, url), (files_out, str(events_dir))):
-            shutil.rmtree(out, ignore_errors=True)
-            seconds = _run("--events", source, "--out", str(out))
-            events = json.loads((out / "run.json").read_text())["events"]
-            print(f"report from {source}: {seconds:.1f} s, {events:,} events\n{_steps(out)}")
+        runs = [(code, topic_out, url) for code in (args.before, ROOT) if code is not None]
+        if not args.topic_only:
+            runs.append((ROOT, files_out, str(events_dir)))
+        for _ in range(args.rounds):
+            for code, out, source in runs:
+                shutil.rmtree(out, ignore_errors=True)
+                seconds = _run("--events", source, "--out", str(out), code=code)
+                events = json.loads((out / "run.json").read_text())["events"]
+                print(f"{code}: report from {source}: {seconds:.1f} s, {events:,} events\n{_steps(out)}", flush=True)
     shutil.rmtree(workdir, ignore_errors=True)
     return 0
 

@@ -78,9 +78,11 @@ def topic_lines(spark: SparkSession, topic: Topic, target: str, since: float | N
         reader = reader.option("startingOffsetsByTimestampStrategy", "latest")
     value = F.col("value").cast("string")
     # A line break inside a value (whitespace between JSON tokens) would make two lines of it. Looked for
-    # first: replacing in every value cost more than the rest of the write (1 million events: the write
-    # took 8.7 s with translate(), 5.1 s with regexp_replace(), 4.5 s so, 3.5 s as the values are).
-    broken = (F.instr(value, "\n") > 0) | (F.instr(value, "\r") > 0)
+    # first, in the value's bytes: replacing in every value cost more than the rest of the write (1 million
+    # events: the write took 8.7 s with translate(), 5.1 s with regexp_replace(), 4.5 s with instr() on
+    # the string, which walks it character by character: 7.8-8.0 s of JVM CPU against 3.7-4.0 s with
+    # contains() on the bytes, the same as writing the values as they are)
+    broken = F.col("value").contains(F.lit(bytearray(b"\n"))) | F.col("value").contains(F.lit(bytearray(b"\r")))
     values = (
         reader.load()
         .filter(F.col("value").isNotNull())  # a tombstone is no event, as a blank line is none

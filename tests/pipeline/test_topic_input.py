@@ -11,13 +11,11 @@ import time
 from pathlib import Path
 from typing import Any
 
-import pyarrow.parquet as pq
 import pytest
 from confluent_kafka import Producer
-from conftest import DAY, FLEET_CANDIDATES, Fleet, report_command
+from conftest import DAY, FLEET_CANDIDATES, Fleet, assert_same_report, report_command
 
 from tests.apache_kafka.broker import ApacheKafkaBroker
-from tests.apache_kafka.cluster import java_parts_or_skip
 from tests.clients import create_topic
 
 pytestmark = pytest.mark.spark
@@ -26,49 +24,26 @@ TOPIC = "audit-events"
 
 
 @pytest.fixture(scope="module")
-def topic(spark: Any, fleet: Fleet, tmp_path_factory: pytest.TempPathFactory) -> Any:
-    """kafka://.../audit-events on a broker of its own, holding every line of the fleet's files (valid
-    events keyed by their proxy, the rest with no key), in 3 partitions. The reports run on ``spark``."""
-    from pipeline.session import kafka_source_jars
-
-    if not kafka_source_jars():
-        pytest.skip("Spark's Kafka source not fetched (tools/fetch-spark-kafka, make spark-kafka)")
-    with ApacheKafkaBroker(java_parts_or_skip(), tmp_path_factory.mktemp("topic-broker")) as broker:
-        create_topic(broker.bootstrap, TOPIC, partitions=3)
-        producer = Producer({"bootstrap.servers": broker.bootstrap, "linger.ms": 20})
-        produced = 0
-        for file in sorted(fleet.path.iterdir()):
-            for line in file.read_bytes().splitlines():
-                if not line.strip():
-                    continue
-                try:
-                    key = json.loads(line).get("instance")
-                except (ValueError, AttributeError):
-                    key = None
-                producer.produce(TOPIC, value=line, key=key.encode() if isinstance(key, str) else None)
-                producer.poll(0)
-                produced += 1
-        assert producer.flush(60) == 0
-        del producer  # no client left reconnecting to the broker once it stops
-        yield f"kafka://{broker.bootstrap}/{TOPIC}", produced
-
-
-def _tables(out: Path) -> dict[str, list[tuple[Any, ...]]]:
-    """The impact tables written under ``out/impact``, every row, in a fixed order."""
-    tables = {}
-    for name in ("summary", "subjects", "timeline"):
-        table = pq.read_table(out / "impact" / name)
-        rows = table.to_pylist()
-        tables[name] = sorted((tuple(sorted(row.items())) for row in rows), key=repr)
-    return tables
-
-
-def _same_report(files: Path, topic: Path) -> None:
-    assert _tables(topic) == _tables(files)
-    assert (topic / "recommended-policies.yaml").read_text() == (files / "recommended-policies.yaml").read_text()
-    by_files, by_topic = json.loads((files / "run.json").read_text()), json.loads((topic / "run.json").read_text())
-    for key in ("events", "by_kind", "candidates", "coverage"):
-        assert by_topic[key] == by_files[key], key
+def topic(topic_broker: ApacheKafkaBroker, fleet: Fleet) -> Any:
+    """kafka://.../audit-events on the tests' broker, holding every line of the fleet's files (valid
+    events keyed by their proxy, the rest with no key), in 3 partitions."""
+    create_topic(topic_broker.bootstrap, TOPIC, partitions=3)
+    producer = Producer({"bootstrap.servers": topic_broker.bootstrap, "linger.ms": 20})
+    produced = 0
+    for file in sorted(fleet.path.iterdir()):
+        for line in file.read_bytes().splitlines():
+            if not line.strip():
+                continue
+            try:
+                key = json.loads(line).get("instance")
+            except (ValueError, AttributeError):
+                key = None
+            producer.produce(TOPIC, value=line, key=key.encode() if isinstance(key, str) else None)
+            producer.poll(0)
+            produced += 1
+    assert producer.flush(60) == 0
+    del producer  # no client left reconnecting to the broker once it stops
+    return f"kafka://{topic_broker.bootstrap}/{TOPIC}", produced
 
 
 def _report(out: Path, *events: str, extra: tuple[str, ...] = ()) -> Path:
@@ -83,7 +58,7 @@ def test_a_topic_makes_the_same_report_as_the_files(
     url, produced = topic
     files = fleet_report.out  # the report over the files, with the same candidates (conftest.py)
     from_topic = _report(tmp_path / "topic", url)
-    _same_report(files, from_topic)
+    assert_same_report(files, from_topic)
     run = json.loads((from_topic / "run.json").read_text())
     assert run["events"] == fleet.truth.events
     # Every line not an event is listed: the files' half-written last line is a malformed record of the topic
@@ -102,7 +77,7 @@ def test_since_and_until_select_the_same_events_from_both(fleet: Fleet, topic: A
     from_topic = _report(
         tmp_path / "topic", url, extra=("--since", "2026-11-19T01:00+01:00", "--until", "2026-11-25T00:00:00Z")
     )
-    _same_report(files, from_topic)
+    assert_same_report(files, from_topic)
     run = json.loads((from_topic / "run.json").read_text())
     assert _events_between(fleet.path, 0, 2e9) == fleet.truth.events  # what is counted is what the report reads
     assert 0 < run["events"] == _events_between(fleet.path, since, until) < fleet.truth.events
