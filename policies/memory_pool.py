@@ -52,7 +52,7 @@ import itertools
 from collections.abc import Hashable
 from dataclasses import dataclass, field
 
-from policies.decision import Action, Decision, Policy
+from policies.decision import Action, Admission, Decision, Policy
 from policies.mode import Mode
 
 QUEUED_MAX_REQUEST_BYTES = "queued.max.request.bytes"
@@ -208,8 +208,8 @@ class MemoryPool:
         self._settle(self._advance(now))
         return granted
 
-    def reserve(self, conn_id: Hashable, size: int, now: float) -> tuple[int, Decision | None]:
-        """Ask for ``size`` bytes for one request read from ``conn_id``: its ticket, and None if granted now.
+    def reserve(self, conn_id: Hashable, size: int, now: float) -> Admission:
+        """Ask for ``size`` bytes for one request read from ``conn_id``: None if granted now, and its ticket.
 
         Otherwise a WAIT decision: enforced, the ticket is queued and a later
         ``release``/``cancel`` grants it; in OBSERVE it is granted now all the same.
@@ -220,15 +220,15 @@ class MemoryPool:
         ticket = next(self._tickets)
         if self._capacity <= 0:  # off: only counted (the common case costs nothing more)
             self._grant(ticket, conn_id, size)
-            return ticket, None
+            return Admission(None, ticket)
         decision = self._wait_decision(conn_id, size)
         if decision is not None and decision.enforced:
             self._queue[ticket] = (conn_id, size)
             self._conn(conn_id).queued.add(ticket)
-            return ticket, decision
+            return Admission(decision, ticket)
         self._grant(ticket, conn_id, size)
         self._settle(now)
-        return ticket, decision
+        return Admission(decision, ticket)
 
     def release(self, ticket: int, now: float) -> list[int]:
         """Give back a granted ticket's bytes (or withdraw a queued one); returns the queued tickets now granted, FIFO.
@@ -356,3 +356,22 @@ class MemoryPool:
         elif not depleted and self._depleted_since is not None:
             self._depleted_total += now - self._depleted_since
             self._depleted_since = None
+
+
+REQUEST_BODY_TIMEOUT_MS = "request.body.timeout.ms"
+
+
+def decide_body_timeout(size: int, timeout_ms: int, waiting_for: str) -> Decision:
+    """``request.body.timeout.ms`` passed with a frame's memory or body still to come (``waiting_for``:
+    "pool memory" or "its body"): the connection is closed, in every mode, so that a stalled sender
+    holds neither memory nor a place in the pool's queue for long."""
+    return Decision(
+        Policy.MEMORY_POOL,
+        Action.CLOSE,
+        Mode.ENFORCE,
+        REQUEST_BODY_TIMEOUT_MS,
+        f"a {size}-byte request did not complete within {REQUEST_BODY_TIMEOUT_MS}={timeout_ms} "
+        f"(waiting for {waiting_for})",
+        limit=timeout_ms,
+        subject={"size": size},
+    )

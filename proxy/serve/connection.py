@@ -377,9 +377,10 @@ class ClientConnection:
             )
         ticket = self._partial_ticket  # reserved before its body was read
         if ticket is None:
-            ticket, granted = self.runtime.pool.reserve(self.conn_id, size - 4, now, self.where)
-            if not granted:  # the pool makes this connection wait: its socket is not read meanwhile
-                await self.runtime.pool.wait_for(ticket)
+            admission = self.runtime.pool.reserve(self.conn_id, size - 4, now, self.where)
+            ticket = admission.ticket
+            if admission.waits:  # the pool makes this connection wait: its socket is not read meanwhile
+                await self.runtime.pool.wait_for(ticket)  # type: ignore[arg-type]
         self._partial_ticket = None
         request = None
         if plan.request_hooks or plan.response_hooks:
@@ -416,7 +417,7 @@ class ClientConnection:
         return True
 
     async def _answer(
-        self, client: Transport, gen: Generation, request: Request, decision: Decision, ticket: int
+        self, client: Transport, gen: Generation, request: Request, decision: Decision, ticket: int | None
     ) -> None:
         """Carry out an enforced decision on a request: the proxy's own answer, in order;
         or, when no answer can be given, the end of the connection."""
@@ -438,13 +439,14 @@ class ClientConnection:
         if self.session.answered_by_proxy(pending):  # nothing ahead of it: it goes out now
             await self._write_answers(client)
 
-    async def _reserve(self, size: int, now: float) -> int:
+    async def _reserve(self, size: int, now: float) -> int | None:
         """Memory for a request body from the pool (KIP-72): at once, unless the pool makes
         the connection wait (then this socket is not read meanwhile: TCP backpressure)."""
         pool = self.runtime.pool
-        ticket, granted = pool.reserve(self.conn_id, size, now, self.where)
-        if not granted:
-            await pool.wait_for(ticket)
+        admission = pool.reserve(self.conn_id, size, now, self.where)
+        ticket = admission.ticket
+        if admission.waits:
+            await pool.wait_for(ticket)  # type: ignore[arg-type]
         return ticket
 
     def _body_timed_out(self) -> NoReturn:
