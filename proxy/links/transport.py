@@ -10,9 +10,7 @@ from an EAGAIN. trio's SocketStream, by contrast, schedules twice per call.
 TLS is driven the same way: the stdlib's SSLSocket on the same non-blocking
 socket, where OpenSSL reads and writes the kernel directly. trio's SSLStream
 goes through memory BIOs and a scheduling point per record; here one receive
-takes every record already read. proxy-all-tls, by bench/instructions_per_request.py:
-738k -> 346k instructions per single-record round trip (plaintext proxy-all: 275k)
-and 70.7M -> 15.9M per MB produced (stunnel4: 34.6M).
+takes every record already read (what each costs: bench/RESULTS.md).
 """
 
 from __future__ import annotations

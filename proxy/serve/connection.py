@@ -433,9 +433,7 @@ class ClientConnection:
         closed: dict[str, object] = {}
         if event == "close":
             core = self.core
-            closing = core.closing or Closing(CloseCause.CLIENT_CLOSED)
             closed = {
-                "reason": closing.label,
                 "duration_seconds": trio.current_time() - self._opened,
                 "requests": core.requests,
                 "bytes_in": core.bytes_in,
@@ -452,6 +450,7 @@ class ClientConnection:
             tls=self.tls,
             counts=self.open_counts,
             closed=closed,
+            closing=self.core.closing,
         )
 
 

@@ -177,7 +177,6 @@ class PassthroughConnection:
         closed: dict[str, object] = {}
         if event == "close":
             closed = {
-                "reason": (self.closing or Closing(CloseCause.CLIENT_CLOSED)).label,
                 "duration_seconds": trio.current_time() - self._opened,
                 "upstream": self.upstream_address,
                 "bytes_in": self.bytes_in,
@@ -193,5 +192,6 @@ class PassthroughConnection:
             tls=True,
             counts=self.open_counts,
             closed=closed,
+            closing=self.closing,
             passthrough=True,
         )
