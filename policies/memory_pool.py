@@ -48,12 +48,16 @@ than one seen before counts as no time passing.
 
 from __future__ import annotations
 
+import functools
 import itertools
-from collections.abc import Hashable
+from collections.abc import Callable, Hashable
 from dataclasses import dataclass, field
 
 from policies.decision import Action, Admission, Decision, Policy
 from policies.mode import Mode
+
+# Admission(...) without its Python-level __new__: the grant is on every request's path.
+_granted: Callable[[tuple[Decision | None, int]], Admission] = functools.partial(tuple.__new__, Admission)
 
 QUEUED_MAX_REQUEST_BYTES = "queued.max.request.bytes"
 SOCKET_REQUEST_MAX_BYTES = "socket.request.max.bytes"
@@ -220,7 +224,7 @@ class MemoryPool:
         ticket = next(self._tickets)
         if self._capacity <= 0:  # off: only counted (the common case costs nothing more)
             self._grant(ticket, conn_id, size)
-            return Admission(None, ticket)
+            return _granted((None, ticket))
         decision = self._wait_decision(conn_id, size)
         if decision is not None and decision.enforced:
             self._queue[ticket] = (conn_id, size)
@@ -228,7 +232,7 @@ class MemoryPool:
             return Admission(decision, ticket)
         self._grant(ticket, conn_id, size)
         self._settle(now)
-        return Admission(decision, ticket)
+        return _granted((decision, ticket))
 
     def release(self, ticket: int, now: float) -> list[int]:
         """Give back a granted ticket's bytes (or withdraw a queued one); returns the queued tickets now granted, FIFO.

@@ -23,9 +23,10 @@ stats, the observation window and the decision recorder.
 
 from __future__ import annotations
 
+import functools
 import math
 from collections.abc import Callable
-from typing import Any, Protocol
+from typing import Any, NamedTuple, Protocol
 
 from policies.api_keys import PRODUCE, SASL_AUTHENTICATE
 from policies.close_cause import CloseCause, Closing
@@ -61,22 +62,23 @@ class Connect:
     __slots__ = ()
 
 
-class Forward:
+class Forward(NamedTuple):
     """Send ``data`` to the broker; ``sent`` are the requests in it that await a response."""
 
-    __slots__ = ("data", "sent")
-
-    def __init__(self, data: Received | memoryview, sent: list[Pending]) -> None:
-        self.data, self.sent = data, sent
+    data: Received | memoryview
+    sent: list[Pending]
 
 
-class Answer:
+class Answer(NamedTuple):
     """Send ``data`` to the client; then report ``delivered(delivered, ...)``."""
 
-    __slots__ = ("data", "delivered")
+    data: Received | memoryview
+    delivered: list[Pending]
 
-    def __init__(self, data: Received | memoryview, delivered: list[Pending]) -> None:
-        self.data, self.delivered = data, delivered
+
+# The two actions of every round trip, made without NamedTuple's Python-level __new__.
+_forward: Callable[[tuple[Received | memoryview, list[Pending]]], Forward] = functools.partial(tuple.__new__, Forward)
+_answer: Callable[[tuple[Received | memoryview, list[Pending]]], Answer] = functools.partial(tuple.__new__, Answer)
 
 
 class WaitForPool:
@@ -148,6 +150,7 @@ class Close:
 
 
 Actions = list[Any]  # of the classes above
+_NOTHING: Actions = []  # returned as is, never added to
 _STOP_READING = StopReading()
 _RESUME_READING = ResumeReading()
 _CONNECT = Connect()
@@ -186,7 +189,8 @@ class Recorder(Protocol):
     def record(self, decision: Decision, where: Any = ..., **about: Any) -> None: ...
 
 
-MakeRequest = Callable[[Received, int, int, int, int, int, float], Any]
+# (buf, start, end, api_key, api_version, correlation_id, where, coordinator, now) -> the request view hooks read
+MakeRequest = Callable[..., Any]
 
 
 _GRANTED, _PREPARED = 1, 2  # how far a suspended request got
@@ -211,6 +215,8 @@ class ConnectionCore:
         "_authenticated",
         "_body_deadline",
         "_body_timeout_ms",
+        "_coordinator",
+        "_given",
         "_held",
         "_held_span",
         "_inspecting",
@@ -232,7 +238,9 @@ class ConnectionCore:
         "first_client_id",
         "listener",
         "reading",
+        "request_receive_size",
         "requests",
+        "response_receive_size",
         "session",
         "stats",
         "upstream_address",
@@ -255,10 +263,12 @@ class ConnectionCore:
         recorder: Recorder,
         where: Any,
         make_request: MakeRequest,
+        coordinator: Any = None,
     ) -> None:
         self.conn_id, self.listener, self.where = conn_id, listener, where
         self._pool, self._quotas, self.stats, self.window, self._recorder = pool, quotas, stats, window, recorder
         self._make_request = make_request
+        self._coordinator = coordinator  # handed to each request view (hooks that ask the broker first)
         self.session = Session()
         self._requests = FrameSplitter(sniff=not client_tls)
         self._responses = FrameSplitter(sniff=not upstream_tls)
@@ -278,33 +288,33 @@ class ConnectionCore:
         self._held_span = (0, 0)
         self._rules: Any = None  # the generation it was taken under
         self._inspecting: tuple[Any, _Out, list[Pending]] | None = None  # a response batch an Inspect suspended
+        self._given: tuple[_Out, list[Pending]] = ([], [])  # what that batch had taken, once it goes on
         self.requests = 0
         self.bytes_in = 0
         self.first_client_id: str | None = None
         self.closing: Closing | None = None  # why it ended, once it has
+        # How much to ask each socket for next: set after every batch (no call per receive).
+        self.request_receive_size = RECEIVE_SIZE
+        self.response_receive_size = RECEIVE_SIZE
 
     # -- hints for the shell --------------------------------------------------------------
 
-    @property
-    def request_receive_size(self) -> int:
-        """How much to ask the client's socket for next."""
+    def _receive_sizes(self) -> None:
+        """How much to ask each socket for next (read by the shell after every batch)."""
         splitter = self._requests
         if not splitter.frame_size:
-            return RECEIVE_SIZE
-        if self.session.in_flight >= MAX_PENDING_REQUESTS:
+            self.request_receive_size = RECEIVE_SIZE
+        elif self.session.in_flight >= MAX_PENDING_REQUESTS:
             # At the cap: the rest of this frame only, so that the cap holds reading right after it
             # (a receive ending mid-frame otherwise read on past the cap, 64 KiB at a time).
-            return min(splitter.wanted, MAX_RECEIVE)
-        return max(RECEIVE_SIZE, min(splitter.wanted, MAX_RECEIVE))
-
-    @property
-    def response_receive_size(self) -> int:
-        return max(RECEIVE_SIZE, min(self._responses.wanted, MAX_RECEIVE))
+            self.request_receive_size = min(splitter.wanted, MAX_RECEIVE)
+        else:
+            self.request_receive_size = max(RECEIVE_SIZE, min(splitter.wanted, MAX_RECEIVE))
 
     # -- events: the client and the upstream link -----------------------------------------
 
-    def client_bytes(self, data: Received, rules: Rules, now: float) -> Actions:
-        """Bytes the client sent (b"": it closed its side)."""
+    def _client_edge(self, data: Received, rules: Rules) -> Actions:
+        """The client closed its side (b""), or sent bytes before the upstream is connected."""
         self.bytes_in += len(data)
         splitter = self._requests
         if not data:
@@ -313,17 +323,16 @@ class ConnectionCore:
             self.session.client_left()
             return [self._end(CloseCause.CLIENT_CLOSED)]
         splitter.feed(data)
-        if not self.connected:
-            # The first request decides what this is before any broker is involved: an HTTP probe is
-            # answered even while the broker is down, and a client that never speaks costs no upstream.
-            if not splitter.prefix_ready:
-                return []
-            try:
-                splitter.check_prefix(self._request_limit(rules).size)
-            except FrameRefused as exc:
-                return [self._refuse_prefix(exc, rules)]
-            return [_CONNECT]
-        return self._take(rules, now)
+        # Not connected yet. The first request decides what this is before any broker is involved: an
+        # HTTP probe is answered even while the broker is down, and a client that never speaks costs
+        # no upstream.
+        if not splitter.prefix_ready:
+            return []
+        try:
+            splitter.check_prefix(self._request_limit(rules).size)
+        except FrameRefused as exc:
+            return [self._refuse_prefix(exc, rules)]
+        return [_CONNECT]
 
     def upstream_ready(self, address: str, rules: Rules, now: float) -> Actions:
         self.connected = True
@@ -369,8 +378,18 @@ class ConnectionCore:
     # -- client -> broker -----------------------------------------------------------------
 
     def _take(self, rules: Rules, now: float) -> Actions:
-        """Take every whole request that has arrived: the runs that go on become one Forward; a
-        request that must wait (pool memory, a prepare hook) suspends the batch."""
+        """The suspended batch goes on (no new bytes)."""
+        return self.client_bytes(None, rules, now)
+
+    def client_bytes(self, data: Received | None, rules: Rules, now: float) -> Actions:
+        """Bytes the client sent (b"": it closed its side). Every whole request that has arrived
+        is taken: the runs that go on become one Forward; a request that must wait (pool memory,
+        a prepare hook) suspends the batch. (None: no new bytes, a suspended batch goes on.)"""
+        if data is not None:
+            if not data or not self.connected:
+                return self._client_edge(data, rules)
+            self.bytes_in += len(data)
+            self._requests.feed(data)
         session, splitter = self.session, self._requests
         buf = splitter.buffer
         actions: Actions = []
@@ -410,7 +429,7 @@ class ConnectionCore:
                     out.append(memoryview(buf)[run_start:run_end])
                     run_start = run_end = -1
                 if out:
-                    actions.append(Forward(out[0] if len(out) == 1 else b"".join(out), sent))
+                    actions.append(_forward((out[0] if len(out) == 1 else b"".join(out), sent)))
                     out, sent = [], []
                 if result is _ANSWERED:
                     continue
@@ -423,7 +442,7 @@ class ConnectionCore:
         if run_start >= 0:
             out.append(memoryview(buf)[run_start:run_end])
         if out:
-            actions.append(Forward(out[0] if len(out) == 1 else b"".join(out), sent))
+            actions.append(_forward((out[0] if len(out) == 1 else b"".join(out), sent)))
         if not splitter.frame_size and self._body_deadline != math.inf:
             self._body_deadline = math.inf  # the frame it was armed for is whole
             actions.append(_NO_DEADLINE)
@@ -437,6 +456,7 @@ class ConnectionCore:
                 actions.append(_STOP_READING)
             return actions
         if splitter.frame_size:  # inside a frame whose body is still to come
+            self._receive_sizes()
             if self._body_deadline == math.inf:
                 self._body_deadline = now + rules.request_body_timeout_s
                 self._body_timeout_ms = round(rules.request_body_timeout_s * 1000)
@@ -449,7 +469,10 @@ class ConnectionCore:
                     actions.append(WaitForPool(admission.ticket))  # type: ignore[arg-type]
                     return actions
             self._waiting_for = "its body"
-        elif session.in_flight >= MAX_PENDING_REQUESTS and self.reading:
+            return actions
+        if self.request_receive_size != RECEIVE_SIZE:
+            self.request_receive_size = RECEIVE_SIZE
+        if session.in_flight >= MAX_PENDING_REQUESTS and self.reading:
             self.reading = False  # delivered() resumes it once half are answered
             actions.append(_STOP_READING)
         return actions
@@ -479,7 +502,9 @@ class ConnectionCore:
             if ticket is None:
                 admission = self._pool.reserve(self.conn_id, size - 4, now, self.where)
                 ticket = admission.ticket
-                if admission.waits:  # its socket is not read meanwhile (TCP backpressure)
+                if (
+                    admission.decision is not None and admission.waits
+                ):  # its socket is not read meanwhile (TCP backpressure)
                     self._suspend(_Held(api_key, api_version, correlation_id, plan, ticket), start, end, rules)
                     return WaitForPool(ticket)  # type: ignore[arg-type]
             stage = 0
@@ -489,7 +514,9 @@ class ConnectionCore:
             plan, ticket, stage, request, client_id = held.plan, held.ticket, held.stage, held.request, held.client_id
         if stage < _PREPARED:
             if plan.request_hooks or plan.response_hooks:
-                request = self._make_request(buf, start, end, api_key, api_version, correlation_id, now)
+                request = self._make_request(
+                    buf, start, end, api_key, api_version, correlation_id, self.where, self._coordinator, now
+                )
             window = self.window
             if window is not None:  # the audit's observation windows: sizes per client id and API
                 client_id = request.client_id if request is not None else wire.peek_client_id(buf, start)
@@ -557,7 +584,7 @@ class ConnectionCore:
             answered = session.delivered()
             delivered.append(answered)
             out.append(answered.answer)  # type: ignore[arg-type]
-        return Answer(out[0] if len(out) == 1 else b"".join(out), delivered)
+        return _answer((out[0] if len(out) == 1 else b"".join(out), delivered))
 
     def _refuse_prefix(self, refused: FrameRefused, rules: Rules) -> Close:
         """A request length prefix no Kafka request has: recorded, then the connection ends, as
@@ -580,13 +607,6 @@ class ConnectionCore:
 
     # -- broker -> client -----------------------------------------------------------------
 
-    def broker_bytes(self, data: Received, rules: Rules, now: float) -> Actions:
-        """Bytes the broker sent (b"": it closed the connection)."""
-        if not data:
-            return [self._end(CloseCause.UPSTREAM_CLOSED, f"broker {self.upstream_address} closed the connection")]
-        self._responses.feed(data)
-        return self._give(rules, [], [])
-
     def inspected(self, changed: bytes | None) -> Actions:
         """The last :class:`Inspect` returned ``changed`` (None: the response as the broker sent it)."""
         assert self._inspecting is not None
@@ -598,11 +618,21 @@ class ConnectionCore:
         out.append(changed if changed is not None else inspect.frame)
         delivered.append(self.session.delivered())
         self._queued_answers(out, delivered)
-        return self._give(inspect.rules, out, delivered)
+        self._given = (out, delivered)
+        return self.broker_bytes(None, inspect.rules, 0.0)
 
-    def _give(self, rules: Rules, out: _Out, delivered: list[Pending]) -> Actions:
-        """Every whole response that has arrived, matched to its request; what goes to the client
-        becomes one Answer. A response a hook reads suspends the batch (Inspect)."""
+    def broker_bytes(self, data: Received | None, rules: Rules, now: float) -> Actions:
+        """Bytes the broker sent (b"": it closed the connection). Every whole response that has
+        arrived is matched to its request; what goes to the client becomes one Answer. A response
+        a hook reads suspends the batch (Inspect). (None: no new bytes, a suspended batch goes on.)"""
+        if data is not None:
+            if not data:
+                return [self._end(CloseCause.UPSTREAM_CLOSED, f"broker {self.upstream_address} closed the connection")]
+            self._responses.feed(data)
+            out: _Out = []
+            delivered: list[Pending] = []
+        else:
+            out, delivered = self._given
         session, splitter = self.session, self._responses
         limit = rules.max_response_size[self.listener]
         buf = splitter.buffer
@@ -660,7 +690,8 @@ class ConnectionCore:
         if run_start >= 0:
             out.append(memoryview(buf)[run_start:run_end])
         if out:
-            actions.append(Answer(out[0] if len(out) == 1 else b"".join(out), delivered))
+            actions.append(_answer((out[0] if len(out) == 1 else b"".join(out), delivered)))
+        self.response_receive_size = max(RECEIVE_SIZE, min(splitter.wanted, MAX_RECEIVE))
         if session.state is State.DONE:
             actions.append(self._end(CloseCause.DRAINED))
         return actions
@@ -737,7 +768,7 @@ class ConnectionCore:
         if not self.reading and self.session.taking_requests and self.session.in_flight <= MAX_PENDING_REQUESTS // 2:
             self.reading = True
             return [_RESUME_READING]
-        return []
+        return _NOTHING
 
     def unanswered(self) -> list[Pending]:
         """Requests whose responses never came (sent or not), once it has ended: the hooks that read

@@ -99,9 +99,6 @@ class World:
         activity = Activity()
         where = Where("l", "127.0.0.1:5", conn_id)
 
-        def make_request(buf: Any, start: int, end: int, key: int, version: int, cid: int, now: float) -> Request:
-            return Request(buf, start, end, key, version, cid, where, _no_coordinator, now)
-
         core = ConnectionCore(
             conn_id,
             "l",
@@ -114,7 +111,8 @@ class World:
             window=None,
             recorder=self.recorder,
             where=where,
-            make_request=make_request,
+            make_request=Request,
+            coordinator=_no_coordinator,
         )
         return core, activity
 
