@@ -77,8 +77,9 @@ class Answer(NamedTuple):
 
 
 # The two actions of every round trip, made without NamedTuple's Python-level __new__.
-_forward: Callable[[tuple[Received | memoryview, list[Pending]]], Forward] = functools.partial(tuple.__new__, Forward)
-_answer: Callable[[tuple[Received | memoryview, list[Pending]]], Answer] = functools.partial(tuple.__new__, Answer)
+_Fields = tuple[Received | memoryview, list[Pending]]
+_new_forward: Callable[[_Fields], Forward] = functools.partial(tuple.__new__, Forward)
+_new_answer: Callable[[_Fields], Answer] = functools.partial(tuple.__new__, Answer)
 
 
 class WaitForPool:
@@ -429,7 +430,7 @@ class ConnectionCore:
                     out.append(memoryview(buf)[run_start:run_end])
                     run_start = run_end = -1
                 if out:
-                    actions.append(_forward((out[0] if len(out) == 1 else b"".join(out), sent)))
+                    actions.append(_new_forward((out[0] if len(out) == 1 else b"".join(out), sent)))
                     out, sent = [], []
                 if result is _ANSWERED:
                     continue
@@ -442,7 +443,7 @@ class ConnectionCore:
         if run_start >= 0:
             out.append(memoryview(buf)[run_start:run_end])
         if out:
-            actions.append(_forward((out[0] if len(out) == 1 else b"".join(out), sent)))
+            actions.append(_new_forward((out[0] if len(out) == 1 else b"".join(out), sent)))
         if not splitter.frame_size and self._body_deadline != math.inf:
             self._body_deadline = math.inf  # the frame it was armed for is whole
             actions.append(_NO_DEADLINE)
@@ -584,7 +585,7 @@ class ConnectionCore:
             answered = session.delivered()
             delivered.append(answered)
             out.append(answered.answer)  # type: ignore[arg-type]
-        return _answer((out[0] if len(out) == 1 else b"".join(out), delivered))
+        return _new_answer((out[0] if len(out) == 1 else b"".join(out), delivered))
 
     def _refuse_prefix(self, refused: FrameRefused, rules: Rules) -> Close:
         """A request length prefix no Kafka request has: recorded, then the connection ends, as
@@ -690,7 +691,7 @@ class ConnectionCore:
         if run_start >= 0:
             out.append(memoryview(buf)[run_start:run_end])
         if out:
-            actions.append(_answer((out[0] if len(out) == 1 else b"".join(out), delivered)))
+            actions.append(_new_answer((out[0] if len(out) == 1 else b"".join(out), delivered)))
         self.response_receive_size = max(RECEIVE_SIZE, min(splitter.wanted, MAX_RECEIVE))
         if session.state is State.DONE:
             actions.append(self._end(CloseCause.DRAINED))
