@@ -155,7 +155,8 @@ _NOTHING: Actions = []  # returned as is, never added to
 _STOP_READING = StopReading()
 _RESUME_READING = ResumeReading()
 _CONNECT = Connect()
-_NO_DEADLINE = SetDeadline(math.inf)
+_NEVER = math.inf
+_NO_DEADLINE = SetDeadline(_NEVER)
 
 
 # -- what it books against --------------------------------------------------------------
@@ -444,8 +445,8 @@ class ConnectionCore:
             out.append(memoryview(buf)[run_start:run_end])
         if out:
             actions.append(_new_forward((out[0] if len(out) == 1 else b"".join(out), sent)))
-        if not splitter.frame_size and self._body_deadline != math.inf:
-            self._body_deadline = math.inf  # the frame it was armed for is whole
+        if not splitter.frame_size and self._body_deadline != _NEVER:
+            self._body_deadline = _NEVER  # the frame it was armed for is whole
             actions.append(_NO_DEADLINE)
         if self._stopping and splitter.idle:
             session.stop()
@@ -458,7 +459,7 @@ class ConnectionCore:
             return actions
         if splitter.frame_size:  # inside a frame whose body is still to come
             self._receive_sizes()
-            if self._body_deadline == math.inf:
+            if self._body_deadline == _NEVER:
                 self._body_deadline = now + rules.request_body_timeout_s
                 self._body_timeout_ms = round(rules.request_body_timeout_s * 1000)
                 actions.append(SetDeadline(self._body_deadline))

@@ -265,7 +265,10 @@ class ClientConnection:
                 except SendStalled as stalled:
                     self._send_stalled(stalled.seconds)
                 finally:
-                    self._written_by_one()
+                    self._writing = False
+                    if self._written is not None:
+                        self._written.set()
+                        self._written = None
                 self.bytes_out += len(data)
                 self.port.stats.response_bytes += len(data)
                 then = core.delivered(action.delivered, now, perf_counter() - started)
