@@ -906,3 +906,24 @@ class BrokerQuotas:
             if pool.over_cap:
                 closes.extend(pool.reclaim_excess())
         return closes
+
+
+def send_stall_timeout(connections_max_idle_ms: int) -> float:
+    """Seconds a send may wait for its peer to take a byte: Kafka's idle expiry counts socket
+    activity, not requests in flight, so a peer that takes nothing for ``connections.max.idle.ms``
+    is idle (a frozen client would otherwise hold its connection, and what it was sent, for ever).
+    In both modes: it is the proxy's hygiene, not a limit observe mode only reports. Negative: never."""
+    return connections_max_idle_ms / 1000 if connections_max_idle_ms >= 0 else float("inf")
+
+
+def decide_send_stall(seconds: float, peer: str = "client") -> Decision:
+    """A send waited ``seconds`` (``send_stall_timeout``) for ``peer`` to take a byte: close it."""
+    idle_ms = round(seconds * 1000)
+    return Decision(
+        Policy.CONNECTIONS,
+        Action.CLOSE,
+        Mode.ENFORCE,
+        CONNECTIONS_MAX_IDLE_MS,
+        f"{CONNECTIONS_MAX_IDLE_MS}={idle_ms} exceeded (the {peer} took no byte for {seconds:g}s)",
+        limit=idle_ms,
+    )

@@ -13,6 +13,7 @@ import enum
 from collections.abc import Mapping
 from dataclasses import dataclass, field
 from types import MappingProxyType
+from typing import NamedTuple
 
 from policies.mode import Mode
 
@@ -72,3 +73,17 @@ class Decision:
     def enforced(self) -> bool:
         """Carry it out (enforce), or only record it and let the traffic through (observe)."""
         return self.mode is Mode.ENFORCE
+
+
+class Admission(NamedTuple):
+    """What a policy that hands out tickets answers (the memory pool, group joins): its decision
+    (None: a plain admit) and the ticket to give back later (None when nothing was taken)."""
+
+    decision: Decision | None
+    ticket: int | None
+
+    @property
+    def waits(self) -> bool:
+        """The request must wait for its ticket to be granted (an enforced WAIT)."""
+        decision = self.decision
+        return decision is not None and decision.action is Action.WAIT and decision.mode is Mode.ENFORCE

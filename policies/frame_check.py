@@ -120,3 +120,14 @@ def decide_request_prefix(verdict: FrameVerdict, limit: int, limit_key: str = SO
 
 
 _CLIENT = {"direction": "client"}
+
+
+def decide_client_hello(head: bytes) -> Decision | None:
+    """The first bytes (up to 5) of a connection to a TLS listener: None when they can begin a TLS
+    handshake; else a CLOSE naming the plaintext client, before the TLS library answers it with an
+    alert the client would read as a 352 MB length."""
+    if not head or looks_like_tls(head) or head[0] == 0x16:  # 0x16: a ClientHello begins
+        return None
+    what = "an HTTP request" if looks_like_http(head) else f"plaintext (first bytes {head.hex()})"
+    reason = f"client sent {what} to a TLS listener; it needs TLS"
+    return Decision(Policy.PROTOCOL, Action.CLOSE, Mode.ENFORCE, "client_plaintext_on_tls", reason, subject=_CLIENT)

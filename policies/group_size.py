@@ -110,7 +110,7 @@ from typing import Final, NamedTuple
 from kio.schema.errors import ErrorCode
 
 from policies.api_keys import HEARTBEAT, INT_MAX, OFFSET_COMMIT, SYNC_GROUP
-from policies.decision import Action, Decision, Policy
+from policies.decision import Action, Admission, Decision, Policy
 from policies.mode import Mode
 from policies.properties import (
     GROUP_CONSUMER_MAX_SIZE,
@@ -535,7 +535,7 @@ _CONSUMER_STATE_NAMES: Final = frozenset({"assigning", "reconciling", "notready"
 _SYNC_ANSWERS: Final = frozenset({_NONE, _REBALANCE_IN_PROGRESS})
 # JoinGroup answers after which Kafka has removed the member (group.remove(memberId)).
 _JOIN_REMOVED: Final = frozenset({_UNKNOWN_MEMBER_ID, _GROUP_MAX_SIZE_REACHED})
-_FORWARD: Final[tuple[None, None]] = (None, None)
+_FORWARD: Final = Admission(None, None)
 
 
 # ---------------------------------------------------------------------------------------------
@@ -614,7 +614,7 @@ class GroupSizePolicy:
         rebalance_timeout_ms: int | None = None,
         require_known_member_id: bool = True,
         protocols: object = None,
-    ) -> tuple[Decision | None, int | None]:
+    ) -> Admission:
         """Decide on a JoinGroup request before it is forwarded: (decision, ticket).
 
         ``decision`` is None for a plain admit; else a GROUP_SIZE REFUSE (81) or THROTTLE (14) in
@@ -661,7 +661,7 @@ class GroupSizePolicy:
                     self._drop(g, slot)
                     self._after_removal(g, rebalance=False)
                 self._schedule(group_id, g)
-            return decision, None
+            return Admission(decision, None)
 
         session_s = self._session_timeout(session_timeout_ms, self.config.default_session_timeout_seconds)
         rebalance_s = self._rebalance_timeout(rebalance_timeout_ms, session_s)
@@ -679,7 +679,7 @@ class GroupSizePolicy:
             ticket,
         )
         self._schedule(group_id, g)
-        return decision, ticket
+        return Admission(decision, ticket)
 
     def on_join_response(
         self,
@@ -858,7 +858,7 @@ class GroupSizePolicy:
         member_epoch: int,
         instance_id: str | None,
         now: float,
-    ) -> tuple[Decision | None, int | None]:
+    ) -> Admission:
         """Decide on a ConsumerGroupHeartbeat: (decision, ticket), as ``on_join_request``.
 
         Only joins (epoch 0) can be refused or throttled, and only joins get a ticket (pass it
@@ -884,7 +884,7 @@ class GroupSizePolicy:
         if decision is None:
             decision = self._take_token(g, group_id, member_id, now)
         if decision is not None and self.mode is _ENFORCE:
-            return decision, None
+            return Admission(decision, None)
         ticket = next(self._tickets)
         session_s = self.config.consumer_session_timeout_seconds
         if slot is None:
@@ -905,7 +905,7 @@ class GroupSizePolicy:
         self._set_awaiting(g, slot, True)
         g.fire(_Ev.MEMBER_ADDED)  # KIP-848 has no join phase: the coordinator adds the member at once
         self._schedule(group_id, g)
-        return decision, ticket
+        return Admission(decision, ticket)
 
     def on_consumer_heartbeat_response(
         self,

@@ -48,22 +48,27 @@ than one seen before counts as no time passing.
 
 from __future__ import annotations
 
+import functools
 import itertools
-from collections.abc import Hashable
+from collections.abc import Callable, Hashable
 from dataclasses import dataclass, field
 from typing import Final
 
-from policies.decision import Action, Decision, Policy
+from policies.decision import Action, Admission, Decision, Policy
 from policies.mode import Mode
 from policies.properties import (
     LONG_MAX,
     QUEUED_MAX_REQUEST_BYTES,
     QUEUED_MAX_REQUEST_BYTES_PER_CONNECTION,
+    REQUEST_BODY_TIMEOUT_MS,
     SOCKET_REQUEST_MAX_BYTES,
     int_default,
 )
 
 _PER_CONNECTION_OFF: Final = int_default(QUEUED_MAX_REQUEST_BYTES_PER_CONNECTION)
+
+# Admission(...) without its Python-level __new__: the grant is on every request's path.
+_granted: Callable[[tuple[Decision | None, int]], Admission] = functools.partial(tuple.__new__, Admission)
 
 # What ``available`` reports while the pool is off (Kafka's MemoryPool.NONE: Long.MAX_VALUE).
 UNBOUNDED = LONG_MAX
@@ -210,8 +215,8 @@ class MemoryPool:
         self._settle(self._advance(now))
         return granted
 
-    def reserve(self, conn_id: Hashable, size: int, now: float) -> tuple[int, Decision | None]:
-        """Ask for ``size`` bytes for one request read from ``conn_id``: its ticket, and None if granted now.
+    def reserve(self, conn_id: Hashable, size: int, now: float) -> Admission:
+        """Ask for ``size`` bytes for one request read from ``conn_id``: None if granted now, and its ticket.
 
         Otherwise a WAIT decision: enforced, the ticket is queued and a later
         ``release``/``cancel`` grants it; in OBSERVE it is granted now all the same.
@@ -222,15 +227,15 @@ class MemoryPool:
         ticket = next(self._tickets)
         if self._capacity <= 0:  # off: only counted (the common case costs nothing more)
             self._grant(ticket, conn_id, size)
-            return ticket, None
+            return _granted((None, ticket))
         decision = self._wait_decision(conn_id, size)
         if decision is not None and decision.enforced:
             self._queue[ticket] = (conn_id, size)
             self._conn(conn_id).queued.add(ticket)
-            return ticket, decision
+            return Admission(decision, ticket)
         self._grant(ticket, conn_id, size)
         self._settle(now)
-        return ticket, decision
+        return _granted((decision, ticket))
 
     def release(self, ticket: int, now: float) -> list[int]:
         """Give back a granted ticket's bytes (or withdraw a queued one); returns the queued tickets now granted, FIFO.
@@ -358,3 +363,19 @@ class MemoryPool:
         elif not depleted and self._depleted_since is not None:
             self._depleted_total += now - self._depleted_since
             self._depleted_since = None
+
+
+def decide_body_timeout(size: int, timeout_ms: int, waiting_for: str) -> Decision:
+    """``request.body.timeout.ms`` passed with a frame's memory or body still to come (``waiting_for``:
+    "pool memory" or "its body"): the connection is closed, in every mode, so that a stalled sender
+    holds neither memory nor a place in the pool's queue for long."""
+    return Decision(
+        Policy.MEMORY_POOL,
+        Action.CLOSE,
+        Mode.ENFORCE,
+        REQUEST_BODY_TIMEOUT_MS,
+        f"a {size}-byte request did not complete within {REQUEST_BODY_TIMEOUT_MS}={timeout_ms} "
+        f"(waiting for {waiting_for})",
+        limit=timeout_ms,
+        subject={"size": size},
+    )

@@ -52,3 +52,9 @@ def decide_response_prefix(verdict: FrameVerdict, limit: int, mode: Mode, about:
         f"{about}: invalid length prefix {verdict.size}",
         subject={"direction": "upstream", "size": verdict.size},
     )
+
+
+def decide_upstream_mismatch(address: str, kind: str, description: str) -> Decision:
+    """A broker that speaks the other protocol (``kind``: "upstream_tls_on_plaintext" or
+    "upstream_plaintext_on_tls"): no connection to it can carry Kafka."""
+    return Decision(Policy.PROTOCOL, Action.CLOSE, Mode.ENFORCE, kind, f"upstream {address} {description}")

@@ -6,9 +6,12 @@ from __future__ import annotations
 
 from collections.abc import Mapping
 
+from policies.close_cause import CloseCause, Closing
 from policies.connections import OpenCounts
 from proxy.evidence.audit import AuditSink
 from proxy.evidence.observation_window import ObservationWindow
+
+_CLIENT_CLOSED = Closing(CloseCause.CLIENT_CLOSED)
 
 
 def record_lifecycle(
@@ -22,9 +25,12 @@ def record_lifecycle(
     tls: bool,
     counts: OpenCounts | None,
     closed: Mapping[str, object],
+    closing: Closing | None = None,
     passthrough: bool = False,
 ) -> None:
-    """``event`` is "open" or "close"; ``closed`` holds the close event's own fields."""
+    """``event`` is "open" or "close"; ``closed`` holds the close event's own fields, and
+    ``closing`` why it closed (its ``reason``: the label the metrics count it under; None:
+    the client closed)."""
     if window is not None:
         if event == "open":
             window.on_connection_open(listener, tls)
@@ -48,5 +54,6 @@ def record_lifecycle(
         if counts.node_id is not None:
             record["node_id"] = counts.node_id  # cluster mode: the broker whose limits counted it
     if event == "close":
+        record["reason"] = (closing or _CLIENT_CLOSED).label
         record.update(closed)
     audit.record(record)

@@ -17,6 +17,7 @@ from dataclasses import dataclass
 from typing import Any
 
 from policies.api_keys import API_VERSIONS, INT_MAX
+from policies.connections import send_stall_timeout
 from policies.decision import Decision
 from policies.group_size import GroupSizePolicy
 from policies.mode import Mode
@@ -63,6 +64,9 @@ class Generation:
         policies = config.policies
         self._recorder = recorder
         self.socket_request_max_bytes = policies.socket_request_max_bytes
+        self.sasl_server_max_receive_size = policies.sasl_server_max_receive_size
+        # read at every send to a client, so a reload reaches open connections
+        self.send_stall_s = send_stall_timeout(policies.connections_max_idle_ms)
         self.request_body_timeout_s = policies.request_body_timeout_ms / 1000
         self.response_size_mode = Mode(policies.mode_of(policies.response_size_mode))
         self.max_response_size = {lst.name: policies.max_response_size_for(lst.name) for lst in config.listeners}

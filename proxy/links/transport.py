@@ -37,23 +37,40 @@ class Transport(Protocol):
 
     async def aclose(self) -> None: ...
 
-    # A send that waits longer than this for the peer to take a byte raises SendStalled.
-    stall_timeout: float
+    async def aclose_lingering(self) -> None:
+        """Close so that the peer reads an EOF after what it was sent (``lingering_close``)."""
+        ...
+
+    # A send that waits longer than this returns (in seconds) for the peer to take a byte
+    # raises SendStalled; asked again while it waits, so that a reload reaches it.
+    stall_limit: Callable[[], float]
 
 
 class SendStalled(trio.BrokenResourceError):
-    """The peer took no byte for ``stall_timeout`` seconds while a send waited."""
+    """The peer took no byte for ``seconds`` while a send waited."""
+
+    def __init__(self, seconds: float) -> None:
+        super().__init__(f"the peer took nothing for {seconds:g}s")
+        self.seconds = seconds
 
 
-async def _wait_writable(sock: socket.socket, stall_timeout: float) -> None:
+STALL_RECHECK_S = 1.0  # how often a waiting send asks its stall limit again
+
+
+def _no_stall_limit() -> float:
+    return math.inf
+
+
+async def _wait_writable(sock: socket.socket, stall_limit: Callable[[], float]) -> None:
     """Wait for room to send; only a send that would block pays for the deadline."""
-    if stall_timeout == math.inf:
-        await trio.lowlevel.wait_writable(sock)
-        return
-    with trio.move_on_after(stall_timeout) as waited:
-        await trio.lowlevel.wait_writable(sock)
-    if waited.cancelled_caught:
-        raise SendStalled(f"the peer took nothing for {stall_timeout:g}s")
+    started = trio.current_time()
+    while True:
+        deadline = started + stall_limit()
+        with trio.move_on_at(min(deadline, trio.current_time() + STALL_RECHECK_S)):
+            await trio.lowlevel.wait_writable(sock)
+            return
+        if trio.current_time() >= deadline:
+            raise SendStalled(deadline - started)
 
 
 def peer_address(stream: trio.SocketStream) -> tuple[str, str]:
@@ -75,12 +92,12 @@ def stdlib_socket(stream: trio.SocketStream) -> socket.socket:
 
 
 class SocketTransport:
-    __slots__ = ("_drained", "sock", "stall_timeout")
+    __slots__ = ("_drained", "sock", "stall_limit")
 
     def __init__(self, sock: socket.socket) -> None:
         self.sock = sock
         self._drained = False
-        self.stall_timeout = math.inf
+        self.stall_limit = _no_stall_limit
 
     async def receive(self, max_bytes: int) -> bytes:
         sock = self.sock
@@ -109,7 +126,7 @@ class SocketTransport:
             try:
                 sent += sock.send(view[sent:])
             except BlockingIOError:
-                await _wait_writable(sock, self.stall_timeout)
+                await _wait_writable(sock, self.stall_limit)
             except OSError as exc:
                 raise trio.BrokenResourceError(f"send failed: {exc!r}") from exc
 
@@ -117,20 +134,24 @@ class SocketTransport:
         trio.lowlevel.notify_closing(self.sock)
         self.sock.close()
 
+    async def aclose_lingering(self) -> None:
+        await lingering_close(self.sock)
 
-LINGER_S = 1.0  # how long a failed handshake waits for the peer to read the alert
+
+LINGER_S = 1.0  # how long a closing connection waits for the peer to read its last bytes
+LINGER_MAX_BYTES = 16 << 20  # and how much of what the peer still sends it reads to discard
 
 
 class TlsTransport:
     """A TLS connection on a non-blocking stdlib socket. The two pumps share it: one
     receives while the other sends, which OpenSSL allows in one thread."""
 
-    __slots__ = ("_drained", "sock", "stall_timeout")
+    __slots__ = ("_drained", "sock", "stall_limit")
 
     def __init__(self, sock: ssl.SSLSocket) -> None:
         self.sock = sock
         self._drained = False
-        self.stall_timeout = math.inf
+        self.stall_limit = _no_stall_limit
 
     @classmethod
     async def handshake(
@@ -171,7 +192,7 @@ class TlsTransport:
                     await trio.lowlevel.wait_writable(tls)
         except BaseException as exc:
             if server_side and isinstance(exc, ssl.SSLError):
-                await _lingering_close(tls)  # the alert OpenSSL just wrote must reach the client
+                await lingering_close(tls)  # the alert OpenSSL just wrote must reach the client
             else:  # cancelled, reset, or a broker's failure (the proxy names it itself): no wait
                 _close(tls)
             raise
@@ -223,7 +244,7 @@ class TlsTransport:
             try:
                 sent += tls.send(view[sent:])  # retried with the same bytes after a wait, as OpenSSL asks
             except ssl.SSLWantWriteError:
-                await _wait_writable(tls, self.stall_timeout)
+                await _wait_writable(tls, self.stall_limit)
             except ssl.SSLWantReadError:
                 await _wait_shared(trio.lowlevel.wait_readable, tls)
             except OSError as exc:
@@ -232,10 +253,13 @@ class TlsTransport:
     async def aclose(self) -> None:
         _close(self.sock)
 
+    async def aclose_lingering(self) -> None:
+        await lingering_close(self.sock)
 
-def _close(tls: ssl.SSLSocket) -> None:
-    trio.lowlevel.notify_closing(tls)  # wakes whichever pump waits on it
-    tls.close()
+
+def _close(sock: socket.socket) -> None:
+    trio.lowlevel.notify_closing(sock)  # wakes whichever pump waits on it
+    sock.close()
 
 
 async def _wait_shared(wait: Callable[[ssl.SSLSocket], Awaitable[None]], tls: ssl.SSLSocket) -> None:
@@ -248,18 +272,25 @@ async def _wait_shared(wait: Callable[[ssl.SSLSocket], Awaitable[None]], tls: ss
         await trio.sleep(0.005)
 
 
-async def _lingering_close(tls: ssl.SSLSocket) -> None:
-    """Close after a failed handshake so the peer reads OpenSSL's alert (e.g. "certificate
-    required") instead of a reset: closing with its bytes unread would send an RST, which
-    discards the alert at the peer. Half-close, discard what it still sends, then close."""
+async def lingering_close(sock: socket.socket, max_bytes: int = LINGER_MAX_BYTES) -> None:
+    """Close so that the peer reads what was written last and then an EOF, not a reset:
+    closing with its bytes unread would send an RST, which discards them at the peer (an
+    alert after a failed handshake, the end of a connection whose frame was refused).
+    Half-close, discard what it still sends (bounded in time and bytes), then close."""
     raw = socket.socket.recv  # beneath TLS: these bytes are only discarded
+    discarded = 0
     with trio.move_on_after(LINGER_S, shield=True):
         try:
-            socket.socket.shutdown(tls, socket.SHUT_WR)
-            while True:
-                await trio.lowlevel.wait_readable(tls)
-                if not raw(tls, 65536):
+            socket.socket.shutdown(sock, socket.SHUT_WR)
+            while discarded < max_bytes:
+                await trio.lowlevel.wait_readable(sock)
+                try:
+                    data = raw(sock, 65536)
+                except BlockingIOError:
+                    continue
+                if not data:
                     break
+                discarded += len(data)
         except OSError:
             pass
-    _close(tls)
+    _close(sock)

@@ -11,9 +11,8 @@ from dataclasses import dataclass
 import trio
 
 from policies.api_keys import INT_MAX
-from policies.decision import Action, Decision, Policy
 from policies.frame_check import FrameKind, check_length_prefix
-from policies.mode import Mode
+from policies.response_size import decide_upstream_mismatch
 from policies.upstream_backoff import UpstreamBackoff
 from proxy.config.model import UpstreamTls
 from proxy.evidence.decisions import DecisionRecorder
@@ -115,7 +114,7 @@ class UpstreamConnector:
         return message
 
     def _record_mismatch(self, address: str, kind: str, description: str) -> None:
-        decision = Decision(Policy.PROTOCOL, Action.CLOSE, Mode.ENFORCE, kind, f"upstream {address} {description}")
+        decision = decide_upstream_mismatch(address, kind, description)
         self._recorder.record(decision, upstream=address, direction="upstream")
 
     def healthy(self, address: str) -> None:

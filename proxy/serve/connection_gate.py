@@ -26,6 +26,7 @@ import trio
 from prometheus_client.core import GaugeMetricFamily
 from prometheus_client.registry import Collector
 
+from policies.close_cause import CloseCause, Closing
 from policies.connections import BOOTSTRAP, BrokerKey, BrokerQuotas, ConnectionLimits, OpenCounts
 from policies.decision import Action, Decision, Policy
 from policies.mode import Mode
@@ -45,7 +46,7 @@ class Closable(Protocol):
     where: Where
     open_counts: OpenCounts | None  # what the limits counted once it was admitted (for the audit)
 
-    def close_now(self, cause: str, reason: str) -> None: ...
+    def close_now(self, closing: Closing) -> None: ...
 
 
 class ConnectionGate:
@@ -185,9 +186,9 @@ class ConnectionGate:
             return
         if decision.action is Action.EVICT:
             reason = f"evicted (LRU idle) to admit a connection: {decision.reason}"
-            conn.close_now(f"evicted: {decision.limit_key}", reason)
+            conn.close_now(Closing(CloseCause.EVICTED, reason, decision.limit_key))
         else:
-            conn.close_now(f"closed: {decision.limit_key}", decision.reason)
+            conn.close_now(Closing(CloseCause.CLOSED_BY_LIMIT, decision.reason, decision.limit_key))
 
     def _blocked(self, listener: str, since: float) -> None:
         self._metrics.acceptor_blocked.labels(listener).inc(trio.current_time() - since)

@@ -55,7 +55,7 @@ class ListenerRuntime:
         self._stats = runtime.metrics.traffic_of(config.name)
         self._tls_label = "passthrough" if config.passthrough else "true" if tls is not None else "false"
         self.connections: set[ClientConnection | PassthroughConnection] = set()
-        self._passthrough_ids = itertools.count(1)
+        self._ids = itertools.count(1)  # this listener's connection ids
         self._node_ports: set[int] = set()
         self._acceptors: trio.Nursery | None = None
         self._connections: trio.Nursery | None = None
@@ -181,10 +181,9 @@ class ListenerRuntime:
                 raise
             connection: ClientConnection | PassthroughConnection
             if isinstance(route, PassthroughRoute):
-                conn_id = f"{self.name}-p{next(self._passthrough_ids)}"
-                connection = PassthroughConnection(route, runtime, stream, conn_id)
+                connection = PassthroughConnection(route, runtime, stream, f"{self.name}-p{next(self._ids)}")
             else:
-                connection = ClientConnection(route, runtime, stream)
+                connection = ClientConnection(route, runtime, stream, f"{self.name}-{next(self._ids)}")
             accepted.inc()
             if not await runtime.gate.admit(connection, broker):
                 await trio.aclose_forcefully(stream)

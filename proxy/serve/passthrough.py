@@ -17,18 +17,15 @@ from dataclasses import dataclass
 
 import trio
 
-from policies.connections import CONNECTIONS_MAX_IDLE_MS, OpenCounts
-from policies.decision import Action, Decision, Policy
-from policies.mode import Mode
+from policies.close_cause import CloseCause, Closing
+from policies.connections import OpenCounts, decide_send_stall
 from proxy.evidence.decisions import Where
 from proxy.evidence.lifecycle import record_lifecycle
-from proxy.evidence.logs import RateLimitedLog
 from proxy.evidence.metrics import TrafficStats
 from proxy.links.transport import peer_address
 from proxy.serve.runtime import Runtime
 
 log = logging.getLogger("kafka_admission_proxy.passthrough")
-_closes = RateLimitedLog(log)
 
 CONNECT_TIMEOUT_S = 10.0
 _CHUNK = 65536
@@ -82,21 +79,21 @@ class PassthroughConnection:
         self.upstream_address = "unconnected"
         self.bytes_in = 0
         self.bytes_out = 0
-        self.end_reason = "client_closed"
+        self.closing: Closing | None = None  # why it ended, once it has
         self._scope = trio.CancelScope()
         self._opened = trio.current_time()
 
     # -- from outside: the gate and the server ------------------------------------------
 
-    def close_now(self, cause: str, reason: str) -> None:
+    def close_now(self, closing: Closing) -> None:
         if not self._scope.cancel_called:
-            self.end_reason = cause
-            log.info("connection closed: %s", reason, extra={"peer": self.peer, "listener": self.listener})
+            self._ended(closing)
+            log.info("connection closed: %s", closing.reason, extra={"peer": self.peer, "listener": self.listener})
             self._scope.cancel()
 
     def stop_reading(self) -> None:
         """Graceful shutdown: without frames there is no request boundary to finish at."""
-        self.close_now("drained", "shutting down (passthrough: no request boundary to wait for)")
+        self.close_now(Closing(CloseCause.DRAINED, "shutting down (passthrough: no request boundary to wait for)"))
 
     # -- the connection's life ----------------------------------------------------------
 
@@ -108,7 +105,7 @@ class PassthroughConnection:
                 try:
                     upstream, self.upstream_address = await connect_first(self.route.brokers)
                 except BrokerUnreachable as exc:
-                    self._closed_by("upstream_unavailable", str(exc))
+                    self._closed_by(Closing(CloseCause.UPSTREAM_UNAVAILABLE, str(exc)))
                     return
                 async with trio.open_nursery() as nursery:
                     nursery.start_soon(self._relay, upstream, self._client, False, nursery)
@@ -125,18 +122,16 @@ class PassthroughConnection:
     ) -> None:
         """One direction; its end (EOF, a reset, a stalled peer) ends the connection."""
         gate, stats = self.runtime.gate, self.route.stats
-        idle_ms = gate.quotas.limits.connections_max_idle_ms
-        stall = idle_ms / 1000 if idle_ms >= 0 else float("inf")
         try:
             while True:
                 data = await source.receive_some(_CHUNK)
                 if not data:
-                    if not inbound:
-                        self.end_reason = "broker_closed"
+                    self._ended(Closing(CloseCause.CLIENT_CLOSED if inbound else CloseCause.BROKER_CLOSED))
                     return
                 gate.on_request(self.conn_id, trio.current_time())  # bytes moving: not idle
                 # A peer that takes no byte for connections.max.idle.ms is idle too (Kafka's
                 # idle expiry counts socket activity): it must not hold the relay for ever.
+                stall = self.runtime.generation.send_stall_s  # read at every send: a reload reaches it
                 with trio.move_on_after(stall) as waited:
                     await sink.send_all(data)
                 if waited.cancelled_caught:
@@ -150,34 +145,30 @@ class PassthroughConnection:
                     self.bytes_out += len(data)
                     stats.response_bytes += len(data)
         except (trio.BrokenResourceError, trio.ClosedResourceError, OSError) as exc:
-            self._closed_by("broken", f"connection broken: {exc.__cause__ or exc!r}")
+            self._closed_by(Closing(CloseCause.BROKEN, f"connection broken: {exc.__cause__ or exc!r}"))
         finally:
             nursery.cancel_scope.cancel()
 
     def _send_stalled(self, seconds: float, peer: str) -> None:
         """As a terminating connection's stalled send: a CLOSE of connections.max.idle.ms."""
-        idle_ms = round(seconds * 1000)
-        decision = Decision(
-            Policy.CONNECTIONS,
-            Action.CLOSE,
-            Mode.ENFORCE,
-            CONNECTIONS_MAX_IDLE_MS,
-            f"{CONNECTIONS_MAX_IDLE_MS}={idle_ms} exceeded (the {peer} took no relayed byte for {seconds:g}s)",
-            limit=idle_ms,
-        )
+        decision = decide_send_stall(seconds, peer)
         self.runtime.recorder.record(decision, self.where)
-        self.end_reason = f"closed: {CONNECTIONS_MAX_IDLE_MS}"
+        self._ended(Closing(CloseCause.CLOSED_BY_LIMIT, decision.reason, decision.limit_key))
 
-    def _closed_by(self, cause: str, message: str) -> None:
-        self.end_reason = cause
-        self.runtime.metrics.connection_failures.labels(self.listener, cause).inc()
-        _closes.log(
+    def _ended(self, closing: Closing) -> None:
+        if self.closing is None:  # the first cause is the one kept
+            self.closing = closing
+
+    def _closed_by(self, closing: Closing) -> None:
+        self._ended(closing)
+        self.runtime.metrics.connection_failures.labels(self.listener, closing.label).inc()
+        self.runtime.closes.log(
             logging.WARNING,
-            (self.listener, cause),
+            (self.listener, closing.label),
             trio.current_time(),
             "connection closed: %s",
-            message,
-            extra={"peer": self.peer, "listener": self.listener, "cause": cause},
+            closing.reason,
+            extra={"peer": self.peer, "listener": self.listener, "cause": closing.label},
         )
 
     def _lifecycle(self, event: str) -> None:
@@ -186,7 +177,6 @@ class PassthroughConnection:
         closed: dict[str, object] = {}
         if event == "close":
             closed = {
-                "reason": self.end_reason,
                 "duration_seconds": trio.current_time() - self._opened,
                 "upstream": self.upstream_address,
                 "bytes_in": self.bytes_in,
@@ -202,5 +192,6 @@ class PassthroughConnection:
             tls=True,
             counts=self.open_counts,
             closed=closed,
+            closing=self.closing,
             passthrough=True,
         )

@@ -12,6 +12,7 @@ import trio
 from prometheus_client.core import CounterMetricFamily, GaugeMetricFamily
 from prometheus_client.registry import Collector
 
+from policies.decision import Admission
 from policies.memory_pool import MemoryPool
 from policies.mode import Mode
 from proxy.evidence.decisions import DecisionRecorder, Where
@@ -31,19 +32,19 @@ class PoolGate:
         self._woken: dict[int, trio.Event] = {}
         metrics.registry.register(_PoolCollector(pool))
 
-    def reserve(self, conn_id: Hashable, size: int, now: float, where: Where) -> tuple[int, bool]:
-        """(ticket, granted): a ticket for ``size`` bytes; when not granted yet, wait
-        with ``wait_for`` (the pool grants in FIFO order as memory is released)."""
-        ticket, decision = self.pool.reserve(conn_id, size, now)
+    def reserve(self, conn_id: Hashable, size: int, now: float, where: Where) -> Admission:
+        """The pool's admission of ``size`` bytes (a decision other than None is recorded); when it
+        ``waits``, wait with ``wait_for`` (the pool grants in FIFO order as memory is released)."""
+        admission = self.pool.reserve(conn_id, size, now)
+        decision = admission.decision
         if decision is None:
-            return ticket, True
+            return admission
         self._recorder.record(decision, where, size=size)
         if self._window is not None:
             self._window.on_pool(self.pool.used, waited=True)
-        if not decision.enforced:
-            return ticket, True
-        self._woken[ticket] = trio.Event()
-        return ticket, False
+        if admission.waits:
+            self._woken[admission.ticket] = trio.Event()  # type: ignore[index]
+        return admission
 
     async def wait_for(self, ticket: int) -> None:
         event = self._woken.get(ticket)

@@ -1,14 +1,16 @@
 """What every connection of a running proxy shares: the current config generation
 (swapped by one reference on reload), the connection gate, the memory pool, the
-upstream connector, the decision recorder and the evidence sinks. Built once by
-the server; connections only read it."""
+upstream connector, the decision recorder, the evidence sinks and the log of
+connection closes. Built once by the server; connections only read it."""
 
 from __future__ import annotations
 
-from dataclasses import dataclass
+import logging
+from dataclasses import dataclass, field
 
 from proxy.evidence.audit import AuditSink
 from proxy.evidence.decisions import DecisionRecorder
+from proxy.evidence.logs import RateLimitedLog
 from proxy.evidence.metrics import Metrics
 from proxy.evidence.observation_window import ObservationWindow
 from proxy.hooks.generation import Generation
@@ -27,3 +29,12 @@ class Runtime:
     metrics: Metrics
     audit: AuditSink
     window: ObservationWindow | None  # the audit's observation windows (audit to files only)
+    # Why connections closed, at most a line per cause and listener every few seconds.
+    closes: RateLimitedLog = field(
+        default_factory=lambda: RateLimitedLog(logging.getLogger("kafka_admission_proxy.connection"))
+    )
+
+    def send_stall_s(self) -> float:
+        """How long a send may wait for a client to take a byte (connections.max.idle.ms), as the
+        current generation says: a send that waits asks again, so that a reload reaches it."""
+        return self.generation.send_stall_s

@@ -15,6 +15,7 @@ import yaml
 
 from tests.clients import Member, create_topic, refused, unique, wait_for
 from tests.conftest import wait_until
+from tests.faults import StoppedClient
 from tests.integration.test_group_size_through_proxy import coordinator_members
 from tests.raw_kafka import RawConnection, api_versions_frame, frame, metadata_frame
 
@@ -30,6 +31,24 @@ def test_identifier_limits_turned_on_apply_to_a_connection_already_open(tansu, s
         assert (response.header.correlation_id, response.body.error_code) == (2, 42)
         assert conn.closed_by_peer()  # a client id over the limit taints the connection
     assert proxy.metric("kafka_admission_decisions_total", policy="identifier_limits", action="refuse") == 1
+
+
+def test_an_open_connection_sees_a_reloaded_connections_max_idle_ms(tansu: Any, start_proxy: Any) -> None:
+    """A client that stops reading its responses (its connection busy, so the idle reaper leaves
+    it) is held while connections.max.idle.ms is 10 minutes. A reload lowers it to 1 s: the
+    send to that client, opened and waiting before the reload, stalls out by the new value
+    within seconds. Before, the value was copied when the connection opened (10 minutes)."""
+    proxy = start_proxy(tansu.bootstrap, policies={"connections.max.idle.ms": 600000})
+    client = StoppedClient(proxy.bootstrap, "unread")
+    try:
+        assert client.sent > 1000  # it got ahead of the proxy, whose send to it now waits
+        assert proxy.metric("kafka_admission_connections_active") == 1
+        proxy.reload(**{"connections.max.idle.ms": 1000})
+        wait_until(lambda: proxy.metric("kafka_admission_connections_active") == 0, timeout=15)
+        closes = proxy.metric("kafka_admission_decisions_total", action="close", limit="connections.max.idle.ms")
+        assert closes == 1
+    finally:
+        client.kill()
 
 
 def test_a_lowered_max_response_size_applies_to_a_connection_already_open(tansu, start_proxy) -> None:  # type: ignore[no-untyped-def]

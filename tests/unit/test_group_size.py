@@ -21,7 +21,7 @@ from hypothesis.stateful import RuleBasedStateMachine, invariant, rule
 from kio.schema.errors import ErrorCode
 
 from policies.api_keys import HEARTBEAT, INT_MAX, JOIN_GROUP, OFFSET_COMMIT, SYNC_GROUP
-from policies.decision import Action, Decision, Policy
+from policies.decision import Action, Admission, Decision, Policy
 from policies.group_size import (
     TRANSITIONS,
     GroupEvent,
@@ -56,7 +56,7 @@ COMPLETING = GroupState.COMPLETING_REBALANCE
 STABLE = GroupState.STABLE
 DEAD = GroupState.DEAD
 
-Answer: TypeAlias = tuple[Decision | None, int | None]
+Answer: TypeAlias = Admission
 
 
 def forwarded(answer: Answer) -> int:

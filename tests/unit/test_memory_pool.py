@@ -11,7 +11,7 @@ from hypothesis import given, settings
 from hypothesis import strategies as st
 from hypothesis.stateful import RuleBasedStateMachine, initialize, invariant, precondition, rule
 
-from policies.decision import Action, Decision, Policy
+from policies.decision import Action, Admission, Decision, Policy
 from policies.memory_pool import UNBOUNDED, MemoryPool, validate_settings
 from policies.mode import Mode
 from policies.properties import (
@@ -26,16 +26,18 @@ POOL_DEPLETED = QUEUED_MAX_REQUEST_BYTES  # what a WAIT names when the pool itse
 CONNECTION_SHARE = QUEUED_MAX_REQUEST_BYTES_PER_CONNECTION  # ... and when the connection's share holds it back
 
 
-def granted(result: tuple[int, Decision | None]) -> int:
+def granted(result: Admission) -> int:
     """The ticket of a plain grant."""
-    ticket, decision = result
+    decision, ticket = result
+    assert ticket is not None
     assert decision is None, decision
     return ticket
 
 
-def waits(result: tuple[int, Decision | None], mode: Mode = Mode.ENFORCE) -> tuple[int, Decision]:
+def waits(result: Admission, mode: Mode = Mode.ENFORCE) -> tuple[int, Decision]:
     """The ticket and WAIT decision of a request that waits (ENFORCE: queued; OBSERVE: granted anyway)."""
-    ticket, decision = result
+    decision, ticket = result
+    assert ticket is not None
     assert decision is not None, "granted, expected a WAIT"
     assert (decision.policy, decision.action, decision.mode) == (Policy.MEMORY_POOL, Action.WAIT, mode), decision
     return ticket, decision
@@ -77,7 +79,7 @@ def test_used_never_exceeds_pool_plus_largest_request_under_any_sequence(sizes: 
     pool = MemoryPool(2 * MIB, 1 * MIB)
     held: list[int] = []
     for i, size in enumerate(sizes):
-        ticket, decision = pool.reserve(i % 5, size, float(i))
+        decision, ticket = pool.reserve(i % 5, size, float(i))
         if decision is None:
             held.append(ticket)
         if held and rnd.random() < 0.4:
@@ -491,7 +493,7 @@ class MemoryPoolMachine(RuleBasedStateMachine):
         )
         used = self.pool.used
         result = self.pool.reserve(conn, size, self.now)
-        ticket = result[0]
+        ticket = result.ticket
         assert ticket not in self.ever_issued
         self.ever_issued.add(ticket)
         if not enforce_would_wait:
@@ -613,7 +615,7 @@ def test_reconfigure_applies_a_new_request_size_and_mode_and_observe_lets_waiter
     pool = MemoryPool(100, 50, mode=Mode.ENFORCE)
     pool.reserve("a", 50, 0.0)
     pool.reserve("b", 50, 0.0)
-    waiting, decision = pool.reserve("c", 10, 0.0)
+    decision, waiting = pool.reserve("c", 10, 0.0)
     assert decision is not None and decision.enforced
     assert pool.reconfigure(60, Mode.ENFORCE, 1.0) == []
     assert pool.max_request == 60 and pool.waiting == 1
