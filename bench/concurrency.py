@@ -42,7 +42,6 @@ import multiprocessing
 import os
 import resource
 import select
-import signal
 import socket
 import statistics
 import sys
@@ -67,7 +66,7 @@ from proxy_vs_direct import (
     STARTERS,
     TOPIC,
     Endpoint,
-    _stop_on_sigterm,
+    run_bench,
     started,
 )
 
@@ -442,17 +441,7 @@ def run(args: argparse.Namespace) -> int:
 
 
 def main(argv: list[str] | None = None) -> int:
-    args = parse_args(argv)
-    signal.signal(signal.SIGTERM, _stop_on_sigterm)
-    signal.signal(signal.SIGINT, signal.default_int_handler)  # even if started with it ignored
-    try:
-        return run(args)
-    except BenchError as exc:
-        print(f"\nbenchmark failed: {exc}", file=sys.stderr)
-        return 1
-    except KeyboardInterrupt:
-        print("\ninterrupted; every started process was stopped", file=sys.stderr)
-        return 130
+    return run_bench(run, parse_args(argv))
 
 
 if __name__ == "__main__":

@@ -904,8 +904,9 @@ def run(args: argparse.Namespace) -> int:
     return 0
 
 
-def main(argv: list[str] | None = None) -> int:
-    args = parse_args(argv)
+def run_bench(run: Callable[[argparse.Namespace], int], args: argparse.Namespace) -> int:
+    """Run a benchmark so that SIGTERM and Ctrl-C stop every process it started, and a
+    failure is one line: the way this script and concurrency.py end."""
     signal.signal(signal.SIGTERM, _stop_on_sigterm)
     signal.signal(signal.SIGINT, signal.default_int_handler)  # even if started with it ignored
     try:
@@ -916,6 +917,10 @@ def main(argv: list[str] | None = None) -> int:
     except KeyboardInterrupt:
         print("\ninterrupted; every started process was stopped", file=sys.stderr)
         return 130
+
+
+def main(argv: list[str] | None = None) -> int:
+    return run_bench(run, parse_args(argv))
 
 
 if __name__ == "__main__":
