@@ -859,6 +859,10 @@ class BrokerQuotas:
         broker = self._key_of[conn_id]
         return replace(counts, node_id=broker) if isinstance(broker, int) else counts
 
+    def counts_by_broker(self) -> dict[BrokerKey, ConnectionCounts]:
+        """Each broker's pool's counts (BOOTSTRAP: the bootstrap port's), for metrics."""
+        return {broker: pool.counts() for broker, pool in self._pools.items()}
+
     def counts(self) -> ConnectionCounts:
         """All pools together, for metrics."""
         pools = list(self._pools.values())

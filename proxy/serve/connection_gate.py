@@ -27,9 +27,10 @@ from prometheus_client.core import GaugeMetricFamily
 from prometheus_client.registry import Collector
 
 from policies.close_cause import CloseCause, Closing
-from policies.connections import BOOTSTRAP, BrokerKey, BrokerQuotas, ConnectionLimits, OpenCounts
+from policies.connections import BOOTSTRAP, BrokerKey, BrokerQuotas, ConnectionCounts, ConnectionLimits, OpenCounts
 from policies.decision import Action, Decision, Policy
 from policies.mode import Mode
+from policies.properties import MAX_CONNECTIONS_WAIT_MS
 from proxy.evidence.decisions import DecisionRecorder, Where
 from proxy.evidence.metrics import Metrics
 
@@ -105,7 +106,7 @@ class ConnectionGate:
                 Policy.CONNECTIONS,
                 Action.REFUSE,
                 Mode.ENFORCE,
-                "max.connections.wait.ms",
+                MAX_CONNECTIONS_WAIT_MS,
                 f"waited {self.wait_seconds:g}s for a slot ({decision.reason})",
                 limit=round(self.wait_seconds * 1000),
             )
@@ -200,21 +201,24 @@ class ConnectionGate:
 
 
 class _CountsCollector(Collector):
-    """Connection counts as the policy sees them (KIP-1015's SSL and total counts)."""
+    """Connection counts as the policy sees them (KIP-1015's SSL and total counts), per broker as
+    each broker counts them: ``broker`` is a node id (a node port, or a bootstrap-port connection
+    once the broker it reached is known) or ``bootstrap``; sidecar mode has ``bootstrap`` alone."""
 
     def __init__(self, quotas: BrokerQuotas) -> None:
         self._quotas = quotas
 
     def collect(self) -> Iterator[GaugeMetricFamily]:
-        counts = self._quotas.counts()
-        yield GaugeMetricFamily(
-            "kafka_admission_connections_counted", "Connections counted by the quotas", value=counts.total
+        by_broker = self._quotas.counts_by_broker()
+        if BOOTSTRAP not in by_broker:
+            by_broker[BOOTSTRAP] = ConnectionCounts(total=0, broker=0, ssl=0, closing=0, busy=0, listeners={})
+        families = (
+            ("kafka_admission_connections_counted", "Connections counted by the quotas", "total"),
+            ("kafka_admission_connections_counted_tls", "TLS connections counted against max.ssl.connections", "ssl"),
+            ("kafka_admission_connections_counted_busy", "Connections with requests in flight", "busy"),
         )
-        yield GaugeMetricFamily(
-            "kafka_admission_connections_counted_tls",
-            "TLS connections counted against max.ssl.connections",
-            value=counts.ssl,
-        )
-        yield GaugeMetricFamily(
-            "kafka_admission_connections_counted_busy", "Connections with requests in flight", value=counts.busy
-        )
+        for name, help_text, field in families:
+            family = GaugeMetricFamily(name, help_text, labels=["broker"])
+            for broker, counts in by_broker.items():
+                family.add_metric([str(broker)], getattr(counts, field))
+            yield family

@@ -700,13 +700,17 @@ def test_cluster_mode_counts_max_connections_per_upstream_broker(
     connections to node 1's port and two to node 2's are all admitted (each broker counts its
     own, as Kafka's brokers do; before, the third and fourth evicted node 1's); a third to node
     1's port evicts node 1's least recently used one, and nothing of node 2's. The audit's open
-    events carry the counts of the broker that counted each connection, and its node id."""
+    events and the connection gauges (label ``broker``) carry the counts of the broker that counted
+    each connection."""
     audit = tmp_path / "audit"
     proxy = _cluster_proxy(start_proxy, mock_cluster, {MAX_CONNECTIONS: 2}, audit={"path": str(audit)})
     node1 = _hold_mock(sockets, _node_port(proxy, 1), 2)
     node2 = _hold_mock(sockets, _node_port(proxy, 2), 2)
     assert closings(proxy) == 0
     assert not any(conn.closed_by_peer() for conn in node1 + node2)
+    # the gauges say which broker counts each connection
+    counted = {b: proxy.metric("kafka_admission_connections_counted", broker=b) for b in ("1", "2", "3", "bootstrap")}
+    assert counted == {"1": 2, "2": 2, "3": 0, "bootstrap": 0}
 
     third = _hold_mock(sockets, _node_port(proxy, 1), 1)[0]
     assert decided(proxy, action="evict", limit=MAX_CONNECTIONS) == 1

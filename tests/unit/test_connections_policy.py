@@ -1135,6 +1135,14 @@ def test_sidecar_and_bootstrap_connections_share_the_one_bootstrap_pool() -> Non
     assert accept_at(q, "n1", 1) is None
 
 
+def test_counts_by_broker_name_each_pool() -> None:
+    q = brokers()
+    accept_at(q, "a1", 1)
+    accept_at(q, "s1", BOOTSTRAP)
+    by_broker = q.counts_by_broker()
+    assert {k: c.total for k, c in by_broker.items()} == {1: 1, BOOTSTRAP: 1}
+
+
 def test_a_pool_goes_when_its_last_connection_closes_and_comes_back_with_current_limits() -> None:
     q = brokers(max_connections=2)
     accept_at(q, "a1", 1)
