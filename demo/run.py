@@ -102,8 +102,8 @@ def _start_proxy(config_file: Path, admin: str) -> subprocess.Popen[bytes]:
     proxy = subprocess.Popen([sys.executable, "-m", "proxy.cli", "run", "--config", str(config_file)])
     deadline = time.monotonic() + 30
     while True:
-        if proxy.poll() is not None:
-            raise SystemExit(f"demo: the proxy exited with status {proxy.returncode} before it was ready")
+        if proxy.poll() is not None:  # it said why, in one line (a port in use, say)
+            raise SystemExit(proxy.returncode)
         try:
             _get(f"http://{admin}/readyz")
             return proxy
