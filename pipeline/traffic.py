@@ -21,9 +21,10 @@ from typing import Any
 
 from pyspark.sql import Column, DataFrame, Window
 from pyspark.sql import functions as F
+from pyspark.sql.types import LongType, StringType, StructField, StructType
 
 from .coverage import Coverage, measure_coverage
-from .events import Evidence, Overview
+from .events import Evidence, Overview, local_frame
 from .limits import limit_key_of, normalized_kind
 
 __all__ = ["Peak", "Traffic", "bucket", "client_host", "measure_traffic", "open_connections"]
@@ -166,6 +167,13 @@ def _floor(hist: dict[int, int], rows: int) -> int:
     return 0
 
 
+_TOPS_SCHEMA = StructType(
+    [StructField(name, StringType()) for name in ("which", "top_client_id", "top_api")]
+    + [StructField("bytes", LongType())]
+)
+_LONGEST_SCHEMA = StructType([StructField("kind", StringType()), StructField("length", LongType())])
+
+
 def _largest(evidence: Evidence, floors: dict[str, int]) -> dict[str, list[dict[str, Any]]]:
     """The ``TOP`` client id and API pairs with the largest request and the largest response, each
     with the window it was seen in (the earliest among ties).
@@ -192,8 +200,7 @@ def _largest(evidence: Evidence, floors: dict[str, int]) -> dict[str, list[dict[
     smallest = {which: min(b for w, _, _, b in tops if w == which) for which, _, _, _ in tops}
     at_least = [F.col(column) >= smallest[which] for which, column in _SIZE_COLUMNS if which in smallest]
     windows = evidence.windows("client_api").filter(reduce(operator.or_, at_least))
-    columns = "which string, top_client_id string, top_api string, bytes long"
-    wanted = windows.sparkSession.createDataFrame(tops, columns)
+    wanted = local_frame(windows.sparkSession, tops, _TOPS_SCHEMA)
     # null-safe: a client may send no client id, and its windows are counted under null
     pair = F.col("client_id").eqNullSafe(F.col("top_client_id")) & F.col("api").eqNullSafe(F.col("top_api"))
     size = F.when(F.col("which") == "rq", F.col("max_request_bytes")).otherwise(F.col("max_response_bytes"))
@@ -435,7 +442,7 @@ def _identifiers(evidence: Evidence) -> dict[str, Any]:
     at_longest: list[Any] = []
     if longest_of:
         spark = rows.sparkSession
-        wanted = spark.createDataFrame(list(longest_of.items()), "kind string, length long")
+        wanted = local_frame(spark, list(longest_of.items()), _LONGEST_SCHEMA)
         at_longest = (
             rows.join(F.broadcast(wanted), ["kind", "length"])
             .groupBy("kind", "length")
