@@ -10,7 +10,8 @@ import shutil
 import subprocess
 import sys
 import time
-from collections.abc import Callable, Mapping
+from collections.abc import Callable, Iterator, Mapping
+from contextlib import contextmanager
 from pathlib import Path
 from typing import Any
 from urllib.parse import urlparse
@@ -21,12 +22,14 @@ from pyspark.sql import SparkSession
 
 __all__ = [
     "SHORT_JOB_BYTES",
+    "SMALL_INPUT_BYTES",
     "JavaMissingError",
     "KafkaSourceMissingError",
     "class_archive_path",
     "driver_memory_for",
     "jvm_cpu_seconds",
     "kafka_source_jars",
+    "sized_for",
     "spark_session",
     "stop_session",
 ]
@@ -265,6 +268,38 @@ def spark_session(
     spark.sparkContext.setLogLevel("ERROR")
     spark.conf.set("spark.sql.shuffle.partitions", str(max(2, spark.sparkContext.defaultParallelism)))
     return spark
+
+
+# Below this much input as Parquet (Inputs.parquet_bytes; the demo's 37 events, the tests' fleet of 7,000)
+# a report's ~30 queries are fixed cost: Spark generating and compiling Java for each, and a shuffle's
+# tasks for each core over a handful of rows. Interpreted, in one partition, they take less CPU
+# (bench/RESULTS.md: the demo's report).
+SMALL_INPUT_BYTES = 4 << 20
+_SMALL_INPUT_SETTINGS = {
+    "spark.sql.shuffle.partitions": "1",
+    "spark.sql.codegen.wholeStage": "false",
+    "spark.sql.codegen.factoryMode": "NO_CODEGEN",
+}
+
+
+@contextmanager
+def sized_for(spark: SparkSession, parquet_bytes: int | None) -> Iterator[None]:
+    """The session's settings for an input of about ``parquet_bytes`` as Parquet (None: not known, such as
+    a topic's), while a report runs over it; the session's own again after."""
+    if parquet_bytes is None or parquet_bytes >= SMALL_INPUT_BYTES:
+        yield
+        return
+    before = {name: spark.conf.get(name, None) for name in _SMALL_INPUT_SETTINGS}
+    for name, value in _SMALL_INPUT_SETTINGS.items():
+        spark.conf.set(name, value)
+    try:
+        yield
+    finally:
+        for name, was in before.items():
+            if was is None:
+                spark.conf.unset(name)
+            else:
+                spark.conf.set(name, was)
 
 
 def _jvm_pid(spark: SparkSession) -> int | None:
