@@ -156,6 +156,10 @@ _QUICK_JIT = "-XX:TieredStopAtLevel=1"
 # reference store a write barrier, which C1's code runs out of line (10 million events from Parquet,
 # 4 pairs back to back: 26.0-29.5 s with the parallel collector against 29.0-33.4 s with G1).
 _THROUGHPUT_GC = "-XX:+UseParallelGC"
+# Class metadata past 21 MB (the JVM's first threshold) costs a full collection, and Spark's passes it twice
+# at start (the demo's report: two full pauses of 1 s each on a loaded machine, from -Xlog:gc); the
+# threshold is not memory taken.
+_METASPACE = "-XX:MetaspaceSize=256m"
 # Options the JVM reads besides Spark's: a collector chosen there stays (with two, the JVM refuses to start).
 _OPERATOR_JVM_OPTIONS = ("JAVA_TOOL_OPTIONS", "JDK_JAVA_OPTIONS", "_JAVA_OPTIONS", "PYSPARK_SUBMIT_ARGS")
 
@@ -246,7 +250,7 @@ def spark_session(
                 f" or set {KAFKA_JARS_VARIABLE} to a directory of its jars"
             )
         builder = builder.config("spark.jars", ",".join(jars))
-    driver_options = [*_collector_options(os.environ), *([_QUICK_JIT] if short_job else [])]
+    driver_options = [*_collector_options(os.environ), _METASPACE, *([_QUICK_JIT] if short_job else [])]
     mapping = None
     if class_archive and SparkContext._gateway is None:  # options reach a JVM only when this starts it
         archive = class_archive_path()
@@ -254,10 +258,10 @@ def spark_session(
         if options:
             driver_options.append(options)
             mapping = archive
-    if driver_options:
-        builder = builder.config("spark.driver.extraJavaOptions", " ".join(driver_options))
-    if short_job:
-        builder = builder.config("spark.executor.extraJavaOptions", _QUICK_JIT)
+    builder = builder.config("spark.driver.extraJavaOptions", " ".join(driver_options))
+    builder = builder.config(
+        "spark.executor.extraJavaOptions", " ".join([_METASPACE, *([_QUICK_JIT] if short_job else [])])
+    )
     host = urlparse(master).hostname if master.startswith("spark://") else "127.0.0.1"
     if host in _LOOPBACK:
         # Executors on this machine reach the driver on loopback, whatever the hostname resolves to.
