@@ -131,6 +131,14 @@ def open_connections(connections: DataFrame) -> DataFrame:
     )
 
 
+def _largest_first(value: Column, *ties: Column) -> Column:
+    """An ordering for ``min_by``: the largest ``value`` first, then the least of ``ties`` (the earliest time,
+    then the name); null, which ``min_by`` skips, where ``value`` is null. ``max_by`` alone takes whichever
+    tied row the input gives last, an order a partition's layout changes (the same events converted in the
+    driver and on a cluster named two hosts for one peak)."""
+    return F.when(value.isNotNull(), F.struct((-value).alias("v"), *ties))
+
+
 def _peak(row: Any, value: str, where: str, ts: str) -> Peak | None:
     if row is None or row[value] is None:
         return None
@@ -268,11 +276,12 @@ def _largest_sizes(evidence: Evidence) -> dict[str, Any]:
 def _pool(evidence: Evidence, step: Callable[[], int]) -> dict[str, Any]:
     rows = evidence.windows("pool").filter(F.col("high_water_mark_bytes").isNotNull())
     hwm = F.col("high_water_mark_bytes")
+    first = _largest_first(hwm, F.col("window_start"), F.col("instance"))
     stats = rows.agg(
         F.percentile_approx(hwm, [0.5, 0.9, 0.99, 0.999]).alias("p"),
         F.max(hwm).alias("max"),
-        F.max_by("instance", hwm).alias("instance"),
-        F.max_by("window_start", hwm).alias("at"),
+        F.min_by("instance", first).alias("instance"),
+        F.min_by("window_start", first).alias("at"),
         F.max("capacity_bytes").alias("capacity"),
         F.sum("waits").alias("waits"),
     ).collect()[0]
@@ -298,10 +307,12 @@ def _pool(evidence: Evidence, step: Callable[[], int]) -> dict[str, Any]:
 
 def _peak_per_ip(opens: DataFrame) -> dict[str, Any]:
     """The most connections open at once from one client host, and how many opens carry no counts."""
+    where = F.concat_ws(" on ", "host", "instance")
+    first = _largest_first(F.col("open_ip_connections"), F.col("ts"), where)
     per_ip = opens.agg(
         F.max("open_ip_connections").alias("v"),
-        F.max_by(F.concat_ws(" on ", "host", "instance"), "open_ip_connections").alias("w"),
-        F.max_by("ts", "open_ip_connections").alias("t"),
+        F.min_by(where, first).alias("w"),
+        F.min_by("ts", first).alias("t"),
         F.count_if(F.col("open_ip_connections").isNull()).alias("uncounted"),
     ).collect()[0]
     return {"peak_per_ip": _peak(per_ip, "v", "w", "t"), "uncounted_opens": _int(per_ip["uncounted"])}
@@ -315,7 +326,7 @@ def _connections(evidence: Evidence, step: Callable[[], int]) -> dict[str, Any]:
         .cache()
     )
     # The peaks over all listeners and over TLS ones, per proxy and window, in one query (a window
-    # without TLS connections has a null TLS count, which max and max_by skip).
+    # without TLS connections has a null TLS count, which max and min_by skip).
     peaks = (
         per_window.groupBy("instance", "window_start")
         .agg(F.sum("open").alias("all"), F.sum(F.when(F.col("tls"), F.col("open"))).alias("tls"))
@@ -325,8 +336,12 @@ def _connections(evidence: Evidence, step: Callable[[], int]) -> dict[str, Any]:
                 for count in ("all", "tls")
                 for column in (
                     F.max(count).alias(f"{count}_v"),
-                    F.max_by("instance", count).alias(f"{count}_w"),
-                    F.max_by("window_start", count).alias(f"{count}_t"),
+                    F.min_by("instance", _largest_first(F.col(count), F.col("window_start"), F.col("instance"))).alias(
+                        f"{count}_w"
+                    ),
+                    F.min_by(
+                        "window_start", _largest_first(F.col(count), F.col("window_start"), F.col("instance"))
+                    ).alias(f"{count}_t"),
                 )
             ]
         )
@@ -367,13 +382,20 @@ def _groups(evidence: Evidence, step: Callable[[], int]) -> dict[str, Any]:
     )
     per_group = (
         per_window.groupBy("group_id", "kind")
-        .agg(F.max("members").alias("peak"), F.max_by("window_start", "members").alias("at"))
+        .agg(
+            F.max("members").alias("peak"),
+            F.min_by("window_start", _largest_first(F.col("members"), F.col("window_start"))).alias("at"),
+        )
         .cache()
     )
     top = per_group.orderBy(F.desc("peak"), "group_id").limit(TOP).collect()
     by_kind = (
         per_group.groupBy("kind")
-        .agg(F.max("peak").alias("v"), F.max_by("group_id", "peak").alias("w"), F.max_by("at", "peak").alias("t"))
+        .agg(
+            F.max("peak").alias("v"),
+            F.min_by("group_id", _largest_first(F.col("peak"), F.col("at"), F.col("group_id"))).alias("w"),
+            F.min_by("at", _largest_first(F.col("peak"), F.col("at"), F.col("group_id"))).alias("t"),
+        )
         .collect()
     )
     hist = sorted(per_group.groupBy("peak").count().collect(), key=lambda r: r["peak"])
