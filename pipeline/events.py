@@ -20,8 +20,10 @@ from functools import cached_property, reduce
 from pathlib import Path
 from typing import Any
 
+import pyarrow as pa
 from pyspark.sql import Column, DataFrame, SparkSession
 from pyspark.sql import functions as F
+from pyspark.sql.pandas.types import to_arrow_schema
 from pyspark.sql.types import (
     ArrayType,
     BooleanType,
@@ -46,6 +48,7 @@ __all__ = [
     "Overview",
     "between",
     "find_inputs",
+    "local_frame",
     "read_evidence",
     "relabelled",
     "write_parquet",
@@ -550,7 +553,7 @@ def _read_json_lines(
         events = spark.read.schema(schema).option("basePath", converted.parquet).parquet(converted.parquet)
         events = events.select(*schema.fieldNames())
     else:
-        events = spark.createDataFrame([], schema)
+        events = local_frame(spark, [], schema)
     problems: dict[tuple[str, str, str], InputProblem] = {}
     if converted.refused:
         with_corrupt = StructType([*schema.fields, StructField(_CORRUPT, StringType())])
@@ -639,7 +642,7 @@ def read_evidence(spark: SparkSession, inputs: Inputs, scratch: str, schema: Str
         frames.append(events)
         problems += stored
     if not frames:
-        frames.append(spark.createDataFrame([], schema))
+        frames.append(local_frame(spark, [], schema))
     files = len(inputs.json_files) + len(inputs.parquet_dirs)
     root = alone if len(frames) == 1 else None
     return Evidence(union_all(frames), tuple(problems), files, lines, root)
@@ -695,3 +698,13 @@ def union_all(frames: Iterable[DataFrame]) -> DataFrame:
     for frame in it:
         result = result.unionByName(frame)
     return result
+
+
+def local_frame(spark: SparkSession, rows: Sequence[Sequence[Any]], schema: StructType) -> DataFrame:
+    """A DataFrame of ``rows``, a few made on the driver, handed to the JVM as Arrow. From a list of
+    tuples PySpark has the rows unpickled by a Python worker, which it starts for that: seconds of the
+    demo's report (bench/RESULTS.md)."""
+    arrow = to_arrow_schema(schema)
+    columns = list(zip(*rows, strict=True)) if rows else [() for _ in schema.fields]
+    arrays = [pa.array(column, type=f.type) for column, f in zip(columns, arrow, strict=True)]
+    return spark.createDataFrame(pa.Table.from_arrays(arrays, schema=arrow), schema)

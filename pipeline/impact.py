@@ -46,7 +46,7 @@ from policies.properties import (
     SOCKET_REQUEST_MAX_BYTES,
 )
 
-from .events import Evidence, union_all
+from .events import Evidence, local_frame, union_all
 from .limits import IDENTIFIER_KEYS, KAFKA_DEFAULTS, LIMITS, identifier_limit_key
 from .traffic import bucket, client_host
 
@@ -313,6 +313,15 @@ _OBSERVATION = (
 _CANDIDATE_SCHEMA = StructType(
     [StructField("key", StringType()), StructField("value", LongType()), StructField("origin", StringType())]
 )
+_EVERY_CANDIDATE_SCHEMA = StructType(
+    [
+        StructField("candidate", StringType()),
+        *_CANDIDATE_SCHEMA.fields[:2],
+        StructField("origin", StringType()),
+        StructField("policy", StringType()),
+        StructField("action", StringType()),
+    ]
+)
 
 
 def hits(spark: SparkSession, evidence: Evidence, opens: DataFrame, candidates: Sequence[Candidate]) -> DataFrame:
@@ -328,7 +337,7 @@ def hits(spark: SparkSession, evidence: Evidence, opens: DataFrame, candidates: 
     found.append(_decision_observations(evidence, keys))
     table = F.create_map(*[F.lit(x) for pair in smallest.items() for x in pair])
     observations = union_all(found).filter(F.col("acts_below") > F.element_at(table, F.col("key")))
-    chosen = spark.createDataFrame([(c.key, c.value, c.origin) for c in candidates], _CANDIDATE_SCHEMA)
+    chosen = local_frame(spark, [(c.key, c.value, c.origin) for c in candidates], _CANDIDATE_SCHEMA)
     matched = observations.join(
         F.broadcast(chosen), (observations["key"] == chosen["key"]) & (chosen["value"] < observations["acts_below"])
     ).select(
@@ -431,9 +440,10 @@ def summary(spark: SparkSession, found: DataFrame, candidates: Sequence[Candidat
         F.max("ts").alias("last"),
         F.max("observed").alias("worst"),
     )
-    everyone = spark.createDataFrame(
+    everyone = local_frame(
+        spark,
         [(c.label, c.key, c.value, c.origin, LIMITS[c.key].policy, LIMITS[c.key].action) for c in candidates],
-        "candidate string, key string, value long, origin string, policy string, action string",
+        _EVERY_CANDIDATE_SCHEMA,
     )
     joined = everyone.join(counted.drop("key", "value", "origin", "policy", "action"), "candidate", "left")
     return joined.select(

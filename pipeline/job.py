@@ -47,6 +47,7 @@ from .session import (
     KafkaSourceMissingError,
     driver_memory_for,
     jvm_cpu_seconds,
+    sized_for,
     spark_session,
     stop_session,
 )
@@ -114,7 +115,10 @@ def run_report(spark: SparkSession, options: ReportOptions, steps: Steps | None 
     out = Path(options.out).resolve()
     out.mkdir(parents=True, exist_ok=True)
     # JSON lines are converted to Parquet here while the report runs (pipeline.json_lines)
-    with tempfile.TemporaryDirectory(prefix=".events-", dir=out) as scratch:
+    with (
+        tempfile.TemporaryDirectory(prefix=".events-", dir=out) as scratch,
+        sized_for(spark, None if topics else inputs.parquet_bytes),
+    ):
         return _report(spark, options, inputs, topics, steps, out, scratch)
 
 
@@ -257,6 +261,7 @@ def to_parquet(
     with (
         steps.step(f"converting {_described(inputs, topics)} to Parquet"),
         tempfile.TemporaryDirectory(prefix=".events-", dir=parent) as scratch,
+        sized_for(spark, None if topics else inputs.parquet_bytes),
     ):
         evidence, inputs = _read(spark, inputs, topics, scratch, since, until, EVENT_SCHEMA)
         write_parquet(evidence, target)

@@ -41,6 +41,9 @@ _ROW_GROUP = 1 << 18
 _NOT_AN_OBJECT_LINE = re.compile(rb"\n[^{]")
 _STOPPED_AT = re.compile(r"in row (\d+)$")  # how pyarrow names the line it could not parse (0: the first)
 _NULL = "__HIVE_DEFAULT_PARTITION__"  # the directory name of a null partition value, as Spark writes it
+# Files smaller than this in all are converted by a local session's driver itself, not in Spark tasks
+# (pyarrow parses ~100 MB/s per core here: a Python worker's start costs about as much as 16 MiB)
+DRIVER_CONVERTS_BYTES = 16 << 20
 
 
 @dataclass(frozen=True)
@@ -69,17 +72,35 @@ def convert(spark: SparkSession, paths: list[str], target: str, schema: StructTy
     the valid events as Parquet partitioned by ``type`` and ``section`` (as ``--to-parquet`` writes them),
     every other line as it was, for Spark's reader to name what is wrong with it."""
     arrow = to_arrow_schema(schema)
-    # Two tasks per core, each writing one Parquet file per partition, rather than a task per input file:
-    # every query opens the files of its partitions (10 million events in 60 files: the queries took
-    # 33.0 s after a task per file, 29.7 s after four tasks)
     jobs = list(enumerate(paths))
-    tasks = max(1, min(len(jobs), 2 * spark.sparkContext.defaultParallelism))
-    rdd = spark.sparkContext.parallelize(jobs, tasks)
-    done = rdd.mapPartitionsWithIndex(lambda task, part: _convert_files(task, part, target, arrow, contract)).collect()
+    if str(spark.sparkContext.master).startswith("local") and _bytes(paths) < DRIVER_CONVERTS_BYTES:
+        # Here, in the driver: a Spark task would start a Python worker (fork, import pyspark and pyarrow),
+        # seconds for what pyarrow parses in milliseconds (bench/RESULTS.md: the demo's report). A
+        # cluster's workers convert what they are given, as ever.
+        done = list(_convert_files(0, jobs, target, arrow, contract))
+    else:
+        # Two tasks per core, each writing one Parquet file per partition, rather than a task per input file:
+        # every query opens the files of its partitions (10 million events in 60 files: the queries took
+        # 33.0 s after a task per file, 29.7 s after four tasks)
+        tasks = max(1, min(len(jobs), 2 * spark.sparkContext.defaultParallelism))
+        rdd = spark.sparkContext.parallelize(jobs, tasks)
+        done = rdd.mapPartitionsWithIndex(
+            lambda task, part: _convert_files(task, part, target, arrow, contract)
+        ).collect()
     refused = sorted(f for _, wrote, f, _ in done if f)
     lines = {index: count for index, _, _, count in done if count is not None}
     parquet = str(Path(target, "events")) if any(wrote for _, wrote, _, _ in done) else None
     return Converted(parquet, tuple(refused), lines)
+
+
+def _bytes(paths: Iterable[str]) -> int:
+    total = 0
+    for path in paths:
+        try:
+            total += Path(path).stat().st_size
+        except OSError:
+            pass  # gone: the conversion lists it as unreadable
+    return total
 
 
 def _refused_path(target: str, index: int) -> Path:

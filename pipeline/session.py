@@ -10,7 +10,8 @@ import shutil
 import subprocess
 import sys
 import time
-from collections.abc import Callable, Mapping
+from collections.abc import Callable, Iterator, Mapping
+from contextlib import contextmanager
 from pathlib import Path
 from typing import Any
 from urllib.parse import urlparse
@@ -21,12 +22,14 @@ from pyspark.sql import SparkSession
 
 __all__ = [
     "SHORT_JOB_BYTES",
+    "SMALL_INPUT_BYTES",
     "JavaMissingError",
     "KafkaSourceMissingError",
     "class_archive_path",
     "driver_memory_for",
     "jvm_cpu_seconds",
     "kafka_source_jars",
+    "sized_for",
     "spark_session",
     "stop_session",
 ]
@@ -153,6 +156,10 @@ _QUICK_JIT = "-XX:TieredStopAtLevel=1"
 # reference store a write barrier, which C1's code runs out of line (10 million events from Parquet,
 # 4 pairs back to back: 26.0-29.5 s with the parallel collector against 29.0-33.4 s with G1).
 _THROUGHPUT_GC = "-XX:+UseParallelGC"
+# Class metadata past 21 MB (the JVM's first threshold) costs a full collection, and Spark's passes it twice
+# at start (the demo's report: two full pauses of 1 s each on a loaded machine, from -Xlog:gc); the
+# threshold is not memory taken.
+_METASPACE = "-XX:MetaspaceSize=256m"
 # Options the JVM reads besides Spark's: a collector chosen there stays (with two, the JVM refuses to start).
 _OPERATOR_JVM_OPTIONS = ("JAVA_TOOL_OPTIONS", "JDK_JAVA_OPTIONS", "_JAVA_OPTIONS", "PYSPARK_SUBMIT_ARGS")
 
@@ -243,7 +250,7 @@ def spark_session(
                 f" or set {KAFKA_JARS_VARIABLE} to a directory of its jars"
             )
         builder = builder.config("spark.jars", ",".join(jars))
-    driver_options = [*_collector_options(os.environ), *([_QUICK_JIT] if short_job else [])]
+    driver_options = [*_collector_options(os.environ), _METASPACE, *([_QUICK_JIT] if short_job else [])]
     mapping = None
     if class_archive and SparkContext._gateway is None:  # options reach a JVM only when this starts it
         archive = class_archive_path()
@@ -251,10 +258,10 @@ def spark_session(
         if options:
             driver_options.append(options)
             mapping = archive
-    if driver_options:
-        builder = builder.config("spark.driver.extraJavaOptions", " ".join(driver_options))
-    if short_job:
-        builder = builder.config("spark.executor.extraJavaOptions", _QUICK_JIT)
+    builder = builder.config("spark.driver.extraJavaOptions", " ".join(driver_options))
+    builder = builder.config(
+        "spark.executor.extraJavaOptions", " ".join([_METASPACE, *([_QUICK_JIT] if short_job else [])])
+    )
     host = urlparse(master).hostname if master.startswith("spark://") else "127.0.0.1"
     if host in _LOOPBACK:
         # Executors on this machine reach the driver on loopback, whatever the hostname resolves to.
@@ -265,6 +272,38 @@ def spark_session(
     spark.sparkContext.setLogLevel("ERROR")
     spark.conf.set("spark.sql.shuffle.partitions", str(max(2, spark.sparkContext.defaultParallelism)))
     return spark
+
+
+# Below this much input as Parquet (Inputs.parquet_bytes; the demo's 37 events, the tests' fleet of 7,000)
+# a report's ~30 queries are fixed cost: Spark generating and compiling Java for each, and a shuffle's
+# tasks for each core over a handful of rows. Interpreted, in one partition, they take less CPU
+# (bench/RESULTS.md: the demo's report).
+SMALL_INPUT_BYTES = 4 << 20
+_SMALL_INPUT_SETTINGS = {
+    "spark.sql.shuffle.partitions": "1",
+    "spark.sql.codegen.wholeStage": "false",
+    "spark.sql.codegen.factoryMode": "NO_CODEGEN",
+}
+
+
+@contextmanager
+def sized_for(spark: SparkSession, parquet_bytes: int | None) -> Iterator[None]:
+    """The session's settings for an input of about ``parquet_bytes`` as Parquet (None: not known, such as
+    a topic's), while a report runs over it; the session's own again after."""
+    if parquet_bytes is None or parquet_bytes >= SMALL_INPUT_BYTES:
+        yield
+        return
+    before = {name: spark.conf.get(name, None) for name in _SMALL_INPUT_SETTINGS}
+    for name, value in _SMALL_INPUT_SETTINGS.items():
+        spark.conf.set(name, value)
+    try:
+        yield
+    finally:
+        for name, was in before.items():
+            if was is None:
+                spark.conf.unset(name)
+            else:
+                spark.conf.set(name, was)
 
 
 def _jvm_pid(spark: SparkSession) -> int | None:

@@ -21,9 +21,10 @@ from typing import Any
 
 from pyspark.sql import Column, DataFrame, Window
 from pyspark.sql import functions as F
+from pyspark.sql.types import LongType, StringType, StructField, StructType
 
 from .coverage import Coverage, measure_coverage
-from .events import Evidence, Overview
+from .events import Evidence, Overview, local_frame
 from .limits import limit_key_of, normalized_kind
 
 __all__ = ["Peak", "Traffic", "bucket", "client_host", "measure_traffic", "open_connections"]
@@ -130,6 +131,14 @@ def open_connections(connections: DataFrame) -> DataFrame:
     )
 
 
+def _largest_first(value: Column, *ties: Column) -> Column:
+    """An ordering for ``min_by``: the largest ``value`` first, then the least of ``ties`` (the earliest time,
+    then the name); null, which ``min_by`` skips, where ``value`` is null. ``max_by`` alone takes whichever
+    tied row the input gives last, an order a partition's layout changes (the same events converted in the
+    driver and on a cluster named two hosts for one peak)."""
+    return F.when(value.isNotNull(), F.struct((-value).alias("v"), *ties))
+
+
 def _peak(row: Any, value: str, where: str, ts: str) -> Peak | None:
     if row is None or row[value] is None:
         return None
@@ -166,6 +175,13 @@ def _floor(hist: dict[int, int], rows: int) -> int:
     return 0
 
 
+_TOPS_SCHEMA = StructType(
+    [StructField(name, StringType()) for name in ("which", "top_client_id", "top_api")]
+    + [StructField("bytes", LongType())]
+)
+_LONGEST_SCHEMA = StructType([StructField("kind", StringType()), StructField("length", LongType())])
+
+
 def _largest(evidence: Evidence, floors: dict[str, int]) -> dict[str, list[dict[str, Any]]]:
     """The ``TOP`` client id and API pairs with the largest request and the largest response, each
     with the window it was seen in (the earliest among ties).
@@ -192,8 +208,7 @@ def _largest(evidence: Evidence, floors: dict[str, int]) -> dict[str, list[dict[
     smallest = {which: min(b for w, _, _, b in tops if w == which) for which, _, _, _ in tops}
     at_least = [F.col(column) >= smallest[which] for which, column in _SIZE_COLUMNS if which in smallest]
     windows = evidence.windows("client_api").filter(reduce(operator.or_, at_least))
-    columns = "which string, top_client_id string, top_api string, bytes long"
-    wanted = windows.sparkSession.createDataFrame(tops, columns)
+    wanted = local_frame(windows.sparkSession, tops, _TOPS_SCHEMA)
     # null-safe: a client may send no client id, and its windows are counted under null
     pair = F.col("client_id").eqNullSafe(F.col("top_client_id")) & F.col("api").eqNullSafe(F.col("top_api"))
     size = F.when(F.col("which") == "rq", F.col("max_request_bytes")).otherwise(F.col("max_response_bytes"))
@@ -261,11 +276,12 @@ def _largest_sizes(evidence: Evidence) -> dict[str, Any]:
 def _pool(evidence: Evidence, step: Callable[[], int]) -> dict[str, Any]:
     rows = evidence.windows("pool").filter(F.col("high_water_mark_bytes").isNotNull())
     hwm = F.col("high_water_mark_bytes")
+    first = _largest_first(hwm, F.col("window_start"), F.col("instance"))
     stats = rows.agg(
         F.percentile_approx(hwm, [0.5, 0.9, 0.99, 0.999]).alias("p"),
         F.max(hwm).alias("max"),
-        F.max_by("instance", hwm).alias("instance"),
-        F.max_by("window_start", hwm).alias("at"),
+        F.min_by("instance", first).alias("instance"),
+        F.min_by("window_start", first).alias("at"),
         F.max("capacity_bytes").alias("capacity"),
         F.sum("waits").alias("waits"),
     ).collect()[0]
@@ -291,10 +307,12 @@ def _pool(evidence: Evidence, step: Callable[[], int]) -> dict[str, Any]:
 
 def _peak_per_ip(opens: DataFrame) -> dict[str, Any]:
     """The most connections open at once from one client host, and how many opens carry no counts."""
+    where = F.concat_ws(" on ", "host", "instance")
+    first = _largest_first(F.col("open_ip_connections"), F.col("ts"), where)
     per_ip = opens.agg(
         F.max("open_ip_connections").alias("v"),
-        F.max_by(F.concat_ws(" on ", "host", "instance"), "open_ip_connections").alias("w"),
-        F.max_by("ts", "open_ip_connections").alias("t"),
+        F.min_by(where, first).alias("w"),
+        F.min_by("ts", first).alias("t"),
         F.count_if(F.col("open_ip_connections").isNull()).alias("uncounted"),
     ).collect()[0]
     return {"peak_per_ip": _peak(per_ip, "v", "w", "t"), "uncounted_opens": _int(per_ip["uncounted"])}
@@ -308,7 +326,7 @@ def _connections(evidence: Evidence, step: Callable[[], int]) -> dict[str, Any]:
         .cache()
     )
     # The peaks over all listeners and over TLS ones, per proxy and window, in one query (a window
-    # without TLS connections has a null TLS count, which max and max_by skip).
+    # without TLS connections has a null TLS count, which max and min_by skip).
     peaks = (
         per_window.groupBy("instance", "window_start")
         .agg(F.sum("open").alias("all"), F.sum(F.when(F.col("tls"), F.col("open"))).alias("tls"))
@@ -318,8 +336,12 @@ def _connections(evidence: Evidence, step: Callable[[], int]) -> dict[str, Any]:
                 for count in ("all", "tls")
                 for column in (
                     F.max(count).alias(f"{count}_v"),
-                    F.max_by("instance", count).alias(f"{count}_w"),
-                    F.max_by("window_start", count).alias(f"{count}_t"),
+                    F.min_by("instance", _largest_first(F.col(count), F.col("window_start"), F.col("instance"))).alias(
+                        f"{count}_w"
+                    ),
+                    F.min_by(
+                        "window_start", _largest_first(F.col(count), F.col("window_start"), F.col("instance"))
+                    ).alias(f"{count}_t"),
                 )
             ]
         )
@@ -360,13 +382,20 @@ def _groups(evidence: Evidence, step: Callable[[], int]) -> dict[str, Any]:
     )
     per_group = (
         per_window.groupBy("group_id", "kind")
-        .agg(F.max("members").alias("peak"), F.max_by("window_start", "members").alias("at"))
+        .agg(
+            F.max("members").alias("peak"),
+            F.min_by("window_start", _largest_first(F.col("members"), F.col("window_start"))).alias("at"),
+        )
         .cache()
     )
     top = per_group.orderBy(F.desc("peak"), "group_id").limit(TOP).collect()
     by_kind = (
         per_group.groupBy("kind")
-        .agg(F.max("peak").alias("v"), F.max_by("group_id", "peak").alias("w"), F.max_by("at", "peak").alias("t"))
+        .agg(
+            F.max("peak").alias("v"),
+            F.min_by("group_id", _largest_first(F.col("peak"), F.col("at"), F.col("group_id"))).alias("w"),
+            F.min_by("at", _largest_first(F.col("peak"), F.col("at"), F.col("group_id"))).alias("t"),
+        )
         .collect()
     )
     hist = sorted(per_group.groupBy("peak").count().collect(), key=lambda r: r["peak"])
@@ -435,7 +464,7 @@ def _identifiers(evidence: Evidence) -> dict[str, Any]:
     at_longest: list[Any] = []
     if longest_of:
         spark = rows.sparkSession
-        wanted = spark.createDataFrame(list(longest_of.items()), "kind string, length long")
+        wanted = local_frame(spark, list(longest_of.items()), _LONGEST_SCHEMA)
         at_longest = (
             rows.join(F.broadcast(wanted), ["kind", "length"])
             .groupBy("kind", "length")
