@@ -79,7 +79,8 @@ deploy-tools: $(TOOLS)/venv/.installed $(TOOLS)/bin/helm
 
 test: $(BIN)/.installed test-tools deploy-tools apache-kafka spark-kafka
 	$(BIN)/ruff check .
-	$(BIN)/mypy policies proxy pipeline
+	$(BIN)/ruff format --check .
+	$(BIN)/mypy policies proxy pipeline demo
 	$(BIN)/pytest -n 2 --dist loadgroup  # two workers; Spark's and Apache Kafka's tests each in one (tests/conftest.py)
 
 # The generated parts of docs/: the config reference from the config model, the metrics reference

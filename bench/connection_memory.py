@@ -156,7 +156,8 @@ class Proxy:
         self.service = Service(
             "the proxy",
             [sys.executable, "-m", "proxy.cli", "run", "--config", str(config_path), "--drain-timeout", "1"],
-            workdir / f"{name}.log", cwd=ROOT,
+            workdir / f"{name}.log",
+            cwd=ROOT,
         )
         try:
             self.service.wait_for_port(int(self.admin.rsplit(":", 1)[1]))
@@ -219,8 +220,16 @@ def measure(
         time.sleep(args.settle)
         rss_before, fds_before, cpu_before = rss_kib(proxy.pid), open_fds(proxy.pid), cpu_seconds(proxy.pid)
         argv = [
-            sys.executable, __file__, "--client", proxy.address, "--count", str(count),
-            "--concurrency", str(args.concurrency), "--frame", frame.hex(),
+            sys.executable,
+            __file__,
+            "--client",
+            proxy.address,
+            "--count",
+            str(count),
+            "--concurrency",
+            str(args.concurrency),
+            "--frame",
+            frame.hex(),
         ]
         if certs is not None:
             argv += ["--ca-file", certs.ca_file]
@@ -245,8 +254,14 @@ def measure(
         client.stdin.flush()
         client.wait(timeout=60)
         return Row(
-            protocol, count, rss_before, rss_after, fds_after - fds_before, report["seconds"],
-            cpu_after - cpu_before, report["client_cpu"],
+            protocol,
+            count,
+            rss_before,
+            rss_after,
+            fds_after - fds_before,
+            report["seconds"],
+            cpu_after - cpu_before,
+            report["client_cpu"],
         )
     finally:
         if client is not None and client.poll() is None:
@@ -287,9 +302,7 @@ def table(rows: list[Row]) -> str:
 def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     parser.add_argument("--counts", type=int, nargs="+", default=[2000, 5000], help="connections per run")
-    parser.add_argument(
-        "--protocols", nargs="+", choices=("plaintext", "tls"), default=["plaintext", "tls"]
-    )
+    parser.add_argument("--protocols", nargs="+", choices=("plaintext", "tls"), default=["plaintext", "tls"])
     parser.add_argument("--concurrency", type=int, default=64, help="connections being set up at once")
     parser.add_argument("--warmup", type=int, default=20, help="connections before the baseline")
     parser.add_argument("--settle", type=float, default=1.0, help="seconds before each RSS reading")

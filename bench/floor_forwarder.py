@@ -79,7 +79,7 @@ def _frames_end(data: memoryview | bytearray, n: int) -> int:
     """Offset just past the last complete frame in ``data[:n]``."""
     pos = 0
     while n - pos >= 4:
-        end = pos + 4 + int.from_bytes(data[pos:pos + 4], "big")
+        end = pos + 4 + int.from_bytes(data[pos : pos + 4], "big")
         if end > n:
             break
         pos = end
@@ -234,8 +234,9 @@ def parse_args(argv: list[str] | None = None, variants: tuple[str, ...] = tuple(
     parser.add_argument("--listen", type=address, required=True, help="HOST:PORT to accept clients on")
     parser.add_argument("--upstream", type=address, required=True, help="the broker, HOST:PORT")
     parser.add_argument("--variant", choices=variants, default=variants[0])
-    parser.add_argument("--gc-freeze", action="store_true",
-                        help="gc.freeze() after start-up: the cyclic GC skips start-up objects")
+    parser.add_argument(
+        "--gc-freeze", action="store_true", help="gc.freeze() after start-up: the cyclic GC skips start-up objects"
+    )
     return parser.parse_args(argv)
 
 

@@ -39,7 +39,12 @@ class Service:
     """One subprocess of a benchmark, its output in a log file, stopped with ``stop``."""
 
     def __init__(
-        self, name: str, argv: list[str], log_path: Path, *, cwd: Path | None = None,
+        self,
+        name: str,
+        argv: list[str],
+        log_path: Path,
+        *,
+        cwd: Path | None = None,
         stdin: int | None = subprocess.DEVNULL,
     ) -> None:
         self.name = name
@@ -70,8 +75,7 @@ class Service:
     def check_running(self, what: str = "") -> None:
         if self.process.poll() is not None:
             raise BenchError(
-                f"{self.name} exited with status {self.process.returncode}{what}; its output:\n"
-                f"{self.log_tail()}"
+                f"{self.name} exited with status {self.process.returncode}{what}; its output:\n{self.log_tail()}"
             )
 
     def wait_for_port(self, port: int, timeout: float = START_TIMEOUT_S) -> None:
@@ -213,14 +217,24 @@ def fetch_frame(topic: str, offset: int, max_bytes: int, correlation_id: int = 1
     from kio.static.primitive import i8, i32, i32Timedelta, i64
 
     partition = m.FetchPartition(
-        partition=i32(0), current_leader_epoch=i32(-1), fetch_offset=i64(offset),
-        last_fetched_epoch=i32(-1), log_start_offset=i64(-1), partition_max_bytes=i32(max_bytes),
+        partition=i32(0),
+        current_leader_epoch=i32(-1),
+        fetch_offset=i64(offset),
+        last_fetched_epoch=i32(-1),
+        log_start_offset=i64(-1),
+        partition_max_bytes=i32(max_bytes),
     )
     body = m.FetchRequest(
-        replica_id=BrokerId(-1), max_wait=i32Timedelta.parse(datetime.timedelta(milliseconds=500)),
-        min_bytes=i32(1), max_bytes=i32(max_bytes), isolation_level=i8(0), session_id=i32(0),
-        session_epoch=i32(-1), topics=(m.FetchTopic(topic=TopicName(topic), partitions=(partition,)),),
-        forgotten_topics_data=(), rack_id="",
+        replica_id=BrokerId(-1),
+        max_wait=i32Timedelta.parse(datetime.timedelta(milliseconds=500)),
+        min_bytes=i32(1),
+        max_bytes=i32(max_bytes),
+        isolation_level=i8(0),
+        session_id=i32(0),
+        session_epoch=i32(-1),
+        topics=(m.FetchTopic(topic=TopicName(topic), partitions=(partition,)),),
+        forgotten_topics_data=(),
+        rack_id="",
     )
     return request_frame(body, correlation_id)
 

@@ -64,7 +64,10 @@ def count_windows(name: str, args: argparse.Namespace, workdir: Path) -> list[fl
     out = workdir / name
     out.mkdir()
     wrap = [
-        "valgrind", "--tool=callgrind", "--instr-atstart=no", "--dump-instr=no",
+        "valgrind",
+        "--tool=callgrind",
+        "--instr-atstart=no",
+        "--dump-instr=no",
         f"--callgrind-out-file={out}/callgrind.out.%p",
     ]
     payload = random.randbytes(1024)
@@ -100,6 +103,7 @@ def load(endpoint: Any, payload: bytes, args: argparse.Namespace) -> Iterator[Ca
         return
     config = {"acks": "1", "linger.ms": 1000, "batch.size": 256 * 1024, "batch.num.messages": 1_000_000}
     with _producer(endpoint, **config) as (producer, deliveries):
+
         def produce(megabytes: int) -> None:
             _produce_all(producer, payload, megabytes * 1_000_000 // len(payload), "produce")
             deliveries.check("produce")

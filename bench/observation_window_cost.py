@@ -35,8 +35,20 @@ from proxy.evidence.observation_window import ObservationWindow
 
 LISTENERS = ["external", "internal", "replication"]
 CLIENTS = [f"service-{n}-producer" for n in range(200)]
-APIS = ["produce", "fetch", "metadata", "offset_commit", "heartbeat", "join_group", "sync_group",
-        "find_coordinator", "list_offsets", "api_versions", "offset_fetch", "describe_configs"]
+APIS = [
+    "produce",
+    "fetch",
+    "metadata",
+    "offset_commit",
+    "heartbeat",
+    "join_group",
+    "sync_group",
+    "find_coordinator",
+    "list_offsets",
+    "api_versions",
+    "offset_fetch",
+    "describe_configs",
+]
 REPEATS = 7
 WORKLOAD = 20_000  # distinct argument tuples, cycled
 
@@ -99,9 +111,20 @@ def ns_per_call(fn: Callable[..., None], args: list[tuple[Any, ...]], calls: int
 def instructions(name: str, calls: int) -> int:
     """Instructions callgrind counts for a whole process running ``calls`` calls of ``name``."""
     out = subprocess.run(
-        ["valgrind", "--tool=callgrind", "--callgrind-out-file=/dev/null",
-         sys.executable, __file__, "--one", name, "--calls", str(calls)],
-        capture_output=True, text=True, check=True,
+        [
+            "valgrind",
+            "--tool=callgrind",
+            "--callgrind-out-file=/dev/null",
+            sys.executable,
+            __file__,
+            "--one",
+            name,
+            "--calls",
+            str(calls),
+        ],
+        capture_output=True,
+        text=True,
+        check=True,
     ).stderr
     found = re.search(r"Collected : (\d+)", out)
     assert found, out

@@ -160,8 +160,19 @@ def main(argv: list[str] | None = None) -> int:
             raw = (args.keep or Path(tmp)) / f"py-spy-{args.path}-{args.load}.txt"
             raw.parent.mkdir(parents=True, exist_ok=True)
             command = [
-                binary, "record", "--pid", str(endpoint.middle.pid), "--format", "raw", "--output", str(raw),
-                "--rate", str(args.rate), "--duration", str(args.seconds), "--nonblocking",
+                binary,
+                "record",
+                "--pid",
+                str(endpoint.middle.pid),
+                "--format",
+                "raw",
+                "--output",
+                str(raw),
+                "--rate",
+                str(args.rate),
+                "--duration",
+                str(args.seconds),
+                "--nonblocking",
             ] + (["--native"] if args.native else [])
             load_start = load_average()
             recorder = subprocess.Popen(command, stdout=subprocess.DEVNULL, stderr=subprocess.PIPE, text=True)

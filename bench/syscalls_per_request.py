@@ -65,7 +65,9 @@ def under_strace(
     out = workdir / f"strace-{endpoint.middle.pid}.txt"
     strace = subprocess.Popen(
         ["strace", "-c", "-f", "-p", str(endpoint.middle.pid), "-o", str(out)],
-        stdout=subprocess.DEVNULL, stderr=subprocess.PIPE, text=True,
+        stdout=subprocess.DEVNULL,
+        stderr=subprocess.PIPE,
+        text=True,
     )
     time.sleep(1.0)  # attached to every thread by then (it says "Process N attached" per thread)
     if strace.poll() is not None:
@@ -110,7 +112,8 @@ def main(argv: list[str] | None = None) -> int:
                 n = args.round_trips
                 by_call = ", ".join(
                     f"{call} {count / n:.2f}" + (f" ({errors[call] / n:.2f} failed)" if errors[call] else "")
-                    for call, count in calls.most_common() if count / n >= 0.05
+                    for call, count in calls.most_common()
+                    if count / n >= 0.05
                 )
                 rows.append(
                     f"| {name} | {cpu_rt:.0f} | {waited / n * 1e6:.0f} | {switches / n:.2f} "

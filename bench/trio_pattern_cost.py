@@ -195,8 +195,10 @@ PATTERNS: dict[str, tuple[Callable[[int], Awaitable[None] | None], str]] = {
     "event": (event_created_and_set, "`trio.Event().set()` (an Event per response, no waiter)"),
     "wake-task": (wake_another_task, "wake a parked task (ParkingLot), it runs: one task switch, no I/O"),
     "memory-channel": (memory_channel_message, "one message through a memory channel to another task"),
-    "socket-lowlevel": (socket_wakeup_lowlevel,
-                        "a message over a socketpair wakes the reader: send / `wait_readable` / recv (floor)"),
+    "socket-lowlevel": (
+        socket_wakeup_lowlevel,
+        "a message over a socketpair wakes the reader: send / `wait_readable` / recv (floor)",
+    ),
     "socket-stream": (socket_wakeup_stream, "the same through `trio.SocketStream` `send_all` / `receive_some`"),
     "socket-epoll": (socket_wakeup_epoll, "the same in a bare `select.epoll` loop, no trio"),
     "metric-labels": (metric_labels_then_inc, "prometheus `counter.labels(a, b).inc()` per request"),
@@ -236,9 +238,21 @@ def instructions(name: str, n: int, workdir: Path) -> float:
     the run itself costs, ``trio.run`` included, cancels out)."""
     out = workdir / f"{name}.out"
     subprocess.run(
-        ["valgrind", "--tool=callgrind", "--instr-atstart=no", f"--callgrind-out-file={out}",
-         sys.executable, __file__, "--run", name, "--iterations", str(n)],
-        check=True, capture_output=True, timeout=900,
+        [
+            "valgrind",
+            "--tool=callgrind",
+            "--instr-atstart=no",
+            f"--callgrind-out-file={out}",
+            sys.executable,
+            __file__,
+            "--run",
+            name,
+            "--iterations",
+            str(n),
+        ],
+        check=True,
+        capture_output=True,
+        timeout=900,
     )
     totals = []
     for dump in sorted(workdir.glob(f"{name}.out.*"), key=lambda p: p.stat().st_mtime):

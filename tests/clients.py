@@ -51,14 +51,17 @@ def create_topic(bootstrap: str, topic: str, partitions: int = 1, **config: Any)
     admin = AdminClient({"bootstrap.servers": bootstrap, **config})
     futures = admin.create_topics(
         [NewTopic(topic, num_partitions=partitions, replication_factor=1)],
-        operation_timeout=CLIENT_TIMEOUT_S, request_timeout=CLIENT_TIMEOUT_S,
+        operation_timeout=CLIENT_TIMEOUT_S,
+        request_timeout=CLIENT_TIMEOUT_S,
     )
     futures[topic].result(timeout=CLIENT_TIMEOUT_S)
 
     def ready() -> bool:
         md = admin.list_topics(topic, timeout=CLIENT_TIMEOUT_S).topics.get(topic)
         return (
-            md is not None and md.error is None and len(md.partitions) == partitions
+            md is not None
+            and md.error is None
+            and len(md.partitions) == partitions
             and all(p.leader >= 0 for p in md.partitions.values())
         )
 
@@ -96,7 +99,11 @@ class ProduceResult:
 
 
 def produce_values(
-    bootstrap: str, topic: str, values: list[bytes], *, partitions: list[int] | None = None,
+    bootstrap: str,
+    topic: str,
+    values: list[bytes],
+    *,
+    partitions: list[int] | None = None,
     **config: Any,
 ) -> ProduceResult:
     """Produce ``values`` (round-robin over ``partitions`` if given) and flush.
@@ -116,14 +123,16 @@ def produce_values(
     def on_stats(text: str) -> None:
         result.stats = json.loads(text)
 
-    producer = Producer({
-        "bootstrap.servers": bootstrap,
-        "message.timeout.ms": int(CLIENT_TIMEOUT_S * 1000),
-        "linger.ms": 5,
-        "statistics.interval.ms": 100,
-        "stats_cb": on_stats,
-        **config,
-    })
+    producer = Producer(
+        {
+            "bootstrap.servers": bootstrap,
+            "message.timeout.ms": int(CLIENT_TIMEOUT_S * 1000),
+            "linger.ms": 5,
+            "statistics.interval.ms": 100,
+            "stats_cb": on_stats,
+            **config,
+        }
+    )
     for i, value in enumerate(values):
         kwargs: dict[str, Any] = {}
         if partitions is not None:
@@ -144,16 +153,24 @@ def produce_values(
 
 
 def consume(
-    bootstrap: str, topic: str, group: str, count: int, *, timeout: float = 30.0, **config: Any,
+    bootstrap: str,
+    topic: str,
+    group: str,
+    count: int,
+    *,
+    timeout: float = 30.0,
+    **config: Any,
 ) -> list[bytes]:
     """Join ``group``, read ``count`` records from the start of ``topic``, commit, leave."""
-    consumer = Consumer({
-        "bootstrap.servers": bootstrap,
-        "group.id": group,
-        **GROUP_CONF,
-        "enable.auto.commit": False,
-        **config,
-    })
+    consumer = Consumer(
+        {
+            "bootstrap.servers": bootstrap,
+            "group.id": group,
+            **GROUP_CONF,
+            "enable.auto.commit": False,
+            **config,
+        }
+    )
     values: list[bytes] = []
     try:
         consumer.subscribe([topic])
@@ -195,7 +212,10 @@ class Member:
         # Assignment is recorded by callbacks on the polling thread: a confluent-kafka
         # consumer must not be called from two threads at once.
         self.consumer.subscribe(
-            [topic], on_assign=self._assigned, on_revoke=self._revoked, on_lost=self._revoked,
+            [topic],
+            on_assign=self._assigned,
+            on_revoke=self._revoked,
+            on_lost=self._revoked,
         )
         self.records = 0
         self.errors: list[KafkaError] = []
@@ -254,7 +274,11 @@ def refused(member: Member) -> bool:
 
 
 def kafka_python_roundtrip(
-    bootstrap: str, topic: str, group: str, values: list[bytes], **config: Any,
+    bootstrap: str,
+    topic: str,
+    group: str,
+    values: list[bytes],
+    **config: Any,
 ) -> list[bytes]:
     """kafka-python: produce ``values`` (acks=all, kafka-python's default),
     then read them back in ``group``."""
@@ -268,9 +292,15 @@ def kafka_python_roundtrip(
     finally:
         producer.close(timeout=5)
     consumer = KafkaConsumer(
-        topic, bootstrap_servers=bootstrap, group_id=group, auto_offset_reset="earliest",
-        session_timeout_ms=SESSION_TIMEOUT_MS, heartbeat_interval_ms=1000,
-        consumer_timeout_ms=20000, enable_auto_commit=False, **config,
+        topic,
+        bootstrap_servers=bootstrap,
+        group_id=group,
+        auto_offset_reset="earliest",
+        session_timeout_ms=SESSION_TIMEOUT_MS,
+        heartbeat_interval_ms=1000,
+        consumer_timeout_ms=20000,
+        enable_auto_commit=False,
+        **config,
     )
     got: list[bytes] = []
     try:

@@ -154,7 +154,13 @@ class ProxyProcess:
         self.write_config()
         self._log = self.log_path.open("ab")
         command = self.command or [
-            sys.executable, "-m", "proxy.cli", "run", "--config", str(self.config_path), *self.extra_args
+            sys.executable,
+            "-m",
+            "proxy.cli",
+            "run",
+            "--config",
+            str(self.config_path),
+            *self.extra_args,
         ]
         self.process = subprocess.Popen(
             [*self.command_prefix, *command], stdout=self._log, stderr=subprocess.STDOUT, cwd=ROOT
@@ -242,9 +248,14 @@ def start_proxy(tmp_path: Path) -> Iterator[Any]:
     started: list[ProxyProcess] = []
 
     def start(
-        bootstrap: str | list[str], *, node_ids: tuple[int, ...] = (TansuBroker.NODE_ID,),
-        listeners: list[dict[str, Any]] | None = None, extra_args: list[str] | None = None,
-        configmap: bool = False, command_prefix: list[str] | None = None, **sections: Any,
+        bootstrap: str | list[str],
+        *,
+        node_ids: tuple[int, ...] = (TansuBroker.NODE_ID,),
+        listeners: list[dict[str, Any]] | None = None,
+        extra_args: list[str] | None = None,
+        configmap: bool = False,
+        command_prefix: list[str] | None = None,
+        **sections: Any,
     ) -> ProxyProcess:
         servers = [bootstrap] if isinstance(bootstrap, str) else bootstrap
         if listeners is None:
@@ -261,8 +272,11 @@ def start_proxy(tmp_path: Path) -> Iterator[Any]:
         n = len(started)
         volume = ConfigMapDir(tmp_path / f"proxy{n}-configmap") if configmap else None
         proxy = ProxyProcess(
-            config, Path(volume.path("config.yaml")) if volume else tmp_path / f"proxy{n}.yaml",
-            tmp_path / f"proxy{n}.log", extra_args=extra_args or [], volume=volume,
+            config,
+            Path(volume.path("config.yaml")) if volume else tmp_path / f"proxy{n}.yaml",
+            tmp_path / f"proxy{n}.log",
+            extra_args=extra_args or [],
+            volume=volume,
             command_prefix=command_prefix or [],
         )
         started.append(proxy.start())
@@ -297,8 +311,11 @@ def certs(tmp_path_factory: pytest.TempPathFactory) -> Certs:
     for key in ("server.key", "client.key"):
         (d / key).chmod(0o600)  # as an operator keeps them (the proxy warns about keys others can read)
     return Certs(
-        str(d / "ca.pem"), str(d / "server.pem"), str(d / "server.key"),
-        str(d / "client.pem"), str(d / "client.key"),
+        str(d / "ca.pem"),
+        str(d / "server.pem"),
+        str(d / "server.key"),
+        str(d / "client.pem"),
+        str(d / "client.key"),
     )
 
 

@@ -168,8 +168,9 @@ class ProducerTraffic:
         return self
 
     def _producer(self) -> Producer:
-        return Producer({"bootstrap.servers": self.bootstrap, "enable.idempotence": True, "linger.ms": 0,
-                         **self.config})
+        return Producer(
+            {"bootstrap.servers": self.bootstrap, "enable.idempotence": True, "linger.ms": 0, **self.config}
+        )
 
     def _run(self) -> None:
         producer = self._producer()
@@ -239,7 +240,9 @@ class ConnectionStorm:
         self._processes = [
             subprocess.Popen(
                 [sys.executable, "-m", "tests.faults", "storm", self.address, share, str(self.seconds)],
-                stdout=subprocess.PIPE, text=True, cwd=Path(__file__).resolve().parents[1],
+                stdout=subprocess.PIPE,
+                text=True,
+                cwd=Path(__file__).resolve().parents[1],
             )
             for _ in range(self.workers)
         ]
@@ -427,7 +430,9 @@ class StoppedClient:
     def __init__(self, address: str, mode: str) -> None:
         self.process = subprocess.Popen(
             [sys.executable, "-m", "tests.faults", "stopped-client", address, mode],
-            stdout=subprocess.PIPE, text=True, cwd=Path(__file__).resolve().parents[1],
+            stdout=subprocess.PIPE,
+            text=True,
+            cwd=Path(__file__).resolve().parents[1],
         )
         assert self.process.stdout is not None
         self.sent = int(self.process.stdout.readline() or -1)

@@ -19,8 +19,13 @@ def frame(api_key: int, version: int, correlation_id: int, body: Any, client_id:
 
 def api_versions_frame(correlation_id: int, version: int = 3, client_id: str = "raw-test") -> bytes:
     schema = load_request_schema(API_VERSIONS, version)
-    return frame(API_VERSIONS, version, correlation_id,
-                 schema(client_software_name="raw", client_software_version="1"), client_id)
+    return frame(
+        API_VERSIONS,
+        version,
+        correlation_id,
+        schema(client_software_name="raw", client_software_version="1"),
+        client_id,
+    )
 
 
 def api_versions_over_tls(
@@ -29,9 +34,10 @@ def api_versions_over_tls(
     """One ApiVersions round trip over TLS: (the answer's correlation id, the TLS session, whether
     it was resumed). Raises ConnectionError when the other side closes before answering."""
     host, port = address.rsplit(":", 1)
-    with socket.create_connection((host, int(port)), timeout=10) as raw, ctx.wrap_socket(
-        raw, server_hostname="localhost", session=session
-    ) as sock:
+    with (
+        socket.create_connection((host, int(port)), timeout=10) as raw,
+        ctx.wrap_socket(raw, server_hostname="localhost", session=session) as sock,
+    ):
         sock.sendall(api_versions_frame(correlation_id))
         data = b""
         while len(data) < 8:
@@ -44,14 +50,22 @@ def api_versions_over_tls(
 
 def metadata_frame(correlation_id: int, version: int = 12) -> bytes:
     schema = load_request_schema(METADATA, version)
-    return frame(METADATA, version, correlation_id,
-                 schema(topics=None, allow_auto_topic_creation=False,
-                        include_topic_authorized_operations=False))
+    return frame(
+        METADATA,
+        version,
+        correlation_id,
+        schema(topics=None, allow_auto_topic_creation=False, include_topic_authorized_operations=False),
+    )
 
 
 def join_group_frame(
-    correlation_id: int, group: str, version: int, member_id: str, instance_id: str | None,
-    session_ms: int, rebalance_ms: int,
+    correlation_id: int,
+    group: str,
+    version: int,
+    member_id: str,
+    instance_id: str | None,
+    session_ms: int,
+    rebalance_ms: int,
 ) -> bytes:
     """A consumer JoinGroup (one "range" protocol, empty metadata) with these ids and timeouts."""
     schema = load_request_schema(JOIN_GROUP, version)
@@ -76,14 +90,24 @@ def fetch_frame(
 ) -> bytes:
     m = __import__(f"kio.schema.fetch.v{version}.request", fromlist=["x"])
     partition = m.FetchPartition(
-        partition=0, current_leader_epoch=-1, fetch_offset=0, last_fetched_epoch=-1,
-        log_start_offset=-1, partition_max_bytes=max_bytes,
+        partition=0,
+        current_leader_epoch=-1,
+        fetch_offset=0,
+        last_fetched_epoch=-1,
+        log_start_offset=-1,
+        partition_max_bytes=max_bytes,
     )
     body = m.FetchRequest(
-        replica_id=-1, max_wait=datetime.timedelta(milliseconds=max_wait_ms), min_bytes=1,
-        max_bytes=max_bytes, isolation_level=0, session_id=0, session_epoch=-1,
+        replica_id=-1,
+        max_wait=datetime.timedelta(milliseconds=max_wait_ms),
+        min_bytes=1,
+        max_bytes=max_bytes,
+        isolation_level=0,
+        session_id=0,
+        session_epoch=-1,
         topics=(m.FetchTopic(topic_id=topic_id, partitions=(partition,)),),
-        forgotten_topics_data=(), rack_id="",
+        forgotten_topics_data=(),
+        rack_id="",
     )
     return frame(FETCH, version, correlation_id, body)
 
@@ -94,8 +118,13 @@ class RawConnection:
     127.0.0.2 for per-IP limits)."""
 
     def __init__(
-        self, address: str, timeout: float = 10.0, *, ca_file: str | None = None,
-        cert: tuple[str, str] | None = None, source: str | None = None,
+        self,
+        address: str,
+        timeout: float = 10.0,
+        *,
+        ca_file: str | None = None,
+        cert: tuple[str, str] | None = None,
+        source: str | None = None,
     ) -> None:
         host, port = address.rsplit(":", 1)
         sock = socket.create_connection(

@@ -54,8 +54,11 @@ def main(argv: list[str]) -> int:
     text = json.dumps(updated(current), indent=2) + "\n"
     if "--check" in argv:
         if SCHEMA.read_text() != text:
-            print(f"{SCHEMA.relative_to(ROOT)} is not generated from proxy/config/model.py: run "
-                  "python tools/chart_values_schema.py", file=sys.stderr)
+            print(
+                f"{SCHEMA.relative_to(ROOT)} is not generated from proxy/config/model.py: run "
+                "python tools/chart_values_schema.py",
+                file=sys.stderr,
+            )
             return 1
         return 0
     SCHEMA.write_text(text)

@@ -91,7 +91,6 @@ class IdentifierLengths(ApiHook):
         breach = check_client_id(request.client_id, limits)
         return None if breach is None else decide([breach], self.mode)
 
-
     def _observe(self, request: Request) -> None:
         """The identifiers' lengths, for the audit's observation windows (a limit never set
         can be weighed against them)."""

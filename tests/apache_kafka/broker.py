@@ -58,7 +58,9 @@ def fetch_java_parts() -> JavaParts:
         raise RuntimeError(f"{FETCH_SCRIPT.relative_to(ROOT)} failed: {done.stderr.strip()}")
     values = dict(line.split("=", 1) for line in done.stdout.splitlines() if "=" in line)
     return JavaParts(
-        values["KAFKA_VERSION"], Path(values["KAFKA_LIB"]), Path(values["KAFKA_TOOLS_LIB"]),
+        values["KAFKA_VERSION"],
+        Path(values["KAFKA_LIB"]),
+        Path(values["KAFKA_TOOLS_LIB"]),
         Path(values["KROXYLICIOUS_LIB"]),
     )
 
@@ -139,7 +141,7 @@ class ApacheKafkaBroker:
             "listeners": ",".join([*data, f"CONTROLLER://{self.address('CONTROLLER')}"]),
             "advertised.listeners": ",".join(advertised),
             "listener.security.protocol.map": "PLAINTEXT:PLAINTEXT,SSL:SSL,SASL_PLAINTEXT:SASL_PLAINTEXT,"
-                                              "CONTROLLER:PLAINTEXT",
+            "CONTROLLER:PLAINTEXT",
             "inter.broker.listener.name": "PLAINTEXT",
             "log.dirs": str(self.workdir / "data"),
             # one node, quick to start: small internal topics, no rebalance delay
@@ -167,15 +169,21 @@ class ApacheKafkaBroker:
         if self.scram_users:
             props |= {
                 "sasl.enabled.mechanisms": "SCRAM-SHA-512",
-                "listener.name.sasl_plaintext.scram-sha-512.sasl.jaas.config":
-                    "org.apache.kafka.common.security.scram.ScramLoginModule required;",
+                "listener.name.sasl_plaintext.scram-sha-512.sasl.jaas.config": (
+                    "org.apache.kafka.common.security.scram.ScramLoginModule required;"
+                ),
             }
         return props | self.properties
 
     def _java(self, main_class: str, *args: str) -> list[str]:
         return [
-            "java", *self.jvm_options, f"-Dlog4j2.configurationFile={self.workdir / 'log4j2.properties'}",
-            "-cp", f"{self.parts.kafka_lib}/*", main_class, *args,
+            "java",
+            *self.jvm_options,
+            f"-Dlog4j2.configurationFile={self.workdir / 'log4j2.properties'}",
+            "-cp",
+            f"{self.parts.kafka_lib}/*",
+            main_class,
+            *args,
         ]
 
     def start(self, timeout: float = 60.0) -> ApacheKafkaBroker:
@@ -186,12 +194,15 @@ class ApacheKafkaBroker:
         (self.workdir / "log4j2.properties").write_text(self.log4j)
         cluster_id = self.cluster_id or new_cluster_id()
         scram = [
-            arg for user, password in self.scram_users.items()
+            arg
+            for user, password in self.scram_users.items()
             for arg in ("--add-scram", f"SCRAM-SHA-512=[name={user},password={password}]")
         ]
         formatted = subprocess.run(
             self._java("kafka.tools.StorageTool", "format", "-t", cluster_id, "-c", str(config), *scram),
-            capture_output=True, text=True, check=False,
+            capture_output=True,
+            text=True,
+            check=False,
         )
         if formatted.returncode != 0:
             raise RuntimeError(f"kafka.tools.StorageTool format failed: {formatted.stdout}{formatted.stderr}")
@@ -202,8 +213,11 @@ class ApacheKafkaBroker:
         kill this is a restart on the same ports, with every record it had written."""
         with self.log_path.open("ab") as log:
             self._process = subprocess.Popen(
-                self._java("kafka.Kafka", str(self.workdir / "server.properties")), stdout=log,
-                stderr=subprocess.STDOUT, stdin=subprocess.DEVNULL, env={**os.environ, "LOG_DIR": str(self.workdir)},
+                self._java("kafka.Kafka", str(self.workdir / "server.properties")),
+                stdout=log,
+                stderr=subprocess.STDOUT,
+                stdin=subprocess.DEVNULL,
+                env={**os.environ, "LOG_DIR": str(self.workdir)},
             )
         try:
             self.wait_until_serving(timeout)

@@ -59,7 +59,8 @@ def pytest_terminal_summary(terminalreporter: pytest.TerminalReporter, config: p
     for limit, scenario, by_broker, by_proxy in rows:
         terminalreporter.write_line(
             f"| `{limit}` | {scenario} | {'; '.join(by_broker)} | "
-            + ("same" if by_proxy == by_broker else "; ".join(by_proxy)) + " |"
+            + ("same" if by_proxy == by_broker else "; ".join(by_proxy))
+            + " |"
         )
 
 

@@ -77,10 +77,15 @@ def test_confluent_kafka_kip848_group_through_the_proxy_is_run_by_the_broker(kaf
     create_topic(proxy.bootstrap, topic)
     values = [f"r{i}".encode() for i in range(RECORDS)]
     assert not produce_values(proxy.bootstrap, topic, values).errors
-    consumer = Consumer({
-        "bootstrap.servers": proxy.bootstrap, "group.id": group, "group.protocol": "consumer",
-        "auto.offset.reset": "earliest", "enable.auto.commit": False,
-    })
+    consumer = Consumer(
+        {
+            "bootstrap.servers": proxy.bootstrap,
+            "group.id": group,
+            "group.protocol": "consumer",
+            "auto.offset.reset": "earliest",
+            "enable.auto.commit": False,
+        }
+    )
     got: list[bytes] = []
     try:
         consumer.subscribe([topic])
@@ -117,23 +122,58 @@ def test_the_java_client_produces_and_consumes_in_both_group_protocols_through_t
     topic, classic, kip848 = unique("ak-java"), unique("ak-java-classic"), unique("ak-java-848")
     create_topic(proxy.bootstrap, topic)
     produced = java_tool(
-        java_parts, tmp_path, "org.apache.kafka.tools.ProducerPerformance", "--topic", topic,
-        "--num-records", str(RECORDS), "--record-size", "100", "--throughput", "-1",
-        "--command-property", f"bootstrap.servers={proxy.bootstrap}", "acks=all",
+        java_parts,
+        tmp_path,
+        "org.apache.kafka.tools.ProducerPerformance",
+        "--topic",
+        topic,
+        "--num-records",
+        str(RECORDS),
+        "--record-size",
+        "100",
+        "--throughput",
+        "-1",
+        "--command-property",
+        f"bootstrap.servers={proxy.bootstrap}",
+        "acks=all",
     )
     assert produced.returncode == 0, produced.stderr[-2000:]
     assert f"{RECORDS} records sent" in produced.stdout
     perf = java_tool(
-        java_parts, tmp_path, "org.apache.kafka.tools.ConsumerPerformance", "--bootstrap-server", proxy.bootstrap,
-        "--topic", topic, "--num-records", str(RECORDS), "--group", classic, "--timeout", "30000",
+        java_parts,
+        tmp_path,
+        "org.apache.kafka.tools.ConsumerPerformance",
+        "--bootstrap-server",
+        proxy.bootstrap,
+        "--topic",
+        topic,
+        "--num-records",
+        str(RECORDS),
+        "--group",
+        classic,
+        "--timeout",
+        "30000",
     )
     assert perf.returncode == 0, perf.stderr[-2000:]
     # its CSV line: ..., data.consumed.in.nMsg (5th column), ...
     assert int(perf.stdout.strip().splitlines()[-1].split(",")[4]) == RECORDS
     console = java_tool(
-        java_parts, tmp_path, "org.apache.kafka.tools.consumer.ConsoleConsumer", "--bootstrap-server",
-        proxy.bootstrap, "--topic", topic, "--from-beginning", "--max-messages", str(RECORDS),
-        "--group", kip848, "--command-property", "group.protocol=consumer", "--timeout-ms", "30000",
+        java_parts,
+        tmp_path,
+        "org.apache.kafka.tools.consumer.ConsoleConsumer",
+        "--bootstrap-server",
+        proxy.bootstrap,
+        "--topic",
+        topic,
+        "--from-beginning",
+        "--max-messages",
+        str(RECORDS),
+        "--group",
+        kip848,
+        "--command-property",
+        "group.protocol=consumer",
+        "--timeout-ms",
+        "30000",
     )
     assert console.returncode == 0, console.stderr[-2000:]
     # ProducerPerformance's values: 100 random capital letters each.

@@ -56,9 +56,11 @@ def _members_outcome(members: list[Member]) -> list[str]:
     seen = []
     for n, m in enumerate(members, 1):
         codes = sorted({(e.code(), e.name()) for e in m.errors})
-        seen.append(f"consumer {n}: " + ("joined" if m.assigned else "not joined") + "".join(
-            f", error {name} ({code})" for code, name in codes
-        ))
+        seen.append(
+            f"consumer {n}: "
+            + ("joined" if m.assigned else "not joined")
+            + "".join(f", error {name} ({code})" for code, name in codes)
+        )
     return seen
 
 
@@ -78,10 +80,14 @@ def _raw_join(bootstrap: str, group: str, _topic: str) -> str:
     """A JoinGroup from a new member (empty member id) and the broker's whole answer."""
     request_module = _request_module(JOIN_GROUP, JOIN_GROUP_VERSION)
     body = request_module.JoinGroupRequest(
-        group_id=group, session_timeout=datetime.timedelta(seconds=10),
-        rebalance_timeout=datetime.timedelta(seconds=10), member_id="", group_instance_id=None,
+        group_id=group,
+        session_timeout=datetime.timedelta(seconds=10),
+        rebalance_timeout=datetime.timedelta(seconds=10),
+        member_id="",
+        group_instance_id=None,
         protocol_type="consumer",
-        protocols=(request_module.JoinGroupRequestProtocol(name="range", metadata=b""),), reason=None,
+        protocols=(request_module.JoinGroupRequestProtocol(name="range", metadata=b""),),
+        reason=None,
     )
     r = _exchange(bootstrap, JOIN_GROUP, JOIN_GROUP_VERSION, body)
     return (
@@ -159,8 +165,14 @@ def _static_restart(bootstrap: str, protocol: dict[str, str]) -> list[str]:
         # group, the broker's group.consumer.session.timeout.ms (45 s) in a KIP-848 one
         session_s = 45 if protocol else GROUP_CONF["session.timeout.ms"] / 1000
         seen.append(
-            "restarted a " + ("never joined" if not joined else "joined once a's old session had ended"
-                              if after >= session_s else "joined before a's old session ended")
+            "restarted a "
+            + (
+                "never joined"
+                if not joined
+                else "joined once a's old session had ended"
+                if after >= session_s
+                else "joined before a's old session ended"
+            )
         )
         return [*seen, _coordinator_view(bootstrap, group)]
     finally:
@@ -184,9 +196,16 @@ def _raw_heartbeat(bootstrap: str, group: str, topic: str) -> str:
     """A KIP-848 join (member epoch 0) from a new member and the broker's answer."""
     request_module = _request_module(CONSUMER_GROUP_HEARTBEAT, HEARTBEAT_VERSION)
     body = request_module.ConsumerGroupHeartbeatRequest(
-        group_id=group, member_id=str(uuid.uuid4())[:22], member_epoch=0, instance_id=None, rack_id=None,
-        rebalance_timeout=datetime.timedelta(seconds=30), subscribed_topic_names=(topic,),
-        subscribed_topic_regex=None, server_assignor=None, topic_partitions=(),
+        group_id=group,
+        member_id=str(uuid.uuid4())[:22],
+        member_epoch=0,
+        instance_id=None,
+        rack_id=None,
+        rebalance_timeout=datetime.timedelta(seconds=30),
+        subscribed_topic_names=(topic,),
+        subscribed_topic_regex=None,
+        server_assignor=None,
+        topic_partitions=(),
     )
     r = _exchange(bootstrap, CONSUMER_GROUP_HEARTBEAT, HEARTBEAT_VERSION, body)
     return (
@@ -267,7 +286,9 @@ def _metadata_request_of_size(size: int) -> tuple[bytes, int]:
     def build(names: list[str]) -> bytes:
         topics = tuple(module.MetadataRequestTopic(topic_id=uuid.UUID(int=0), name=n) for n in names)
         body = module.MetadataRequest(
-            topics=topics, allow_auto_topic_creation=False, include_topic_authorized_operations=False,
+            topics=topics,
+            allow_auto_topic_creation=False,
+            include_topic_authorized_operations=False,
         )
         return frame(METADATA, 12, 3, body)
 
@@ -317,32 +338,42 @@ def requests_over_socket_request_max_bytes(bootstrap: str) -> list[str]:
 
 EXPECTED: dict[Callable[[str], list[str]], list[str]] = {
     classic_group_over_group_max_size: [
-        "consumer 1: joined", "consumer 2: joined",
+        "consumer 1: joined",
+        "consumer 2: joined",
         "consumer 3: not joined, error GROUP_MAX_SIZE_REACHED (81)",
         "raw JoinGroup v9: error 81, member_id '', generation -1, leader '', members 0",
         "coordinator lists 2 members",
     ],
     classic_group_joined_by_three_at_once: [
-        "2 joined", "1 refused with GROUP_MAX_SIZE_REACHED (81)", "coordinator lists 2 members",
+        "2 joined",
+        "1 refused with GROUP_MAX_SIZE_REACHED (81)",
+        "coordinator lists 2 members",
     ],
     kip848_group_over_group_consumer_max_size: [
-        "consumer 1: joined", "consumer 2: joined",
+        "consumer 1: joined",
+        "consumer 2: joined",
         "consumer 3: not joined, error _FATAL (-150)",
         "raw ConsumerGroupHeartbeat v1: error 81, message 'The consumer group has reached its maximum "
         "capacity of 2 members.', epoch 0, assignment None",
         "coordinator lists 2 members",
     ],
     classic_static_member_restarts_in_a_full_group: [
-        "consumer 1: joined", "consumer 2: not joined, error GROUP_MAX_SIZE_REACHED (81)",
-        "restarted a joined once a's old session had ended", "coordinator lists 2 members",
+        "consumer 1: joined",
+        "consumer 2: not joined, error GROUP_MAX_SIZE_REACHED (81)",
+        "restarted a joined once a's old session had ended",
+        "coordinator lists 2 members",
     ],
     kip848_static_member_restarts_in_a_full_group: [
-        "consumer 1: joined", "consumer 2: joined", "restarted a joined before a's old session ended",
+        "consumer 1: joined",
+        "consumer 2: joined",
+        "restarted a joined before a's old session ended",
         "coordinator lists 2 members",
     ],
     fake_joins_then_two_consumers: [
         *[f"static JoinGroup with session timeout {INT_MAX} ms: error 26"] * 2,  # INVALID_SESSION_TIMEOUT
-        "consumer 1: joined", "consumer 2: joined", "coordinator lists 2 members",
+        "consumer 1: joined",
+        "consumer 2: joined",
+        "coordinator lists 2 members",
     ],
     connections_over_max_connections_per_ip: [
         *(f"connection {n}: answered" for n in range(1, PER_IP + 1)),
@@ -369,7 +400,9 @@ LIMIT_OF = {
 
 @pytest.mark.parametrize("scenario", list(EXPECTED), ids=[s.__name__ for s in EXPECTED])
 def test_the_proxy_enforces_the_limit_as_the_broker_does(
-    scenario: Callable[[str], list[str]], limited_kafka: ApacheKafkaBroker, limited_proxy: Any,
+    scenario: Callable[[str], list[str]],
+    limited_kafka: ApacheKafkaBroker,
+    limited_proxy: Any,
     conformance_rows: ConformanceRows,
 ) -> None:
     by_broker = scenario(limited_kafka.bootstrap)

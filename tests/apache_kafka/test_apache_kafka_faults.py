@@ -60,7 +60,9 @@ def test_idempotent_producers_through_every_fault_lose_and_duplicate_nothing(
     # Three producers hold one connection each (librdkafka drops its bootstrap connection once it
     # knows the broker): the cap is full from the start.
     proxy = start_proxy(
-        faulty_kafka.bootstrap, node_ids=(FaultyApacheKafka.NODE_ID,), extra_args=["--drain-timeout", "10"],
+        faulty_kafka.bootstrap,
+        node_ids=(FaultyApacheKafka.NODE_ID,),
+        extra_args=["--drain-timeout", "10"],
         policies={"max.connections": 3},
     )
     topic = unique("faults")
@@ -115,6 +117,13 @@ def test_idempotent_producers_through_every_fault_lose_and_duplicate_nothing(
     assert_exactly_once(traffic, values)
     # Every client is gone: so is every connection the proxy had to the broker.
     wait_until(lambda: sockets_to(proxy.process.pid, faulty_kafka.port) == 0, timeout=10)
-    figures("idempotent through every fault (Apache Kafka)", acked=acked, consumed=len(values), lost=0,
-            duplicated=0, evictions=int(evicted), churn_answered=seen.get("churn_answered"),
-            phases="; ".join(f"{k}: {v}" for k, v in seen.items() if k != "churn_answered"))
+    figures(
+        "idempotent through every fault (Apache Kafka)",
+        acked=acked,
+        consumed=len(values),
+        lost=0,
+        duplicated=0,
+        evictions=int(evicted),
+        churn_answered=seen.get("churn_answered"),
+        phases="; ".join(f"{k}: {v}" for k, v in seen.items() if k != "churn_answered"),
+    )

@@ -29,8 +29,10 @@ def upstream_tls(address: str, ca_file: str) -> dict[str, Any]:
 
 def scram(password: str = SCRAM_PASSWORD) -> dict[str, str]:
     return {
-        "security.protocol": "SASL_PLAINTEXT", "sasl.mechanism": "SCRAM-SHA-512",
-        "sasl.username": SCRAM_USER, "sasl.password": password,
+        "security.protocol": "SASL_PLAINTEXT",
+        "sasl.mechanism": "SCRAM-SHA-512",
+        "sasl.username": SCRAM_USER,
+        "sasl.password": password,
     }
 
 
@@ -94,8 +96,14 @@ def test_scram_sha_512_passes_through_the_proxy_untouched(kafka: ApacheKafkaBrok
     kp_topic, kp_values = unique("ak-sasl-kp"), [b"kafka-python-1", b"kafka-python-2"]
     create_topic(proxy.bootstrap, kp_topic, **scram())
     got = kafka_python_roundtrip(
-        proxy.bootstrap, kp_topic, unique("ak-sasl-kp"), kp_values, security_protocol="SASL_PLAINTEXT",
-        sasl_mechanism="SCRAM-SHA-512", sasl_plain_username=SCRAM_USER, sasl_plain_password=SCRAM_PASSWORD,
+        proxy.bootstrap,
+        kp_topic,
+        unique("ak-sasl-kp"),
+        kp_values,
+        security_protocol="SASL_PLAINTEXT",
+        sasl_mechanism="SCRAM-SHA-512",
+        sasl_plain_username=SCRAM_USER,
+        sasl_plain_password=SCRAM_PASSWORD,
     )
     assert got == kp_values
     assert proxy.metric("kafka_admission_requests_total", api="sasl_handshake") >= 3

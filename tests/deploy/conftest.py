@@ -66,14 +66,23 @@ def image_install(folder: Path, base_python: str) -> Path:
     for the build stage's Python), as deploy/Dockerfile's build stage does it."""
     venv = folder / "kafka-admission-proxy"
     subprocess.run([base_python, "-m", "venv", "--without-pip", str(venv)], check=True)
-    pip = [sys.executable, "-m", "pip", "--python", str(venv / "bin" / "python"), "install", "-q",
-           "--disable-pip-version-check"]
+    pip = [
+        sys.executable,
+        "-m",
+        "pip",
+        "--python",
+        str(venv / "bin" / "python"),
+        "install",
+        "-q",
+        "--disable-pip-version-check",
+    ]
     subprocess.run([*pip, "--require-hashes", "-r", str(ROOT / "requirements" / "runtime.txt")], check=True)
     build = folder / "build-stage"
     subprocess.run([sys.executable, "-m", "venv", str(build)], check=True)
     build_pip = [str(build / "bin" / "python"), "-m", "pip", "-q", "--disable-pip-version-check"]
-    subprocess.run([*build_pip, "install", "--require-hashes", "-r", str(ROOT / "requirements" / "build.txt")],
-                   check=True)
+    subprocess.run(
+        [*build_pip, "install", "--require-hashes", "-r", str(ROOT / "requirements" / "build.txt")], check=True
+    )
     # Built from a copy of what the Dockerfile copies: a build in the checkout would reuse its
     # build/lib, which keeps modules since deleted or moved, and would take in demo/.
     source = folder / "source"
@@ -83,8 +92,11 @@ def image_install(folder: Path, base_python: str) -> Path:
             shutil.copytree(ROOT / name, source / name, ignore=shutil.ignore_patterns("__pycache__"))
         else:
             shutil.copy2(ROOT / name, source / name)
-    subprocess.run([*build_pip, "wheel", "--no-deps", "--no-build-isolation", "--wheel-dir", str(folder / "wheels"),
-                    str(source)], check=True, cwd=source)
+    subprocess.run(
+        [*build_pip, "wheel", "--no-deps", "--no-build-isolation", "--wheel-dir", str(folder / "wheels"), str(source)],
+        check=True,
+        cwd=source,
+    )
     [wheel] = (folder / "wheels").glob("kafka_admission_proxy-*.whl")
     # Without the tests' PYTHONPATH, whose checkout (its egg-info) pip would take for this package installed.
     clean = {key: value for key, value in os.environ.items() if key != "PYTHONPATH"}
@@ -102,8 +114,9 @@ def proxy_config(bootstrap: str, *, admin_port: int | None = None, **overrides: 
     """A config on free ports in front of ``bootstrap`` (Tansu: node 111)."""
     config: dict[str, Any] = {
         "upstream": {"bootstrap_servers": [bootstrap]},
-        "listeners": [{"name": "external", "bind": f"127.0.0.1:{free_port()}",
-                       "node_port_base": free_node_port_base([111])}],
+        "listeners": [
+            {"name": "external", "bind": f"127.0.0.1:{free_port()}", "node_port_base": free_node_port_base([111])}
+        ],
         "admin": {"bind": f"127.0.0.1:{admin_port or free_port()}"},
     }
     config.update(overrides)
@@ -185,13 +198,22 @@ def busy_proxy(certs: Certs, tmp_path_factory: pytest.TempPathFactory) -> Iterat
         config = {
             "upstream": {"bootstrap_servers": [down, broker.bootstrap]},
             "listeners": [
-                {"name": "external", "bind": f"127.0.0.1:{free_port()}",
-                 "node_port_base": free_node_port_base([TansuBroker.NODE_ID])},
-                {"name": "secure", "bind": f"127.0.0.1:{free_port()}",
-                 "node_port_base": free_node_port_base([TansuBroker.NODE_ID]),
-                 "tls": {"cert_file": certs.server_cert, "key_file": certs.server_key}},
-                {"name": "guarded", "bind": f"127.0.0.1:{free_port()}",
-                 "node_port_base": free_node_port_base([TansuBroker.NODE_ID])},
+                {
+                    "name": "external",
+                    "bind": f"127.0.0.1:{free_port()}",
+                    "node_port_base": free_node_port_base([TansuBroker.NODE_ID]),
+                },
+                {
+                    "name": "secure",
+                    "bind": f"127.0.0.1:{free_port()}",
+                    "node_port_base": free_node_port_base([TansuBroker.NODE_ID]),
+                    "tls": {"cert_file": certs.server_cert, "key_file": certs.server_key},
+                },
+                {
+                    "name": "guarded",
+                    "bind": f"127.0.0.1:{free_port()}",
+                    "node_port_base": free_node_port_base([TansuBroker.NODE_ID]),
+                },
             ],
             "admin": {"bind": f"127.0.0.1:{free_port()}"},
             # KIP-498 on one listener: any Metadata response is over 100 bytes.

@@ -25,11 +25,19 @@ DASHBOARD = ROOT / "deploy" / "grafana" / "kafka-admission-proxy.json"
 RUNBOOKS = "docs/alerts.md"
 # The alerts the operators asked for, by what they watch.
 ALERTS = {
-    "KafkaAdmissionMemoryPoolExhausted", "KafkaAdmissionTlsConnectionCapReached", "KafkaAdmissionEvictionsRising",
-    "KafkaAdmissionGroupRefusals", "KafkaAdmissionIdentifierRefusals", "KafkaAdmissionUpstreamDown",
-    "KafkaAdmissionConfigReloadFailed", "KafkaAdmissionCertificateExpiresSoon",
-    "KafkaAdmissionCertificateExpiresVerySoon", "KafkaAdmissionAuditEventsDropped",
-    "KafkaAdmissionFileDescriptorsNearLimit", "KafkaAdmissionProxyDown", "KafkaAdmissionProxyAbsent",
+    "KafkaAdmissionMemoryPoolExhausted",
+    "KafkaAdmissionTlsConnectionCapReached",
+    "KafkaAdmissionEvictionsRising",
+    "KafkaAdmissionGroupRefusals",
+    "KafkaAdmissionIdentifierRefusals",
+    "KafkaAdmissionUpstreamDown",
+    "KafkaAdmissionConfigReloadFailed",
+    "KafkaAdmissionCertificateExpiresSoon",
+    "KafkaAdmissionCertificateExpiresVerySoon",
+    "KafkaAdmissionAuditEventsDropped",
+    "KafkaAdmissionFileDescriptorsNearLimit",
+    "KafkaAdmissionProxyDown",
+    "KafkaAdmissionProxyAbsent",
 }
 # The labels every aggregation keeps: the Kubernetes target's, and any scrape's.
 TARGET_LABELS = {"namespace", "pod", "instance", "job"}
@@ -57,15 +65,20 @@ def exposition_names(text: str) -> set[str]:
 
 
 def test_promtool_checks_the_rules() -> None:
-    result = subprocess.run([system_tool("promtool", "prometheus"), "check", "rules", str(RULES)],
-                            capture_output=True, text=True)
+    result = subprocess.run(
+        [system_tool("promtool", "prometheus"), "check", "rules", str(RULES)], capture_output=True, text=True
+    )
     assert result.returncode == 0, result.stdout + result.stderr
     assert f"SUCCESS: {len(ALERTS)} rules found" in result.stdout
 
 
 def test_each_alert_fires_on_its_series_and_not_on_a_quiet_proxy() -> None:
-    result = subprocess.run([system_tool("promtool", "prometheus"), "test", "rules", str(RULES_TEST)],
-                            capture_output=True, text=True, cwd=RULES.parent)
+    result = subprocess.run(
+        [system_tool("promtool", "prometheus"), "test", "rules", str(RULES_TEST)],
+        capture_output=True,
+        text=True,
+        cwd=RULES.parent,
+    )
     assert result.returncode == 0, result.stdout + result.stderr
     assert "SUCCESS" in result.stdout
     # Each alert has a case where it fires and one where it must stay quiet.
@@ -91,7 +104,7 @@ def test_every_aggregation_keeps_the_namespace_pod_instance_and_job() -> None:
     for name, expr in rule_expressions().items():
         for match in AGGREGATION.finditer(expr):
             assert match.group(2) == "by", f"{name}: {match.group(0)} does not name what it keeps"
-            kept = expr[match.end():expr.index(")", match.end())]
+            kept = expr[match.end() : expr.index(")", match.end())]
             assert TARGET_LABELS <= {label.strip() for label in kept.split(",")}, f"{name}: by ({kept})"
         for join in re.finditer(r"\bon \(([^)]*)\)", expr):
             assert TARGET_LABELS <= {label.strip() for label in join.group(1).split(",")}, f"{name}: {join.group(0)}"
@@ -155,8 +168,9 @@ def test_build_info_names_the_running_versions(busy_proxy: ProxyProcess) -> None
     from proxy.evidence.metrics import package_version
 
     _, text = busy_proxy.get("/metrics")
-    [info] = [s for f in text_string_to_metric_families(text) for s in f.samples
-              if s.name == "kafka_admission_build_info"]
+    [info] = [
+        s for f in text_string_to_metric_families(text) for s in f.samples if s.name == "kafka_admission_build_info"
+    ]
     labels: dict[str, Any] = info.labels
     assert labels == {"version": package_version(), "python": platform.python_version(), "trio": trio.__version__}
     assert info.value == 1
@@ -164,6 +178,7 @@ def test_build_info_names_the_running_versions(busy_proxy: ProxyProcess) -> None
 
 def test_promtool_accepts_the_live_exposition(busy_proxy: ProxyProcess, tmp_path: Path) -> None:
     _, text = busy_proxy.get("/metrics")
-    result = subprocess.run([system_tool("promtool", "prometheus"), "check", "metrics"],
-                            input=text, capture_output=True, text=True)
+    result = subprocess.run(
+        [system_tool("promtool", "prometheus"), "check", "metrics"], input=text, capture_output=True, text=True
+    )
     assert result.returncode == 0, result.stdout + result.stderr

@@ -95,8 +95,10 @@ def test_the_commented_examples_are_complete_and_validate(certs: Certs) -> None:
     real_files = {"tls.crt": certs.server_cert, "tls.key": certs.server_key, "ca.crt": certs.ca_file}
 
     def with_real_files(section: dict[str, Any]) -> dict[str, Any]:
-        return {k: real_files.get(Path(v).name, v) if isinstance(v, str) and v.startswith("/etc/") else v
-                for k, v in section.items()}
+        return {
+            k: real_files.get(Path(v).name, v) if isinstance(v, str) and v.startswith("/etc/") else v
+            for k, v in section.items()
+        }
 
     raw = yaml.safe_load(EXAMPLE.read_text())
     tls_listener = blocks["TLS listener"][0]

@@ -93,8 +93,9 @@ def test_the_image_install_carries_only_the_runtime(runtime_venv: Path) -> None:
     for module in (*EXTRAS_MODULES, "pip"):
         found = subprocess.run([str(python), "-c", f"import {module}"], capture_output=True)
         assert found.returncode != 0, f"{module} is in the image's install"
-    version = subprocess.run([str(runtime_venv / "bin" / "kafka-admission-proxy"), "--version"],
-                             capture_output=True, text=True, check=True)
+    version = subprocess.run(
+        [str(runtime_venv / "bin" / "kafka-admission-proxy"), "--version"], capture_output=True, text=True, check=True
+    )
     assert re.fullmatch(r"kafka-admission-proxy \d+\.\d+\.\d+\S*\n", version.stdout)
     size = sum(f.stat().st_size for f in runtime_venv.rglob("*") if f.is_file() and not f.is_symlink())
     assert size < RUNTIME_SIZE_BOUND_MB * 1e6, f"the runtime install is {size / 1e6:.0f} MB"
@@ -131,15 +132,17 @@ def test_entrypoint_and_cmd_carry_a_produce_and_consume_and_the_healthcheck_foll
 
 @pytest.mark.parametrize("argv", [["run"], ["check-config", "--config", "/nonexistent.yaml"]])
 def test_a_bad_command_line_exits_2_without_a_traceback(runtime_venv: Path, argv: list[str]) -> None:
-    result = subprocess.run([str(runtime_venv / "bin" / "kafka-admission-proxy"), *argv],
-                            capture_output=True, text=True)
+    result = subprocess.run(
+        [str(runtime_venv / "bin" / "kafka-admission-proxy"), *argv], capture_output=True, text=True
+    )
     assert result.returncode == 2
     assert "Traceback" not in result.stderr and result.stderr.strip()
 
 
 def test_demo_in_the_runtime_install_names_the_extra_it_needs(runtime_venv: Path) -> None:
-    result = subprocess.run([str(runtime_venv / "bin" / "kafka-admission-proxy"), "demo"],
-                            capture_output=True, text=True)
+    result = subprocess.run(
+        [str(runtime_venv / "bin" / "kafka-admission-proxy"), "demo"], capture_output=True, text=True
+    )
     assert result.returncode == 2
     assert "pip install 'kafka-admission-proxy[demo]'" in result.stderr
     assert "Traceback" not in result.stderr

@@ -33,37 +33,69 @@ RULES = ROOT / "deploy" / "prometheus" / "kafka-admission-proxy.rules.yaml"
 DASHBOARD = ROOT / "deploy" / "grafana" / "kafka-admission-proxy.json"
 CRDS = Path(__file__).parent / "crds" / "prometheus-operator"  # tests/deploy/crds/prometheus-operator/SOURCE.md
 # Monitoring and the extension points, in both modes.
-MONITORING = ["--set", "podMonitor.enabled=true", "--set", "prometheusRule.enabled=true",
-              "--set", "grafanaDashboard.enabled=true"]
+MONITORING = [
+    "--set",
+    "podMonitor.enabled=true",
+    "--set",
+    "prometheusRule.enabled=true",
+    "--set",
+    "grafanaDashboard.enabled=true",
+]
 EXTENSIONS = [
-    "--set-json", 'extraEnv=[{"name": "TZ", "value": "UTC"}]',
-    "--set-json", 'extraVolumes=[{"name": "broker-certs", "secret": {"secretName": "kafka-broker-certs"}}]',
-    "--set-json", 'extraVolumeMounts=[{"name": "broker-certs", "mountPath": "/etc/broker-certs", "readOnly": true}]',
-    "--set-json", 'podLabels={"team": "streaming"}',
-    "--set", "priorityClassName=kafka-critical",
-    "--set-json", 'topologySpreadConstraints=[{"maxSkew": 1, "topologyKey": "topology.kubernetes.io/zone", '
-                  '"whenUnsatisfiable": "ScheduleAnyway", "labelSelector": {"matchLabels": '
-                  '{"app.kubernetes.io/name": "kafka-admission-proxy"}}}]',
+    "--set-json",
+    'extraEnv=[{"name": "TZ", "value": "UTC"}]',
+    "--set-json",
+    'extraVolumes=[{"name": "broker-certs", "secret": {"secretName": "kafka-broker-certs"}}]',
+    "--set-json",
+    'extraVolumeMounts=[{"name": "broker-certs", "mountPath": "/etc/broker-certs", "readOnly": true}]',
+    "--set-json",
+    'podLabels={"team": "streaming"}',
+    "--set",
+    "priorityClassName=kafka-critical",
+    "--set-json",
+    'topologySpreadConstraints=[{"maxSkew": 1, "topologyKey": "topology.kubernetes.io/zone", '
+    '"whenUnsatisfiable": "ScheduleAnyway", "labelSelector": {"matchLabels": '
+    '{"app.kubernetes.io/name": "kafka-admission-proxy"}}}]',
 ]
 # standalone: the upstream brokers (another release's pods) admit the proxy only.
 BROKER_POLICY = [
-    "--set", "brokerNetworkPolicy.enabled=true", "--set", "brokerNetworkPolicy.namespace=kafka-brokers",
-    "--set-json", 'brokerNetworkPolicy.podSelector={"app.kubernetes.io/name": "kafka", '
-                  '"app.kubernetes.io/component": "broker"}',
-    "--set-json", "brokerNetworkPolicy.proxiedPorts=[9092]",
-    "--set-json", "brokerNetworkPolicy.peerPorts=[9093, 9094]",
-    "--set-json", 'brokerNetworkPolicy.extraIngress=[{"ports": [{"port": 9404}], "from": [{"namespaceSelector": '
-                  '{"matchLabels": {"kubernetes.io/metadata.name": "monitoring"}}}]}]',
+    "--set",
+    "brokerNetworkPolicy.enabled=true",
+    "--set",
+    "brokerNetworkPolicy.namespace=kafka-brokers",
+    "--set-json",
+    'brokerNetworkPolicy.podSelector={"app.kubernetes.io/name": "kafka", "app.kubernetes.io/component": "broker"}',
+    "--set-json",
+    "brokerNetworkPolicy.proxiedPorts=[9092]",
+    "--set-json",
+    "brokerNetworkPolicy.peerPorts=[9093, 9094]",
+    "--set-json",
+    'brokerNetworkPolicy.extraIngress=[{"ports": [{"port": 9404}], "from": [{"namespaceSelector": '
+    '{"matchLabels": {"kubernetes.io/metadata.name": "monitoring"}}}]}]',
 ]
 # Every optional part on, so that lint, validation and checkov see all of it.
 ALL_OPTIONS = [
-    "--set", "serviceMonitor.enabled=true", "--set", "networkPolicy.enabled=true",
-    "--set", "autoscaling.enabled=true", "--set", "auditVolume.enabled=true",
-    "--set", "config.audit.topic=kafka-admission-audit",
-    "--set-json", 'tlsSecrets=[{"name": "server", "secretName": "proxy-tls"}]',
-    "--set-json", 'networkPolicy.clientsFrom=[{"namespaceSelector": {"matchLabels": {"kafka-client": "true"}}}]',
-    "--set", "service.type=LoadBalancer", "--set", "service.externalTrafficPolicy=Local",
-    *MONITORING, *EXTENSIONS, *BROKER_POLICY,
+    "--set",
+    "serviceMonitor.enabled=true",
+    "--set",
+    "networkPolicy.enabled=true",
+    "--set",
+    "autoscaling.enabled=true",
+    "--set",
+    "auditVolume.enabled=true",
+    "--set",
+    "config.audit.topic=kafka-admission-audit",
+    "--set-json",
+    'tlsSecrets=[{"name": "server", "secretName": "proxy-tls"}]',
+    "--set-json",
+    'networkPolicy.clientsFrom=[{"namespaceSelector": {"matchLabels": {"kafka-client": "true"}}}]',
+    "--set",
+    "service.type=LoadBalancer",
+    "--set",
+    "service.externalTrafficPolicy=Local",
+    *MONITORING,
+    *EXTENSIONS,
+    *BROKER_POLICY,
 ]
 MODES = {
     "standalone": ALL_OPTIONS,
@@ -163,14 +195,20 @@ def test_helm_lint_strict_passes(helm: Helm, mode: str) -> None:
     assert "0 chart(s) failed" in result.stdout
 
 
-@pytest.mark.parametrize(("flag", "value", "named"), [
-    ("--set", "replicaCont=3", "'replicaCont' not allowed"),
-    ("--set-json", 'config.policies={"group.max.sise": 3}', "'group.max.sise' not allowed"),
-    ("--set-json", 'config.listeners=[{"name": "x", "bind": "0.0.0.0:1", "advertized_host": "h"}]',
-     "/config/listeners/0"),
-    ("--set", "mode=daemon", "/mode"),
-    ("--set", "configReload=inotify", "/configReload"),
-])
+@pytest.mark.parametrize(
+    ("flag", "value", "named"),
+    [
+        ("--set", "replicaCont=3", "'replicaCont' not allowed"),
+        ("--set-json", 'config.policies={"group.max.sise": 3}', "'group.max.sise' not allowed"),
+        (
+            "--set-json",
+            'config.listeners=[{"name": "x", "bind": "0.0.0.0:1", "advertized_host": "h"}]',
+            "/config/listeners/0",
+        ),
+        ("--set", "mode=daemon", "/mode"),
+        ("--set", "configReload=inotify", "/configReload"),
+    ],
+)
 def test_a_misspelt_or_invalid_value_fails_helm_lint(helm: Helm, flag: str, value: str, named: str) -> None:
     result = helm.run("lint", "--strict", str(CHART), flag, value)
     assert result.returncode != 0
@@ -178,8 +216,9 @@ def test_a_misspelt_or_invalid_value_fails_helm_lint(helm: Helm, flag: str, valu
 
 
 def test_values_schema_config_part_is_generated_from_the_config_model() -> None:
-    result = subprocess.run([sys.executable, str(ROOT / "tools" / "chart_values_schema.py"), "--check"],
-                            capture_output=True, text=True)
+    result = subprocess.run(
+        [sys.executable, str(ROOT / "tools" / "chart_values_schema.py"), "--check"], capture_output=True, text=True
+    )
     assert result.returncode == 0, result.stderr
 
 
@@ -195,7 +234,8 @@ def test_the_committed_sidecar_example_is_what_the_chart_renders(helm: Helm) -> 
 def test_rendered_manifests_validate_against_kubernetes_schemas(rendered: dict[str, Path]) -> None:
     result = subprocess.run(
         [deploy_tool("kubernetes-validate"), "--strict", "--quiet", *map(str, rendered.values())],
-        capture_output=True, text=True,
+        capture_output=True,
+        text=True,
     )
     assert result.returncode == 0, result.stdout + result.stderr
     # A CRD has no schema there; everything else is validated.
@@ -206,9 +246,17 @@ def test_rendered_manifests_validate_against_kubernetes_schemas(rendered: dict[s
 def test_checkov_passes_and_every_skip_is_named_and_justified(rendered: dict[str, Path], tmp_path: Path) -> None:
     config_file = CHART / ".checkov.yaml"
     result = subprocess.run(
-        [deploy_tool("checkov"), "--config-file", str(config_file), "--output", "json",
-         *[arg for path in rendered.values() for arg in ("-f", str(path))]],
-        capture_output=True, text=True, cwd=tmp_path,
+        [
+            deploy_tool("checkov"),
+            "--config-file",
+            str(config_file),
+            "--output",
+            "json",
+            *[arg for path in rendered.values() for arg in ("-f", str(path))],
+        ],
+        capture_output=True,
+        text=True,
+        cwd=tmp_path,
     )
     assert result.returncode == 0, result.stdout[-3000:] + result.stderr[-2000:]
     reports = json.loads(result.stdout)
@@ -295,8 +343,11 @@ def test_config_and_certificates_are_mounted_as_directories_so_updates_reach_the
     volumes = {v["name"]: v for v in pod["volumes"]}
     assert all("subPath" not in m for m in mounts.values())  # a subPath mount never sees an update
     config_mount = mounts["kafka-admission-proxy-config"]
-    assert config_mount == {"name": "kafka-admission-proxy-config", "mountPath": "/etc/kafka-admission-proxy",
-                            "readOnly": True}
+    assert config_mount == {
+        "name": "kafka-admission-proxy-config",
+        "mountPath": "/etc/kafka-admission-proxy",
+        "readOnly": True,
+    }
     assert volumes["kafka-admission-proxy-config"]["configMap"]["name"] == config_map(docs)["metadata"]["name"]
     args = proxy_container(kind(docs, workload))["args"]
     assert args[args.index("--config") + 1] == "/etc/kafka-admission-proxy/config.yaml"
@@ -324,13 +375,15 @@ def test_the_sidecar_sits_in_the_broker_pod_and_takes_the_client_port(rendered: 
     advertised = re.search(r"CLIENT://[^,]+:(\d+)", env["KAFKA_ADVERTISED_LISTENERS"])
     proxy_port = int(config["listeners"][0]["bind"].rsplit(":", 1)[1])
     assert advertised and int(advertised.group(1)) == proxy_port == values.get("exampleBroker", {}).get(
-        "clientPort", 9092)
+        "clientPort", 9092
+    )
     assert {p["containerPort"] for p in containers["kafka-admission-proxy"]["ports"]} == {proxy_port, 9464}
     assert not {p["containerPort"] for p in containers["kafka"]["ports"]} & {proxy_port, 19092}
     headless = kind(docs, "Service")
     assert headless["spec"]["clusterIP"] == "None"
     assert {p["port"]: p["targetPort"] for p in headless["spec"]["ports"] if p["name"] == "client"} == {
-        proxy_port: "kafka-0"}
+        proxy_port: "kafka-0"
+    }
     assert config["policies"] == values["config"]["policies"]
 
 
@@ -385,9 +438,16 @@ def test_the_sidecar_brokers_take_clients_and_prometheus_from_the_configured_pee
     policy; the broker-only ports keep admitting the broker pods alone."""
     clients = [{"namespaceSelector": {"matchLabels": {"kafka-client": "true"}}}]
     prometheus = [{"namespaceSelector": {"matchLabels": {"kubernetes.io/metadata.name": "monitoring"}}}]
-    docs = documents(helm.template("-f", str(SIDECAR_VALUES),
-                                   "--set-json", f"networkPolicy.clientsFrom={json.dumps(clients)}",
-                                   "--set-json", f"networkPolicy.metricsFrom={json.dumps(prometheus)}"))
+    docs = documents(
+        helm.template(
+            "-f",
+            str(SIDECAR_VALUES),
+            "--set-json",
+            f"networkPolicy.clientsFrom={json.dumps(clients)}",
+            "--set-json",
+            f"networkPolicy.metricsFrom={json.dumps(prometheus)}",
+        )
+    )
     [policy] = [d for d in docs if d["kind"] == "NetworkPolicy"]
     rules = policy_rules(policy)
     assert (rules[9092], rules["admin"]) == (clients, prometheus)
@@ -422,14 +482,25 @@ def test_the_broker_policy_is_off_by_default_and_refuses_to_select_every_pod(hel
     """Off by default: it selects pods the chart does not own. On, it needs the brokers' labels
     (an empty podSelector would close every pod of the namespace) and, standalone, the proxied port."""
     for args in ((), ("-f", str(SIDECAR_VALUES), "--set", "brokerNetworkPolicy.enabled=false")):
-        assert not [d for d in documents(helm.template(*args)) if d["metadata"]["name"].endswith("-brokers")
-                    and d["kind"] == "NetworkPolicy"]
+        assert not [
+            d
+            for d in documents(helm.template(*args))
+            if d["metadata"]["name"].endswith("-brokers") and d["kind"] == "NetworkPolicy"
+        ]
     assert yaml.safe_load((CHART / "values.yaml").read_text())["brokerNetworkPolicy"]["enabled"] is False
     result = helm.run("template", "kafka", str(CHART), "--set", "brokerNetworkPolicy.enabled=true")
     assert result.returncode != 0 and "brokerNetworkPolicy.podSelector: the broker pods' labels are required" in (
-        result.stderr)
-    result = helm.run("template", "kafka", str(CHART), "--set", "brokerNetworkPolicy.enabled=true",
-                      "--set", "brokerNetworkPolicy.podSelector.app=kafka")
+        result.stderr
+    )
+    result = helm.run(
+        "template",
+        "kafka",
+        str(CHART),
+        "--set",
+        "brokerNetworkPolicy.enabled=true",
+        "--set",
+        "brokerNetworkPolicy.podSelector.app=kafka",
+    )
     assert result.returncode != 0 and "brokerNetworkPolicy.proxiedPorts: standalone mode needs" in result.stderr
 
 
@@ -452,7 +523,8 @@ def test_a_native_sidecar_proxy_starts_before_the_broker_and_stops_after_it(rend
     assert "initContainers" not in ordinary
     assert "restartPolicy" not in proxy_container({"spec": {"template": {"spec": ordinary}}})
     assert {k: v for k, v in proxy.items() if k != "restartPolicy"} == proxy_container(
-        {"spec": {"template": {"spec": ordinary}}})
+        {"spec": {"template": {"spec": ordinary}}}
+    )
 
 
 def test_native_sidecar_does_not_change_a_standalone_deployment(helm: Helm) -> None:
@@ -534,17 +606,21 @@ def test_the_podmonitor_scrapes_the_admin_port_of_the_sidecar_in_every_broker_po
 
 @pytest.mark.parametrize("monitor", ["podMonitor", "serviceMonitor"])
 def test_a_monitor_of_a_loopback_admin_port_fails_to_render_with_the_reason(helm: Helm, monitor: str) -> None:
-    result = helm.run("template", "kafka", str(CHART), "--set", f"{monitor}.enabled=true",
-                      "--set", "config.admin.bind=127.0.0.1:9464")
+    result = helm.run(
+        "template", "kafka", str(CHART), "--set", f"{monitor}.enabled=true", "--set", "config.admin.bind=127.0.0.1:9464"
+    )
     assert result.returncode != 0
     assert f"{monitor}.enabled: config.admin.bind is 127.0.0.1:9464, which Prometheus cannot reach" in result.stderr
 
 
-@pytest.mark.parametrize(("mode", "kinds"), [
-    ("standalone", {"ServiceMonitor", "PodMonitor", "PrometheusRule"}),
-    ("sidecar", {"PodMonitor", "PrometheusRule"}),
-    ("native-sidecar", {"PodMonitor", "PrometheusRule"}),
-])
+@pytest.mark.parametrize(
+    ("mode", "kinds"),
+    [
+        ("standalone", {"ServiceMonitor", "PodMonitor", "PrometheusRule"}),
+        ("sidecar", {"PodMonitor", "PrometheusRule"}),
+        ("native-sidecar", {"PodMonitor", "PrometheusRule"}),
+    ],
+)
 def test_the_prometheus_operator_resources_validate_against_its_crds(
     rendered: dict[str, Path], mode: str, kinds: set[str]
 ) -> None:
@@ -562,8 +638,9 @@ def test_promtool_checks_the_rules_as_the_chart_renders_them(rendered: dict[str,
     rule = kind(documents(rendered["sidecar"].read_text()), "PrometheusRule")
     rules_file = tmp_path / "rendered.rules.yaml"
     rules_file.write_text(yaml.safe_dump(rule["spec"]))
-    result = subprocess.run([system_tool("promtool", "prometheus"), "check", "rules", str(rules_file)],
-                            capture_output=True, text=True)
+    result = subprocess.run(
+        [system_tool("promtool", "prometheus"), "check", "rules", str(rules_file)], capture_output=True, text=True
+    )
     assert result.returncode == 0, result.stdout + result.stderr
     assert f"SUCCESS: {len(rule['spec']['groups'][0]['rules'])} rules found" in result.stdout
 
@@ -594,9 +671,14 @@ def test_a_packaged_chart_carries_the_rules_and_the_dashboard_themselves(helm: H
 
 
 def test_the_prometheusrule_takes_the_labels_a_rule_selector_asks_for(helm: Helm) -> None:
-    rule = kind(documents(helm.template("--set", "prometheusRule.enabled=true",
-                                        "--set", "prometheusRule.labels.release=kube-prometheus-stack")),
-                "PrometheusRule")
+    rule = kind(
+        documents(
+            helm.template(
+                "--set", "prometheusRule.enabled=true", "--set", "prometheusRule.labels.release=kube-prometheus-stack"
+            )
+        ),
+        "PrometheusRule",
+    )
     assert rule["metadata"]["labels"]["release"] == "kube-prometheus-stack"
 
 
@@ -606,8 +688,11 @@ def test_the_dashboard_configmap_holds_the_deploy_dashboard_for_the_grafana_side
 ) -> None:
     link = CHART / "files" / DASHBOARD.name
     assert link.is_symlink() and link.resolve() == DASHBOARD.resolve()
-    [configmap] = [d for d in documents(rendered[mode].read_text())
-                   if d["kind"] == "ConfigMap" and d["metadata"]["name"].endswith("-dashboard")]
+    [configmap] = [
+        d
+        for d in documents(rendered[mode].read_text())
+        if d["kind"] == "ConfigMap" and d["metadata"]["name"].endswith("-dashboard")
+    ]
     assert configmap["metadata"]["labels"]["grafana_dashboard"] == "1"
     assert list(configmap["data"]) == [DASHBOARD.name]
     assert json.loads(configmap["data"][DASHBOARD.name]) == json.loads(DASHBOARD.read_text())
@@ -626,8 +711,12 @@ def test_the_extension_points_reach_the_pod_in_both_modes(rendered: dict[str, Pa
     assert {"name": "broker-certs", "secret": {"secretName": "kafka-broker-certs"}} in pod["spec"]["volumes"]
     labels = pod["metadata"]["labels"]
     assert labels["team"] == "streaming"
-    assert {"app.kubernetes.io/name", "app.kubernetes.io/instance", "app.kubernetes.io/version",
-            "app.kubernetes.io/managed-by"} <= set(labels)
+    assert {
+        "app.kubernetes.io/name",
+        "app.kubernetes.io/instance",
+        "app.kubernetes.io/version",
+        "app.kubernetes.io/managed-by",
+    } <= set(labels)
     assert workload["spec"]["selector"]["matchLabels"].items() <= labels.items()
     assert pod["spec"]["priorityClassName"] == "kafka-critical"
     assert pod["spec"]["topologySpreadConstraints"][0]["topologyKey"] == "topology.kubernetes.io/zone"
@@ -642,8 +731,9 @@ def test_a_startup_probe_holds_liveness_until_the_proxy_first_answers(rendered: 
 
 
 def test_pod_labels_cannot_take_over_the_selector_labels(helm: Helm) -> None:
-    deployment = kind(documents(helm.template("--set-json", 'podLabels={"app.kubernetes.io/name": "other"}')),
-                      "Deployment")
+    deployment = kind(
+        documents(helm.template("--set-json", 'podLabels={"app.kubernetes.io/name": "other"}')), "Deployment"
+    )
     assert deployment["spec"]["template"]["metadata"]["labels"]["app.kubernetes.io/name"] == "kafka-admission-proxy"
 
 
@@ -660,16 +750,20 @@ def test_external_traffic_policy_local_keeps_client_ips_and_needs_an_external_se
     assert "Local keeps the client's source IP" in (CHART / "values.yaml").read_text()
 
 
-@pytest.mark.parametrize(("flag", "value", "named"), [
-    ("--set", "service.externalTrafficPolicy=local", "/service/externalTrafficPolicy"),
-    ("--set-json", 'extraEnv=[{"value": "x"}]', "/extraEnv/0"),
-    ("--set-json", 'extraVolumeMounts=[{"name": "x"}]', "/extraVolumeMounts/0"),
-    ("--set", "startupProbe.periodSecond=2", "'periodSecond' not allowed"),
-    ("--set", "podMonitor.enable=true", "'enable' not allowed"),
-    ("--set", "grafanaDashboard.labels.grafana_dashboard=1", "/grafanaDashboard/labels/grafana_dashboard"),
-])
-def test_a_misspelt_extension_or_monitoring_value_fails_helm_lint(helm: Helm, flag: str, value: str,
-                                                                   named: str) -> None:
+@pytest.mark.parametrize(
+    ("flag", "value", "named"),
+    [
+        ("--set", "service.externalTrafficPolicy=local", "/service/externalTrafficPolicy"),
+        ("--set-json", 'extraEnv=[{"value": "x"}]', "/extraEnv/0"),
+        ("--set-json", 'extraVolumeMounts=[{"name": "x"}]', "/extraVolumeMounts/0"),
+        ("--set", "startupProbe.periodSecond=2", "'periodSecond' not allowed"),
+        ("--set", "podMonitor.enable=true", "'enable' not allowed"),
+        ("--set", "grafanaDashboard.labels.grafana_dashboard=1", "/grafanaDashboard/labels/grafana_dashboard"),
+    ],
+)
+def test_a_misspelt_extension_or_monitoring_value_fails_helm_lint(
+    helm: Helm, flag: str, value: str, named: str
+) -> None:
     result = helm.run("lint", "--strict", str(CHART), flag, value)
     assert result.returncode != 0
     assert named in result.stdout + result.stderr
@@ -679,9 +773,11 @@ def test_a_misspelt_extension_or_monitoring_value_fails_helm_lint(helm: Helm, fl
 
 POD_NAME_ENV = {"name": "POD_NAME", "valueFrom": {"fieldRef": {"fieldPath": "metadata.name"}}}
 KEY_PASSWORD = ["--set-json", 'secretEnv=[{"name": "KEY_PASSWORD", "secretName": "proxy-tls", "key": "password"}]']
-PER_POD_TLS = {"cert_file": "/etc/kafka-admission-proxy-tls/server/${POD_NAME}.crt",
-               "key_file": "/etc/kafka-admission-proxy-tls/server/${POD_NAME}.key",
-               "key_password_env": "KEY_PASSWORD"}
+PER_POD_TLS = {
+    "cert_file": "/etc/kafka-admission-proxy-tls/server/${POD_NAME}.crt",
+    "key_file": "/etc/kafka-admission-proxy-tls/server/${POD_NAME}.key",
+    "key_password_env": "KEY_PASSWORD",
+}
 
 
 @pytest.mark.parametrize("mode", MODES)
@@ -708,15 +804,28 @@ def test_a_key_password_from_a_secret_reaches_the_env_var_key_password_env_names
     assert tls == PER_POD_TLS  # the proxy expands ${POD_NAME}, not helm
 
 
-@pytest.mark.parametrize(("config", "named"), [
-    ({"listeners": [{"name": "client", "bind": "0.0.0.0:9092", "tls": PER_POD_TLS}]},
-     "config.listeners[0].tls.key_password_env: environment variable KEY_PASSWORD is not set"),
-    ({"upstream": {"bootstrap_servers": ["k:9092"],
-                   "tls": {"enabled": True, "cert_file": "/c.crt", "key_file": "/c.key", "key_password_env": "UP"}}},
-     "config.upstream.tls.key_password_env: environment variable UP is not set"),
-    ({"upstream": {"bootstrap_servers": ["${BROKER_HOST}:9092"]}},
-     "config, a ${NAME} reference: environment variable BROKER_HOST is not set"),
-])
+@pytest.mark.parametrize(
+    ("config", "named"),
+    [
+        (
+            {"listeners": [{"name": "client", "bind": "0.0.0.0:9092", "tls": PER_POD_TLS}]},
+            "config.listeners[0].tls.key_password_env: environment variable KEY_PASSWORD is not set",
+        ),
+        (
+            {
+                "upstream": {
+                    "bootstrap_servers": ["k:9092"],
+                    "tls": {"enabled": True, "cert_file": "/c.crt", "key_file": "/c.key", "key_password_env": "UP"},
+                }
+            },
+            "config.upstream.tls.key_password_env: environment variable UP is not set",
+        ),
+        (
+            {"upstream": {"bootstrap_servers": ["${BROKER_HOST}:9092"]}},
+            "config, a ${NAME} reference: environment variable BROKER_HOST is not set",
+        ),
+    ],
+)
 def test_a_config_naming_a_variable_the_container_lacks_fails_to_render(
     helm: Helm, config: dict[str, Any], named: str
 ) -> None:
@@ -728,23 +837,35 @@ def test_a_config_naming_a_variable_the_container_lacks_fails_to_render(
 
 def test_a_literal_dollar_brace_needs_no_variable_and_extra_env_counts_as_set(helm: Helm) -> None:
     upstream = {"bootstrap_servers": ["$${LITERAL}:9092", "${FROM_EXTRA}:9092"]}
-    docs = documents(helm.template("--set-json", f"config.upstream={json.dumps(upstream)}",
-                                   "--set-json", 'extraEnv=[{"name": "FROM_EXTRA", "value": "kafka-0"}]'))
+    docs = documents(
+        helm.template(
+            "--set-json",
+            f"config.upstream={json.dumps(upstream)}",
+            "--set-json",
+            'extraEnv=[{"name": "FROM_EXTRA", "value": "kafka-0"}]',
+        )
+    )
     assert rendered_config(docs)["upstream"]["bootstrap_servers"] == upstream["bootstrap_servers"]
 
 
 # --- the rendered config, run as rendered -----------------------------------------
 
 
-def _run_rendered(helm: Helm, runtime_venv: Path, launch: Any, tmp_path: Path, upstream: str,
-                  listener: dict[str, Any], *args: str) -> Any:
+def _run_rendered(
+    helm: Helm, runtime_venv: Path, launch: Any, tmp_path: Path, upstream: str, listener: dict[str, Any], *args: str
+) -> Any:
     admin = f"127.0.0.1:{free_port()}"
-    docs = documents(helm.template(
-        *args,
-        "--set-json", f"config.upstream.bootstrap_servers={json.dumps([upstream])}",
-        "--set-json", f"config.listeners={json.dumps([listener])}",
-        "--set-json", f"config.admin={json.dumps({'bind': admin})}",
-    ))
+    docs = documents(
+        helm.template(
+            *args,
+            "--set-json",
+            f"config.upstream.bootstrap_servers={json.dumps([upstream])}",
+            "--set-json",
+            f"config.listeners={json.dumps([listener])}",
+            "--set-json",
+            f"config.admin={json.dumps({'bind': admin})}",
+        )
+    )
     workload = next(d for d in docs if d["kind"] in ("Deployment", "StatefulSet"))
     container = proxy_container(workload)
     config_path = tmp_path / "etc-kafka-admission-proxy" / "config.yaml"
@@ -759,10 +880,22 @@ def _run_rendered(helm: Helm, runtime_venv: Path, launch: Any, tmp_path: Path, u
 def test_the_standalone_config_runs_with_the_rendered_command_line_against_tansu(
     helm: Helm, tansu: TansuBroker, runtime_venv: Path, launch: Any, tmp_path: Path
 ) -> None:
-    listener = {"name": "external", "bind": f"127.0.0.1:{free_port()}", "advertised_host": "127.0.0.1",
-                "node_port_base": free_node_port_base([TansuBroker.NODE_ID])}
-    proxy = _run_rendered(helm, runtime_venv, launch, tmp_path, tansu.bootstrap, listener,
-                          "--set-json", f"brokerNodeIds=[{TansuBroker.NODE_ID}]")
+    listener = {
+        "name": "external",
+        "bind": f"127.0.0.1:{free_port()}",
+        "advertised_host": "127.0.0.1",
+        "node_port_base": free_node_port_base([TansuBroker.NODE_ID]),
+    }
+    proxy = _run_rendered(
+        helm,
+        runtime_venv,
+        launch,
+        tmp_path,
+        tansu.bootstrap,
+        listener,
+        "--set-json",
+        f"brokerNodeIds=[{TansuBroker.NODE_ID}]",
+    )
     assert proxy.config["mode"] == "cluster"
     assert len(produce_and_consume(proxy.bootstrap)) == 20
     # Clients were sent to the proxy's per-broker port, which the chart exposes.
@@ -775,8 +908,16 @@ def test_the_sidecar_config_runs_with_the_rendered_command_line_against_a_broker
     proxy_address = f"127.0.0.1:{free_port()}"
     # As in the broker pod: the broker advertises the proxy's address, the proxy dials the broker.
     with TansuBroker(advertised=proxy_address) as broker:
-        proxy = _run_rendered(helm, runtime_venv, launch, tmp_path, broker.bootstrap,
-                              {"name": "client", "bind": proxy_address}, "-f", str(SIDECAR_VALUES))
+        proxy = _run_rendered(
+            helm,
+            runtime_venv,
+            launch,
+            tmp_path,
+            broker.bootstrap,
+            {"name": "client", "bind": proxy_address},
+            "-f",
+            str(SIDECAR_VALUES),
+        )
         assert proxy.config["mode"] == "sidecar"
         assert len(produce_and_consume(proxy.bootstrap)) == 20
         assert proxy.metric("kafka_admission_requests_total", api="produce") >= 1

@@ -69,9 +69,14 @@ def running_prometheus(folder: Path, job: str, target: str) -> Iterator[Promethe
     )
     port = free_port()
     server = subprocess.Popen(
-        [binary, f"--config.file={folder / 'prometheus.yml'}", f"--storage.tsdb.path={folder / 'data'}",
-         f"--web.listen-address=127.0.0.1:{port}"],
-        stdout=subprocess.DEVNULL, stderr=(folder / "prometheus.log").open("wb"),
+        [
+            binary,
+            f"--config.file={folder / 'prometheus.yml'}",
+            f"--storage.tsdb.path={folder / 'data'}",
+            f"--web.listen-address=127.0.0.1:{port}",
+        ],
+        stdout=subprocess.DEVNULL,
+        stderr=(folder / "prometheus.log").open("wb"),
     )
     try:
         wait_for_port("127.0.0.1", port, timeout=30)
@@ -98,8 +103,9 @@ def test_promql_over_the_scraped_proxy_gives_the_values_it_exports(
     assert prometheus.value('sum(kafka_admission_config_reloads_total{outcome="invalid"})') == 1
     evicted = 'sum(kafka_admission_decisions_total{policy="connections",limit="max.ssl.connections"})'
     assert prometheus.value(evicted) == busy_proxy.metric(
-        "kafka_admission_decisions_total", policy="connections", limit="max.ssl.connections")
-    days_left = prometheus.value('(kafka_admission_tls_certificate_expiry_timestamp_seconds - time()) / 86400')
+        "kafka_admission_decisions_total", policy="connections", limit="max.ssl.connections"
+    )
+    days_left = prometheus.value("(kafka_admission_tls_certificate_expiry_timestamp_seconds - time()) / 86400")
     assert days_left is not None and days_left > 30
 
 
@@ -119,7 +125,10 @@ def test_every_dashboard_panel_shows_series_prometheus_scraped(
     scrapes = f'count_over_time(up{{job="{JOB}"}}[1m])'
     wait_until(lambda: (prometheus.value(scrapes) or 0) >= 3, timeout=30, interval=0.5)
     variables = {
-        "$job": JOB, "$instance": busy_proxy.config["admin"]["bind"], "$__rate_interval": "10s", "$__range": "1m",
+        "$job": JOB,
+        "$instance": busy_proxy.config["admin"]["bind"],
+        "$__rate_interval": "10s",
+        "$__range": "1m",
     }
     problems = []
     panels = [panel for panel in json.loads(DASHBOARD.read_text())["panels"] if panel["type"] != "row"]
@@ -172,8 +181,9 @@ def test_the_reload_alert_follows_the_proxy_gauge_and_the_down_alert_a_stopped_p
     job = "kafka-admission-proxy-reload"  # a job the rules' `job=~".*kafka-admission-proxy.*"` selects
     reload_alert = 'ALERTS{alertname="KafkaAdmissionConfigReloadFailed"}'
     with running_prometheus(tmp_path, job, target) as prometheus:
-        wait_until(lambda: prometheus.value("kafka_admission_config_last_reload_successful") == 1,
-                   timeout=30, interval=0.5)
+        wait_until(
+            lambda: prometheus.value("kafka_admission_config_last_reload_successful") == 1, timeout=30, interval=0.5
+        )
         assert prometheus.query(reload_alert) == []
         proxy.reload("policies: {group.max.size: -5}\n" + yaml.safe_dump(proxy.config), expect="invalid")
         [pending] = wait_until(lambda: prometheus.query(reload_alert), timeout=30, interval=0.5)

@@ -91,11 +91,19 @@ def test_systemd_analyze_verify_accepts_the_unit_without_a_warning(tmp_path: Pat
 def test_the_unit_is_sandboxed_and_reloads_with_sighup() -> None:
     service = service_section()
     expected = {
-        "ProtectSystem": "strict", "ProtectHome": "yes", "PrivateTmp": "yes", "NoNewPrivileges": "yes",
-        "CapabilityBoundingSet": "", "DynamicUser": "yes", "PrivateDevices": "yes",
-        "RestrictAddressFamilies": "AF_INET AF_INET6 AF_UNIX", "SystemCallFilter": "@system-service",
-        "ExecReload": "/bin/kill -HUP $MAINPID", "RestartPreventExitStatus": "2",
-        "LoadCredential": "private:/etc/kafka-admission-proxy/private", "MemoryMax": "512M",
+        "ProtectSystem": "strict",
+        "ProtectHome": "yes",
+        "PrivateTmp": "yes",
+        "NoNewPrivileges": "yes",
+        "CapabilityBoundingSet": "",
+        "DynamicUser": "yes",
+        "PrivateDevices": "yes",
+        "RestrictAddressFamilies": "AF_INET AF_INET6 AF_UNIX",
+        "SystemCallFilter": "@system-service",
+        "ExecReload": "/bin/kill -HUP $MAINPID",
+        "RestartPreventExitStatus": "2",
+        "LoadCredential": "private:/etc/kafka-admission-proxy/private",
+        "MemoryMax": "512M",
     }
     assert {key: service.get(key, [None])[-1] for key in expected} == expected
     # The stop timeout leaves room for the drain.
@@ -198,16 +206,26 @@ def test_the_dynamic_user_reads_a_root_only_key_only_as_the_units_credential(
         def write_config(key_file: Path) -> dict[str, Any]:
             config = proxy_config(tansu.bootstrap)
             tls = {"cert_file": str(etc / "server.pem"), "key_file": str(key_file)}
-            config["listeners"].append({"name": "tls", "bind": f"127.0.0.1:{free_port()}", "tls": tls,
-                                        "node_port_base": config["listeners"][0]["node_port_base"] + 100})
+            config["listeners"].append(
+                {
+                    "name": "tls",
+                    "bind": f"127.0.0.1:{free_port()}",
+                    "tls": tls,
+                    "node_port_base": config["listeners"][0]["node_port_base"] + 100,
+                }
+            )
             config_path.write_text(yaml.safe_dump(config))
             config_path.chmod(0o644)
             return config
 
         # The finding: the key where it lies is out of the dynamic user's reach.
         write_config(private / "server.key")
-        refused = subprocess.run(as_dynamic_user(command_line("ExecStartPre", daemon_venv, config_path)),
-                                 capture_output=True, text=True, timeout=60)
+        refused = subprocess.run(
+            as_dynamic_user(command_line("ExecStartPre", daemon_venv, config_path)),
+            capture_output=True,
+            text=True,
+            timeout=60,
+        )
         assert refused.returncode == 2, refused.stderr
         assert f"listeners[1].tls.key_file: cannot read '{private / 'server.key'}': Permission denied" in (
             refused.stderr.splitlines()
@@ -217,8 +235,12 @@ def test_the_dynamic_user_reads_a_root_only_key_only_as_the_units_credential(
         credentials = root / CREDENTIALS.lstrip("/")
         load_credentials(private, credentials)
         config = write_config(credentials / "private_server.key")
-        pre = subprocess.run(as_dynamic_user(command_line("ExecStartPre", daemon_venv, config_path)),
-                             capture_output=True, text=True, timeout=60)
+        pre = subprocess.run(
+            as_dynamic_user(command_line("ExecStartPre", daemon_venv, config_path)),
+            capture_output=True,
+            text=True,
+            timeout=60,
+        )
         assert pre.returncode == 0, pre.stderr
         proxy = launch(config, as_dynamic_user(command_line("ExecStart", daemon_venv, config_path)), config_path)
         assert api_versions_over_tls(proxy.listener_bind("tls"), str(root / "ca.pem")) == 5

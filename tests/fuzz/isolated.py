@@ -39,8 +39,15 @@ def _vm_size_bytes() -> int:
     raise RuntimeError("no VmSize in /proc/self/status")
 
 
-def _child(start: int, count: int, run_case: Callable[[int], str | None], progress: mmap.mmap, out: int,
-           limit: int, stderr_path: str) -> None:
+def _child(
+    start: int,
+    count: int,
+    run_case: Callable[[int], str | None],
+    progress: mmap.mmap,
+    out: int,
+    limit: int,
+    stderr_path: str,
+) -> None:
     faulthandler.disable()  # pytest's handler would dump a traceback per abort into the test output
     fd = os.open(stderr_path, os.O_WRONLY | os.O_CREAT | os.O_TRUNC)
     os.dup2(fd, 2)  # a native abort's message goes to a file, not the test output

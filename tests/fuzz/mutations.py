@@ -17,12 +17,27 @@ from collections.abc import Callable
 from hypothesis import strategies as st
 
 INTERESTING = (
-    b"\x00", b"\x01", b"\x7f", b"\x80", b"\xff",
-    b"\x00\x00", b"\xff\xff", b"\x7f\xff", b"\x80\x00",  # int16: 0, -1, max, min
-    b"\x00\x00\x00\x00", b"\xff\xff\xff\xff", b"\x7f\xff\xff\xff", b"\x80\x00\x00\x00", b"\x00\x01\x00\x00",
-    b"\x80\x01", b"\xff\x7f", b"\xff\xff\x03",  # unsigned varints 128, 16383, 65535
-    b"\xff\xff\xff\x7f", b"\x80\x80\x80\x80\x01",  # 2**28 - 1, 2**28
-    b"\xff\xff\xff\xff\x07", b"\xff\xff\xff\xff\x0f",  # 2**31 - 1, 2**32 - 1 (a compact length of 4 billion)
+    b"\x00",
+    b"\x01",
+    b"\x7f",
+    b"\x80",
+    b"\xff",
+    b"\x00\x00",
+    b"\xff\xff",
+    b"\x7f\xff",
+    b"\x80\x00",  # int16: 0, -1, max, min
+    b"\x00\x00\x00\x00",
+    b"\xff\xff\xff\xff",
+    b"\x7f\xff\xff\xff",
+    b"\x80\x00\x00\x00",
+    b"\x00\x01\x00\x00",
+    b"\x80\x01",
+    b"\xff\x7f",
+    b"\xff\xff\x03",  # unsigned varints 128, 16383, 65535
+    b"\xff\xff\xff\x7f",
+    b"\x80\x80\x80\x80\x01",  # 2**28 - 1, 2**28
+    b"\xff\xff\xff\xff\x07",
+    b"\xff\xff\xff\xff\x0f",  # 2**31 - 1, 2**32 - 1 (a compact length of 4 billion)
     b"\xff\xff\xff\xff\xff\xff\xff\xff\xff\x01",  # a varint longer than any Kafka uses
 )
 

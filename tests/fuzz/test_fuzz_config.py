@@ -74,9 +74,41 @@ BASES = [
     (ROOT / "demo" / "demo-config.yaml").read_text(),
 ]
 TRICKY = [
-    "yes", "no", "on", "off", "~", "null", "''", '"100"', "0x10", "010", "1_000", "1:30", "1e3", ".inf", "-1", "0",
-    "2147483648", "9" * 30, "[]", "{}", "[a, b]", "{a: 1}", "&a x", "*a", "!!binary aGk=", "!!python/object:os.system",
-    "|\n  text", ">-\n  folded", "'unterminated", "2026-11-23", "true", "\t", "- item", "key: value", "<<: {a: 1}",
+    "yes",
+    "no",
+    "on",
+    "off",
+    "~",
+    "null",
+    "''",
+    '"100"',
+    "0x10",
+    "010",
+    "1_000",
+    "1:30",
+    "1e3",
+    ".inf",
+    "-1",
+    "0",
+    "2147483648",
+    "9" * 30,
+    "[]",
+    "{}",
+    "[a, b]",
+    "{a: 1}",
+    "&a x",
+    "*a",
+    "!!binary aGk=",
+    "!!python/object:os.system",
+    "|\n  text",
+    ">-\n  folded",
+    "'unterminated",
+    "2026-11-23",
+    "true",
+    "\t",
+    "- item",
+    "key: value",
+    "<<: {a: 1}",
 ]
 
 
@@ -102,8 +134,9 @@ def _edit_lines(text: str, edits: list[tuple[int, int, int, int]]) -> str:
     return "\n".join(lines) + "\n"
 
 
-line_edits = st.lists(st.tuples(st.integers(0, 5), st.integers(0, 200), st.integers(0, 200), st.integers(0, 99)),
-                      min_size=1, max_size=4)
+line_edits = st.lists(
+    st.tuples(st.integers(0, 5), st.integers(0, 200), st.integers(0, 200), st.integers(0, 99)), min_size=1, max_size=4
+)
 texts = st.one_of(
     st.tuples(st.sampled_from(BASES), line_edits).map(lambda t: _edit_lines(*t)),
     st.sampled_from(BASES).flatmap(lambda base: mutated(base.encode())).map(lambda b: b.decode("utf-8", "replace")),

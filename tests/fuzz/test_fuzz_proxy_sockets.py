@@ -173,7 +173,8 @@ def fuzz_the_running_proxy(proxy: Any, seed: int) -> dict[str, Any]:
         "well_behaved": well_behaved,
         "rss_growth_kib": rss_kib(proxy.process.pid) - rss_before if proxy.process.poll() is None else None,
         "failures_counted": proxy.metric("kafka_admission_connection_failures_total") - failures_before
-        if proxy.process.poll() is None else None,
+        if proxy.process.poll() is None
+        else None,
     }
 
 
@@ -202,10 +203,13 @@ def test_hostile_frames_close_only_their_connections(own_tansu: TansuBroker, sta
 
 
 def test_hostile_frames_close_only_their_connections_with_every_policy_decoding(
-    own_tansu: TansuBroker, start_proxy: Any,
+    own_tansu: TansuBroker,
+    start_proxy: Any,
 ) -> None:
     proxy = start_proxy(
-        own_tansu.bootstrap, policies=POLICIES, command_prefix=["prlimit", f"--as={ADDRESS_SPACE}"],
+        own_tansu.bootstrap,
+        policies=POLICIES,
+        command_prefix=["prlimit", f"--as={ADDRESS_SPACE}"],
     )
     result = fuzz_the_running_proxy(proxy, seed=2)
     assert_survived(proxy, result)

@@ -86,7 +86,13 @@ class Stunnel:
     """``stunnel`` terminating TLS on ``accept`` and forwarding to ``connect``."""
 
     def __init__(
-        self, binary: str, workdir: Path, *, connect: str, cert_file: str, key_file: str,
+        self,
+        binary: str,
+        workdir: Path,
+        *,
+        connect: str,
+        cert_file: str,
+        key_file: str,
         accept_port: int | None = None,
     ) -> None:
         self.port = accept_port or free_port()
@@ -117,15 +123,15 @@ class Stunnel:
     def start(self) -> Stunnel:
         with self.output_path.open("wb") as output:
             self._process = subprocess.Popen(
-                [self._binary, str(self.config_path)], stdout=output, stderr=subprocess.STDOUT,
+                [self._binary, str(self.config_path)],
+                stdout=output,
+                stderr=subprocess.STDOUT,
             )
         try:
             wait_for_port("127.0.0.1", self.port, timeout=10)
         except TimeoutError:
             printed = self._stop()
-            raise AssertionError(
-                f"stunnel did not listen on {self.address}:\n{printed}\n{self.log()}"
-            ) from None
+            raise AssertionError(f"stunnel did not listen on {self.address}:\n{printed}\n{self.log()}") from None
         return self
 
     def _stop(self) -> str:
@@ -142,7 +148,9 @@ class Stunnel:
         return self.start()
 
     def __exit__(
-        self, exc_type: type[BaseException] | None, exc: BaseException | None,
+        self,
+        exc_type: type[BaseException] | None,
+        exc: BaseException | None,
         tb: TracebackType | None,
     ) -> None:
         self.stop()
@@ -161,9 +169,7 @@ def _socket_inode(local_port: int, remote_port: int) -> int | None:
         for line in lines:
             fields = line.split()
             local, remote, inode = fields[1], fields[2], fields[9]
-            if int(local.rsplit(":", 1)[1], 16) == local_port and int(
-                remote.rsplit(":", 1)[1], 16
-            ) == remote_port:
+            if int(local.rsplit(":", 1)[1], 16) == local_port and int(remote.rsplit(":", 1)[1], 16) == remote_port:
                 return int(inode)
     return None
 
@@ -210,9 +216,7 @@ class ProxyOnlyGate:
                 return
             inode = _socket_inode(peer_port, self.port)
             pid = self.allowed_pid
-            admitted = self.open or (
-                pid is not None and inode is not None and _process_owns_socket(pid, inode)
-            )
+            admitted = self.open or (pid is not None and inode is not None and _process_owns_socket(pid, inode))
             if not admitted:
                 self.refused.append(peer_port)
                 conn.close()

@@ -129,7 +129,8 @@ def _topic_metadata(bootstrap: str, topic: str) -> Any:
 
 
 def test_produce_reaches_every_partition_leader_through_its_node_port(
-    three_brokers: ThreeBrokers, start_proxy: Any,
+    three_brokers: ThreeBrokers,
+    start_proxy: Any,
 ) -> None:
     """Against librdkafka's mock cluster and Apache Kafka's 3-node cluster: confluent-kafka
     sends each partition's records to its leader, through that leader's node port."""
@@ -142,28 +143,26 @@ def test_produce_reaches_every_partition_leader_through_its_node_port(
     result = produce_values(proxy.bootstrap, topic, values, partitions=partitions, acks="all")
 
     assert result.errors == []
-    assert sorted(result.delivered) == sorted(
-        (partitions[i % len(partitions)], v) for i, v in enumerate(values)
-    )
+    assert sorted(result.delivered) == sorted((partitions[i % len(partitions)], v) for i, v in enumerate(values))
     # The client's own view: which broker connections carried Produce requests.
     produce_requests = {
         b["nodeid"]: (b["nodename"], b["req"].get("Produce", 0))
-        for b in result.stats["brokers"].values() if b["nodeid"] >= 0
+        for b in result.stats["brokers"].values()
+        if b["nodeid"] >= 0
     }
     used = {node for node, (_, count) in produce_requests.items() if count > 0}
     assert used == set(leaders.values())
     assert len(used) >= 2
     for node in used:
         assert produce_requests[node][0] == f"127.0.0.1:{base + node}"
-    assert not any(
-        name.endswith(f":{port}") for name, _ in produce_requests.values() for port in three_brokers.ports
-    )
+    assert not any(name.endswith(f":{port}") for name, _ in produce_requests.values() for port in three_brokers.ports)
     # The proxy's view: it forwarded at least one Produce per leader.
     assert proxy.metric("kafka_admission_requests_total", api="produce") >= len(used)
 
 
 def test_kafka_python_produces_to_a_three_broker_cluster_through_the_proxy(
-    three_brokers: ThreeBrokers, start_proxy: Any,
+    three_brokers: ThreeBrokers,
+    start_proxy: Any,
 ) -> None:
     """Against librdkafka's mock cluster and Apache Kafka's 3-node cluster: kafka-python
     produces to every partition, and knows the brokers only by the proxy's node ports."""
@@ -172,17 +171,14 @@ def test_kafka_python_produces_to_a_three_broker_cluster_through_the_proxy(
     proxy = start_proxy(three_brokers.bootstrap_servers, node_ids=NODE_IDS)
     topic, leaders = three_brokers.topic_led_by_several_brokers(proxy.bootstrap)
     producer = KafkaProducer(
-        bootstrap_servers=proxy.bootstrap, acks="all", request_timeout_ms=10000,
+        bootstrap_servers=proxy.bootstrap,
+        acks="all",
+        request_timeout_ms=10000,
         **three_brokers.kafka_python,
     )
     try:
-        sent = [
-            producer.send(topic, f"kp-{p}".encode(), partition=p).get(timeout=10)
-            for p in sorted(leaders)
-        ]
-        cluster_brokers = {
-            b.node_id: (b.host, b.port) for b in producer._metadata.brokers()
-        }
+        sent = [producer.send(topic, f"kp-{p}".encode(), partition=p).get(timeout=10) for p in sorted(leaders)]
+        cluster_brokers = {b.node_id: (b.host, b.port) for b in producer._metadata.brokers()}
     finally:
         producer.close(timeout=5)
     assert [m.partition for m in sent] == sorted(leaders)
@@ -235,9 +231,7 @@ def test_clients_following_the_brokers_own_address_are_refused_without_the_proxy
 ) -> None:
     """The control: without the proxy, clients learn the gate's address and fail."""
     broker = gated_broker.broker
-    assert broker_addresses(metadata(broker.bootstrap)) == {
-        TansuBroker.NODE_ID: gated_broker.advertised
-    }
+    assert broker_addresses(metadata(broker.bootstrap)) == {TansuBroker.NODE_ID: gated_broker.advertised}
     refused_before = len(gated_broker.gate.refused)
     short: dict[str, Any] = {"message.timeout.ms": 2000}
     result = produce_values(broker.bootstrap, unique("direct"), [b"lost"], **short)
@@ -247,7 +241,8 @@ def test_clients_following_the_brokers_own_address_are_refused_without_the_proxy
 
 
 def test_confluent_kafka_never_uses_a_broker_address_the_proxy_did_not_rewrite(
-    gated_broker: GatedBroker, start_proxy: Any,
+    gated_broker: GatedBroker,
+    start_proxy: Any,
 ) -> None:
     proxy = start_proxy(gated_broker.broker.bootstrap)
     gated_broker.admit_only(proxy)
@@ -276,15 +271,14 @@ def test_confluent_kafka_never_uses_a_broker_address_the_proxy_did_not_rewrite(
 
 
 def test_kafka_python_never_uses_a_broker_address_the_proxy_did_not_rewrite(
-    gated_broker: GatedBroker, start_proxy: Any,
+    gated_broker: GatedBroker,
+    start_proxy: Any,
 ) -> None:
     proxy = start_proxy(gated_broker.broker.bootstrap)
     gated_broker.admit_only(proxy)
     refused_before = len(gated_broker.gate.refused)
     base = node_port_base(proxy)
-    assert kafka_python_brokers(proxy.bootstrap) == {
-        TansuBroker.NODE_ID: ("127.0.0.1", base + TansuBroker.NODE_ID)
-    }
+    assert kafka_python_brokers(proxy.bootstrap) == {TansuBroker.NODE_ID: ("127.0.0.1", base + TansuBroker.NODE_ID)}
     topic = unique("gated-kp")
     create_topic(proxy.bootstrap, topic, partitions=2)
     values = [f"kp{i}".encode() for i in range(20)]
@@ -322,14 +316,13 @@ def test_a_broker_advertising_an_address_nothing_listens_on_still_serves_clients
 
 
 def test_sidecar_mode_passes_broker_addresses_through_unchanged(
-    gated_broker: GatedBroker, start_proxy: Any,
+    gated_broker: GatedBroker,
+    start_proxy: Any,
 ) -> None:
     proxy = start_proxy(gated_broker.broker.bootstrap, mode="sidecar")
     gated_broker.gate.open = True  # in sidecar mode clients do follow the broker's address
 
-    assert broker_addresses(metadata(proxy.bootstrap)) == {
-        TansuBroker.NODE_ID: gated_broker.advertised
-    }
+    assert broker_addresses(metadata(proxy.bootstrap)) == {TansuBroker.NODE_ID: gated_broker.advertised}
     assert proxy.metric("kafka_admission_requests_total", api="metadata") >= 1
     assert proxy.metric("kafka_admission_responses_rewritten_total") == 0
     # No node port is opened in sidecar mode.
@@ -343,12 +336,11 @@ def test_sidecar_in_front_of_a_broker_that_advertises_the_proxy_carries_all_traf
     listener_port = free_port()
     with TansuBroker(advertised=f"127.0.0.1:{listener_port}") as broker:
         proxy = start_proxy(
-            broker.bootstrap, mode="sidecar",
+            broker.bootstrap,
+            mode="sidecar",
             listeners=[{"name": "sidecar", "bind": f"127.0.0.1:{listener_port}"}],
         )
-        assert broker_addresses(metadata(proxy.bootstrap)) == {
-            TansuBroker.NODE_ID: ("127.0.0.1", listener_port)
-        }
+        assert broker_addresses(metadata(proxy.bootstrap)) == {TansuBroker.NODE_ID: ("127.0.0.1", listener_port)}
         topic = unique("sidecar")
         create_topic(proxy.bootstrap, topic)
         values = [f"s{i}".encode() for i in range(10)]

@@ -80,9 +80,12 @@ def test_a_secret_update_reaches_new_handshakes_while_an_open_connection_keeps_w
     after = authority.issue_cert("127.0.0.1", not_after=days_from_now(90), key_type=trustme.KeyType.RSA)
     old_cert, new_cert = certificate(before), certificate(after)
     secret = ConfigMapDir(tmp_path / "secret", leaf_files(before))
-    proxy = start_proxy(tansu.bootstrap, listeners=[
-        {"name": LISTENER, "tls": {"cert_file": secret.path("tls.crt"), "key_file": secret.path("tls.key")}},
-    ])
+    proxy = start_proxy(
+        tansu.bootstrap,
+        listeners=[
+            {"name": LISTENER, "tls": {"cert_file": secret.path("tls.crt"), "key_file": secret.path("tls.key")}},
+        ],
+    )
     assert expiry(proxy) == old_cert.not_valid_after_utc.timestamp()
 
     with RawConnection(proxy.bootstrap, ca_file=trusted) as opened:
@@ -120,10 +123,20 @@ def test_a_client_ca_replaced_by_a_secret_update_is_no_longer_trusted_for_new_ha
 
     old_client, new_client = client_of(retired, "old"), client_of(current, "new")
     secret = ConfigMapDir(tmp_path / "secret", {**server, "ca.crt": retired.cert_pem.bytes()})
-    proxy = start_proxy(tansu.bootstrap, listeners=[{"name": LISTENER, "tls": {
-        "cert_file": secret.path("tls.crt"), "key_file": secret.path("tls.key"), "ca_file": secret.path("ca.crt"),
-        "client_auth": "required",
-    }}])
+    proxy = start_proxy(
+        tansu.bootstrap,
+        listeners=[
+            {
+                "name": LISTENER,
+                "tls": {
+                    "cert_file": secret.path("tls.crt"),
+                    "key_file": secret.path("tls.key"),
+                    "ca_file": secret.path("ca.crt"),
+                    "client_auth": "required",
+                },
+            }
+        ],
+    )
 
     with RawConnection(proxy.bootstrap, ca_file=trusted, cert=old_client) as opened:
         assert served(opened, 1)

@@ -31,7 +31,9 @@ def test_json_logs_name_peer_listener_and_cause_of_a_connection_failure(tansu, s
 def test_demo_runs_the_workload_through_the_proxy_and_stops_everything() -> None:
     result = subprocess.run(
         [sys.executable, "-m", "proxy.cli", "demo", "--exit-after-workload", "--records", "300"],
-        capture_output=True, text=True, timeout=180,
+        capture_output=True,
+        text=True,
+        timeout=180,
     )
     assert result.returncode == 0, result.stderr[-3000:]
     assert "produced 300, consumed 300 records" in result.stdout

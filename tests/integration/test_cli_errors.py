@@ -47,11 +47,15 @@ def assert_one_clear_line(result: subprocess.CompletedProcess[str], line: str) -
 
 def write_config(tmp_path: Path, listener_port: int, admin_port: int) -> Path:
     path = tmp_path / "proxy.yaml"
-    path.write_text(yaml.safe_dump({
-        "upstream": {"bootstrap_servers": ["127.0.0.1:9"]},
-        "listeners": [{"name": "external", "bind": f"127.0.0.1:{listener_port}"}],
-        "admin": {"bind": f"127.0.0.1:{admin_port}"},
-    }))
+    path.write_text(
+        yaml.safe_dump(
+            {
+                "upstream": {"bootstrap_servers": ["127.0.0.1:9"]},
+                "listeners": [{"name": "external", "bind": f"127.0.0.1:{listener_port}"}],
+                "admin": {"bind": f"127.0.0.1:{admin_port}"},
+            }
+        )
+    )
     return path
 
 

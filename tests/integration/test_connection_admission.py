@@ -214,12 +214,15 @@ def broker_connects(stats: dict[str, Any]) -> dict[int, tuple[int, int]]:
 
 
 def test_full_tls_cap_evicts_exactly_the_least_recently_used_idle_connection_for_a_producer(
-    start_proxy: Any, certs: Any, sockets: list[KafkaSocket],
+    start_proxy: Any,
+    certs: Any,
+    sockets: list[KafkaSocket],
 ) -> None:
     tls_port = free_port()
     with TansuBroker(advertised=f"127.0.0.1:{tls_port}") as broker:
         proxy = start_proxy(
-            broker.bootstrap, mode="sidecar",
+            broker.bootstrap,
+            mode="sidecar",
             listeners=[
                 tls_listener(certs, bind=f"127.0.0.1:{tls_port}"),  # what the broker advertises
                 tls_listener(certs, name="entry", protected=True),  # bootstrap only, not capped
@@ -273,7 +276,10 @@ def test_full_tls_cap_evicts_exactly_the_least_recently_used_idle_connection_for
 
 
 def test_plaintext_listener_serves_real_clients_while_the_tls_cap_is_full(
-    tansu: TansuBroker, start_proxy: Any, certs: Any, sockets: list[KafkaSocket],
+    tansu: TansuBroker,
+    start_proxy: Any,
+    certs: Any,
+    sockets: list[KafkaSocket],
 ) -> None:
     proxy = start_proxy(tansu.bootstrap, listeners=[tls_listener(certs), {"name": "plain"}], policies={MAX_SSL: 50})
     held = hold(sockets, proxy.listener_bind("tls"), 50, ca_file=certs.ca_file)
@@ -320,7 +326,9 @@ class ClientLog(logging.Handler):
 
 
 def test_evicted_idempotent_producer_reconnects_and_delivers_every_record_exactly_once(
-    tansu: TansuBroker, start_proxy: Any, sockets: list[KafkaSocket],
+    tansu: TansuBroker,
+    start_proxy: Any,
+    sockets: list[KafkaSocket],
 ) -> None:
     proxy = start_proxy(tansu.bootstrap, policies={MAX_CONNECTIONS: 2})
     topic = unique("evicted-producer")
@@ -434,7 +442,9 @@ def busy_connections(proxy: Any, tansu: TansuBroker, sockets: list[KafkaSocket],
 
 
 def test_with_every_connection_busy_a_new_connection_waits_and_is_admitted_when_one_closes(
-    tansu: TansuBroker, start_proxy: Any, sockets: list[KafkaSocket],
+    tansu: TansuBroker,
+    start_proxy: Any,
+    sockets: list[KafkaSocket],
 ) -> None:
     proxy = start_proxy(tansu.bootstrap, policies={MAX_CONNECTIONS: 2, "max.connections.wait.ms": 20000})
     (first, _), (second, second_fetch) = busy_connections(proxy, tansu, sockets, 2, wait_ms=8000)
@@ -463,7 +473,9 @@ def test_with_every_connection_busy_a_new_connection_waits_and_is_admitted_when_
 
 
 def test_a_connection_that_waits_longer_than_max_connections_wait_ms_is_closed(
-    tansu: TansuBroker, start_proxy: Any, sockets: list[KafkaSocket],
+    tansu: TansuBroker,
+    start_proxy: Any,
+    sockets: list[KafkaSocket],
 ) -> None:
     proxy = start_proxy(tansu.bootstrap, policies={MAX_CONNECTIONS: 2, "max.connections.wait.ms": 1000})
     busy = busy_connections(proxy, tansu, sockets, 2, wait_ms=8000)
@@ -487,7 +499,9 @@ def test_a_connection_that_waits_longer_than_max_connections_wait_ms_is_closed(
 
 
 def test_per_ip_limit_closes_the_third_connection_at_once_and_the_override_allows_four(
-    tansu: TansuBroker, start_proxy: Any, sockets: list[KafkaSocket],
+    tansu: TansuBroker,
+    start_proxy: Any,
+    sockets: list[KafkaSocket],
 ) -> None:
     proxy = start_proxy(
         tansu.bootstrap,
@@ -527,7 +541,11 @@ def test_per_ip_limit_closes_the_third_connection_at_once_and_the_override_allow
 
 
 def test_lowering_max_ssl_connections_closes_the_40_least_recently_used_then_newcomers_evict_or_wait(
-    tansu: TansuBroker, start_proxy: Any, certs: Any, sockets: list[KafkaSocket], configmap: bool,
+    tansu: TansuBroker,
+    start_proxy: Any,
+    certs: Any,
+    sockets: list[KafkaSocket],
+    configmap: bool,
 ) -> None:
     proxy = start_proxy(tansu.bootstrap, listeners=[tls_listener(certs)], policies={MAX_SSL: 50}, configmap=configmap)
     held = hold(sockets, proxy.bootstrap, 50, ca_file=certs.ca_file)
@@ -575,7 +593,10 @@ def test_lowering_max_ssl_connections_closes_the_40_least_recently_used_then_new
 
 
 def test_observe_mode_over_the_cap_closes_nothing_and_counts_the_would_be_evictions(
-    tansu: TansuBroker, start_proxy: Any, certs: Any, sockets: list[KafkaSocket],
+    tansu: TansuBroker,
+    start_proxy: Any,
+    certs: Any,
+    sockets: list[KafkaSocket],
 ) -> None:
     proxy = start_proxy(
         tansu.bootstrap, listeners=[tls_listener(certs)], policies={MAX_SSL: 2, "connections.mode": "observe"}
@@ -611,7 +632,9 @@ def test_observe_mode_over_the_cap_closes_nothing_and_counts_the_would_be_evicti
 
 
 def test_idle_connection_closes_after_connections_max_idle_ms_but_a_busy_one_stays(
-    tansu: TansuBroker, start_proxy: Any, sockets: list[KafkaSocket],
+    tansu: TansuBroker,
+    start_proxy: Any,
+    sockets: list[KafkaSocket],
 ) -> None:
     proxy = start_proxy(tansu.bootstrap, policies={"connections.max.idle.ms": 1000})
     topic = unique("idle")

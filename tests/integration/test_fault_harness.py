@@ -27,7 +27,8 @@ def faulty_tansu() -> Iterator[FaultyTansu]:
 
 
 def test_faulty_tansu_is_killed_and_restarted_on_its_port_under_traffic(
-    faulty_tansu: FaultyTansu, start_proxy: Any,
+    faulty_tansu: FaultyTansu,
+    start_proxy: Any,
 ) -> None:
     proxy = start_proxy(faulty_tansu.bootstrap)
     port, first_pid = faulty_tansu.port, faulty_tansu.pid()

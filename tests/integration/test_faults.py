@@ -91,8 +91,13 @@ def test_broker_killed_and_restarted_under_traffic(faulty_tansu: FaultyTansu, st
     wait_until(lambda: sockets_to(pid, broker_port) == 0, timeout=10)
     assert proxy.metric("kafka_admission_connections_active") == 0
     assert proxy.process.poll() is None
-    figures("broker kill", upstream_held_under_traffic=held_before, in_flight_closed_in_s=round(closed_in, 3),
-            acked=sum(len(t.acked) for t in traffic), upstream_held_after=0)
+    figures(
+        "broker kill",
+        upstream_held_under_traffic=held_before,
+        in_flight_closed_in_s=round(closed_in, 3),
+        acked=sum(len(t.acked) for t in traffic),
+        upstream_held_after=0,
+    )
 
 
 def test_a_stalled_broker_resumes_and_every_record_is_there_once(faulty_tansu: FaultyTansu, start_proxy: Any) -> None:
@@ -136,9 +141,7 @@ def test_half_open_clients_are_closed_by_connections_max_idle_ms(tansu: Any, sta
         wait_until(lambda: proxy.metric("kafka_admission_connections_active") == 0, timeout=15)
         closed_in = time.monotonic() - started
         wait_until(lambda: sockets_to(pid, tansu.port) == 0, timeout=5)
-        assert proxy.metric(
-            "kafka_admission_decisions_total", action="close", limit="connections.max.idle.ms"
-        ) == 2
+        assert proxy.metric("kafka_admission_decisions_total", action="close", limit="connections.max.idle.ms") == 2
     finally:
         for client in clients:
             client.kill()
@@ -212,10 +215,14 @@ def test_500_slowloris_senders_hold_no_more_than_the_pool(tansu: Any, start_prox
     rest wait unread in the kernel. RSS stays within pool + one max request + per
     connection its state and the one receive (64 KiB) read before its length was known."""
     pool, max_request = 8 * MIB, MIB
-    proxy = start_proxy(tansu.bootstrap, policies={
-        "queued.max.request.bytes": pool, "socket.request.max.bytes": max_request,
-        "request.body.timeout.ms": 15000,
-    })
+    proxy = start_proxy(
+        tansu.bootstrap,
+        policies={
+            "queued.max.request.bytes": pool,
+            "socket.request.max.bytes": max_request,
+            "request.body.timeout.ms": 15000,
+        },
+    )
     pid = proxy.process.pid
     assert serves(proxy.bootstrap)
     rss_before = rss_kib(pid)
@@ -235,9 +242,14 @@ def test_500_slowloris_senders_hold_no_more_than_the_pool(tansu: Any, start_prox
     wait_until(lambda: serves(proxy.bootstrap), timeout=10)
     grown = (peak - rss_before) * 1024
     overhead = 500 * (RECEIVE_SIZE + 16 * 1024)  # per connection: a first receive read ahead, and its state
-    figures("500 slowloris", rss_before_mib=round(rss_before / 1024, 1), rss_growth_mib=round(grown / MIB, 1),
-            bound_mib=round((pool + max_request + overhead) / MIB, 1), pool_used_mib=round(used / MIB, 1),
-            waiting_for_pool=int(waiting))
+    figures(
+        "500 slowloris",
+        rss_before_mib=round(rss_before / 1024, 1),
+        rss_growth_mib=round(grown / MIB, 1),
+        bound_mib=round((pool + max_request + overhead) / MIB, 1),
+        pool_used_mib=round(used / MIB, 1),
+        waiting_for_pool=int(waiting),
+    )
     assert waiting >= 480  # the pool held them back
     assert used <= pool + max_request
     assert grown <= pool + max_request + overhead
@@ -266,5 +278,11 @@ def test_the_proxy_restarted_under_traffic_loses_no_acknowledged_record(
         t.stop()
     assert [t.failed for t in traffic] == [[], [], []]
     count = assert_exactly_once(traffic, consumed_values(proxy.bootstrap, topic, sum(len(t.acked) for t in traffic)))
-    figures("proxy restart", drained_in_s=round(drained_in, 2), port_closed_for_s=round(down_for, 2),
-            acked=count, lost=0, duplicated=0)
+    figures(
+        "proxy restart",
+        drained_in_s=round(drained_in, 2),
+        port_closed_for_s=round(down_for, 2),
+        acked=count,
+        lost=0,
+        duplicated=0,
+    )

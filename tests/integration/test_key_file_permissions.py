@@ -28,21 +28,31 @@ def tls_files(folder: Path, key_mode: int, password_mode: int) -> tuple[dict[str
     leaf.cert_chain_pems[0].write_to_path(str(folder / "server.pem"))
     ca.cert_pem.write_to_path(str(folder / "ca.pem"))
     key = serialization.load_pem_private_key(leaf.private_key_pem.bytes(), None)
-    (folder / "server.key").write_bytes(key.private_bytes(
-        serialization.Encoding.PEM, serialization.PrivateFormat.PKCS8, serialization.BestAvailableEncryption(PASSWORD)
-    ))
+    (folder / "server.key").write_bytes(
+        key.private_bytes(
+            serialization.Encoding.PEM,
+            serialization.PrivateFormat.PKCS8,
+            serialization.BestAvailableEncryption(PASSWORD),
+        )
+    )
     (folder / "key.password").write_bytes(PASSWORD + b"\n")
     os.chmod(folder / "server.key", key_mode)
     os.chmod(folder / "key.password", password_mode)
-    tls = {"cert_file": str(folder / "server.pem"), "key_file": str(folder / "server.key"),
-           "key_password_file": str(folder / "key.password")}
+    tls = {
+        "cert_file": str(folder / "server.pem"),
+        "key_file": str(folder / "server.key"),
+        "key_password_file": str(folder / "key.password"),
+    }
     return tls, str(folder / "ca.pem")
 
 
 def warnings_about(text: str, folder: Path) -> list[str]:
     """The warnings about files in ``folder``, without the text log's time, level and logger."""
-    return [line.split(" ", 4)[4] for line in text.splitlines()
-            if " WARNING kafka_admission_proxy.tls " in line and str(folder) in line]
+    return [
+        line.split(" ", 4)[4]
+        for line in text.splitlines()
+        if " WARNING kafka_admission_proxy.tls " in line and str(folder) in line
+    ]
 
 
 def expected(folder: Path) -> list[str]:
@@ -67,7 +77,10 @@ def test_a_key_and_a_password_file_others_can_read_are_warned_about_at_start_and
     assert warnings_about(proxy.log(), tmp_path) == expected(tmp_path), proxy.log()
     checked = subprocess.run(
         [sys.executable, "-m", "proxy.cli", "check-config", "--config", str(proxy.config_path)],
-        capture_output=True, text=True, cwd=ROOT, timeout=60,
+        capture_output=True,
+        text=True,
+        cwd=ROOT,
+        timeout=60,
     )
     assert checked.returncode == 0, checked.stderr
     assert warnings_about(checked.stderr, tmp_path) == expected(tmp_path), checked.stderr

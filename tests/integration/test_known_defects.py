@@ -133,8 +133,13 @@ def test_kip848_group_reconcile_against_the_mock_cluster_reports_nothing_malform
 # A JoinGroup v6 (flexible) whose `protocols` compact array claims 4,294,967,294 elements.
 JOIN_GROUP_V6_HEADER = b"\x00\x0b\x00\x06\x00\x00\x00\x01\x00\x01c\x00"
 JOIN_GROUP_V6_BODY = (
-    b"\x02g" + (10000).to_bytes(4, "big") * 2 + b"\x01" + b"\x00" + b"\x09consumer"
-    + b"\xff\xff\xff\xff\x0f" + b"\0" * 8
+    b"\x02g"
+    + (10000).to_bytes(4, "big") * 2
+    + b"\x01"
+    + b"\x00"
+    + b"\x09consumer"
+    + b"\xff\xff\xff\xff\x0f"
+    + b"\0" * 8
 )
 
 

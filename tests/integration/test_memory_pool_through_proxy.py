@@ -71,10 +71,16 @@ def test_twenty_producers_of_900_kb_batches_all_deliver_within_the_pool_bound(ta
     high_water = proxy.metric("kafka_admission_memory_pool_high_water_mark_bytes")
     assert MIB < high_water <= 3 * MIB  # the pool was used, and never beyond pool + largest request
     assert proxy.metric("kafka_admission_memory_pool_used_bytes") == 0  # everything returned
-    assert proxy.metric(
-        "kafka_admission_decisions_total", policy="memory_pool", action="wait", limit="queued.max.request.bytes",
-        mode="enforce",
-    ) > 0
+    assert (
+        proxy.metric(
+            "kafka_admission_decisions_total",
+            policy="memory_pool",
+            action="wait",
+            limit="queued.max.request.bytes",
+            mode="enforce",
+        )
+        > 0
+    )
 
 
 def slow_sender(address: str, announced: int) -> socket.socket:
@@ -252,7 +258,10 @@ def test_observe_mode_forwards_a_produce_over_the_budget_and_audits_the_would_be
     assert proxy.metric("kafka_admission_memory_pool_waiting_requests") == 0
 
     audited = {
-        "type": "decision", "policy": "memory_pool", "action": "wait", "mode": "observe",
+        "type": "decision",
+        "policy": "memory_pool",
+        "action": "wait",
+        "mode": "observe",
         "limit_key": "queued.max.request.bytes",
     }
 

@@ -32,9 +32,7 @@ def tls_speaking_upstream():  # type: ignore[no-untyped-def]
     server.stop()
 
 
-def test_a_broker_answering_with_a_tls_alert_is_named_and_clients_fail_fast(
-    tls_speaking_upstream, start_proxy
-) -> None:
+def test_a_broker_answering_with_a_tls_alert_is_named_and_clients_fail_fast(tls_speaking_upstream, start_proxy) -> None:
     proxy = start_proxy(tls_speaking_upstream.address)
     rss_before = rss_kib(proxy.process.pid)
     errors: list[KafkaError] = []
@@ -258,9 +256,13 @@ def test_a_legitimate_50_mb_fetch_response_passes_with_the_default_limit(tansu, 
 
 
 def test_tls_toward_a_plaintext_broker_is_named_in_readyz(tansu, start_proxy, certs) -> None:
-    proxy = start_proxy(tansu.bootstrap, upstream={
-        "bootstrap_servers": [tansu.bootstrap], "tls": {"enabled": True, "ca_file": certs.ca_file},
-    })
+    proxy = start_proxy(
+        tansu.bootstrap,
+        upstream={
+            "bootstrap_servers": [tansu.bootstrap],
+            "tls": {"enabled": True, "ca_file": certs.ca_file},
+        },
+    )
     status, body = proxy.get("/readyz")
     assert status == 503
     assert f"upstream {tansu.bootstrap} does not speak TLS (handshake timed out); check upstream.tls.enabled" in body

@@ -67,9 +67,7 @@ def test_a_raised_socket_request_max_bytes_applies_to_a_connection_already_open(
     proxy = start_proxy(tansu.bootstrap, policies={"socket.request.max.bytes": 4096})
     m: Any = __import__("kio.schema.metadata.v12.request", fromlist=["x"])
     topics = tuple(m.MetadataRequestTopic(name=f"t{i:030d}", topic_id=None) for i in range(200))
-    body = m.MetadataRequest(
-        topics=topics, allow_auto_topic_creation=False, include_topic_authorized_operations=False
-    )
+    body = m.MetadataRequest(topics=topics, allow_auto_topic_creation=False, include_topic_authorized_operations=False)
     big = frame(3, 12, 2, body)
     assert len(big) > 4096
     with RawConnection(proxy.bootstrap) as conn:
@@ -194,9 +192,10 @@ def test_a_lowered_group_max_size_and_a_switched_mode_are_enforced_for_a_new_mem
         fourth = Member(proxy.bootstrap, topic, group)
         members.append(fourth)
         assert wait_for(lambda: refused(fourth), timeout=40), fourth.errors
-        assert proxy.metric(
-            "kafka_admission_decisions_total", policy="group_size", limit="group.max.size", mode="enforce"
-        ) >= 1
+        assert (
+            proxy.metric("kafka_admission_decisions_total", policy="group_size", limit="group.max.size", mode="enforce")
+            >= 1
+        )
         assert coordinator_members(tansu.bootstrap, group) == 3
         assert all(m.has_assignment() for m in members[:3])
     finally:

@@ -91,7 +91,9 @@ def test_the_admin_endpoint_changes_nothing_whatever_it_is_sent(tansu: TansuBrok
         assert conn.read_response(18, 3).header.correlation_id == 7
     checked = subprocess.run(
         [sys.executable, "-m", "proxy.cli", "check-config", "--config", str(proxy.config_path)],
-        capture_output=True, text=True, cwd=ROOT,
+        capture_output=True,
+        text=True,
+        cwd=ROOT,
     )
     assert yaml.safe_load(checked.stdout)["policies"]["group.max.size"] == 3
 
@@ -106,7 +108,10 @@ def tls_listener(certs: Any, **tls: Any) -> dict[str, Any]:
 def s_client(address: str, *args: str) -> subprocess.CompletedProcess[str]:
     return subprocess.run(
         ["openssl", "s_client", "-connect", address, "-servername", "localhost", *args],
-        input="", capture_output=True, text=True, timeout=20,
+        input="",
+        capture_output=True,
+        text=True,
+        timeout=20,
     )
 
 
@@ -115,9 +120,26 @@ def openssl_tls11_server(certs: Any) -> Iterator[str]:
     """The control: an OpenSSL server that does allow TLS 1.0 and 1.1 at security level 0."""
     port = free_port()
     server = subprocess.Popen(
-        ["openssl", "s_server", "-accept", f"127.0.0.1:{port}", "-cert", certs.server_cert, "-key", certs.server_key,
-         "-cipher", "DEFAULT@SECLEVEL=0", "-min_protocol", "TLSv1", "-naccept", "100", "-quiet"],
-        stdin=subprocess.PIPE, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL,
+        [
+            "openssl",
+            "s_server",
+            "-accept",
+            f"127.0.0.1:{port}",
+            "-cert",
+            certs.server_cert,
+            "-key",
+            certs.server_key,
+            "-cipher",
+            "DEFAULT@SECLEVEL=0",
+            "-min_protocol",
+            "TLSv1",
+            "-naccept",
+            "100",
+            "-quiet",
+        ],
+        stdin=subprocess.PIPE,
+        stdout=subprocess.DEVNULL,
+        stderr=subprocess.DEVNULL,
     )
     wait_for_port("127.0.0.1", port)
     yield f"127.0.0.1:{port}"
@@ -127,7 +149,11 @@ def openssl_tls11_server(certs: Any) -> Iterator[str]:
 
 @pytest.mark.parametrize("version", ["-tls1", "-tls1_1"])
 def test_a_tls_1_0_or_1_1_client_is_refused_by_the_proxy(
-    version: str, tansu: TansuBroker, start_proxy: Any, certs: Any, openssl_tls11_server: str,
+    version: str,
+    tansu: TansuBroker,
+    start_proxy: Any,
+    certs: Any,
+    openssl_tls11_server: str,
 ) -> None:
     # The same client, pointed at a server that allows old TLS, completes the handshake:
     # this OpenSSL can speak the old version, so a refusal can only come from the proxy.
@@ -146,7 +172,9 @@ def test_a_tls_1_0_or_1_1_client_is_refused_by_the_proxy(
 
 
 def test_tls_1_2_is_refused_with_a_cbc_suite_and_accepted_with_an_aead_one(
-    tansu: TansuBroker, start_proxy: Any, certs: Any,
+    tansu: TansuBroker,
+    start_proxy: Any,
+    certs: Any,
 ) -> None:
     proxy = start_proxy(tansu.bootstrap, listeners=[tls_listener(certs)])
     # trustme's keys are ECDSA; both key types are offered so the test holds for RSA too.
@@ -179,7 +207,10 @@ def client_context(ca_file: str, cert: trustme.LeafCert | None) -> ssl.SSLContex
 
 
 def test_mtls_refuses_an_untrusted_or_missing_client_certificate_and_accepts_a_trusted_one(
-    tansu: TansuBroker, start_proxy: Any, certs: Any, tmp_path: Path,
+    tansu: TansuBroker,
+    start_proxy: Any,
+    certs: Any,
+    tmp_path: Path,
 ) -> None:
     trusted_ca = trustme.CA()
     trusted_ca.cert_pem.write_to_path(str(tmp_path / "clients-ca.pem"))
@@ -229,15 +260,26 @@ def encrypted_key(cert: trustme.LeafCert, password: bytes, path: Path) -> str:
 def tls_upstream(stunnel_bin: str, certs: Any, tmp_path: Path) -> Iterator[str]:
     """Tansu behind stunnel (TLS), advertising only the TLS address."""
     tls_port = free_port()
-    with TansuBroker(advertised=f"127.0.0.1:{tls_port}") as broker, Stunnel(
-        stunnel_bin, tmp_path, accept_port=tls_port, connect=broker.bootstrap,
-        cert_file=certs.server_cert, key_file=certs.server_key,
-    ) as tunnel:
+    with (
+        TansuBroker(advertised=f"127.0.0.1:{tls_port}") as broker,
+        Stunnel(
+            stunnel_bin,
+            tmp_path,
+            accept_port=tls_port,
+            connect=broker.bootstrap,
+            cert_file=certs.server_cert,
+            key_file=certs.server_key,
+        ) as tunnel,
+    ):
         yield tunnel.address
 
 
 def test_key_passwords_come_from_a_file_or_the_environment_and_never_show(
-    tls_upstream: str, start_proxy: Any, certs: Any, tmp_path: Path, monkeypatch: pytest.MonkeyPatch,
+    tls_upstream: str,
+    start_proxy: Any,
+    certs: Any,
+    tmp_path: Path,
+    monkeypatch: pytest.MonkeyPatch,
 ) -> None:
     ca = trustme.CA()
     listener_password = f"listener-{uuid.uuid4().hex}"
@@ -253,17 +295,26 @@ def test_key_passwords_come_from_a_file_or_the_environment_and_never_show(
 
     proxy = start_proxy(
         tls_upstream,
-        listeners=[{"name": "tls", "tls": {
-            "cert_file": str(tmp_path / "server.pem"),
-            "key_file": encrypted_key(server, listener_password.encode(), tmp_path / "server.key"),
-            "key_password_file": str(password_file),
-        }}],
-        upstream={"bootstrap_servers": [tls_upstream], "tls": {
-            "enabled": True, "ca_file": certs.ca_file,
-            "cert_file": str(tmp_path / "client.pem"),
-            "key_file": encrypted_key(client, upstream_password.encode(), tmp_path / "client.key"),
-            "key_password_env": "PROXY_UPSTREAM_KEY_PASSWORD",
-        }},
+        listeners=[
+            {
+                "name": "tls",
+                "tls": {
+                    "cert_file": str(tmp_path / "server.pem"),
+                    "key_file": encrypted_key(server, listener_password.encode(), tmp_path / "server.key"),
+                    "key_password_file": str(password_file),
+                },
+            }
+        ],
+        upstream={
+            "bootstrap_servers": [tls_upstream],
+            "tls": {
+                "enabled": True,
+                "ca_file": certs.ca_file,
+                "cert_file": str(tmp_path / "client.pem"),
+                "key_file": encrypted_key(client, upstream_password.encode(), tmp_path / "client.key"),
+                "key_password_env": "PROXY_UPSTREAM_KEY_PASSWORD",
+            },
+        },
         audit={"path": str(audit)},
         extra_args=["--log-level", "debug"],
     )
@@ -278,7 +329,10 @@ def test_key_passwords_come_from_a_file_or_the_environment_and_never_show(
     _, ready = proxy.get("/readyz")
     checked = subprocess.run(
         [sys.executable, "-m", "proxy.cli", "check-config", "--config", str(proxy.config_path)],
-        capture_output=True, text=True, cwd=ROOT, env=os.environ,
+        capture_output=True,
+        text=True,
+        cwd=ROOT,
+        env=os.environ,
     )
     proxy.stop()
 
@@ -287,8 +341,11 @@ def test_key_passwords_come_from_a_file_or_the_environment_and_never_show(
     audited = "".join(path.read_text() for path in sorted(audit.iterdir()))
     assert '"policy":"protocol"' in audited
     seen = {
-        "log": proxy.log(), "audit": audited, "metrics": metrics,
-        "check-config": checked.stdout + checked.stderr, "config file": proxy.config_path.read_text(),
+        "log": proxy.log(),
+        "audit": audited,
+        "metrics": metrics,
+        "check-config": checked.stdout + checked.stderr,
+        "config file": proxy.config_path.read_text(),
     }
     for where, text in seen.items():
         assert text, where
@@ -300,7 +357,9 @@ def test_key_passwords_come_from_a_file_or_the_environment_and_never_show(
     ("command", "with_password_file"), [("run", True), ("check-config", False)], ids=["run-wrong", "check-none"]
 )
 def test_a_wrong_or_missing_key_password_is_one_line_naming_the_key_and_its_source(
-    command: str, with_password_file: bool, tmp_path: Path,
+    command: str,
+    with_password_file: bool,
+    tmp_path: Path,
 ) -> None:
     cert = trustme.CA().issue_cert("localhost")
     cert.cert_chain_pems[0].write_to_path(str(tmp_path / "server.pem"))
@@ -310,14 +369,21 @@ def test_a_wrong_or_missing_key_password_is_one_line_naming_the_key_and_its_sour
     if with_password_file:
         tls["key_password_file"] = str(tmp_path / "pw")
     config = tmp_path / "proxy.yaml"
-    config.write_text(yaml.safe_dump({
-        "upstream": {"bootstrap_servers": ["127.0.0.1:9"]},
-        "listeners": [{"name": "tls", "bind": f"127.0.0.1:{free_port()}", "tls": tls}],
-        "admin": {"bind": f"127.0.0.1:{free_port()}"},
-    }))
+    config.write_text(
+        yaml.safe_dump(
+            {
+                "upstream": {"bootstrap_servers": ["127.0.0.1:9"]},
+                "listeners": [{"name": "tls", "bind": f"127.0.0.1:{free_port()}", "tls": tls}],
+                "admin": {"bind": f"127.0.0.1:{free_port()}"},
+            }
+        )
+    )
     result = subprocess.run(
         [sys.executable, "-m", "proxy.cli", command, "--config", str(config)],
-        capture_output=True, text=True, cwd=ROOT, timeout=30,
+        capture_output=True,
+        text=True,
+        cwd=ROOT,
+        timeout=30,
     )
     assert result.returncode == 2, result.stderr
     assert result.stderr.splitlines()[0] == f"config error in {config}:"

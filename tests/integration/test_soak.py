@@ -82,15 +82,17 @@ def test_soak_mixed_traffic_without_growth(tansu: Any, start_proxy: Any) -> None
             clients += 1
             if now >= next_sample:
                 hostile(proxy.bootstrap)
-                samples.append({
-                    "t": round(now - started, 1),
-                    "rss_kib": rss_kib(pid),
-                    "fds": open_fds(pid),
-                    "tasks": proxy.metric("kafka_admission_trio_tasks"),
-                    "connections": proxy.metric("kafka_admission_connections_active"),
-                    "acked": sum(len(p.acked) for p in producers),
-                    "consumed": consumed[0],
-                })
+                samples.append(
+                    {
+                        "t": round(now - started, 1),
+                        "rss_kib": rss_kib(pid),
+                        "fds": open_fds(pid),
+                        "tasks": proxy.metric("kafka_admission_trio_tasks"),
+                        "connections": proxy.metric("kafka_admission_connections_active"),
+                        "acked": sum(len(p.acked) for p in producers),
+                        "consumed": consumed[0],
+                    }
+                )
                 next_sample += SAMPLE_EVERY_S
             time.sleep(1)
     finally:
@@ -115,9 +117,13 @@ def test_soak_mixed_traffic_without_growth(tansu: Any, start_proxy: Any) -> None
     fds_growth = max(s["fds"] for s in late) - max(s["fds"] for s in early)
     tasks_growth = max(s["tasks"] for s in late) - max(s["tasks"] for s in early)
     figures(
-        f"soak {SOAK_SECONDS:g} s", samples=len(samples), metadata_clients=clients,
-        acked=samples[-1]["acked"], consumed=samples[-1]["consumed"],
-        rss_mib_early=round(median(early, "rss_kib") / 1024, 1), rss_mib_late=round(median(late, "rss_kib") / 1024, 1),
+        f"soak {SOAK_SECONDS:g} s",
+        samples=len(samples),
+        metadata_clients=clients,
+        acked=samples[-1]["acked"],
+        consumed=samples[-1]["consumed"],
+        rss_mib_early=round(median(early, "rss_kib") / 1024, 1),
+        rss_mib_late=round(median(late, "rss_kib") / 1024, 1),
         rss_mib_max=round(max(s["rss_kib"] for s in samples) / 1024, 1),
         fds_range=f"{min(s['fds'] for s in samples)}-{max(s['fds'] for s in samples)}",
         tasks_range=f"{min(s['tasks'] for s in samples):g}-{max(s['tasks'] for s in samples):g}",

@@ -55,13 +55,13 @@ def node_port(proxy: Any) -> int:
 
 
 def test_confluent_kafka_creates_produces_and_consumes_through_a_tls_listener(
-    tansu: TansuBroker, start_proxy: Any, certs: Any,
+    tansu: TansuBroker,
+    start_proxy: Any,
+    certs: Any,
 ) -> None:
     proxy = start_proxy(tansu.bootstrap, listeners=[tls_listener(certs)])
     ssl = confluent_tls(certs)
-    assert broker_addresses(metadata(proxy.bootstrap, **ssl)) == {
-        TansuBroker.NODE_ID: ("127.0.0.1", node_port(proxy))
-    }
+    assert broker_addresses(metadata(proxy.bootstrap, **ssl)) == {TansuBroker.NODE_ID: ("127.0.0.1", node_port(proxy))}
     topic = unique("tls")
     create_topic(proxy.bootstrap, topic, partitions=2, **ssl)
     values = [f"secret-{i}".encode() for i in range(20)]
@@ -80,7 +80,9 @@ def test_confluent_kafka_creates_produces_and_consumes_through_a_tls_listener(
 
 
 def test_kafka_python_creates_produces_and_consumes_through_a_tls_listener(
-    tansu: TansuBroker, start_proxy: Any, certs: Any,
+    tansu: TansuBroker,
+    start_proxy: Any,
+    certs: Any,
 ) -> None:
     from kafka import KafkaAdminClient
 
@@ -90,7 +92,8 @@ def test_kafka_python_creates_produces_and_consumes_through_a_tls_listener(
     admin = KafkaAdminClient(bootstrap_servers=proxy.bootstrap, request_timeout_ms=10000, **ssl)
     try:
         created = admin.create_topics(
-            {topic: {"num_partitions": 2, "replication_factor": 1}}, wait_for_metadata=True,
+            {topic: {"num_partitions": 2, "replication_factor": 1}},
+            wait_for_metadata=True,
         )
         described = admin.describe_cluster()
     finally:
@@ -107,7 +110,9 @@ def test_kafka_python_creates_produces_and_consumes_through_a_tls_listener(
 
 
 def test_plaintext_client_on_a_tls_listener_gets_no_metadata(
-    tansu: TansuBroker, start_proxy: Any, certs: Any,
+    tansu: TansuBroker,
+    start_proxy: Any,
+    certs: Any,
 ) -> None:
     proxy = start_proxy(tansu.bootstrap, listeners=[tls_listener(certs)])
     with pytest.raises(KafkaException):
@@ -129,7 +134,8 @@ def mtls_proxy(tansu: TansuBroker, start_proxy: Any, certs: Any) -> Any:
 
 
 def test_mtls_client_with_a_certificate_from_the_ca_produces_and_consumes(
-    mtls_proxy: Any, certs: Any,
+    mtls_proxy: Any,
+    certs: Any,
 ) -> None:
     ssl = confluent_tls(certs, client_cert=True)
     topic = unique("mtls")
@@ -142,7 +148,10 @@ def test_mtls_client_with_a_certificate_from_the_ca_produces_and_consumes(
     create_topic(mtls_proxy.bootstrap, kp_topic, **ssl)
     kp_values = [f"kpm{i}".encode() for i in range(5)]
     kp_consumed = kafka_python_roundtrip(
-        mtls_proxy.bootstrap, kp_topic, unique("mtls-kp-group"), kp_values,
+        mtls_proxy.bootstrap,
+        kp_topic,
+        unique("mtls-kp-group"),
+        kp_values,
         **kafka_python_tls(certs, client_cert=True),
     )
 
@@ -152,7 +161,8 @@ def test_mtls_client_with_a_certificate_from_the_ca_produces_and_consumes(
 
 
 def test_mtls_client_without_a_certificate_is_refused_and_counted(
-    mtls_proxy: Any, certs: Any,
+    mtls_proxy: Any,
+    certs: Any,
 ) -> None:
     before = mtls_proxy.metric("kafka_admission_tls_handshake_failures_total", listener="tls")
     with pytest.raises(KafkaException):
@@ -178,16 +188,25 @@ class TlsBroker:
 
 @pytest.fixture(scope="module")
 def tls_broker(
-    stunnel_bin: str, certs: Any, tmp_path_factory: pytest.TempPathFactory,
+    stunnel_bin: str,
+    certs: Any,
+    tmp_path_factory: pytest.TempPathFactory,
 ) -> Iterator[TlsBroker]:
     """Tansu reachable through stunnel (TLS, server cert of the test CA); its
     metadata names only the TLS address, so every connection the proxy makes
     to it, bootstrap or node, is TLS."""
     broker_port, tls_port = free_port(), free_port()
-    with TansuBroker(port=broker_port, advertised=f"127.0.0.1:{tls_port}") as broker, Stunnel(
-        stunnel_bin, tmp_path_factory.mktemp("stunnel"), accept_port=tls_port,
-        connect=broker.bootstrap, cert_file=certs.server_cert, key_file=certs.server_key,
-    ) as tunnel:
+    with (
+        TansuBroker(port=broker_port, advertised=f"127.0.0.1:{tls_port}") as broker,
+        Stunnel(
+            stunnel_bin,
+            tmp_path_factory.mktemp("stunnel"),
+            accept_port=tls_port,
+            connect=broker.bootstrap,
+            cert_file=certs.server_cert,
+            key_file=certs.server_key,
+        ) as tunnel,
+    ):
         yield TlsBroker(broker, tunnel)
 
 
@@ -196,7 +215,9 @@ def upstream_tls(address: str, ca_file: str) -> dict[str, Any]:
 
 
 def test_proxy_verifies_the_broker_certificate_and_carries_plaintext_clients_over_tls(
-    tls_broker: TlsBroker, start_proxy: Any, certs: Any,
+    tls_broker: TlsBroker,
+    start_proxy: Any,
+    certs: Any,
 ) -> None:
     # Without the proxy the broker names only its TLS address.
     direct = broker_addresses(metadata(tls_broker.address, **confluent_tls(certs)))
@@ -226,7 +247,9 @@ def test_proxy_verifies_the_broker_certificate_and_carries_plaintext_clients_ove
 
 
 def test_proxy_refuses_a_broker_whose_certificate_another_ca_signed(
-    tls_broker: TlsBroker, start_proxy: Any, tmp_path: Path,
+    tls_broker: TlsBroker,
+    start_proxy: Any,
+    tmp_path: Path,
 ) -> None:
     wrong_ca = tmp_path / "other-ca.pem"
     trustme.CA().cert_pem.write_to_path(str(wrong_ca))
@@ -235,9 +258,7 @@ def test_proxy_refuses_a_broker_whose_certificate_another_ca_signed(
     with pytest.raises(KafkaException):
         metadata(proxy.bootstrap, timeout=3)
 
-    assert proxy.metric(
-        "kafka_admission_upstream_connect_failures_total", upstream=tls_broker.address
-    ) >= 1
+    assert proxy.metric("kafka_admission_upstream_connect_failures_total", upstream=tls_broker.address) >= 1
     assert proxy.metric("kafka_admission_connection_failures_total", cause="upstream_unavailable") >= 1
     assert "CERTIFICATE_VERIFY_FAILED" in proxy.log()
     status, body = proxy.get("/readyz")

@@ -90,7 +90,10 @@ def check_recommended(
     path.write_text(yaml.safe_dump({k: v for k, v in config.items() if k != "policies"}) + recommended)
     return subprocess.run(
         [sys.executable, "-m", "proxy.cli", "check-config", "--config", str(path)],
-        capture_output=True, text=True, cwd=ROOT, timeout=60,
+        capture_output=True,
+        text=True,
+        cwd=ROOT,
+        timeout=60,
     )
 
 
@@ -117,8 +120,17 @@ def fleet(tmp_path_factory: pytest.TempPathFactory) -> Fleet:
     version 1 and one file whose writer is in the middle of a line. The last proxy's events from its
     window GAP_AFTER on are GAP_DAYS later: it is silent for GAP_DAYS days, and the evidence spans 17
     days, more than the report's --min-span (7 days): its recommendations are not provisional."""
-    spec = FleetSpec(instances=3, clients=60, groups=15, windows=12, window_seconds=DAY, malformed_lines=5,
-                     v1_lines=3, partial_file=True, lines_per_file=1500)
+    spec = FleetSpec(
+        instances=3,
+        clients=60,
+        groups=15,
+        windows=12,
+        window_seconds=DAY,
+        malformed_lines=5,
+        v1_lines=3,
+        partial_file=True,
+        lines_per_file=1500,
+    )
     path = tmp_path_factory.mktemp("fleet")
     truth = generate(spec, path)
     silent = sorted(truth.instances)[-1]
@@ -171,8 +183,15 @@ def chromium() -> Iterator[Any]:
 
     options = webdriver.ChromeOptions()
     options.binary_location = CHROMIUM
-    for flag in ("--headless", "--no-sandbox", "--disable-gpu", "--disable-background-networking",
-                 "--disable-dev-shm-usage", "--no-first-run", "--window-size=1280,2000"):
+    for flag in (
+        "--headless",
+        "--no-sandbox",
+        "--disable-gpu",
+        "--disable-background-networking",
+        "--disable-dev-shm-usage",
+        "--no-first-run",
+        "--window-size=1280,2000",
+    ):
         options.add_argument(flag)
     driver = webdriver.Chrome(options=options, service=Service(CHROMEDRIVER))
     yield driver
@@ -222,8 +241,9 @@ def rendered_sections(driver: Any, page: Path) -> dict[str, Any]:
     """Open ``page`` and describe what the browser rendered: every section, its plots
     (loaded, decoded, with a size on screen), and any resource fetched."""
     driver.get(page.as_uri())
-    return dict(driver.execute_script(
-        """
+    return dict(
+        driver.execute_script(
+            """
         const plots = (root) => [...root.querySelectorAll('figure.plot img')].map(img => {
             const box = img.getBoundingClientRect();
             return {name: img.closest('figure').dataset.plot, complete: img.complete,
@@ -237,7 +257,8 @@ def rendered_sections(driver: Any, page: Path) -> dict[str, Any]:
             text: document.body.innerText,
         };
         """
-    ))
+        )
+    )
 
 
 def evidence_of(spark: Any, events: list[dict[str, Any]]) -> Any:
@@ -255,13 +276,27 @@ def evidence_of(spark: Any, events: list[dict[str, Any]]) -> Any:
 
 
 def window(section: str, start: float, **fields: Any) -> dict[str, Any]:
-    return {"type": "window", "ts": start + 60, "section": section, "window_start": start, "window_seconds": 60.0,
-            **fields}
+    return {
+        "type": "window",
+        "ts": start + 60,
+        "section": section,
+        "window_start": start,
+        "window_seconds": 60.0,
+        **fields,
+    }
 
 
 def connection(event: str, ts: float, conn_id: str, address: str, tls: bool, **fields: Any) -> dict[str, Any]:
-    return {"type": "connection", "ts": ts, "event": event, "conn_id": conn_id, "listener": "tls" if tls else "plain",
-            "client_address": address, "tls": tls, **fields}
+    return {
+        "type": "connection",
+        "ts": ts,
+        "event": event,
+        "conn_id": conn_id,
+        "listener": "tls" if tls else "plain",
+        "client_address": address,
+        "tls": tls,
+        **fields,
+    }
 
 
 def counted(connections: int | None, ssl: int | None, ip: int) -> dict[str, Any]:
@@ -270,5 +305,14 @@ def counted(connections: int | None, ssl: int | None, ip: int) -> dict[str, Any]
 
 
 def decision(policy: str, limit_key: str, limit: int, ts: float = 100.0, **fields: Any) -> dict[str, Any]:
-    return {"type": "decision", "ts": ts, "policy": policy, "mode": "observe", "action": "refuse",
-            "reason": "test", "limit_key": limit_key, "limit": limit, **fields}
+    return {
+        "type": "decision",
+        "ts": ts,
+        "policy": policy,
+        "mode": "observe",
+        "action": "refuse",
+        "reason": "test",
+        "limit_key": limit_key,
+        "limit": limit,
+        **fields,
+    }

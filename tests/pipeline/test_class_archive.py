@@ -32,8 +32,9 @@ print("mapped" if mapped else "not mapped")
 
 def session(**env: str) -> subprocess.CompletedProcess[str]:
     environment = {**os.environ, **env}
-    return subprocess.run([sys.executable, "-c", SESSION], capture_output=True, text=True, cwd=ROOT, timeout=300,
-                          env=environment)
+    return subprocess.run(
+        [sys.executable, "-c", SESSION], capture_output=True, text=True, cwd=ROOT, timeout=300, env=environment
+    )
 
 
 def test_first_session_writes_the_archive_the_next_maps_it_and_a_refused_one_is_replaced(

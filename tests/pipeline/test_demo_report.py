@@ -47,7 +47,9 @@ def test_make_demo_ends_with_the_report_over_its_own_audit_events(
     assert summary["by_kind"]["connection"] > 0 and summary["by_kind"]["window/client_api"] > 0
     assert summary["problem_lines"] == 0
     assert {"produce", "fetch"} <= {
-        e["api"] for f in (demo_dir / "audit").glob("demo-*.jsonl") for e in map(json.loads, f.open())
+        e["api"]
+        for f in (demo_dir / "audit").glob("demo-*.jsonl")
+        for e in map(json.loads, f.open())
         if e.get("section") == "client_api"
     }
     # Seconds of traffic are no evidence to set limits by: the report says so, in the page and the YAML.

@@ -43,9 +43,13 @@ def _spark_type(prop: dict[str, Any], defs: dict[str, Any]) -> DataType:
     (kind,) = [t for t in types if t != "null"]
     if kind == "array":
         item = prop["items"]
-        return ArrayType(StructType([
-            *(f for f in _struct(item["properties"], defs).fields),
-        ]))
+        return ArrayType(
+            StructType(
+                [
+                    *(f for f in _struct(item["properties"], defs).fields),
+                ]
+            )
+        )
     return {"string": StringType(), "integer": LongType(), "number": DoubleType(), "boolean": BooleanType()}[kind]
 
 
@@ -64,7 +68,7 @@ def test_spark_schema_has_every_json_schema_property_with_its_type() -> None:
             spark_type = _spark_type(prop, defs)
             assert expected.setdefault(name, spark_type) == spark_type, f"{name} has two types in the JSON Schema"
     actual = {f.name: f.dataType for f in EVENT_SCHEMA.fields}
-    assert set(actual) == set(expected), (set(actual) ^ set(expected))
+    assert set(actual) == set(expected), set(actual) ^ set(expected)
     for name, spark_type in expected.items():
         if isinstance(spark_type, ArrayType):  # field order inside the struct does not matter
             assert sorted(map(str, spark_type.elementType.fields)) == sorted(map(str, actual[name].elementType.fields))
@@ -91,20 +95,33 @@ def test_every_generated_event_follows_the_json_schema(fleet: Any) -> None:
 
 
 def test_bad_lines_are_counted_per_file_by_kind_and_the_rest_is_read(spark: Any, tmp_path: Path) -> None:
-    good = {"schema_version": 2, "type": "window", "ts": 10.0, "instance": "p1", "section": "pool",
-            "window_start": 0.0, "window_seconds": 10.0, "high_water_mark_bytes": 5}
+    good = {
+        "schema_version": 2,
+        "type": "window",
+        "ts": 10.0,
+        "instance": "p1",
+        "section": "pool",
+        "window_start": 0.0,
+        "window_seconds": 10.0,
+        "high_water_mark_bytes": 5,
+    }
     a = tmp_path / "p1-1.jsonl"
-    a.write_text("\n".join([
-        json.dumps(good),
-        "not json",
-        '{"schema_version": 2, "type": "window", "ts": "yesterday", "instance": "p1"}',  # wrong type
-        json.dumps({"schema_version": 1, "type": "identifier_breach", "ts": 1.0}),
-        json.dumps({"schema_version": 3, "type": "window", "ts": 1.0, "instance": "p1"}),
-        json.dumps({**good, "section": "nonsense"}),  # not a section of version 2
-        json.dumps({"schema_version": 2, "type": "decision", "ts": 1.0, "instance": "p1"}),  # no policy
-        "",
-        json.dumps(good),
-    ]) + "\n")
+    a.write_text(
+        "\n".join(
+            [
+                json.dumps(good),
+                "not json",
+                '{"schema_version": 2, "type": "window", "ts": "yesterday", "instance": "p1"}',  # wrong type
+                json.dumps({"schema_version": 1, "type": "identifier_breach", "ts": 1.0}),
+                json.dumps({"schema_version": 3, "type": "window", "ts": 1.0, "instance": "p1"}),
+                json.dumps({**good, "section": "nonsense"}),  # not a section of version 2
+                json.dumps({"schema_version": 2, "type": "decision", "ts": 1.0, "instance": "p1"}),  # no policy
+                "",
+                json.dumps(good),
+            ]
+        )
+        + "\n"
+    )
     b = tmp_path / "p1-2.jsonl"
     b.write_text(json.dumps(good) + "\n" + '{"schema_version":2,"type":"win')  # a writer is on this line
     (tmp_path / "empty.jsonl").write_text("")
@@ -128,8 +145,19 @@ def test_bad_lines_are_counted_per_file_by_kind_and_the_rest_is_read(spark: Any,
 
 
 def test_a_file_rotated_away_between_listing_and_reading_is_listed_not_fatal(spark: Any, tmp_path: Path) -> None:
-    line = json.dumps({"schema_version": 2, "type": "connection", "ts": 1.0, "instance": "p", "event": "open",
-                       "conn_id": "c1", "listener": "l", "client_address": "10.0.0.1:5000", "tls": False})
+    line = json.dumps(
+        {
+            "schema_version": 2,
+            "type": "connection",
+            "ts": 1.0,
+            "instance": "p",
+            "event": "open",
+            "conn_id": "c1",
+            "listener": "l",
+            "client_address": "10.0.0.1:5000",
+            "tls": False,
+        }
+    )
     (tmp_path / "kept.jsonl").write_text(line + "\n")
     (tmp_path / "rotated.jsonl").write_text(line + "\n")
     inputs = find_inputs([str(tmp_path)])

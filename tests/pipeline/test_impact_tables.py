@@ -17,24 +17,36 @@ pytestmark = pytest.mark.spark
 
 @pytest.fixture(scope="module")
 def evidence(spark: Any) -> Any:
-    return evidence_of(spark, [
-        window("group", 0, group_id="g1", group_kind="classic", max_members=40),
-        window("group", 60, group_id="g1", group_kind="classic", max_members=57),
-        window("group", 0, group_id="g2", group_kind="classic", max_members=10),
-        window("group", 0, group_id="k1", group_kind="consumer", max_members=60),
-        decision("group_size", "group.max.size", 100, client_id="joiner", client_address="10.0.0.7:4000",
-                 group_id="g1", api="join_group"),
-        connection("open", 1.0, "c1", "10.0.0.1:5001", True, **counted(1, 1, 1)),
-        connection("open", 3.0, "c3", "10.0.0.2:5003", True, **counted(2, 2, 1)),
-        connection("close", 4.0, "c3", "10.0.0.2:5003", True, client_id="tls-b"),
-        connection("open", 5.0, "c4", "10.0.0.1:5004", True, **counted(2, 2, 2)),
-        connection("open", 6.0, "x1", "10.0.0.3:5005", True, **counted(None, None, 1)),  # a protected listener
-        window("identifier", 0, client_id="x" * 250, identifier_kind="client id", max_length=250, identifier="x" * 250),
-        window("identifier", 0, client_id="ok", identifier_kind="client id", max_length=249, identifier="o" * 249),
-        window("client_api", 0, client_id="big", api="produce", max_request_bytes=1500, max_response_bytes=10),
-        window("client_api", 0, client_id="edge", api="produce", max_request_bytes=1000, max_response_bytes=10),
-        window("pool", 0, high_water_mark_bytes=150, capacity_bytes=-1, waits=0),
-    ])
+    return evidence_of(
+        spark,
+        [
+            window("group", 0, group_id="g1", group_kind="classic", max_members=40),
+            window("group", 60, group_id="g1", group_kind="classic", max_members=57),
+            window("group", 0, group_id="g2", group_kind="classic", max_members=10),
+            window("group", 0, group_id="k1", group_kind="consumer", max_members=60),
+            decision(
+                "group_size",
+                "group.max.size",
+                100,
+                client_id="joiner",
+                client_address="10.0.0.7:4000",
+                group_id="g1",
+                api="join_group",
+            ),
+            connection("open", 1.0, "c1", "10.0.0.1:5001", True, **counted(1, 1, 1)),
+            connection("open", 3.0, "c3", "10.0.0.2:5003", True, **counted(2, 2, 1)),
+            connection("close", 4.0, "c3", "10.0.0.2:5003", True, client_id="tls-b"),
+            connection("open", 5.0, "c4", "10.0.0.1:5004", True, **counted(2, 2, 2)),
+            connection("open", 6.0, "x1", "10.0.0.3:5005", True, **counted(None, None, 1)),  # a protected listener
+            window(
+                "identifier", 0, client_id="x" * 250, identifier_kind="client id", max_length=250, identifier="x" * 250
+            ),
+            window("identifier", 0, client_id="ok", identifier_kind="client id", max_length=249, identifier="o" * 249),
+            window("client_api", 0, client_id="big", api="produce", max_request_bytes=1500, max_response_bytes=10),
+            window("client_api", 0, client_id="edge", api="produce", max_request_bytes=1000, max_response_bytes=10),
+            window("pool", 0, high_water_mark_bytes=150, capacity_bytes=-1, waits=0),
+        ],
+    )
 
 
 def _who(spark: Any, evidence: Any, *labels: str) -> set[tuple[str, str, str, str]]:
@@ -64,7 +76,10 @@ def test_a_recorded_decision_does_not_count_for_a_higher_candidate(spark: Any, e
 def test_the_tls_cap_names_hosts_and_the_client_id_from_the_close_event(spark: Any, evidence: Any) -> None:
     who = _who(spark, evidence, "max.ssl.connections=1")
     assert {(kind, s) for _, e, kind, s in who if e == "connection"} == {
-        ("client_address", "10.0.0.2"), ("client_id", "tls-b"), ("client_address", "10.0.0.1"), ("instance", "p1"),
+        ("client_address", "10.0.0.2"),
+        ("client_id", "tls-b"),
+        ("client_address", "10.0.0.1"),
+        ("instance", "p1"),
     }  # c3 (2nd TLS connection, named by its close) and c4 (2nd again, after c3 closed; no close yet)
 
 
@@ -78,8 +93,14 @@ def test_the_per_ip_and_broker_caps_judge_the_counts_the_proxy_recorded(spark: A
 
 
 def test_identifiers_sizes_and_pool_over_their_candidates(spark: Any, evidence: Any) -> None:
-    who = _who(spark, evidence, "resource.identifier.max.length=249", "socket.request.max.bytes=1000",
-               "queued.max.request.bytes=100", "max.response.size=1000")
+    who = _who(
+        spark,
+        evidence,
+        "resource.identifier.max.length=249",
+        "socket.request.max.bytes=1000",
+        "queued.max.request.bytes=100",
+        "max.response.size=1000",
+    )
     assert ("resource.identifier.max.length=249", "window", "identifier", "x" * 250) in who
     assert ("resource.identifier.max.length=249", "window", "client_id", "x" * 250) in who
     assert not any(s == "ok" or s == "o" * 249 for *_, s in who)  # 249 fits a limit of 249
@@ -113,12 +134,15 @@ def test_candidates_are_chosen_once_each_with_the_strongest_origin() -> None:
     assert "no.such.key=1" not in origins
 
 
-@pytest.mark.parametrize(("text", "message"), [
-    ("group.max.size", "write KEY=VALUE"),
-    ("group.max.sise=5", "'group.max.sise' is not a limit the report evaluates"),
-    ("group.max.size=many", "the value of group.max.size must be an integer"),
-    ("max.ssl.connections=-1", "must be >= 0"),
-])
+@pytest.mark.parametrize(
+    ("text", "message"),
+    [
+        ("group.max.size", "write KEY=VALUE"),
+        ("group.max.sise=5", "'group.max.sise' is not a limit the report evaluates"),
+        ("group.max.size=many", "the value of group.max.size must be an integer"),
+        ("max.ssl.connections=-1", "must be >= 0"),
+    ],
+)
 def test_a_bad_candidate_is_one_line_naming_it(text: str, message: str) -> None:
     with pytest.raises(CandidateError, match=message):
         parse_candidate(text)

@@ -25,9 +25,18 @@ from pipeline.events import EVENT_SCHEMA, REPORT_SCHEMA, find_inputs, read_evide
 pytestmark = pytest.mark.spark
 
 GOOD = {
-    "schema_version": 2, "type": "window", "ts": 1.0, "instance": "p", "section": "client_api",
-    "window_start": 0.0, "window_seconds": 60.0, "client_id": "c", "api": "produce", "requests": 5,
-    "max_request_bytes": 100, "max_response_bytes": 50,
+    "schema_version": 2,
+    "type": "window",
+    "ts": 1.0,
+    "instance": "p",
+    "section": "client_api",
+    "window_start": 0.0,
+    "window_seconds": 60.0,
+    "client_id": "c",
+    "api": "produce",
+    "requests": 5,
+    "max_request_bytes": 100,
+    "max_response_bytes": 50,
 }
 
 
@@ -52,7 +61,7 @@ ODD_LINES = [
     _raw(_with(), '"client_id": "c"', '"client_id": "c", "client_id": "d"'),  # a duplicate key
     _raw(_with(), '"requests": 5', '"requests": 1e3'),
     _raw(_with(), '"requests": 5', '"requests": 99999999999999999999'),
-    _with(client_id="\u00e9\U0001f600 \\ \" /"),
+    _with(client_id='\u00e9\U0001f600 \\ " /'),
     _raw(_with(), '"ts": 1.0', '"ts": NaN'),  # not JSON, but Spark's reader takes it
     _raw(_with(), '"client_id": "c"', "'client_id': 'c'"),  # single quotes: Spark takes them
     _raw(_with(), '"requests": 5', '"requests": 007'),
@@ -65,10 +74,34 @@ ODD_LINES = [
     _with(extra={"x": [1, {"y": 2}]}, breaches=[{"kind": "client_id", "path": "x", "length": 3, "limit": 2}]),
     _with(breaches=[{"kind": "client_id", "length": "3"}]),  # a string for a long, inside a list
     _with(breaches=[None, {}]),
-    json.dumps({"schema_version": 2, "type": "decision", "ts": 1.0, "instance": "p", "policy": "x", "mode": "observe",
-                "action": "refuse", "reason": "r", "limit_key": "k", "limit": 3, "client_id": "c"}),
-    json.dumps({"schema_version": 2, "type": "connection", "ts": 2.0, "instance": "p", "event": "open",
-                "conn_id": "c1", "listener": "l", "client_address": "10.0.0.1:1", "tls": "true"}),
+    json.dumps(
+        {
+            "schema_version": 2,
+            "type": "decision",
+            "ts": 1.0,
+            "instance": "p",
+            "policy": "x",
+            "mode": "observe",
+            "action": "refuse",
+            "reason": "r",
+            "limit_key": "k",
+            "limit": 3,
+            "client_id": "c",
+        }
+    ),
+    json.dumps(
+        {
+            "schema_version": 2,
+            "type": "connection",
+            "ts": 2.0,
+            "instance": "p",
+            "event": "open",
+            "conn_id": "c1",
+            "listener": "l",
+            "client_address": "10.0.0.1:1",
+            "tls": "true",
+        }
+    ),
     "",
     "   ",
     _with() + _with(),  # two objects on one line
@@ -95,8 +128,11 @@ def _oracle(
     rules = ev._rules()
     schema = StructType([*fields.fields, StructField(ev._CORRUPT, StringType())])
     raw = (
-        spark.read.schema(schema).option("mode", "PERMISSIVE").option("columnNameOfCorruptRecord", ev._CORRUPT)
-        .json(str(path)).cache()
+        spark.read.schema(schema)
+        .option("mode", "PERMISSIVE")
+        .option("columnNameOfCorruptRecord", ev._CORRUPT)
+        .json(str(path))
+        .cache()
     )
     valid = raw.filter(ev._valid(rules))
     named = raw.filter(~ev._valid(rules)).select(
@@ -169,8 +205,24 @@ def test_gzip_and_many_blocks_read_the_same(spark: Any, tmp_path: Path, monkeypa
     assert written_rows + len(taken_by_spark) == len(rows) and taken_by_spark
 
 
-MORE_ODD = ["null", " null", "1", "true", '"s"', "[]", "{}", "{", '{"a":', '{"breaches":[null]}', "\t", "\r",
-            "{" * 200 + "}" * 200, "\ufeff{}", "{}\r", " " + _with(client_id="indented")]
+MORE_ODD = [
+    "null",
+    " null",
+    "1",
+    "true",
+    '"s"',
+    "[]",
+    "{}",
+    "{",
+    '{"a":',
+    '{"breaches":[null]}',
+    "\t",
+    "\r",
+    "{" * 200 + "}" * 200,
+    "\ufeff{}",
+    "{}\r",
+    " " + _with(client_id="indented"),
+]
 
 
 def _split(piece: bytes) -> list[bytes]:

@@ -74,8 +74,10 @@ def test_the_report_finds_what_the_generator_planted(fleet: Any, fleet_report: A
     # group.max.size=50 (a --candidate) names the big group; Kafka's 249 names the long client id.
     named = {(r["subject_kind"], r["subject"]) for r in fleet_report.impact.top_subjects["group.max.size=50"]}
     assert ("group_id", BIG_GROUP) in named
-    named = {(r["subject_kind"], r["subject"])
-             for r in fleet_report.impact.top_subjects["resource.identifier.max.length=249"]}
+    named = {
+        (r["subject_kind"], r["subject"])
+        for r in fleet_report.impact.top_subjects["resource.identifier.max.length=249"]
+    }
     assert ("client_id", LONG_CLIENT_ID) in named
 
 
@@ -96,8 +98,10 @@ def test_ten_days_of_evidence_are_not_provisional_and_a_silent_proxy_is_a_gap(fl
     assert "over 17 d, 3 gaps (proxies silent)" in text
     # Consumer groups were seen in 24 of the 36 windows: too thin for a number, a comment says why.
     assert coverage.windows_for("group.consumer.max.size") == 24
-    assert ("  # group.consumer.max.size: left out, too thin to recommend: 24 observation windows with a consumer "
-            "(KIP-848) group, at least 30 needed (--min-windows)") in text.splitlines()
+    assert (
+        "  # group.consumer.max.size: left out, too thin to recommend: 24 observation windows with a consumer "
+        "(KIP-848) group, at least 30 needed (--min-windows)"
+    ) in text.splitlines()
     assert {r.key: r.value for r in fleet_report.recommendations}["group.consumer.max.size"] is None
 
 

@@ -65,8 +65,9 @@ def make_traffic(proxy: Any, certs: Any) -> str:
     assert produce(proxy.bootstrap, topic, 20, **{"client.id": LONG_CLIENT_ID}) == 20
     assert produce(proxy.bootstrap, topic, 20, **{"client.id": "orders-producer"}) == 20
     # Two TLS producers connected at once: two TLS connections open together at least.
-    producers = [Producer({"bootstrap.servers": tls_bootstrap, "client.id": f"tls-producer-{n}", **tls})
-                 for n in range(2)]
+    producers = [
+        Producer({"bootstrap.servers": tls_bootstrap, "client.id": f"tls-producer-{n}", **tls}) for n in range(2)
+    ]
     for producer in producers:
         for i in range(10):
             producer.produce(topic, value=b"tls %d" % i)
@@ -82,8 +83,10 @@ def make_traffic(proxy: Any, certs: Any) -> str:
         assert wait_for(lambda: all(m.assigned for m in members), timeout=60), [m.errors for m in members]
         members.append(Member(proxy.bootstrap, topic, group, **{"client.id": "member-2"}))
         assert wait_for(lambda: all(m.assigned for m in members), timeout=60), [m.errors for m in members]
-        wait_until(lambda: proxy.metric(
-            "kafka_admission_decisions_total", policy="group_size", mode="observe") >= 1, timeout=20)
+        wait_until(
+            lambda: proxy.metric("kafka_admission_decisions_total", policy="group_size", mode="observe") >= 1,
+            timeout=20,
+        )
         time.sleep(1.5)  # a whole observation window with three members in the group
     finally:
         for m in members:
@@ -93,8 +96,10 @@ def make_traffic(proxy: Any, certs: Any) -> str:
     try:
         for sock in senders:
             sock.sendall(MIB.to_bytes(4, "big") + b"\0" * 100)
-        wait_until(lambda: proxy.metric(
-            "kafka_admission_decisions_total", policy="memory_pool", mode="observe") >= 1, timeout=20)
+        wait_until(
+            lambda: proxy.metric("kafka_admission_decisions_total", policy="memory_pool", mode="observe") >= 1,
+            timeout=20,
+        )
         time.sleep(1.5)  # the pool's high-water mark lands in a window
     finally:
         for sock in senders:
@@ -103,7 +108,12 @@ def make_traffic(proxy: Any, certs: Any) -> str:
 
 
 def test_report_over_a_real_proxys_audit_names_the_violators_and_renders_in_chromium(
-    tansu: Any, start_proxy: Any, certs: Any, spark: Any, chromium: Any, tmp_path: Path,
+    tansu: Any,
+    start_proxy: Any,
+    certs: Any,
+    spark: Any,
+    chromium: Any,
+    tmp_path: Path,
     capsys: pytest.CaptureFixture[str],
 ) -> None:
     audit = tmp_path / "audit"
@@ -125,9 +135,20 @@ def test_report_over_a_real_proxys_audit_names_the_violators_and_renders_in_chro
     out = tmp_path / "report"
     # Seconds of traffic: every number is provisional (test_demo_report.py: and too thin under the default
     # --min-windows); one window is enough here, to check the numbers the traffic gives.
-    status = report_command("--events", str(audit), "--out", str(out), "--headroom", str(HEADROOM),
-                            "--candidate", "group.max.size=2", "--candidate", "max.ssl.connections=1",
-                            "--min-windows", "1")
+    status = report_command(
+        "--events",
+        str(audit),
+        "--out",
+        str(out),
+        "--headroom",
+        str(HEADROOM),
+        "--candidate",
+        "group.max.size=2",
+        "--candidate",
+        "max.ssl.connections=1",
+        "--min-windows",
+        "1",
+    )
     run = capsys.readouterr()
     assert status == 0, run.err[-4000:]
     assert f"report: {out / 'report.html'}" in run.out

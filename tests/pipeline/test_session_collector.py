@@ -23,8 +23,14 @@ print("collectors:", ", ".join(sorted(str(bean.getName()) for bean in beans)))
 
 def collectors(**env: str) -> str:
     environment = {k: v for k, v in os.environ.items() if k not in _OPERATOR_JVM_OPTIONS}
-    run = subprocess.run([sys.executable, "-c", SESSION], capture_output=True, text=True, cwd=ROOT, timeout=300,
-                         env={**environment, **env})
+    run = subprocess.run(
+        [sys.executable, "-c", SESSION],
+        capture_output=True,
+        text=True,
+        cwd=ROOT,
+        timeout=300,
+        env={**environment, **env},
+    )
     assert run.returncode == 0, run.stderr[-3000:]
     (line,) = [line for line in run.stdout.splitlines() if line.startswith("collectors:")]
     return line

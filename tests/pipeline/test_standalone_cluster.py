@@ -41,18 +41,34 @@ def standalone_cluster(tmp_path: Path) -> Iterator[tuple[str, Path]]:
     port = free_port()
     master = _start(
         ["org.apache.spark.deploy.master.Master", "--host", "127.0.0.1", "--port", str(port), "--webui-port", "0"],
-        tmp_path / "master.log", env,
+        tmp_path / "master.log",
+        env,
     )
     processes = [master]
     work = tmp_path / "work"
     try:
         wait_for_port("127.0.0.1", port, timeout=60)
         url = f"spark://127.0.0.1:{port}"
-        processes.append(_start(
-            ["org.apache.spark.deploy.worker.Worker", url, "--host", "127.0.0.1", "--webui-port", "0",
-             "--cores", "2", "--memory", "2g", "--work-dir", str(work)],
-            tmp_path / "worker.log", env,
-        ))
+        processes.append(
+            _start(
+                [
+                    "org.apache.spark.deploy.worker.Worker",
+                    url,
+                    "--host",
+                    "127.0.0.1",
+                    "--webui-port",
+                    "0",
+                    "--cores",
+                    "2",
+                    "--memory",
+                    "2g",
+                    "--work-dir",
+                    str(work),
+                ],
+                tmp_path / "worker.log",
+                env,
+            )
+        )
         deadline = time.monotonic() + 60
         while "Registering worker" not in (tmp_path / "master.log").read_text(errors="replace"):
             assert time.monotonic() < deadline, (tmp_path / "master.log").read_text(errors="replace")
@@ -70,7 +86,11 @@ def _rows(spark: Any, path: Path) -> list[tuple[Any, ...]]:
 
 
 def test_the_report_on_a_standalone_cluster_equals_the_local_one(
-    standalone_cluster: tuple[str, Path], spark: Any, fleet: Any, fleet_report: Any, tmp_path: Path,
+    standalone_cluster: tuple[str, Path],
+    spark: Any,
+    fleet: Any,
+    fleet_report: Any,
+    tmp_path: Path,
 ) -> None:
     master, work = standalone_cluster
     parquet = tmp_path / "parquet"

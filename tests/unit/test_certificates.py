@@ -41,8 +41,11 @@ def tls_config(cert_file: str, key_file: str, ca_file: str | None = None) -> dic
         "upstream": {"bootstrap_servers": ["127.0.0.1:9092"]},
         "listeners": [
             {"name": "plain", "bind": "127.0.0.1:29092"},
-            {"name": "secure", "bind": "127.0.0.1:29093",
-             "tls": {"cert_file": cert_file, "key_file": key_file, "ca_file": ca_file}},
+            {
+                "name": "secure",
+                "bind": "127.0.0.1:29093",
+                "tls": {"cert_file": cert_file, "key_file": key_file, "ca_file": ca_file},
+            },
         ],
     }
 
@@ -64,23 +67,32 @@ def test_a_key_of_another_certificate_is_named_with_both_files(tmp_path: Path) -
 
 
 def test_an_expired_certificate_is_named_with_its_date(tmp_path: Path) -> None:
-    cert, key = leaf_files(tmp_path, trustme.CA().issue_cert(
-        "old.example", not_before=NOW - dt.timedelta(days=10), not_after=NOW - dt.timedelta(days=1)))
+    cert, key = leaf_files(
+        tmp_path,
+        trustme.CA().issue_cert(
+            "old.example", not_before=NOW - dt.timedelta(days=10), not_after=NOW - dt.timedelta(days=1)
+        ),
+    )
     with pytest.raises(CertificateProblem, match=r"server\.pem: certificate \(.*\) expired on \d{4}-\d\d-\d\dT"):
         inspect_certificate(cert, key)
 
 
 def test_a_certificate_not_yet_valid_is_named(tmp_path: Path) -> None:
-    cert, key = leaf_files(tmp_path, trustme.CA().issue_cert(
-        "future.example", not_before=NOW + dt.timedelta(days=1), not_after=NOW + dt.timedelta(days=90)))
+    cert, key = leaf_files(
+        tmp_path,
+        trustme.CA().issue_cert(
+            "future.example", not_before=NOW + dt.timedelta(days=1), not_after=NOW + dt.timedelta(days=90)
+        ),
+    )
     with pytest.raises(CertificateProblem, match="is not valid before"):
         inspect_certificate(cert, key)
 
 
 def test_an_expired_certificate_further_down_the_chain_is_named_by_position(tmp_path: Path) -> None:
     leaf = trustme.CA().issue_cert("chain.example")
-    expired = trustme.CA().issue_cert("old.example", not_before=NOW - dt.timedelta(days=9),
-                                      not_after=NOW - dt.timedelta(days=2))
+    expired = trustme.CA().issue_cert(
+        "old.example", not_before=NOW - dt.timedelta(days=9), not_after=NOW - dt.timedelta(days=2)
+    )
     chain = write(tmp_path, "chain.pem", leaf.cert_chain_pems[0].bytes() + expired.cert_chain_pems[0].bytes())
     with pytest.raises(CertificateProblem, match=r"chain\.pem: certificate 2 in the chain \(.*\) expired on"):
         inspect_certificate(chain, None)
@@ -110,7 +122,8 @@ def test_check_config_names_the_listener_key_and_the_rule_in_one_line(tmp_path: 
     config_file.write_text(yaml.safe_dump(tls_config(cert, other_key)))
     result = subprocess.run(
         [sys.executable, "-m", "proxy.cli", "check-config", "--config", str(config_file)],
-        capture_output=True, text=True,
+        capture_output=True,
+        text=True,
     )
     assert result.returncode == 2
     lines = result.stderr.strip().splitlines()
@@ -123,7 +136,8 @@ def test_check_config_names_the_listener_key_and_the_rule_in_one_line(tmp_path: 
 def test_an_expired_client_ca_is_refused_but_a_bundle_with_one_valid_ca_is_not(tmp_path: Path) -> None:
     cert, key = leaf_files(tmp_path, trustme.CA().issue_cert("a.example"))
     expired_ca = trustme.CA().issue_cert(
-        "x.example", not_before=NOW - dt.timedelta(days=9), not_after=NOW - dt.timedelta(days=2))
+        "x.example", not_before=NOW - dt.timedelta(days=9), not_after=NOW - dt.timedelta(days=2)
+    )
     only_expired = write(tmp_path, "expired-ca.pem", expired_ca.cert_chain_pems[0].bytes())
     with pytest.raises(ConfigError, match=r"listeners\[1\]\.tls\.ca_file: .*no CA certificate in it is valid now"):
         parse_config(tls_config(cert, key, only_expired))
@@ -150,6 +164,8 @@ def test_certificate_files_names_every_file_a_reload_must_watch(tmp_path: Path) 
     ca_file = write(tmp_path, "ca.pem", ca.cert_pem)
     client_cert, client_key = leaf_files(tmp_path, ca.issue_cert("client@example.com"), "client")
     raw = tls_config(cert, key, ca_file)
-    raw["upstream"] = {"bootstrap_servers": ["127.0.0.1:9092"],
-                       "tls": {"enabled": True, "ca_file": ca_file, "cert_file": client_cert, "key_file": client_key}}
+    raw["upstream"] = {
+        "bootstrap_servers": ["127.0.0.1:9092"],
+        "tls": {"enabled": True, "ca_file": ca_file, "cert_file": client_cert, "key_file": client_key},
+    }
     assert certificate_files(parse_config(raw).tls_files()) == sorted({cert, key, ca_file, client_cert, client_key})

@@ -116,16 +116,26 @@ def test_bootstrap_server_without_port_is_refused() -> None:
 def test_missing_tls_files_are_found_at_load_time(tmp_path: Path) -> None:
     key = tmp_path / "k.pem"
     key.write_text("x")
-    raw = with_(listeners=[{"name": "x", "bind": "127.0.0.1:1",
-                            "tls": {"cert_file": str(tmp_path / "nope.pem"), "key_file": str(key)}}])
+    raw = with_(
+        listeners=[
+            {"name": "x", "bind": "127.0.0.1:1", "tls": {"cert_file": str(tmp_path / "nope.pem"), "key_file": str(key)}}
+        ]
+    )
     assert "listeners[0].tls.cert_file: file not found" in error_of(raw)
 
 
 def test_client_auth_required_needs_a_ca(tmp_path: Path) -> None:
     pem = tmp_path / "c.pem"
     pem.write_text("x")
-    raw = with_(listeners=[{"name": "x", "bind": "127.0.0.1:1",
-                            "tls": {"cert_file": str(pem), "key_file": str(pem), "client_auth": "required"}}])
+    raw = with_(
+        listeners=[
+            {
+                "name": "x",
+                "bind": "127.0.0.1:1",
+                "tls": {"cert_file": str(pem), "key_file": str(pem), "client_auth": "required"},
+            }
+        ]
+    )
     assert "needs ca_file" in error_of(raw)
 
 
@@ -268,7 +278,8 @@ def test_invalid_yaml_is_reported_with_the_file(tmp_path: Path) -> None:
 def _check_config(path: Path) -> subprocess.CompletedProcess[str]:
     return subprocess.run(
         [sys.executable, "-m", "proxy.cli", "check-config", "--config", str(path)],
-        capture_output=True, text=True,
+        capture_output=True,
+        text=True,
     )
 
 

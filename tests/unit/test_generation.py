@@ -24,12 +24,14 @@ from proxy.protocol import wire
 
 
 def generation(mode: str = "cluster", **policies: object) -> tuple[Generation, Metrics]:
-    config = parse_config({
-        "mode": mode,
-        "upstream": {"bootstrap_servers": ["127.0.0.1:9092"]},
-        "listeners": [{"name": "l", "bind": "127.0.0.1:1"}],
-        "policies": policies,
-    })
+    config = parse_config(
+        {
+            "mode": mode,
+            "upstream": {"bootstrap_servers": ["127.0.0.1:9092"]},
+            "listeners": [{"name": "l", "bind": "127.0.0.1:1"}],
+            "policies": policies,
+        }
+    )
     metrics = Metrics()
     recorder = DecisionRecorder(metrics, AuditSink(config.audit, metrics))
     groups = GroupSizePolicy(config.policies.group_size_config())
@@ -48,7 +50,9 @@ def request_of(frame: bytes) -> Request:
 def produce_frame(transactional_id: str, acks: int, client_id: str = "app") -> bytes:
     m: Any = __import__("kio.schema.produce.v9.request", fromlist=["x"])
     body = m.ProduceRequest(
-        transactional_id=transactional_id, acks=acks, timeout=datetime.timedelta(seconds=1),
+        transactional_id=transactional_id,
+        acks=acks,
+        timeout=datetime.timedelta(seconds=1),
         topic_data=(m.TopicProduceData(name="t", partition_data=(m.PartitionProduceData(index=0, records=None),)),),
     )
     return wire.encode_frame(wire.request_header_for(PRODUCE, 9, 11, client_id), body)
@@ -165,7 +169,10 @@ async def test_api_versions_offer_produce_and_fetch_below_their_address_versions
             response_schema.ApiVersion(api_key=k, min_version=0, max_version=v) for k, v in ((PRODUCE, 13), (FETCH, 18))
         ),
         throttle_time=datetime.timedelta(0),
-        supported_features=(), finalized_features_epoch=-1, finalized_features=(), zk_migration_ready=False,
+        supported_features=(),
+        finalized_features_epoch=-1,
+        finalized_features=(),
+        zk_migration_ready=False,
     )
     header = __import__("kio.schema.response_header.v0.header", fromlist=["x"]).ResponseHeader(correlation_id=1)
     frame = wire.encode_frame(header, body)

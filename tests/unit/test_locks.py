@@ -23,8 +23,11 @@ def pins(lock: Path) -> dict[str, str]:
     pinned_with_hashes = r"^([A-Za-z0-9_.\-]+)==(\S+) \\\n((?:\s+--hash=sha256:[0-9a-f]{64}[ \\]*\n)+)"
     for match in re.finditer(pinned_with_hashes, text, re.M):
         found[canonicalize_name(match[1])] = match[2]
-    unhashed = [line for line in text.splitlines() if "==" in line and not line.startswith(" ")
-                and canonicalize_name(line.split("==")[0]) not in found]
+    unhashed = [
+        line
+        for line in text.splitlines()
+        if "==" in line and not line.startswith(" ") and canonicalize_name(line.split("==")[0]) not in found
+    ]
     assert unhashed == [], f"{lock.name}: pinned without hashes: {unhashed}"
     return found
 
@@ -37,10 +40,13 @@ def extras() -> dict[str, list[str]]:
     return project()["optional-dependencies"]  # type: ignore[return-value]
 
 
-@pytest.mark.parametrize(("lock", "groups"), [
-    ("runtime.txt", ["runtime"]),
-    ("dev.txt", ["runtime", "test", "demo", "pipeline"]),
-])
+@pytest.mark.parametrize(
+    ("lock", "groups"),
+    [
+        ("runtime.txt", ["runtime"]),
+        ("dev.txt", ["runtime", "test", "demo", "pipeline"]),
+    ],
+)
 def test_every_dependency_is_pinned_with_hashes_at_an_allowed_version(lock: str, groups: list[str]) -> None:
     pinned = pins(LOCKS / lock)
     for group in groups:
@@ -62,8 +68,11 @@ def test_the_runtime_lock_holds_none_of_the_extras() -> None:
 
 
 def test_the_deploy_tools_are_pinned_with_hashes() -> None:
-    wanted = [line.strip() for line in (LOCKS / "deploy-tools.in").read_text().splitlines()
-              if line.strip() and not line.startswith("#")]
+    wanted = [
+        line.strip()
+        for line in (LOCKS / "deploy-tools.in").read_text().splitlines()
+        if line.strip() and not line.startswith("#")
+    ]
     pinned = pins(LOCKS / "deploy-tools.txt")
     assert {canonicalize_name(Requirement(w).name) for w in wanted} <= set(pinned)
 

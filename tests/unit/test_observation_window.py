@@ -50,13 +50,34 @@ def test_a_scripted_window_gives_the_schema_rows_with_the_right_values(tmp_path:
     common = {"type": "window", "window_start": T0, "window_seconds": 60.0}
     assert all(r.items() >= common.items() for r in rows)
     assert section(rows, "client_api") == [
-        {**common, "section": "client_api", "listener": "external", "client_id": "app-1", "api": "produce",
-         "requests": 2, "bytes_in": 4000, "bytes_out": 120, "max_request_bytes": 3000, "max_response_bytes": 70},
-        {**common, "section": "client_api", "listener": "external", "client_id": None, "api": "metadata",
-         "requests": 1, "bytes_in": 40, "bytes_out": 0, "max_request_bytes": 40, "max_response_bytes": 0},
+        {
+            **common,
+            "section": "client_api",
+            "listener": "external",
+            "client_id": "app-1",
+            "api": "produce",
+            "requests": 2,
+            "bytes_in": 4000,
+            "bytes_out": 120,
+            "max_request_bytes": 3000,
+            "max_response_bytes": 70,
+        },
+        {
+            **common,
+            "section": "client_api",
+            "listener": "external",
+            "client_id": None,
+            "api": "metadata",
+            "requests": 1,
+            "bytes_in": 40,
+            "bytes_out": 0,
+            "max_request_bytes": 40,
+            "max_response_bytes": 0,
+        },
     ]
     assert {(r["group_id"], r["group_kind"], r["max_members"]) for r in section(rows, "group")} == {
-        ("orders", "classic", 5), ("orders", "consumer", 2)
+        ("orders", "classic", 5),
+        ("orders", "consumer", 2),
     }
     identifiers = {(r["identifier_kind"], r["client_id"]): r for r in section(rows, "identifier")}
     assert identifiers["client_id", "app-1"]["max_length"] == 5
@@ -64,8 +85,9 @@ def test_a_scripted_window_gives_the_schema_rows_with_the_right_values(tmp_path:
     assert longest["max_length"] == 400 and longest["identifier"] == "😀" * 200
     (pool,) = section(rows, "pool")
     assert (pool["capacity_bytes"], pool["high_water_mark_bytes"], pool["waits"]) == (1_000_000, 9000, 1)
-    assert {(r["listener"], r["tls"], r["max_open"], r["opened"], r["closed"]) for r in section(rows, "connections")} \
-        == {("external", True, 2, 2, 1), ("internal", False, 1, 1, 0)}
+    assert {
+        (r["listener"], r["tls"], r["max_open"], r["opened"], r["closed"]) for r in section(rows, "connections")
+    } == {("external", True, 2, 2, 1), ("internal", False, 1, 1, 0)}
     assert not any("overflow" in r for r in rows)
     # Through the real sink: every row is a valid v2 event.
     sink = AuditSink(Audit(path=str(tmp_path), instance_id="w"), Metrics())

@@ -24,7 +24,10 @@ def test_produce_acks_are_found_in_every_version(version: int, acks: int) -> Non
     assert wire.produce_head(frame, 0, version) == (("txn-1" if version >= 3 else None), acks)
     header = wire.read_request_header(frame)
     assert (header.api_key, header.api_version, header.correlation_id, header.client_id) == (
-        0, version, 42, "producer-1"
+        0,
+        version,
+        42,
+        "producer-1",
     )
 
 
