@@ -156,17 +156,27 @@ def run_demo(records: int = 1000, exit_after_workload: bool = False, audit_dir: 
         config_file.write_text(yaml.safe_dump(config, sort_keys=False))
         admin = config["admin"]["bind"]
         proxy = _start_proxy(config_file, admin)
-        # Ctrl-C reaches the whole foreground process group: the proxy drains on its own SIGINT,
-        # and the demo waits for it rather than dying with a traceback. (Blocked only now: a
-        # child inherits the signal mask.)
-        signal.pthread_sigmask(signal.SIG_BLOCK, {signal.SIGINT, signal.SIGTERM})
+        # Ctrl-C (SIGINT, which the terminal sends the proxy too: it drains) or SIGTERM ends the demo
+        # with the proxy stopped, not a traceback. Handlers, not a blocked signal mask: a mask
+        # would outlive the demo in a process that goes on (the tests run it in theirs) and be
+        # inherited by every process started after it.
+        previous = signal.signal(signal.SIGTERM, _interrupt)
+        result: WorkloadResult | None = None
         try:
             result = run_workload(config["listeners"][0]["bind"], records)
             print(_summary(config, result, _requests_served(admin)), flush=True)
             if not exit_after_workload:
                 print("Running; press Ctrl-C to stop.", flush=True)
-                signal.sigwait({signal.SIGINT, signal.SIGTERM})
+                while True:
+                    signal.pause()
+        except KeyboardInterrupt:
+            pass
         finally:
+            signal.signal(signal.SIGTERM, previous)
             status = stop_process(proxy, timeout=15)
-    ok = result.produced == records and result.consumed == records
+    ok = result is not None and result.produced == records and result.consumed == records
     return 0 if ok and status == 0 else 1
+
+
+def _interrupt(_signum: int, _frame: object) -> None:
+    raise KeyboardInterrupt

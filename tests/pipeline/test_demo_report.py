@@ -11,6 +11,7 @@ from __future__ import annotations
 
 import json
 import shlex
+import signal
 import subprocess
 from pathlib import Path
 from typing import Any
@@ -35,8 +36,13 @@ def test_make_demo_ends_with_the_report_over_its_own_audit_events(
     demo_dir = tmp_path / "demo"  # the same command, into a directory of this test
     command[3] = str(demo_dir)
     assert Path(command[0]).name == "kafka-admission-proxy"
+    sigterm = signal.getsignal(signal.SIGTERM)
     status = command_in_process(*command[1:], "--exit-after-workload", "--records", "300")
     run = capsys.readouterr()
+    # The process goes on after the demo: it leaves its signals as it found them (a blocked SIGTERM
+    # was inherited by every proxy started later, and none of them could be stopped).
+    assert signal.getsignal(signal.SIGTERM) is sigterm
+    assert not signal.pthread_sigmask(signal.SIG_BLOCK, [])
     assert status == 0, run.out[-2000:] + run.err[-4000:]
     out = demo_dir / "report"
     lines = run.out.strip().splitlines()
