@@ -565,6 +565,21 @@ def spec_for_events(target: int, **overrides: Any) -> FleetSpec:
     return replace(spec, windows=max(2, round((target - fixed) / per_window)))
 
 
+def bench_fleet_spec(target: int) -> FleetSpec:
+    """The fleet the report benchmarks read (this script's defaults): 20 proxies, 2,000 client
+    ids, 400 groups, files of 200,000 lines, with malformed and schema v1 lines mixed in."""
+    return spec_for_events(
+        target,
+        instances=20,
+        clients=2000,
+        groups=400,
+        lines_per_file=200_000,
+        churn=30,
+        malformed_lines=100,
+        v1_lines=100,
+    )
+
+
 def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     parser.add_argument("--out", required=True, type=Path, help="directory to write the audit files into")

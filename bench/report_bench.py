@@ -19,7 +19,7 @@ from pathlib import Path
 ROOT = Path(__file__).resolve().parent.parent
 sys.path.insert(0, str(ROOT))
 
-from bench.fleet_evidence import FORMAT, generate, spec_for_events  # noqa: E402
+from bench.fleet_evidence import FORMAT, bench_fleet_spec, generate  # noqa: E402
 
 
 def _run(*args: str) -> tuple[float, str]:
@@ -52,16 +52,7 @@ def main() -> int:
         shutil.rmtree(events_dir, ignore_errors=True)
         started = time.monotonic()
         # The fleet of fleet_evidence.py's defaults: 20 proxies, 2,000 client ids, 400 groups.
-        spec = spec_for_events(
-            args.events,
-            instances=20,
-            clients=2000,
-            groups=400,
-            lines_per_file=200_000,
-            churn=30,
-            malformed_lines=100,
-            v1_lines=100,
-        )
+        spec = bench_fleet_spec(args.events)
         truth = generate(spec, events_dir, workers=2)
         made_as.write_text(str(FORMAT))
         print(f"generated {truth.events:,} events in {time.monotonic() - started:.0f} s into {events_dir}")

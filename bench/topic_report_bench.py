@@ -25,7 +25,7 @@ from pathlib import Path
 ROOT = Path(__file__).resolve().parent.parent
 sys.path.insert(0, str(ROOT))
 
-from bench.fleet_evidence import generate, spec_for_events  # noqa: E402
+from bench.fleet_evidence import bench_fleet_spec, generate  # noqa: E402
 from tests.apache_kafka.broker import ApacheKafkaBroker, fetch_java_parts  # noqa: E402
 
 TOPIC = "audit-events"
@@ -66,16 +66,7 @@ def main() -> int:
     args = parser.parse_args()
     events_dir = args.dir / f"topic-events-{args.events}"
     if not events_dir.is_dir():
-        spec = spec_for_events(
-            args.events,
-            instances=20,
-            clients=2000,
-            groups=400,
-            lines_per_file=200_000,
-            churn=30,
-            malformed_lines=100,
-            v1_lines=100,
-        )
+        spec = bench_fleet_spec(args.events)
         generate(spec, events_dir, workers=2)
     files = sorted(p for p in events_dir.iterdir() if not p.name.startswith("."))
     print(f"input: {sum(p.stat().st_size for p in files) / 1e9:.2f} GB of JSON lines in {len(files)} files")
