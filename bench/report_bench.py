@@ -51,7 +51,6 @@ def main() -> int:
     if args.regenerate or not made_as.is_file() or made_as.read_text() != str(FORMAT):
         shutil.rmtree(events_dir, ignore_errors=True)
         started = time.monotonic()
-        # The fleet of fleet_evidence.py's defaults: 20 proxies, 2,000 client ids, 400 groups.
         spec = bench_fleet_spec(args.events)
         truth = generate(spec, events_dir, workers=2)
         made_as.write_text(str(FORMAT))
