@@ -15,6 +15,7 @@ import os
 import socket
 import ssl
 import subprocess
+import sys
 import time
 import urllib.request
 from dataclasses import dataclass
@@ -23,7 +24,13 @@ from typing import Any
 
 from kio.serial import entity_reader, entity_writer
 
-from demo.tansu import stop_process
+# The benchmarks run as scripts (python bench/NAME.py), with bench/ first on the path: the
+# repository's root joins it for the helpers they share with the tests (demo/, tests/).
+ROOT = Path(__file__).resolve().parents[1]
+if str(ROOT) not in sys.path:
+    sys.path.insert(1, str(ROOT))
+
+from demo.tansu import stop_process  # noqa: E402
 
 HOST = "127.0.0.1"
 START_TIMEOUT_S = 20.0
