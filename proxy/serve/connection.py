@@ -448,17 +448,7 @@ class ClientConnection:
 
     def _closed_by(self, closing: Closing) -> None:
         self.core.closed_by(closing)
-        if not closing.failure:
-            return
-        self.runtime.metrics.connection_failures.labels(self.listener, closing.label).inc()
-        self.runtime.closes.log(
-            logging.WARNING,
-            (self.listener, closing.label, closing.detail),
-            trio.current_time(),
-            "connection closed: %s",
-            closing.reason,
-            extra={"peer": self.peer, "listener": self.listener, "cause": closing.label},
-        )
+        self.runtime.count_failure(self.listener, self.peer, closing)
 
     def _lifecycle(self, event: str) -> None:
         """Connection open and close, for the observation window and the audit."""

@@ -161,15 +161,7 @@ class PassthroughConnection:
 
     def _closed_by(self, closing: Closing) -> None:
         self._ended(closing)
-        self.runtime.metrics.connection_failures.labels(self.listener, closing.label).inc()
-        self.runtime.closes.log(
-            logging.WARNING,
-            (self.listener, closing.label),
-            trio.current_time(),
-            "connection closed: %s",
-            closing.reason,
-            extra={"peer": self.peer, "listener": self.listener, "cause": closing.label},
-        )
+        self.runtime.count_failure(self.listener, self.peer, closing)
 
     def _lifecycle(self, event: str) -> None:
         """Open and close, marked ``passthrough`` (no requests or client id: the proxy never

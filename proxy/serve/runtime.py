@@ -8,6 +8,9 @@ from __future__ import annotations
 import logging
 from dataclasses import dataclass, field
 
+import trio
+
+from policies.close_cause import Closing
 from proxy.evidence.audit import AuditSink
 from proxy.evidence.decisions import DecisionRecorder
 from proxy.evidence.logs import RateLimitedLog
@@ -38,3 +41,18 @@ class Runtime:
         """How long a send may wait for a client to take a byte (connections.max.idle.ms), as the
         current generation says: a send that waits asks again, so that a reload reaches it."""
         return self.generation.send_stall_s
+
+    def count_failure(self, listener: str, peer: str, closing: Closing) -> None:
+        """A connection ended by a failure (``closing.failure``): counted by cause, and logged at
+        most once per listener, cause and kind of line every few seconds. Other ends are not."""
+        if not closing.failure:
+            return
+        self.metrics.connection_failures.labels(listener, closing.label).inc()
+        self.closes.log(
+            logging.WARNING,
+            (listener, closing.label, closing.detail),
+            trio.current_time(),
+            "connection closed: %s",
+            closing.reason,
+            extra={"peer": peer, "listener": listener, "cause": closing.label},
+        )
