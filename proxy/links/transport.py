@@ -35,6 +35,23 @@ class Transport(Protocol):
         """All of ``data``."""
         ...
 
+    def try_receive(self, max_bytes: int) -> Received | None:
+        """What is here now, at most ``max_bytes``, without waiting: None when nothing is
+        (empty at end of stream). Raises NeedsTask when only a wait can move it on."""
+        ...
+
+    def try_send(self, data: Received | memoryview) -> int:
+        """How much of ``data`` the socket took now, without waiting (0 also when TLS asks
+        for a wait of either kind: the caller's ``send`` retries the same bytes and waits)."""
+        ...
+
+    def fileno(self) -> int: ...
+
+    def buffered(self) -> bool:
+        """Bytes already read from the socket wait inside (TLS records OpenSSL holds): the
+        socket will not say it is readable for them."""
+        ...
+
     async def aclose(self) -> None: ...
 
     async def aclose_lingering(self) -> None:
@@ -52,6 +69,11 @@ class SendStalled(trio.BrokenResourceError):
     def __init__(self, seconds: float) -> None:
         super().__init__(f"the peer took nothing for {seconds:g}s")
         self.seconds = seconds
+
+
+class NeedsTask(Exception):
+    """A call that would not wait cannot go on without a wait of another kind (TLS asks to
+    write while reading, or to read while writing): the caller's task must do it."""
 
 
 STALL_RECHECK_S = 1.0  # how often a waiting send asks its stall limit again
@@ -117,6 +139,28 @@ class SocketTransport:
             else:
                 self._drained = True
             return data
+
+    def try_receive(self, max_bytes: int) -> bytes | None:
+        try:
+            return self.sock.recv(max_bytes)
+        except BlockingIOError:
+            return None
+        except OSError as exc:
+            raise trio.BrokenResourceError(f"receive failed: {exc!r}") from exc
+
+    def try_send(self, data: Received | memoryview) -> int:
+        try:
+            return self.sock.send(data)
+        except BlockingIOError:
+            return 0
+        except OSError as exc:
+            raise trio.BrokenResourceError(f"send failed: {exc!r}") from exc
+
+    def fileno(self) -> int:
+        return self.sock.fileno()
+
+    def buffered(self) -> bool:
+        return False
 
     async def send(self, data: Received | memoryview) -> None:
         sock = self.sock
@@ -211,10 +255,17 @@ class TlsTransport:
                 await _wait_shared(trio.lowlevel.wait_writable, tls)
             except OSError as exc:  # ssl.SSLError included
                 raise trio.BrokenResourceError(f"receive failed: {exc!r}") from exc
-        # One call gives one record, and a record holds what one write of the peer held:
-        # librdkafka writes a request in several, so a produce comes in records of a few
-        # KiB. Take every record already here; the first that is not says the socket is
-        # drained (the next receive waits for it at once).
+        data = self._more_records(data, max_bytes)
+        if not self._drained:
+            await trio.lowlevel.checkpoint()  # more may be waiting: let the others run first
+        return data
+
+    def _more_records(self, data: bytes, max_bytes: int) -> bytes:
+        """One call gives one record, and a record holds what one write of the peer held:
+        librdkafka writes a request in several, so a produce comes in records of a few
+        KiB. Take every record already here; the first that is not says the socket is
+        drained (the next receive waits for it at once)."""
+        tls = self.sock
         chunks = None
         size = len(data)
         self._drained = False
@@ -232,9 +283,32 @@ class TlsTransport:
                 chunks = [data]
             chunks.append(more)
             size += len(more)
-        if not self._drained:
-            await trio.lowlevel.checkpoint()  # more may be waiting: let the others run first
         return b"".join(chunks) if chunks is not None else data
+
+    def try_receive(self, max_bytes: int) -> bytes | None:
+        try:
+            data = self.sock.recv(max_bytes)  # b"" on close_notify or EOF
+        except ssl.SSLWantReadError:
+            return None
+        except ssl.SSLWantWriteError:  # OpenSSL has a reply of its own to send first
+            raise NeedsTask from None
+        except OSError as exc:  # ssl.SSLError included
+            raise trio.BrokenResourceError(f"receive failed: {exc!r}") from exc
+        return self._more_records(data, max_bytes)
+
+    def try_send(self, data: Received | memoryview) -> int:
+        try:
+            return self.sock.send(data)
+        except (ssl.SSLWantWriteError, ssl.SSLWantReadError):
+            return 0  # the task's send retries with the same bytes and waits as OpenSSL asks
+        except OSError as exc:
+            raise trio.BrokenResourceError(f"send failed: {exc!r}") from exc
+
+    def fileno(self) -> int:
+        return self.sock.fileno()
+
+    def buffered(self) -> bool:
+        return self.sock.pending() > 0
 
     async def send(self, data: Received | memoryview) -> None:
         tls = self.sock

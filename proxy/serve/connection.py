@@ -1,11 +1,12 @@
 """One client connection's I/O: TLS if its listener has it, one upstream connection, and
 two pumps, one per direction. The protocol is the sans-I/O core's
-(``proxy.protocol.core.ConnectionCore``): each pump reads what its socket has, hands it
-to the core with the current config generation and the time, and carries out the
-actions the core returns through :meth:`ClientConnection.carry_out`, where an action
-becomes a send, a wait or a close. The one exception is each pump's common case (a lone
-Forward, a lone Answer), carried out in the pump itself the same way: a call to
-``carry_out`` is a coroutine, about 2% of a round trip.
+(``proxy.protocol.core.ConnectionCore``); the sockets are served by the process's I/O
+driver (``proxy.serve.driver``). Between reads a pump is parked in the driver; when its
+socket is readable the driver calls the pump's ``_serve_*`` in its pass: it reads, hands
+the bytes to the core with the current config generation and the time, and carries out the
+common case itself (a lone Forward or Answer that the other socket takes whole). Anything
+else wakes the pump's task, which carries it out through :meth:`ClientConnection.carry_out`,
+where an action becomes a send, a wait or a close, and parks again.
 
 The client socket has one writer at a time: both pumps may write to it (the response
 pump the broker's responses, the request pump the proxy's own answers when nothing is
@@ -34,6 +35,7 @@ from proxy.hooks.request import Request
 from proxy.links.identity import ClientCertificate, verified_client_certificate
 from proxy.links.tls import TlsTermination
 from proxy.links.transport import (
+    NeedsTask,
     SendStalled,
     SocketTransport,
     TlsTransport,
@@ -61,6 +63,8 @@ from proxy.protocol.core import (
 )
 from proxy.protocol.framing import RECEIVE_SIZE
 from proxy.protocol.session import UnexpectedResponse
+from proxy.protocol.wire import Received
+from proxy.serve.driver import MORE
 from proxy.serve.runtime import Runtime
 
 __all__ = ["MAX_PENDING_REQUESTS", "ClientConnection", "Port"]
@@ -115,11 +119,12 @@ class ClientConnection:
         self.open_counts: OpenCounts | None = None  # set by the gate as it admits this connection
         self.client_certificate = ClientCertificate(None)  # the one its TLS listener verified
         self._coordinator = _Coordinator(runtime.connector)
+        self._upstream_tls = runtime.connector.tls_enabled
         self.core = ConnectionCore(
             conn_id,
             port.listener,
             client_tls=self.tls,
-            upstream_tls=runtime.connector.tls_enabled,
+            upstream_tls=self._upstream_tls,
             # the listener as configured when the connection opened
             sasl=any(lst.sasl for lst in runtime.generation.config.listeners if lst.name == self.listener),
             pool=runtime.pool,
@@ -222,61 +227,105 @@ class ClientConnection:
 
     async def _pump_requests(self, upstream_address: str) -> None:
         """The client -> broker direction, under ``request.body.timeout.ms`` (one scope kept for the
-        life of the connection, its deadline set by the core)."""
-        runtime, core, client, upstream = self.runtime, self.core, self._client, self._upstream
-        assert client is not None and upstream is not None
+        life of the connection, its deadline set by the core). Between requests it is parked in
+        the I/O driver, which serves the common case itself (:meth:`_serve_requests`)."""
+        runtime, core, client = self.runtime, self.core, self._client
+        assert client is not None
+        park, fd, serve = runtime.driver.park, client.fileno(), self._serve_requests
         with self._body_deadline:
             now = trio.current_time()
             await self.carry_out(core.upstream_ready(upstream_address, runtime.generation, now), now, perf_counter())
             while True:
                 if self._resume is not None:
                     await self._resume.wait()
-                data = await client.receive(core.request_receive_size)
-                now = trio.current_time()  # the policies' clock: one read per batch
-                started = perf_counter()  # the added-latency clock (a cheaper read)
-                actions = core.client_bytes(data, runtime.generation, now)
-                if len(actions) == 1 and (action := actions[0]).__class__ is Forward:
-                    # The common case, carried out here as carry_out would (without its coroutine).
-                    await upstream.send(action.data)
-                    elapsed = perf_counter() - started
-                    for pending in action.sent:
-                        pending.request_seconds = elapsed  # the response adds its own
-                else:
-                    await self.carry_out(actions, now, started)
+                handed = await park(fd, serve)
+                if handed is _IN_TASK:  # TLS needs a wait of the other kind: this task waits
+                    data = await client.receive(core.request_receive_size)
+                    now, started = trio.current_time(), perf_counter()
+                    handed = _HandBack(core.client_bytes(data, runtime.generation, now), now, started)
+                await self._carry_on(handed)  # type: ignore[arg-type]
         if self._body_deadline.cancelled_caught:
             await self.carry_out(core.deadline_passed(trio.current_time()))
 
+    def _serve_requests(self, now: float, started: float) -> object:
+        """The client's socket is readable (called by the I/O driver, not in this connection's
+        task): read, hand to the core, and send a lone Forward on at once; None when that is all."""
+        core, client, upstream = self.core, self._client, self._upstream
+        assert client is not None and upstream is not None
+        try:
+            data = client.try_receive(core.request_receive_size)
+        except NeedsTask:
+            return _IN_TASK
+        if data is None:
+            return None
+        actions = core.client_bytes(data, self.runtime.generation, now)
+        if len(actions) == 1 and (action := actions[0]).__class__ is Forward:
+            sent = upstream.try_send(action.data)
+            if sent < len(action.data):
+                return _HandBack(actions, now, started, sent)
+            _forwarded(action, started)
+            return MORE if self.tls and client.buffered() else None
+        return _HandBack(actions, now, started)
+
     async def _pump_responses(self, upstream: Transport) -> None:
-        runtime, core, client = self.runtime, self.core, self._client
-        assert client is not None
+        """The broker -> client direction: the first response read here (it says the broker is
+        healthy), then parked in the I/O driver (:meth:`_serve_responses`)."""
+        runtime, core = self.runtime, self.core
         data = await upstream.receive(core.response_receive_size)
         if data:
             runtime.connector.healthy(core.upstream_address)
+        now = trio.current_time()
+        await self.carry_out(core.broker_bytes(data, runtime.generation, now), now, perf_counter())
+        park, fd, serve = runtime.driver.park, upstream.fileno(), self._serve_responses
         while True:
-            now = trio.current_time()
-            started = perf_counter()
-            actions = core.broker_bytes(data, runtime.generation, now)
-            if len(actions) == 1 and (action := actions[0]).__class__ is Answer and not self._writing:
-                # The common case carried out here, as in carry_out (without its coroutine).
-                self._writing = True
-                data = action.data
-                try:
-                    await client.send(data)
-                except SendStalled as stalled:
-                    self._send_stalled(stalled.seconds)
-                finally:
-                    self._writing = False
-                    if self._written is not None:
-                        self._written.set()
-                        self._written = None
-                self.bytes_out += len(data)
-                self.port.stats.response_bytes += len(data)
-                then = core.delivered(action.delivered, now, perf_counter() - started)
-                if then:
-                    await self.carry_out(then, now, started)
-            else:
-                await self.carry_out(actions, now, started)
-            data = await upstream.receive(core.response_receive_size)
+            handed = await park(fd, serve)
+            if handed is _IN_TASK:
+                data = await upstream.receive(core.response_receive_size)
+                now, started = trio.current_time(), perf_counter()
+                handed = _HandBack(core.broker_bytes(data, runtime.generation, now), now, started)
+            await self._carry_on(handed)  # type: ignore[arg-type]
+
+    def _serve_responses(self, now: float, started: float) -> object:
+        """The broker's socket is readable (called by the I/O driver): read, hand to the core,
+        and send a lone Answer to the client at once when no one else is writing to it."""
+        core, client, upstream = self.core, self._client, self._upstream
+        assert client is not None and upstream is not None
+        try:
+            data = upstream.try_receive(core.response_receive_size)
+        except NeedsTask:
+            return _IN_TASK
+        if data is None:
+            return None
+        actions = core.broker_bytes(data, self.runtime.generation, now)
+        if len(actions) == 1 and (action := actions[0]).__class__ is Answer and not self._writing:
+            sent = client.try_send(action.data)
+            if sent < len(action.data):
+                self._writing = True  # the rest goes before anything else reaches the client
+                return _HandBack(actions, now, started, sent)
+            then = self._answered(action, now, started)
+            if then:
+                return _HandBack(then, now, started)
+            return MORE if self._upstream_tls and upstream.buffered() else None
+        return _HandBack(actions, now, started)
+
+    async def _carry_on(self, handed: _HandBack) -> None:
+        """What the I/O driver handed back, carried out in this connection's task: a lone
+        Forward or Answer it began to send (the rest of the same bytes, as TLS asks; an Answer
+        holds the client's writer meanwhile), or actions it left alone."""
+        now, started, sent = handed.now, handed.started, handed.sent
+        if sent is None:
+            await self.carry_out(handed.actions, now, started)
+            return
+        action = handed.actions[0]
+        rest = memoryview(action.data)[sent:]
+        if action.__class__ is Forward:
+            await self._upstream.send(rest)  # type: ignore[union-attr]
+            _forwarded(action, started)
+            return
+        await self._send_to_client(rest)
+        then = self._answered(action, now, started)
+        if then:
+            await self.carry_out(then, now, started)
 
     # -- carrying out the core's actions ------------------------------------------------
 
@@ -301,12 +350,7 @@ class ClientConnection:
                         self._written = trio.Event()
                     await self._written.wait()
                 self._writing = True
-                try:
-                    await self._client.send(action.data)  # type: ignore[union-attr]
-                except SendStalled as stalled:
-                    self._send_stalled(stalled.seconds)
-                finally:
-                    self._written_by_one()
+                await self._send_to_client(action.data)
                 then = self._answered(action, now, started)
             elif kind is Inspect:
                 pending = action.pending
@@ -348,6 +392,15 @@ class ClientConnection:
                 raise AssertionError(f"unknown action {action!r}")
             if then:
                 actions, i = then + actions[i:], 0
+
+    async def _send_to_client(self, data: Received | memoryview) -> None:
+        """Send as the client's one writer (taken by the caller), and let the next one write."""
+        try:
+            await self._client.send(data)  # type: ignore[union-attr]
+        except SendStalled as stalled:
+            self._send_stalled(stalled.seconds)
+        finally:
+            self._written_by_one()
 
     def _written_by_one(self) -> None:
         self._writing = False
@@ -491,6 +544,20 @@ class _Coordinator:
     async def __call__(self) -> UpstreamLink:
         host, _, port = self.address.rpartition(":")
         return await self.connector.connect(host, int(port), client=self.certificate)
+
+
+_IN_TASK = object()  # the I/O driver's hand-back: this read needs the task's own wait (TLS)
+
+
+@dataclass(frozen=True, slots=True)
+class _HandBack:
+    """Actions the I/O driver did not finish, for the connection's task; ``sent``: it began to
+    send the lone Forward or Answer in ``actions``, and this much of it is sent."""
+
+    actions: Actions
+    now: float
+    started: float
+    sent: int | None = None
 
 
 def _forwarded(action: Forward, started: float) -> None:

@@ -1,7 +1,7 @@
 """What every connection of a running proxy shares: the current config generation
 (swapped by one reference on reload), the connection gate, the memory pool, the
-upstream connector, the decision recorder, the evidence sinks and the log of
-connection closes. Built once by the server; connections only read it."""
+upstream connector, the decision recorder, the evidence sinks, the I/O driver and
+the log of connection closes. Built once by the server; connections only read it."""
 
 from __future__ import annotations
 
@@ -19,6 +19,7 @@ from proxy.evidence.observation_window import ObservationWindow
 from proxy.hooks.generation import Generation
 from proxy.links.upstream import UpstreamConnector
 from proxy.serve.connection_gate import ConnectionGate
+from proxy.serve.driver import IODriver
 from proxy.serve.pool_gate import PoolGate
 
 
@@ -32,6 +33,7 @@ class Runtime:
     metrics: Metrics
     audit: AuditSink
     window: ObservationWindow | None  # the audit's observation windows (audit to files only)
+    driver: IODriver = field(default_factory=IODriver)  # serves every established connection's sockets
     # Why connections closed, at most a line per cause and listener every few seconds.
     closes: RateLimitedLog = field(
         default_factory=lambda: RateLimitedLog(logging.getLogger("kafka_admission_proxy.connection"))

@@ -198,6 +198,7 @@ class ProxyServer:
         with self._cancel:
             try:
                 async with trio.open_nursery() as nursery:
+                    await nursery.start(self.runtime.driver.run)  # before any connection parks in it
                     nursery.start_soon(self.runtime.gate.reap_idle)
                     nursery.start_soon(self._expire_groups)
                     if self.window is not None:
