@@ -81,7 +81,7 @@ modes, or a silent client would be held for ever in a dry run.
 from __future__ import annotations
 
 from collections import OrderedDict
-from collections.abc import Iterable, Iterator, Mapping
+from collections.abc import Callable, Iterable, Iterator, Mapping, Sequence
 from collections.abc import Set as AbstractSet
 from dataclasses import dataclass, field, replace
 from types import MappingProxyType
@@ -212,8 +212,8 @@ class OpenCounts:
     compare (None where the connection does not count against the cap: a protected listener, or
     plaintext for the TLS cap), and the count of its IP (``max.connections.per.ip``). The audit
     records them, so the report can tell which connections a lower limit would have refused.
-    ``node_id``: the broker whose limits counted it (cluster mode's node ports; None for the
-    bootstrap port and sidecar mode)."""
+    ``node_id``: the broker whose limits counted it (cluster mode, node ports and bootstrap-port
+    connections to a known broker; None for the ``BOOTSTRAP`` pool and sidecar mode)."""
 
     broker: int | None
     ssl: int | None
@@ -755,21 +755,49 @@ def _scope(key: str, listener: str) -> str:
 # ---------------------------------------------------------------------------
 # Per upstream broker
 
-BOOTSTRAP = "bootstrap"  # the broker key of a cluster-mode bootstrap port (and of sidecar mode's one port)
+BOOTSTRAP = "bootstrap"  # the pool of sidecar mode's one port, and of bootstrap-port connections to no known broker
 
 BrokerKey = int | str  # a broker's node id, or BOOTSTRAP
+
+
+def bootstrap_broker(
+    servers: Sequence[tuple[str, int]],
+    node_at: Callable[[str, int], int | None],
+    backing_off: Callable[[str, int], bool],
+    *,
+    sole_node: int | None = None,
+) -> BrokerKey:
+    """The broker a cluster-mode bootstrap-port connection counts against, decided at accept.
+
+    The shell connects it to the first bootstrap server it does not back off from (the first
+    server when it backs off from all: that one fails first), so that server's broker is the one
+    it reaches: the node that advertises that ``host:port`` (``node_at``). The shell then connects
+    it to that node alone, as a node-port connection, so it counts where it really lands, and
+    admission is decided against that pool. BOOTSTRAP (a pool of its own, reached through every
+    bootstrap server in turn) when no broker is known yet, or the server is no advertised broker
+    (a load balancer, a name other than the one the broker advertises). ``sole_node``: the only
+    broker, reached through the bootstrap servers because its advertised address does not answer
+    (every bootstrap server is that broker).
+    """
+    if sole_node is not None:
+        return sole_node
+    first = next((server for server in servers if not backing_off(*server)), servers[0] if servers else None)
+    node = None if first is None else node_at(*first)
+    return BOOTSTRAP if node is None else node
 
 
 class BrokerQuotas:
     """One :class:`ConnectionQuotas` per upstream broker, as each Kafka broker counts its own connections.
 
-    In cluster mode a connection accepted on broker N's node port counts only against broker N's
-    caps, per-IP counts and LRU pool. Connections to the bootstrap port count in a pool of their own
-    (key ``BOOTSTRAP``): the broker they reach is chosen after admission, and clients leave it for
-    the node ports once they have metadata. Sidecar mode has only that one pool, so it counts as
-    before. A pool is made on first use and dropped when its last connection closes, so there are
-    at most as many as node ports plus one. Every call routes by ``conn_id`` to its pool; the
-    per-request cost is one dict lookup more.
+    In cluster mode a connection counts only against the caps, per-IP counts and LRU pool of the
+    broker it reaches: a node port's node id, or for the bootstrap port the broker
+    :func:`bootstrap_broker` names at accept (the shell then connects it to that broker alone).
+    Bootstrap-port connections accepted before any broker is known, or whose server is no
+    advertised broker, count in a pool of their own (key ``BOOTSTRAP``). Sidecar mode has only that
+    one pool, so it counts as before. A connection is admitted against the pool it counts in until
+    it closes: it never moves. A pool is made on first use and dropped when its last connection
+    closes, so there are at most as many as node ports plus one. Every call routes by ``conn_id``
+    to its pool; the per-request cost is one dict lookup more.
     """
 
     def __init__(
@@ -860,7 +888,7 @@ class BrokerQuotas:
         return replace(counts, node_id=broker) if isinstance(broker, int) else counts
 
     def counts_by_broker(self) -> dict[BrokerKey, ConnectionCounts]:
-        """Each broker's pool's counts (BOOTSTRAP: the bootstrap port's), for metrics."""
+        """Each broker's pool's counts (BOOTSTRAP: the connections to no known broker), for metrics."""
         return {broker: pool.counts() for broker, pool in self._pools.items()}
 
     def counts(self) -> ConnectionCounts:

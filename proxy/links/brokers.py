@@ -19,6 +19,7 @@ class BrokerDirectory:
     def __init__(self, metrics: Metrics) -> None:
         self._metrics = metrics
         self._nodes: dict[int, tuple[str, int]] = {}
+        self._at: dict[tuple[str, int], int | None] = {}  # advertised address -> node (None: several)
         self._via_bootstrap: set[int] = set()  # sole brokers whose advertised address is unreachable
         self._openers: list[OpenNodePort] = []
 
@@ -49,6 +50,16 @@ class BrokerDirectory:
     def is_via_bootstrap(self, node_id: int) -> bool:
         return node_id in self._via_bootstrap
 
+    def node_at(self, host: str, port: int) -> int | None:
+        """The node that advertises ``host:port`` (None: none does, or several do)."""
+        return self._at.get((host.lower(), port))
+
+    def sole_node_via_bootstrap(self) -> int | None:
+        """The only broker, when it is reached through the bootstrap servers (reach_via_bootstrap)."""
+        if len(self._nodes) == 1 and self._via_bootstrap:
+            return next(iter(self._nodes))
+        return None
+
     @property
     def node_ids(self) -> list[int]:
         return sorted(self._nodes)
@@ -60,6 +71,7 @@ class BrokerDirectory:
             if known == address:
                 continue
             self._nodes[broker.node_id] = address
+            self._index()
             self._via_bootstrap.discard(broker.node_id)
             self._metrics.brokers_known.set(len(self._nodes))
             where = {"node_id": broker.node_id, "upstream": f"{broker.host}:{broker.port}"}
@@ -69,3 +81,10 @@ class BrokerDirectory:
                     await open_node_port(broker.node_id)
             else:
                 log.info("broker moved", extra=where)
+
+    def _index(self) -> None:
+        at: dict[tuple[str, int], int | None] = {}
+        for node_id, (host, port) in self._nodes.items():
+            key = (host.lower(), port)
+            at[key] = None if key in at else node_id
+        self._at = at

@@ -765,3 +765,59 @@ def test_two_proxy_replicas_each_admit_their_cap_to_the_same_broker(
         _answered(conn)
     assert [closings(proxy) for proxy in proxies] == [0, 0]
     assert _established_to(broker_port) - before >= 4  # each client connection has its own upstream one
+
+
+def test_cluster_mode_counts_a_bootstrap_port_connection_against_the_broker_it_reaches(
+    mock_cluster: Any, start_proxy: Any, sockets: list[KafkaSocket], tmp_path: Any
+) -> None:
+    """Cluster mode, max.connections: 2: the bootstrap port's first server is broker 1 (the mock
+    advertises the addresses it is bootstrapped with), so once the proxy knows the brokers a
+    bootstrap-port connection counts against broker 1, as broker 1 counts every connection it gets.
+    With broker 1's two slots held through its node port, it evicts broker 1's least recently used
+    one exactly as a third connection to node 1's port would (before, it was counted in a pool of
+    its own and broker 1 got three); the gauges show one count per broker, none for ``bootstrap``."""
+    audit = tmp_path / "audit"
+    proxy = _cluster_proxy(start_proxy, mock_cluster, {MAX_CONNECTIONS: 2}, audit={"path": str(audit)})
+    broker1_port = int(mock_cluster.bootstrap_servers[0].rsplit(":", 1)[1])
+    node1 = _hold_mock(sockets, _node_port(proxy, 1), 2)
+    before = _established_to(broker1_port)
+
+    boot = _hold_mock(sockets, proxy.bootstrap, 1)[0]
+    assert decided(proxy, action="evict", limit=MAX_CONNECTIONS) == 1, f"decisions: {decisions(proxy)}"
+    assert node1[0].wait_closed(10)
+    for conn in (node1[1], boot):
+        _answered(conn)  # still served
+    assert _established_to(broker1_port) == before  # one in (the bootstrap one), one out (evicted)
+
+    def counted() -> dict[str, float]:
+        return {b: proxy.metric("kafka_admission_connections_counted", broker=b) for b in ("1", "2", "3", "bootstrap")}
+
+    assert wait_until(lambda: counted() == {"1": 2, "2": 0, "3": 0, "bootstrap": 0}), counted()
+
+    def opens() -> list[tuple[int | None, int]]:
+        events = [e for e in read_events(audit) if e["type"] == "connection" and e["event"] == "open"]
+        return [(e.get("node_id"), e["open_connections"]) for e in events]
+
+    # the connection that learned the brokers (in the bootstrap pool: no broker known yet), node 1's
+    # two, then the bootstrap-port one, counted by broker 1 (2: the one it evicted gave up its slot)
+    assert wait_until(lambda: len(opens()) == 4)
+    assert opens() == [(None, 1), (1, 1), (1, 2), (1, 2)]
+
+
+def test_cluster_mode_refuses_a_bootstrap_port_connection_over_its_brokers_per_ip_limit(
+    mock_cluster: Any, start_proxy: Any, sockets: list[KafkaSocket]
+) -> None:
+    """max.connections.per.ip: 2 in cluster mode: with two connections from 127.0.0.1 on broker
+    1's node port, a bootstrap-port connection (it reaches broker 1) is refused at once, as a third
+    on node 1's port is, while broker 2 still admits one from the same address."""
+    proxy = _cluster_proxy(start_proxy, mock_cluster, {"max.connections.per.ip": 2})
+    _hold_mock(sockets, _node_port(proxy, 1), 2)
+    boot = KafkaSocket(proxy.bootstrap)
+    sockets.append(boot)
+    assert boot.wait_closed(10), f"decisions: {decisions(proxy)}"
+    third = KafkaSocket(_node_port(proxy, 1))
+    sockets.append(third)
+    assert third.wait_closed(10)
+    assert decided(proxy, action="refuse", limit="max.connections.per.ip") == 2
+    _hold_mock(sockets, _node_port(proxy, 2), 1)
+    assert proxy.metric("kafka_admission_connections_counted", broker="2") == 1

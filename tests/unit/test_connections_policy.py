@@ -18,6 +18,7 @@ from policies.connections import (
     ConnectionLimits,
     ConnectionQuotas,
     OpenCounts,
+    bootstrap_broker,
     listener_max_connections_key,
 )
 from policies.decision import Action, Decision, Policy
@@ -1185,6 +1186,74 @@ def test_idle_expiry_and_its_deadline_span_every_broker() -> None:
     assert q.next_idle_deadline() == 1.0
     assert [c.victims for c in q.idle_expired(1.6)] == [("a1",), ("b1",)]
     assert q.next_idle_deadline() is None
+
+
+# --- which broker a bootstrap-port connection counts against ---------------------------------
+
+SERVERS = [("kafka-0", 9092), ("kafka-1", 9092), ("kafka-2", 9092)]
+ADVERTISED = {("kafka-0", 9092): 0, ("kafka-1", 9092): 1, ("kafka-2", 9092): 2}
+
+
+def predicted(
+    servers: list[tuple[str, int]] = SERVERS,
+    advertised: dict[tuple[str, int], int] = ADVERTISED,
+    backing_off: frozenset[tuple[str, int]] = frozenset(),
+    sole_node: int | None = None,
+) -> BrokerKey:
+    return bootstrap_broker(
+        servers,
+        lambda host, port: advertised.get((host, port)),
+        lambda host, port: (host, port) in backing_off,
+        sole_node=sole_node,
+    )
+
+
+def test_a_bootstrap_port_connection_counts_against_the_broker_its_first_server_is() -> None:
+    assert predicted() == 0
+    assert predicted(servers=SERVERS[::-1]) == 2
+
+
+def test_a_bootstrap_port_connection_skips_the_servers_backed_off_from_as_connect_any_does() -> None:
+    assert predicted(backing_off=frozenset(SERVERS[:1])) == 1
+    assert predicted(backing_off=frozenset(SERVERS[:2])) == 2
+    # all backed off: the first fails first, as a connection to its node port would
+    assert predicted(backing_off=frozenset(SERVERS)) == 0
+
+
+def test_before_any_broker_is_known_bootstrap_port_connections_keep_the_bootstrap_pool() -> None:
+    assert predicted(advertised={}) == BOOTSTRAP
+    assert predicted(servers=[], advertised={}) == BOOTSTRAP
+
+
+def test_a_bootstrap_server_that_no_broker_advertises_keeps_the_bootstrap_pool() -> None:
+    """A load balancer in front of the brokers: which broker it reaches is not the proxy's to know,
+    even when a later bootstrap server is a broker (it is used only if the first does not answer)."""
+    balancer = [("kafka-lb", 9092), *SERVERS]
+    assert predicted(servers=balancer) == BOOTSTRAP
+    assert predicted(servers=balancer, backing_off=frozenset(balancer[:1])) == 0
+
+
+def test_the_sole_broker_reached_through_the_bootstrap_servers_counts_them_all() -> None:
+    assert predicted(servers=[("lb", 9092)], advertised={("localhost", 9092): 7}, sole_node=7) == 7
+
+
+def test_a_bootstrap_port_connection_waits_evicts_and_is_refused_in_its_brokers_pool_as_a_node_port_one() -> None:
+    """What the shell does with the prediction: admit against that broker's own pool, so a broker
+    counts the connections from both ports once, with one LRU order and one per-IP count."""
+    q = brokers(max_connections=2, max_connections_per_ip=3)
+    assert accept_at(q, "n1", 0, now=0.0) is None
+    assert accept_at(q, "n2", 0, now=1.0) is None
+    q.on_request("n1", 1.5)
+    q.on_request("n2", 1.5)
+    boot = predicted()
+    decided(accept_at(q, "b1", boot, now=2.0), Action.WAIT)  # broker 0's connections are all busy
+    assert accept_at(q, "other", 1, now=2.0) is None  # broker 1 has room
+    q.on_response("n2", 3.0)
+    assert evicts(accept_at(q, "b1", boot, now=3.0)) == ("n2",)  # broker 0's LRU idle one
+    assert q.open_counts("b1") == OpenCounts(2, 2, 3, 0)
+    assert q.pool(BOOTSTRAP) is None
+    decided(accept_at(q, "b2", boot, now=4.0), Action.REFUSE)  # a fourth from 10.0.0.1 on broker 0
+    assert {k: c.total for k, c in q.counts_by_broker().items()} == {0: 3, 1: 1}
 
 
 _BROKER_OPS = st.lists(

@@ -1,0 +1,45 @@
+"""The broker directory's index of advertised addresses: how a bootstrap server is known to be
+a broker (policies.connections.bootstrap_broker asks it)."""
+
+from __future__ import annotations
+
+import trio
+
+from proxy.evidence.metrics import Metrics
+from proxy.links.brokers import BrokerDirectory
+from proxy.protocol.rewrite import BrokerAddress
+
+
+def learned(*brokers: BrokerAddress) -> BrokerDirectory:
+    directory = BrokerDirectory(Metrics())
+    trio.run(directory.learn, brokers)
+    return directory
+
+
+def test_a_bootstrap_server_is_the_node_that_advertises_its_address() -> None:
+    directory = learned(BrokerAddress(1, "Kafka-0.example", 9092), BrokerAddress(2, "kafka-1.example", 9092))
+    assert directory.node_at("kafka-0.example", 9092) == 1  # host names are not case-sensitive
+    assert directory.node_at("kafka-1.example", 9092) == 2
+    assert directory.node_at("kafka-1.example", 9093) is None
+    assert directory.node_at("kafka-lb.example", 9092) is None
+
+
+def test_an_address_two_nodes_advertise_is_no_one_broker() -> None:
+    directory = learned(BrokerAddress(1, "kafka", 9092), BrokerAddress(2, "kafka", 9092))
+    assert directory.node_at("kafka", 9092) is None
+
+
+def test_a_broker_that_moves_leaves_its_old_address() -> None:
+    directory = learned(BrokerAddress(1, "kafka-0", 9092))
+    trio.run(directory.learn, [BrokerAddress(1, "kafka-0", 9093)])
+    assert directory.node_at("kafka-0", 9092) is None
+    assert directory.node_at("kafka-0", 9093) == 1
+
+
+def test_the_sole_broker_reached_through_the_bootstrap_servers_is_named() -> None:
+    directory = learned(BrokerAddress(7, "localhost", 9092))
+    assert directory.sole_node_via_bootstrap() is None
+    assert directory.reach_via_bootstrap(7)
+    assert directory.sole_node_via_bootstrap() == 7
+    trio.run(directory.learn, [BrokerAddress(8, "kafka-1", 9092)])
+    assert directory.sole_node_via_bootstrap() is None  # no longer the only broker
