@@ -476,6 +476,24 @@ class ConnectionQuotas:
         if self._over:
             self._recheck(conn)
 
+    def hand_over(self, conn_ids: Iterable[str], other: ConnectionQuotas) -> None:
+        """Count these connections in ``other`` from now on, as they were here: busy or idle,
+        closing or not, last active when they were, in the same LRU order. Unknown ids are skipped."""
+        conns = sorted((c for c in map(self._conns.get, conn_ids) if c is not None), key=lambda c: c.seq)
+        for conn in conns:
+            self.on_closed(conn.conn_id)
+            other._adopt(conn)
+
+    def _adopt(self, conn: _Conn) -> None:
+        self._register(conn.conn_id, conn.listener, conn.ip, conn.tls, conn.last)
+        mine = self._conns[conn.conn_id]
+        if conn.in_flight:
+            self._busy += 1
+            del self._idle[(conn.listener, conn.tls)][conn.conn_id]
+            mine.in_flight = conn.in_flight
+        if conn.closing:
+            self._mark_closing(mine)
+
     # -- closing -------------------------------------------------------------
 
     def idle_expired(self, now: float) -> list[Decision]:
@@ -760,27 +778,26 @@ BOOTSTRAP = "bootstrap"  # the pool of sidecar mode's one port, and of bootstrap
 BrokerKey = int | str  # a broker's node id, or BOOTSTRAP
 
 
+def broker_address(host: str, port: int) -> str:
+    """How a bootstrap server and an advertised broker address are compared (host names ignore case)."""
+    return f"{host.lower()}:{port}"
+
+
 def bootstrap_broker(
     servers: Sequence[tuple[str, int]],
     node_at: Callable[[str, int], int | None],
     backing_off: Callable[[str, int], bool],
-    *,
-    sole_node: int | None = None,
 ) -> BrokerKey:
     """The broker a cluster-mode bootstrap-port connection counts against, decided at accept.
 
-    The shell connects it to the first bootstrap server it does not back off from (the first
-    server when it backs off from all: that one fails first), so that server's broker is the one
-    it reaches: the node that advertises that ``host:port`` (``node_at``). The shell then connects
-    it to that node alone, as a node-port connection, so it counts where it really lands, and
-    admission is decided against that pool. BOOTSTRAP (a pool of its own, reached through every
-    bootstrap server in turn) when no broker is known yet, or the server is no advertised broker
-    (a load balancer, a name other than the one the broker advertises). ``sole_node``: the only
-    broker, reached through the bootstrap servers because its advertised address does not answer
-    (every bootstrap server is that broker).
+    The shell would connect it to the first bootstrap server it does not back off from (the
+    first server when it backs off from all: that one fails first), so that server's broker is the
+    one it reaches: the node that advertises that ``host:port`` (``node_at``). The shell then
+    connects it to that node alone, as a node-port connection, so it counts where it really lands,
+    and admission is decided against that pool. BOOTSTRAP (a pool of its own, reached through
+    every bootstrap server in turn) when no broker is known yet, or the server is no advertised
+    broker (a load balancer, a name other than the one the broker advertises).
     """
-    if sole_node is not None:
-        return sole_node
     first = next((server for server in servers if not backing_off(*server)), servers[0] if servers else None)
     node = None if first is None else node_at(*first)
     return BOOTSTRAP if node is None else node
@@ -794,10 +811,19 @@ class BrokerQuotas:
     :func:`bootstrap_broker` names at accept (the shell then connects it to that broker alone).
     Bootstrap-port connections accepted before any broker is known, or whose server is no
     advertised broker, count in a pool of their own (key ``BOOTSTRAP``). Sidecar mode has only that
-    one pool, so it counts as before. A connection is admitted against the pool it counts in until
-    it closes: it never moves. A pool is made on first use and dropped when its last connection
-    closes, so there are at most as many as node ports plus one. Every call routes by ``conn_id``
-    to its pool; the per-request cost is one dict lookup more.
+    one pool, so it counts as before.
+
+    A BOOTSTRAP-pool connection whose broker becomes known (``on_reached``: the address it
+    connected to; ``on_broker_known``: the broker at an address) moves to that broker's pool only
+    while the broker has no connection counted: the ones that move are some of a pool held to the
+    same limits, so the move passes no cap (nor per-IP limit) that pool had not passed, and
+    nothing admitted against the broker's pool was decided without them. Otherwise it stays where
+    it was admitted until it closes. This is what keeps the connections of a proxy's first clients
+    (admitted before any broker is known) in the count of the broker they reached.
+
+    A pool is made on first use and dropped when its last connection closes, so there are at most
+    as many as node ports plus one. Every call routes by ``conn_id`` to its pool; the per-request
+    cost is one dict lookup more.
     """
 
     def __init__(
@@ -813,6 +839,7 @@ class BrokerQuotas:
         self._pools: dict[BrokerKey, ConnectionQuotas] = {}
         self._pool_of: dict[str, ConnectionQuotas] = {}
         self._key_of: dict[str, BrokerKey] = {}
+        self._reached: dict[str, str] = {}  # BOOTSTRAP-pool connection -> the broker_address it reached
 
     @property
     def limits(self) -> ConnectionLimits:
@@ -846,13 +873,48 @@ class BrokerQuotas:
             raise ValueError(f"connection {conn_id!r} is already counted")
         pool = self._pools.get(broker)
         if pool is None:
-            pool = ConnectionQuotas(self._limits, mode=self._mode, protected_listeners=self._protected)
+            pool = self._new_pool()
         decision = pool.on_accept(conn_id, listener=listener, ip=ip, tls=tls, now=now)
         if conn_id in pool:
             self._pools[broker] = pool
             self._pool_of[conn_id] = pool
             self._key_of[conn_id] = broker
         return decision
+
+    def on_reached(self, conn_id: str, address: str, broker: int | None = None) -> bool:
+        """BOOTSTRAP-pool connection ``conn_id`` connected to ``address`` (a ``broker_address``),
+        which is broker ``broker`` when known: it moves there if that broker has no connection
+        counted (True), or waits for ``on_broker_known``. Other connections are ignored."""
+        if self._key_of.get(conn_id) != BOOTSTRAP:
+            return False
+        if broker is not None and self._move([conn_id], broker):
+            return True
+        self._reached[conn_id] = address
+        return False
+
+    def on_broker_known(self, broker: int, address: str) -> int:
+        """Broker ``broker`` is at ``address`` (a ``broker_address``): the BOOTSTRAP-pool connections
+        that reached it move to its pool if it has no connection counted. Returns how many moved
+        (each frees a slot in the BOOTSTRAP pool)."""
+        moving = [conn_id for conn_id, reached in self._reached.items() if reached == address]
+        return len(moving) if moving and self._move(moving, broker) else 0
+
+    def _new_pool(self) -> ConnectionQuotas:
+        return ConnectionQuotas(self._limits, mode=self._mode, protected_listeners=self._protected)
+
+    def _move(self, conn_ids: list[str], broker: int) -> bool:
+        if broker in self._pools:
+            return False
+        source = self._pools[BOOTSTRAP]
+        pool = self._pools[broker] = self._new_pool()
+        source.hand_over(conn_ids, pool)
+        for conn_id in conn_ids:
+            self._pool_of[conn_id] = pool
+            self._key_of[conn_id] = broker
+            self._reached.pop(conn_id, None)
+        if not source.counts().total:
+            del self._pools[BOOTSTRAP]
+        return True
 
     def on_request(self, conn_id: str, now: float) -> None:
         pool = self._pool_of.get(conn_id)
@@ -869,6 +931,7 @@ class BrokerQuotas:
         if pool is None:
             return
         broker = self._key_of.pop(conn_id)
+        self._reached.pop(conn_id, None)
         pool.on_closed(conn_id)
         if not pool.counts().total:
             del self._pools[broker]

@@ -17,7 +17,7 @@ from collections.abc import Awaitable, Callable
 
 import trio
 
-from policies.connections import BOOTSTRAP, BrokerKey, bootstrap_broker
+from policies.connections import BOOTSTRAP, BrokerKey, bootstrap_broker, broker_address
 from proxy.config.model import Listener
 from proxy.errors import BindError
 from proxy.links.brokers import BrokerDirectory
@@ -113,13 +113,21 @@ class ListenerRuntime:
 
     def _bootstrap_broker(self) -> BrokerKey:
         """The broker a bootstrap-port connection accepted now counts against (see bootstrap_broker)."""
-        directory = self._directory
-        return bootstrap_broker(
-            self._bootstrap,
-            directory.node_at,
-            self._runtime.connector.backing_off,
-            sole_node=directory.sole_node_via_bootstrap(),
-        )
+        return bootstrap_broker(self._bootstrap, self._directory.node_at, self._runtime.connector.backing_off)
+
+    def _bootstrap_route(self, conn_id: str) -> Port:
+        """A route for one bootstrap-port connection counted in the BOOTSTRAP pool: through the
+        first bootstrap server that answers, telling the gate which one (so it counts against that
+        broker once it is known, if it can: BrokerQuotas.on_reached)."""
+
+        async def connect(client: ClientCertificate) -> UpstreamLink:
+            runtime = self._runtime
+            link = await runtime.connector.connect_any(self._bootstrap, client=client)
+            host, _, port = link.address.rpartition(":")
+            runtime.gate.reached(conn_id, broker_address(host, int(port)), self._directory.node_at(host, int(port)))
+            return link
+
+        return self._port(",".join(f"{h}:{p}" for h, p in self._bootstrap), connect)
 
     async def _open_port(self, node_id: int, route: Port | PassthroughRoute) -> None:
         if node_id in self._node_ports or self._acceptors is None:
@@ -187,8 +195,9 @@ class ListenerRuntime:
         here, before admission: the one its first usable bootstrap server is, and it then
         connects to that broker alone, as a node-port connection (so it counts where it lands).
         Only when that is no known broker does it count in the BOOTSTRAP pool and connect to the
-        first bootstrap server that answers. (Passthrough ports relay to their first broker that
-        accepts, with no backoff to predict from: their bootstrap port keeps the BOOTSTRAP pool.)"""
+        first bootstrap server that answers (moving to that broker's count when it can, see
+        BrokerQuotas). Passthrough ports relay to their first broker that accepts, with no backoff
+        to predict from: their bootstrap port keeps the BOOTSTRAP pool."""
         assert self._connections is not None
         runtime = self._runtime
         predict = self._rewrites and broker == BOOTSTRAP and isinstance(route, Port)
@@ -207,12 +216,11 @@ class ListenerRuntime:
             if isinstance(route, PassthroughRoute):
                 connection = PassthroughConnection(route, runtime, stream, f"{self.name}-p{next(self._ids)}")
             else:
-                port = route
+                conn_id, port = f"{self.name}-{next(self._ids)}", route
                 if predict:
                     counted = self._bootstrap_broker()
-                    if isinstance(counted, int):
-                        port = self._node_route(counted)
-                connection = ClientConnection(port, runtime, stream, f"{self.name}-{next(self._ids)}")
+                    port = self._node_route(counted) if isinstance(counted, int) else self._bootstrap_route(conn_id)
+                connection = ClientConnection(port, runtime, stream, conn_id)
             accepted.inc()
             if not await runtime.gate.admit(connection, counted):
                 await trio.aclose_forcefully(stream)

@@ -35,11 +35,3 @@ def test_a_broker_that_moves_leaves_its_old_address() -> None:
     assert directory.node_at("kafka-0", 9092) is None
     assert directory.node_at("kafka-0", 9093) == 1
 
-
-def test_the_sole_broker_reached_through_the_bootstrap_servers_is_named() -> None:
-    directory = learned(BrokerAddress(7, "localhost", 9092))
-    assert directory.sole_node_via_bootstrap() is None
-    assert directory.reach_via_bootstrap(7)
-    assert directory.sole_node_via_bootstrap() == 7
-    trio.run(directory.learn, [BrokerAddress(8, "kafka-1", 9092)])
-    assert directory.sole_node_via_bootstrap() is None  # no longer the only broker

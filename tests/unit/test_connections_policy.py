@@ -1198,13 +1198,11 @@ def predicted(
     servers: list[tuple[str, int]] = SERVERS,
     advertised: dict[tuple[str, int], int] = ADVERTISED,
     backing_off: frozenset[tuple[str, int]] = frozenset(),
-    sole_node: int | None = None,
 ) -> BrokerKey:
     return bootstrap_broker(
         servers,
         lambda host, port: advertised.get((host, port)),
         lambda host, port: (host, port) in backing_off,
-        sole_node=sole_node,
     )
 
 
@@ -1231,10 +1229,6 @@ def test_a_bootstrap_server_that_no_broker_advertises_keeps_the_bootstrap_pool()
     balancer = [("kafka-lb", 9092), *SERVERS]
     assert predicted(servers=balancer) == BOOTSTRAP
     assert predicted(servers=balancer, backing_off=frozenset(balancer[:1])) == 0
-
-
-def test_the_sole_broker_reached_through_the_bootstrap_servers_counts_them_all() -> None:
-    assert predicted(servers=[("lb", 9092)], advertised={("localhost", 9092): 7}, sole_node=7) == 7
 
 
 def test_a_bootstrap_port_connection_waits_evicts_and_is_refused_in_its_brokers_pool_as_a_node_port_one() -> None:
