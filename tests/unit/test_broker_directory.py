@@ -35,3 +35,16 @@ def test_a_broker_that_moves_leaves_its_old_address() -> None:
     assert directory.node_at("kafka-0", 9092) is None
     assert directory.node_at("kafka-0", 9093) == 1
 
+
+def test_placing_a_node_is_told_before_its_ports_open_and_only_for_an_address_it_alone_advertises() -> None:
+    directory = BrokerDirectory(Metrics())
+    events: list[object] = []
+    directory.on_placed(lambda node_id, address: events.append((node_id, address)))
+
+    async def open_node_port(node_id: int) -> None:
+        events.append(f"port {node_id}")
+
+    directory.on_new_node(open_node_port)
+    trio.run(directory.learn, [BrokerAddress(1, "Kafka-0", 9092), BrokerAddress(2, "kafka-0", 9092)])
+    assert events == [(1, "kafka-0:9092"), "port 1", "port 2"]  # 2 shares 1's address: neither is it
+    assert directory.node_at("kafka-0", 9092) is None

@@ -1250,6 +1250,81 @@ def test_a_bootstrap_port_connection_waits_evicts_and_is_refused_in_its_brokers_
     assert {k: c.total for k, c in q.counts_by_broker().items()} == {0: 3, 1: 1}
 
 
+# --- a bootstrap-pool connection moves to its broker's count once that broker is known ---------
+
+A0 = "kafka-0:9092"
+
+
+def test_the_bootstrap_pools_connections_move_to_the_broker_they_reached_when_it_is_learned() -> None:
+    """The proxy's first clients are admitted before any broker is known; once Metadata names the
+    broker they reached, they count against it, keeping their state and LRU order, and the broker
+    admits, evicts and waits with them counted (as if they had come to its node port)."""
+    q = brokers(max_connections=3, connections_max_idle_ms=1000)
+    for conn_id, now in (("s1", 0.0), ("s2", 0.1), ("s3", 0.2)):
+        assert accept_at(q, conn_id, BOOTSTRAP, now=now) is None
+    q.on_request("s2", 0.3)  # busy
+    decided(accept_at(q, "s4", BOOTSTRAP, now=0.35), Action.EVICT)  # s1 closing
+    assert not q.on_reached("s1", A0) and not q.on_reached("s2", A0) and not q.on_reached("s4", A0)
+    q.on_reached("s3", "kafka-1:9092")
+    assert q.on_broker_known(0, A0) == 3
+    assert {k: (c.total, c.busy, c.closing) for k, c in q.counts_by_broker().items()} == {
+        0: (3, 1, 1),
+        BOOTSTRAP: (1, 0, 0),
+    }
+    assert q.broker_of("s2") == 0 and q.in_flight("s2") == 1 and q.is_closing("s1")
+    assert q.open_counts("s4") == OpenCounts(2, 2, 3, 0)
+    assert q.pool(0).next_idle_deadline() == pytest.approx(1.35)  # type: ignore[union-attr]  # s4's last activity
+    # broker 0: s2 busy, s4 idle, s1 closing: one slot left, then s4 (its LRU idle one) is evicted
+    assert accept_at(q, "n1", 0, now=0.4) is None
+    assert evicts(accept_at(q, "n2", 0, now=0.5)) == ("s4",)
+
+
+def test_a_move_never_joins_a_broker_that_already_counts_connections() -> None:
+    """Into a broker with connections counted, the move could pass its caps, and its admissions
+    were decided without them: they stay in the bootstrap pool until they close."""
+    q = brokers(max_connections=1)
+    assert accept_at(q, "s1", BOOTSTRAP) is None
+    assert not q.on_reached("s1", A0)
+    assert accept_at(q, "n1", 0) is None
+    assert q.on_broker_known(0, A0) == 0
+    assert q.broker_of("s1") == BOOTSTRAP
+    assert not q.on_reached("n1", A0, 0)  # not a bootstrap-pool connection: ignored
+
+
+def test_a_bootstrap_pool_connection_that_reaches_a_known_broker_with_no_connection_moves_at_once() -> None:
+    q = brokers(max_connections=1)
+    assert accept_at(q, "s1", BOOTSTRAP) is None
+    assert q.on_reached("s1", A0, 0)
+    assert q.pool(BOOTSTRAP) is None and q.broker_of("s1") == 0
+    assert accept_at(q, "s2", BOOTSTRAP) is None  # the bootstrap pool's slot was given back
+    assert not q.on_reached("s2", A0, 0)  # broker 0 counts s1 now: s2 stays
+    assert q.broker_of("s2") == BOOTSTRAP
+
+
+def test_a_closed_connection_is_forgotten_by_the_move() -> None:
+    q = brokers()
+    accept_at(q, "s1", BOOTSTRAP)
+    q.on_reached("s1", A0)
+    q.on_closed("s1")
+    assert q.on_broker_known(0, A0) == 0
+    assert q.pool(0) is None
+
+
+def test_a_move_carries_a_cap_the_bootstrap_pool_is_over_and_reclaims_it_there() -> None:
+    """Lowered below its busy connections, the bootstrap pool is over its cap; moved, they are over
+    the broker's (the same limits), and the excess is closed there once idle, as it would have been."""
+    q = brokers(max_connections=2)
+    for conn_id in ("s1", "s2"):
+        accept_at(q, conn_id, BOOTSTRAP)
+        q.on_request(conn_id, 0.5)
+        q.on_reached(conn_id, A0)
+    assert q.update_limits(ConnectionLimits(max_connections=1), 1.0) == []
+    assert q.on_broker_known(0, A0) == 2
+    assert q.over_cap
+    q.on_response("s1", 2.0)
+    assert [c.victims for c in q.reclaim_excess()] == [("s1",)]
+
+
 _BROKER_OPS = st.lists(
     st.one_of(
         st.tuples(st.just("accept"), st.sampled_from([BOOTSTRAP, 1, 2]), st.sampled_from(["10.0.0.1", "10.0.0.2"])),
