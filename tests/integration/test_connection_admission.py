@@ -821,3 +821,49 @@ def test_cluster_mode_refuses_a_bootstrap_port_connection_over_its_brokers_per_i
     assert decided(proxy, action="refuse", limit="max.connections.per.ip") == 2
     _hold_mock(sockets, _node_port(proxy, 2), 1)
     assert proxy.metric("kafka_admission_connections_counted", broker="2") == 1
+
+
+def test_a_bootstrap_port_connection_from_before_the_brokers_were_known_moves_to_its_broker(
+    mock_cluster: Any, start_proxy: Any, sockets: list[KafkaSocket]
+) -> None:
+    """A proxy's first client comes before any broker is known, so it is admitted in the
+    ``bootstrap`` pool; the Metadata it gets names the broker it reached (broker 1), and from then
+    on broker 1 counts it: with max.connections: 2, one more on node 1's port fills broker 1, and a
+    third evicts that first connection, broker 1's least recently used (before, it stayed in a pool
+    of its own and broker 1 took two more besides)."""
+    proxy = start_proxy(mock_cluster.bootstrap_servers, node_ids=NODE_IDS, policies={MAX_CONNECTIONS: 2})
+    first = KafkaSocket(proxy.bootstrap)
+    sockets.append(first)
+    first.send(metadata_frame(1))
+    first.read_response(METADATA, 12)
+    assert wait_until(lambda: proxy.metric("kafka_admission_brokers_known") == 3)
+    assert proxy.metric("kafka_admission_connections_counted", broker="1") == 1
+    assert proxy.metric("kafka_admission_connections_counted", broker="bootstrap") == 0
+
+    node1 = _hold_mock(sockets, _node_port(proxy, 1), 2)
+    assert decided(proxy, action="evict", limit=MAX_CONNECTIONS) == 1, f"decisions: {decisions(proxy)}"
+    assert first.wait_closed(10)
+    for conn in node1:
+        _answered(conn)
+
+
+def test_a_bootstrap_server_no_broker_advertises_keeps_the_bootstrap_pool(
+    mock_cluster: Any, start_proxy: Any, sockets: list[KafkaSocket]
+) -> None:
+    """Bootstrapped through ``localhost`` while the brokers advertise ``127.0.0.1`` (as through a
+    load balancer), the proxy cannot name the broker a bootstrap-port connection reaches: those
+    count in the ``bootstrap`` pool, apart from broker 1's own, as docs/policies.md says. With
+    max.connections: 2, two on node 1's port and two on the bootstrap port are all admitted."""
+    servers = [f"localhost:{address.rsplit(':', 1)[1]}" for address in mock_cluster.bootstrap_servers]
+    proxy = start_proxy(servers, node_ids=NODE_IDS, policies={MAX_CONNECTIONS: 2})
+    learn = KafkaSocket(proxy.bootstrap)
+    sockets.append(learn)
+    learn.send(metadata_frame(1))
+    learn.read_response(METADATA, 12)
+    assert wait_until(lambda: proxy.metric("kafka_admission_brokers_known") == 3)
+    held = [learn, *_hold_mock(sockets, proxy.bootstrap, 1), *_hold_mock(sockets, _node_port(proxy, 1), 2)]
+    for conn in held:
+        _answered(conn)
+    assert closings(proxy) == 0
+    counted = {b: proxy.metric("kafka_admission_connections_counted", broker=b) for b in ("1", "bootstrap")}
+    assert counted == {"1": 2, "bootstrap": 2}
