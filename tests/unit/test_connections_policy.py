@@ -1325,6 +1325,58 @@ def test_a_move_carries_a_cap_the_bootstrap_pool_is_over_and_reclaims_it_there()
     assert [c.victims for c in q.reclaim_excess()] == [("s1",)]
 
 
+_MOVE_OPS = st.lists(
+    st.one_of(
+        st.tuples(st.just("accept"), st.sampled_from([BOOTSTRAP, 0, 1]), st.sampled_from(["10.0.0.1", "10.0.0.2"])),
+        st.tuples(st.sampled_from(["request", "response", "close"]), st.integers(0, 11), st.just("")),
+        st.tuples(st.just("reached"), st.integers(0, 11), st.sampled_from(["kafka-0:9092", "kafka-1:9092"])),
+        st.tuples(st.just("known"), st.sampled_from([0, 1]), st.just("")),
+    ),
+    max_size=40,
+)
+
+
+@settings(max_examples=300, deadline=None)
+@given(ops=_MOVE_OPS)
+def test_moving_bootstrap_connections_to_their_broker_never_passes_a_cap(ops: list[tuple[str, object, object]]) -> None:
+    """Driven at random (accepts on both ports, activity, closes, connections reaching brokers,
+    brokers becoming known), no pool is ever over a cap or a per-IP limit, and every connection
+    counts exactly once."""
+    limits = ConnectionLimits(max_connections=2, max_connections_per_ip=1, max_ssl_connections=2)
+    q = BrokerQuotas(limits)
+    alive: set[str] = set()
+    made = 0
+    for op, a, b in ops:
+        if op == "accept":
+            assert isinstance(a, int | str) and isinstance(b, str)
+            conn_id = f"c{made}"
+            made += 1
+            q.on_accept(conn_id, listener=TLS, ip=b, tls=True, now=float(made), broker=a)
+            if conn_id in q:
+                alive.add(conn_id)
+        elif op == "request":
+            q.on_request(f"c{a}", float(made))
+        elif op == "response":
+            q.on_response(f"c{a}", float(made))
+        elif op == "close":
+            q.on_closed(f"c{a}")
+            alive.discard(f"c{a}")
+        elif op == "reached":
+            assert isinstance(b, str)
+            q.on_reached(f"c{a}", b, None if b == "kafka-1:9092" else 0)
+        else:
+            assert isinstance(a, int)
+            q.on_broker_known(a, f"kafka-{a}:9092")
+        assert not q.over_cap
+        for pool in q.counts_by_broker().values():
+            assert pool.broker - pool.closing <= 2
+        for broker in (BOOTSTRAP, 0, 1):
+            pool = q.pool(broker)
+            if pool is not None:
+                assert pool.ip_count("10.0.0.1") <= 1 and pool.ip_count("10.0.0.2") <= 1
+        assert q.counts().total == len(alive) and all(conn_id in q for conn_id in alive)
+
+
 _BROKER_OPS = st.lists(
     st.one_of(
         st.tuples(st.just("accept"), st.sampled_from([BOOTSTRAP, 1, 2]), st.sampled_from(["10.0.0.1", "10.0.0.2"])),
