@@ -867,3 +867,39 @@ def test_a_bootstrap_server_no_broker_advertises_keeps_the_bootstrap_pool(
     assert closings(proxy) == 0
     counted = {b: proxy.metric("kafka_admission_connections_counted", broker=b) for b in ("1", "bootstrap")}
     assert counted == {"1": 2, "bootstrap": 2}
+
+
+def test_a_bootstrap_port_connection_waits_for_its_brokers_slot_as_a_node_port_one_does(
+    tansu: TansuBroker, start_proxy: Any, sockets: list[KafkaSocket]
+) -> None:
+    """Cluster mode in front of Tansu (it advertises its bootstrap address), max.connections: 2:
+    with the broker's two slots taken by busy connections on its node port, a connection to the
+    bootstrap port waits for the broker's slot (before, it was admitted at once, in a pool of its
+    own) and is served when a node-port connection closes."""
+    proxy = start_proxy(tansu.bootstrap, policies={MAX_CONNECTIONS: 2, "max.connections.wait.ms": 20000})
+    learn = KafkaSocket(proxy.bootstrap)  # the proxy learns the broker (opens its port) from Metadata
+    learn.send(metadata_frame(1))
+    learn.read_response(METADATA, 12)
+    learn.close()
+    assert wait_until(lambda: proxy.metric("kafka_admission_connections_counted") == 0)
+    topic = unique("empty")
+    create_topic(tansu.bootstrap, topic)
+    busy = []
+    for _ in range(2):
+        conn = KafkaSocket(_node_port(proxy, TansuBroker.NODE_ID))
+        sockets.append(conn)
+        busy.append((conn, conn.park_fetch(conn.topic_id(topic), max_wait_ms=8000)))
+    assert wait_until(lambda: proxy.metric("kafka_admission_connections_counted_busy") == 2)
+
+    waiting = KafkaSocket(proxy.bootstrap)
+    sockets.append(waiting)
+    waiting.send(api_versions_frame(1))
+    assert wait_until(lambda: decided(proxy, action="wait", limit=MAX_CONNECTIONS) == 1), decisions(proxy)
+    node = str(TansuBroker.NODE_ID)
+    counted = {b: proxy.metric("kafka_admission_connections_counted", broker=b) for b in (node, "bootstrap")}
+    assert counted == {node: 2, "bootstrap": 0}
+
+    busy[0][0].close()  # the broker's slot frees
+    assert waiting.read_response(API_VERSIONS, 3).header.correlation_id == 1
+    assert busy[1][0].read_response(FETCH, 13).header.correlation_id == busy[1][1]  # never touched
+    assert closings(proxy) == 0
