@@ -81,7 +81,7 @@ modes, or a silent client would be held for ever in a dry run.
 from __future__ import annotations
 
 from collections import OrderedDict
-from collections.abc import Iterable, Iterator, Mapping
+from collections.abc import Callable, Iterable, Iterator, Mapping, Sequence
 from collections.abc import Set as AbstractSet
 from dataclasses import dataclass, field, replace
 from types import MappingProxyType
@@ -212,8 +212,8 @@ class OpenCounts:
     compare (None where the connection does not count against the cap: a protected listener, or
     plaintext for the TLS cap), and the count of its IP (``max.connections.per.ip``). The audit
     records them, so the report can tell which connections a lower limit would have refused.
-    ``node_id``: the broker whose limits counted it (cluster mode's node ports; None for the
-    bootstrap port and sidecar mode)."""
+    ``node_id``: the broker whose limits counted it (cluster mode, node ports and bootstrap-port
+    connections to a known broker; None for the ``BOOTSTRAP`` pool and sidecar mode)."""
 
     broker: int | None
     ssl: int | None
@@ -475,6 +475,24 @@ class ConnectionQuotas:
                 self._ssl_count -= 1
         if self._over:
             self._recheck(conn)
+
+    def hand_over(self, conn_ids: Iterable[str], other: ConnectionQuotas) -> None:
+        """Count these connections in ``other`` from now on, as they were here: busy or idle,
+        closing or not, last active when they were, in the same LRU order. Unknown ids are skipped."""
+        conns = sorted((c for c in map(self._conns.get, conn_ids) if c is not None), key=lambda c: c.seq)
+        for conn in conns:
+            self.on_closed(conn.conn_id)
+            other._adopt(conn)
+
+    def _adopt(self, conn: _Conn) -> None:
+        self._register(conn.conn_id, conn.listener, conn.ip, conn.tls, conn.last)
+        mine = self._conns[conn.conn_id]
+        if conn.in_flight:
+            self._busy += 1
+            del self._idle[(conn.listener, conn.tls)][conn.conn_id]
+            mine.in_flight = conn.in_flight
+        if conn.closing:
+            self._mark_closing(mine)
 
     # -- closing -------------------------------------------------------------
 
@@ -755,21 +773,57 @@ def _scope(key: str, listener: str) -> str:
 # ---------------------------------------------------------------------------
 # Per upstream broker
 
-BOOTSTRAP = "bootstrap"  # the broker key of a cluster-mode bootstrap port (and of sidecar mode's one port)
+BOOTSTRAP = "bootstrap"  # the pool of sidecar mode's one port, and of bootstrap-port connections to no known broker
 
 BrokerKey = int | str  # a broker's node id, or BOOTSTRAP
+
+
+def broker_address(host: str, port: int) -> str:
+    """How a bootstrap server and an advertised broker address are compared (host names ignore case)."""
+    return f"{host.lower()}:{port}"
+
+
+def bootstrap_broker(
+    servers: Sequence[tuple[str, int]],
+    node_at: Callable[[str, int], int | None],
+    backing_off: Callable[[str, int], bool],
+) -> BrokerKey:
+    """The broker a cluster-mode bootstrap-port connection counts against, decided at accept.
+
+    The shell would connect it to the first bootstrap server it does not back off from (the
+    first server when it backs off from all: that one fails first), so that server's broker is the
+    one it reaches: the node that advertises that ``host:port`` (``node_at``). The shell then
+    connects it to that node alone, as a node-port connection, so it counts where it really lands,
+    and admission is decided against that pool. BOOTSTRAP (a pool of its own, reached through
+    every bootstrap server in turn) when no broker is known yet, or the server is no advertised
+    broker (a load balancer, a name other than the one the broker advertises).
+    """
+    first = next((server for server in servers if not backing_off(*server)), servers[0] if servers else None)
+    node = None if first is None else node_at(*first)
+    return BOOTSTRAP if node is None else node
 
 
 class BrokerQuotas:
     """One :class:`ConnectionQuotas` per upstream broker, as each Kafka broker counts its own connections.
 
-    In cluster mode a connection accepted on broker N's node port counts only against broker N's
-    caps, per-IP counts and LRU pool. Connections to the bootstrap port count in a pool of their own
-    (key ``BOOTSTRAP``): the broker they reach is chosen after admission, and clients leave it for
-    the node ports once they have metadata. Sidecar mode has only that one pool, so it counts as
-    before. A pool is made on first use and dropped when its last connection closes, so there are
-    at most as many as node ports plus one. Every call routes by ``conn_id`` to its pool; the
-    per-request cost is one dict lookup more.
+    In cluster mode a connection counts only against the caps, per-IP counts and LRU pool of the
+    broker it reaches: a node port's node id, or for the bootstrap port the broker
+    :func:`bootstrap_broker` names at accept (the shell then connects it to that broker alone).
+    Bootstrap-port connections accepted before any broker is known, or whose server is no
+    advertised broker, count in a pool of their own (key ``BOOTSTRAP``). Sidecar mode has only that
+    one pool, so it counts as before.
+
+    A BOOTSTRAP-pool connection whose broker becomes known (``on_reached``: the address it
+    connected to; ``on_broker_known``: the broker at an address) moves to that broker's pool only
+    while the broker has no connection counted: the ones that move are some of a pool held to the
+    same limits, so the move passes no cap (nor per-IP limit) that pool had not passed, and
+    nothing admitted against the broker's pool was decided without them. Otherwise it stays where
+    it was admitted until it closes. This is what keeps the connections of a proxy's first clients
+    (admitted before any broker is known) in the count of the broker they reached.
+
+    A pool is made on first use and dropped when its last connection closes, so there are at most
+    as many as node ports plus one. Every call routes by ``conn_id`` to its pool; the per-request
+    cost is one dict lookup more.
     """
 
     def __init__(
@@ -785,6 +839,7 @@ class BrokerQuotas:
         self._pools: dict[BrokerKey, ConnectionQuotas] = {}
         self._pool_of: dict[str, ConnectionQuotas] = {}
         self._key_of: dict[str, BrokerKey] = {}
+        self._reached: dict[str, str] = {}  # BOOTSTRAP-pool connection -> the broker_address it reached
 
     @property
     def limits(self) -> ConnectionLimits:
@@ -818,13 +873,48 @@ class BrokerQuotas:
             raise ValueError(f"connection {conn_id!r} is already counted")
         pool = self._pools.get(broker)
         if pool is None:
-            pool = ConnectionQuotas(self._limits, mode=self._mode, protected_listeners=self._protected)
+            pool = self._new_pool()
         decision = pool.on_accept(conn_id, listener=listener, ip=ip, tls=tls, now=now)
         if conn_id in pool:
             self._pools[broker] = pool
             self._pool_of[conn_id] = pool
             self._key_of[conn_id] = broker
         return decision
+
+    def on_reached(self, conn_id: str, address: str, broker: int | None = None) -> bool:
+        """BOOTSTRAP-pool connection ``conn_id`` connected to ``address`` (a ``broker_address``),
+        which is broker ``broker`` when known: it moves there if that broker has no connection
+        counted (True), or waits for ``on_broker_known``. Other connections are ignored."""
+        if self._key_of.get(conn_id) != BOOTSTRAP:
+            return False
+        if broker is not None and self._move([conn_id], broker):
+            return True
+        self._reached[conn_id] = address
+        return False
+
+    def on_broker_known(self, broker: int, address: str) -> int:
+        """Broker ``broker`` is at ``address`` (a ``broker_address``): the BOOTSTRAP-pool connections
+        that reached it move to its pool if it has no connection counted. Returns how many moved
+        (each frees a slot in the BOOTSTRAP pool)."""
+        moving = [conn_id for conn_id, reached in self._reached.items() if reached == address]
+        return len(moving) if moving and self._move(moving, broker) else 0
+
+    def _new_pool(self) -> ConnectionQuotas:
+        return ConnectionQuotas(self._limits, mode=self._mode, protected_listeners=self._protected)
+
+    def _move(self, conn_ids: list[str], broker: int) -> bool:
+        if broker in self._pools:
+            return False
+        source = self._pools[BOOTSTRAP]
+        pool = self._pools[broker] = self._new_pool()
+        source.hand_over(conn_ids, pool)
+        for conn_id in conn_ids:
+            self._pool_of[conn_id] = pool
+            self._key_of[conn_id] = broker
+            self._reached.pop(conn_id, None)
+        if not source.counts().total:
+            del self._pools[BOOTSTRAP]
+        return True
 
     def on_request(self, conn_id: str, now: float) -> None:
         pool = self._pool_of.get(conn_id)
@@ -841,6 +931,7 @@ class BrokerQuotas:
         if pool is None:
             return
         broker = self._key_of.pop(conn_id)
+        self._reached.pop(conn_id, None)
         pool.on_closed(conn_id)
         if not pool.counts().total:
             del self._pools[broker]
@@ -860,7 +951,7 @@ class BrokerQuotas:
         return replace(counts, node_id=broker) if isinstance(broker, int) else counts
 
     def counts_by_broker(self) -> dict[BrokerKey, ConnectionCounts]:
-        """Each broker's pool's counts (BOOTSTRAP: the bootstrap port's), for metrics."""
+        """Each broker's pool's counts (BOOTSTRAP: the connections to no known broker), for metrics."""
         return {broker: pool.counts() for broker, pool in self._pools.items()}
 
     def counts(self) -> ConnectionCounts:

@@ -7,23 +7,32 @@ from __future__ import annotations
 import logging
 from collections.abc import Awaitable, Callable, Iterable
 
+from policies.connections import broker_address
 from proxy.evidence.metrics import Metrics
 from proxy.protocol.rewrite import BrokerAddress
 
 log = logging.getLogger("kafka_admission_proxy.brokers")
 
 OpenNodePort = Callable[[int], Awaitable[None]]
+Placed = Callable[[int, str], None]
 
 
 class BrokerDirectory:
     def __init__(self, metrics: Metrics) -> None:
         self._metrics = metrics
         self._nodes: dict[int, tuple[str, int]] = {}
+        self._at: dict[str, int | None] = {}  # broker_address advertised -> node (None: several)
         self._via_bootstrap: set[int] = set()  # sole brokers whose advertised address is unreachable
         self._openers: list[OpenNodePort] = []
+        self._placed: list[Placed] = []
 
     def on_new_node(self, open_node_port: OpenNodePort) -> None:
         self._openers.append(open_node_port)
+
+    def on_placed(self, placed: Placed) -> None:
+        """Call ``placed(node_id, broker_address)`` whenever a node is learned at an address only it
+        advertises, before anything else runs (no await in between): BrokerQuotas.on_broker_known."""
+        self._placed.append(placed)
 
     def address_of(self, node_id: int) -> tuple[str, int] | None:
         return self._nodes.get(node_id)
@@ -49,6 +58,10 @@ class BrokerDirectory:
     def is_via_bootstrap(self, node_id: int) -> bool:
         return node_id in self._via_bootstrap
 
+    def node_at(self, host: str, port: int) -> int | None:
+        """The node that advertises ``host:port`` (None: none does, or several do)."""
+        return self._at.get(broker_address(host, port))
+
     @property
     def node_ids(self) -> list[int]:
         return sorted(self._nodes)
@@ -60,6 +73,11 @@ class BrokerDirectory:
             if known == address:
                 continue
             self._nodes[broker.node_id] = address
+            self._index()
+            key = broker_address(*address)
+            if self._at[key] == broker.node_id:
+                for placed in self._placed:
+                    placed(broker.node_id, key)
             self._via_bootstrap.discard(broker.node_id)
             self._metrics.brokers_known.set(len(self._nodes))
             where = {"node_id": broker.node_id, "upstream": f"{broker.host}:{broker.port}"}
@@ -69,3 +87,10 @@ class BrokerDirectory:
                     await open_node_port(broker.node_id)
             else:
                 log.info("broker moved", extra=where)
+
+    def _index(self) -> None:
+        at: dict[str, int | None] = {}
+        for node_id, (host, port) in self._nodes.items():
+            key = broker_address(host, port)
+            at[key] = None if key in at else node_id
+        self._at = at

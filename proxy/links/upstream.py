@@ -120,6 +120,10 @@ class UpstreamConnector:
     def healthy(self, address: str) -> None:
         self.backoff.on_healthy(address)
 
+    def backing_off(self, host: str, port: int) -> bool:
+        """A new connection to ``host:port`` would fail at once: it is backed off from."""
+        return self.backoff.blocked(f"{host}:{port}", trio.current_time()) is not None
+
     async def connect(
         self, host: str, port: int, *, backing_off: bool = True, client: ClientCertificate | None = None
     ) -> UpstreamLink:
@@ -163,7 +167,8 @@ class UpstreamConnector:
     async def connect_any(
         self, addresses: list[tuple[str, int]], *, backing_off: bool = True, client: ClientCertificate | None = None
     ) -> UpstreamLink:
-        """The first of the bootstrap servers that answers."""
+        """The first of the bootstrap servers that answers (one backed off from fails at once; what
+        policies.connections.bootstrap_broker predicts from that is the listener's to keep true)."""
         errors = []
         for host, port in addresses:
             try:

@@ -6,9 +6,10 @@ listener's accept loop (connections wait in the kernel backlog, as Kafka's
 acceptor does) until a slot frees. It also holds the TLS handshakes' turns
 (``max.ssl.handshakes.per.turn``, beyond Kafka): handshakes are computed on the
 event loop, so a burst of them would hold up every established connection.
-Each connection counts against the limits of the broker its port leads to
-(policies.connections.BrokerQuotas: a node port's node id, or the bootstrap
-port's own pool), as each Kafka broker counts its own connections.
+Each connection counts against the limits of the broker it reaches
+(policies.connections.BrokerQuotas: a node port's node id; for a bootstrap-port
+connection the broker decided at accept, or the BOOTSTRAP pool when none is
+known), as each Kafka broker counts its own connections.
 
 Per request it only hands the policy a timestamp. The tasks that wait on the
 quotas are woken only when their condition can have changed: accept waiters
@@ -80,7 +81,7 @@ class ConnectionGate:
 
     async def admit(self, conn: Closable, broker: BrokerKey = BOOTSTRAP) -> bool:
         """True to serve ``conn`` (it is counted from now on, against broker ``broker``'s
-        limits: its node port's node id, or BOOTSTRAP); False when it was refused."""
+        limits: the node id of the broker it reaches, or BOOTSTRAP); False when it was refused."""
         quotas, listener = self.quotas, conn.listener
         blocked_since: float | None = None
         deadline = trio.current_time() + self.wait_seconds
@@ -125,6 +126,17 @@ class ConnectionGate:
             for victim in decision.victims:
                 self._close(victim, decision)
         return True
+
+    def reached(self, conn_id: str, address: str, broker: int | None) -> None:
+        """A connection counted in the BOOTSTRAP pool connected to ``address`` (broker ``broker``
+        when known): see BrokerQuotas.on_reached."""
+        if self.quotas.on_reached(conn_id, address, broker):
+            self._wake_accepts()
+
+    def broker_known(self, broker: int, address: str) -> None:
+        """BrokerDirectory learned broker ``broker`` at ``address``: see BrokerQuotas.on_broker_known."""
+        if self.quotas.on_broker_known(broker, address):
+            self._wake_accepts()
 
     # -- per request: timestamps only ---------------------------------------------------------
 
@@ -202,8 +214,9 @@ class ConnectionGate:
 
 class _CountsCollector(Collector):
     """Connection counts as the policy sees them (KIP-1015's SSL and total counts), per broker as
-    each broker counts them: ``broker`` is a node id (a node port, or a bootstrap-port connection
-    once the broker it reached is known) or ``bootstrap``; sidecar mode has ``bootstrap`` alone."""
+    each broker counts them: ``broker`` is the node id of the broker counted against (node-port
+    and bootstrap-port connections alike) or ``bootstrap`` (connections to no known broker);
+    sidecar mode has ``bootstrap`` alone."""
 
     def __init__(self, quotas: BrokerQuotas) -> None:
         self._quotas = quotas

@@ -17,7 +17,7 @@ from collections.abc import Awaitable, Callable
 
 import trio
 
-from policies.connections import BOOTSTRAP, BrokerKey
+from policies.connections import BOOTSTRAP, BrokerKey, bootstrap_broker, broker_address
 from proxy.config.model import Listener
 from proxy.errors import BindError
 from proxy.links.brokers import BrokerDirectory
@@ -57,6 +57,7 @@ class ListenerRuntime:
         self.connections: set[ClientConnection | PassthroughConnection] = set()
         self._ids = itertools.count(1)  # this listener's connection ids
         self._node_ports: set[int] = set()
+        self._node_routes: dict[int, Port] = {}  # a node port's route, also taken by bootstrap-port connections to it
         self._acceptors: trio.Nursery | None = None
         self._connections: trio.Nursery | None = None
         self._one_closed: trio.Event | None = None  # made only while someone waits for the drain
@@ -101,8 +102,32 @@ class ListenerRuntime:
     async def open_node_port(self, node_id: int) -> None:
         if self.config.passthrough:
             return  # its node ports are its passthrough_brokers, not the brokers metadata names
-        route = self._port(f"node {node_id}", lambda client: self._connect_node(node_id, client))
-        await self._open_port(node_id, route)
+        await self._open_port(node_id, self._node_route(node_id))
+
+    def _node_route(self, node_id: int) -> Port:
+        route = self._node_routes.get(node_id)
+        if route is None:
+            route = self._port(f"node {node_id}", lambda client: self._connect_node(node_id, client))
+            self._node_routes[node_id] = route
+        return route
+
+    def _bootstrap_broker(self) -> BrokerKey:
+        """The broker a bootstrap-port connection accepted now counts against (see bootstrap_broker)."""
+        return bootstrap_broker(self._bootstrap, self._directory.node_at, self._runtime.connector.backing_off)
+
+    def _bootstrap_route(self, conn_id: str) -> Port:
+        """A route for one bootstrap-port connection counted in the BOOTSTRAP pool: through the
+        first bootstrap server that answers, telling the gate which one (so it counts against that
+        broker once it is known, if it can: BrokerQuotas.on_reached)."""
+
+        async def connect(client: ClientCertificate) -> UpstreamLink:
+            runtime = self._runtime
+            link = await runtime.connector.connect_any(self._bootstrap, client=client)
+            host, _, port = link.address.rpartition(":")
+            runtime.gate.reached(conn_id, broker_address(host, int(port)), self._directory.node_at(host, int(port)))
+            return link
+
+        return self._port(",".join(f"{h}:{p}" for h, p in self._bootstrap), connect)
 
     async def _open_port(self, node_id: int, route: Port | PassthroughRoute) -> None:
         if node_id in self._node_ports or self._acceptors is None:
@@ -166,9 +191,16 @@ class ListenerRuntime:
         """Accept, decide, serve. A decision to wait blocks this loop, so further
         connections wait in the kernel backlog (Kafka's acceptor does the same).
         Connections count against ``broker``'s limits (a node port's node id), as that
-        broker counts its own; the bootstrap port has a pool of its own."""
+        broker counts its own. In cluster mode a bootstrap-port connection's broker is decided
+        here, before admission: the one its first usable bootstrap server is, and it then
+        connects to that broker alone, as a node-port connection (so it counts where it lands).
+        Only when that is no known broker does it count in the BOOTSTRAP pool and connect to the
+        first bootstrap server that answers (moving to that broker's count when it can, see
+        BrokerQuotas). Passthrough ports relay to their first broker that accepts, with no backoff
+        to predict from: their bootstrap port keeps the BOOTSTRAP pool."""
         assert self._connections is not None
         runtime = self._runtime
+        predict = self._rewrites and broker == BOOTSTRAP and isinstance(route, Port)
         accepted = runtime.metrics.connections_accepted.labels(self.name, self._tls_label)
         while True:
             try:
@@ -180,12 +212,17 @@ class ListenerRuntime:
                     continue
                 raise
             connection: ClientConnection | PassthroughConnection
+            counted = broker
             if isinstance(route, PassthroughRoute):
                 connection = PassthroughConnection(route, runtime, stream, f"{self.name}-p{next(self._ids)}")
             else:
-                connection = ClientConnection(route, runtime, stream, f"{self.name}-{next(self._ids)}")
+                conn_id, port = f"{self.name}-{next(self._ids)}", route
+                if predict:
+                    counted = self._bootstrap_broker()
+                    port = self._node_route(counted) if isinstance(counted, int) else self._bootstrap_route(conn_id)
+                connection = ClientConnection(port, runtime, stream, conn_id)
             accepted.inc()
-            if not await runtime.gate.admit(connection, broker):
+            if not await runtime.gate.admit(connection, counted):
                 await trio.aclose_forcefully(stream)
                 continue
             self._connections.start_soon(self._handle, connection)

@@ -148,6 +148,8 @@ class ProxyServer:
             audit=self.audit,
             window=self.window,
         )
+        if config.mode == "cluster":  # a bootstrap-port connection counts against the broker it reached, once known
+            self.directory.on_placed(gate.broker_known)
         bootstrap = config.upstream.addresses()
         self.listeners = [
             ListenerRuntime(

@@ -765,3 +765,141 @@ def test_two_proxy_replicas_each_admit_their_cap_to_the_same_broker(
         _answered(conn)
     assert [closings(proxy) for proxy in proxies] == [0, 0]
     assert _established_to(broker_port) - before >= 4  # each client connection has its own upstream one
+
+
+def test_cluster_mode_counts_a_bootstrap_port_connection_against_the_broker_it_reaches(
+    mock_cluster: Any, start_proxy: Any, sockets: list[KafkaSocket], tmp_path: Any
+) -> None:
+    """Cluster mode, max.connections: 2: the bootstrap port's first server is broker 1 (the mock
+    advertises the addresses it is bootstrapped with), so once the proxy knows the brokers a
+    bootstrap-port connection counts against broker 1, as broker 1 counts every connection it gets.
+    With broker 1's two slots held through its node port, it evicts broker 1's least recently used
+    one exactly as a third connection to node 1's port would (before, it was counted in a pool of
+    its own and broker 1 got three); the gauges show one count per broker, none for ``bootstrap``."""
+    audit = tmp_path / "audit"
+    proxy = _cluster_proxy(start_proxy, mock_cluster, {MAX_CONNECTIONS: 2}, audit={"path": str(audit)})
+    broker1_port = int(mock_cluster.bootstrap_servers[0].rsplit(":", 1)[1])
+    node1 = _hold_mock(sockets, _node_port(proxy, 1), 2)
+    before = _established_to(broker1_port)
+
+    boot = _hold_mock(sockets, proxy.bootstrap, 1)[0]
+    assert decided(proxy, action="evict", limit=MAX_CONNECTIONS) == 1, f"decisions: {decisions(proxy)}"
+    assert node1[0].wait_closed(10)
+    for conn in (node1[1], boot):
+        _answered(conn)  # still served
+    assert _established_to(broker1_port) == before  # one in (the bootstrap one), one out (evicted)
+
+    def counted() -> dict[str, float]:
+        return {b: proxy.metric("kafka_admission_connections_counted", broker=b) for b in ("1", "2", "3", "bootstrap")}
+
+    assert wait_until(lambda: counted() == {"1": 2, "2": 0, "3": 0, "bootstrap": 0}), counted()
+
+    def opens() -> list[tuple[int | None, int]]:
+        events = [e for e in read_events(audit) if e["type"] == "connection" and e["event"] == "open"]
+        return [(e.get("node_id"), e["open_connections"]) for e in events]
+
+    # the connection that learned the brokers (in the bootstrap pool: no broker known yet), node 1's
+    # two, then the bootstrap-port one, counted by broker 1 (2: the one it evicted gave up its slot)
+    assert wait_until(lambda: len(opens()) == 4)
+    assert opens() == [(None, 1), (1, 1), (1, 2), (1, 2)]
+
+
+def test_cluster_mode_refuses_a_bootstrap_port_connection_over_its_brokers_per_ip_limit(
+    mock_cluster: Any, start_proxy: Any, sockets: list[KafkaSocket]
+) -> None:
+    """max.connections.per.ip: 2 in cluster mode: with two connections from 127.0.0.1 on broker
+    1's node port, a bootstrap-port connection (it reaches broker 1) is refused at once, as a third
+    on node 1's port is, while broker 2 still admits one from the same address."""
+    proxy = _cluster_proxy(start_proxy, mock_cluster, {"max.connections.per.ip": 2})
+    _hold_mock(sockets, _node_port(proxy, 1), 2)
+    boot = KafkaSocket(proxy.bootstrap)
+    sockets.append(boot)
+    assert boot.wait_closed(10), f"decisions: {decisions(proxy)}"
+    third = KafkaSocket(_node_port(proxy, 1))
+    sockets.append(third)
+    assert third.wait_closed(10)
+    assert decided(proxy, action="refuse", limit="max.connections.per.ip") == 2
+    _hold_mock(sockets, _node_port(proxy, 2), 1)
+    assert proxy.metric("kafka_admission_connections_counted", broker="2") == 1
+
+
+def test_a_bootstrap_port_connection_from_before_the_brokers_were_known_moves_to_its_broker(
+    mock_cluster: Any, start_proxy: Any, sockets: list[KafkaSocket]
+) -> None:
+    """A proxy's first client comes before any broker is known, so it is admitted in the
+    ``bootstrap`` pool; the Metadata it gets names the broker it reached (broker 1), and from then
+    on broker 1 counts it: with max.connections: 2, one more on node 1's port fills broker 1, and a
+    third evicts that first connection, broker 1's least recently used (before, it stayed in a pool
+    of its own and broker 1 took two more besides)."""
+    proxy = start_proxy(mock_cluster.bootstrap_servers, node_ids=NODE_IDS, policies={MAX_CONNECTIONS: 2})
+    first = KafkaSocket(proxy.bootstrap)
+    sockets.append(first)
+    first.send(metadata_frame(1))
+    first.read_response(METADATA, 12)
+    assert wait_until(lambda: proxy.metric("kafka_admission_brokers_known") == 3)
+    assert proxy.metric("kafka_admission_connections_counted", broker="1") == 1
+    assert proxy.metric("kafka_admission_connections_counted", broker="bootstrap") == 0
+
+    node1 = _hold_mock(sockets, _node_port(proxy, 1), 2)
+    assert decided(proxy, action="evict", limit=MAX_CONNECTIONS) == 1, f"decisions: {decisions(proxy)}"
+    assert first.wait_closed(10)
+    for conn in node1:
+        _answered(conn)
+
+
+def test_a_bootstrap_server_no_broker_advertises_keeps_the_bootstrap_pool(
+    mock_cluster: Any, start_proxy: Any, sockets: list[KafkaSocket]
+) -> None:
+    """Bootstrapped through ``localhost`` while the brokers advertise ``127.0.0.1`` (as through a
+    load balancer), the proxy cannot name the broker a bootstrap-port connection reaches: those
+    count in the ``bootstrap`` pool, apart from broker 1's own, as docs/policies.md says. With
+    max.connections: 2, two on node 1's port and two on the bootstrap port are all admitted."""
+    servers = [f"localhost:{address.rsplit(':', 1)[1]}" for address in mock_cluster.bootstrap_servers]
+    proxy = start_proxy(servers, node_ids=NODE_IDS, policies={MAX_CONNECTIONS: 2})
+    learn = KafkaSocket(proxy.bootstrap)
+    sockets.append(learn)
+    learn.send(metadata_frame(1))
+    learn.read_response(METADATA, 12)
+    assert wait_until(lambda: proxy.metric("kafka_admission_brokers_known") == 3)
+    held = [learn, *_hold_mock(sockets, proxy.bootstrap, 1), *_hold_mock(sockets, _node_port(proxy, 1), 2)]
+    for conn in held:
+        _answered(conn)
+    assert closings(proxy) == 0
+    counted = {b: proxy.metric("kafka_admission_connections_counted", broker=b) for b in ("1", "bootstrap")}
+    assert counted == {"1": 2, "bootstrap": 2}
+
+
+def test_a_bootstrap_port_connection_waits_for_its_brokers_slot_as_a_node_port_one_does(
+    tansu: TansuBroker, start_proxy: Any, sockets: list[KafkaSocket]
+) -> None:
+    """Cluster mode in front of Tansu (it advertises its bootstrap address), max.connections: 2:
+    with the broker's two slots taken by busy connections on its node port, a connection to the
+    bootstrap port waits for the broker's slot (before, it was admitted at once, in a pool of its
+    own) and is served when a node-port connection closes."""
+    proxy = start_proxy(tansu.bootstrap, policies={MAX_CONNECTIONS: 2, "max.connections.wait.ms": 20000})
+    learn = KafkaSocket(proxy.bootstrap)  # the proxy learns the broker (opens its port) from Metadata
+    learn.send(metadata_frame(1))
+    learn.read_response(METADATA, 12)
+    learn.close()
+    assert wait_until(lambda: proxy.metric("kafka_admission_connections_counted") == 0)
+    topic = unique("empty")
+    create_topic(tansu.bootstrap, topic)
+    busy = []
+    for _ in range(2):
+        conn = KafkaSocket(_node_port(proxy, TansuBroker.NODE_ID))
+        sockets.append(conn)
+        busy.append((conn, conn.park_fetch(conn.topic_id(topic), max_wait_ms=8000)))
+    assert wait_until(lambda: proxy.metric("kafka_admission_connections_counted_busy") == 2)
+
+    waiting = KafkaSocket(proxy.bootstrap)
+    sockets.append(waiting)
+    waiting.send(api_versions_frame(1))
+    assert wait_until(lambda: decided(proxy, action="wait", limit=MAX_CONNECTIONS) == 1), decisions(proxy)
+    node = str(TansuBroker.NODE_ID)
+    counted = {b: proxy.metric("kafka_admission_connections_counted", broker=b) for b in (node, "bootstrap")}
+    assert counted == {node: 2, "bootstrap": 0}
+
+    busy[0][0].close()  # the broker's slot frees
+    assert waiting.read_response(API_VERSIONS, 3).header.correlation_id == 1
+    assert busy[1][0].read_response(FETCH, 13).header.correlation_id == busy[1][1]  # never touched
+    assert closings(proxy) == 0

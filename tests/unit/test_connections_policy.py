@@ -18,6 +18,7 @@ from policies.connections import (
     ConnectionLimits,
     ConnectionQuotas,
     OpenCounts,
+    bootstrap_broker,
     listener_max_connections_key,
 )
 from policies.decision import Action, Decision, Policy
@@ -1185,6 +1186,195 @@ def test_idle_expiry_and_its_deadline_span_every_broker() -> None:
     assert q.next_idle_deadline() == 1.0
     assert [c.victims for c in q.idle_expired(1.6)] == [("a1",), ("b1",)]
     assert q.next_idle_deadline() is None
+
+
+# --- which broker a bootstrap-port connection counts against ---------------------------------
+
+SERVERS = [("kafka-0", 9092), ("kafka-1", 9092), ("kafka-2", 9092)]
+ADVERTISED = {("kafka-0", 9092): 0, ("kafka-1", 9092): 1, ("kafka-2", 9092): 2}
+
+
+def predicted(
+    servers: list[tuple[str, int]] = SERVERS,
+    advertised: dict[tuple[str, int], int] = ADVERTISED,
+    backing_off: frozenset[tuple[str, int]] = frozenset(),
+) -> BrokerKey:
+    return bootstrap_broker(
+        servers,
+        lambda host, port: advertised.get((host, port)),
+        lambda host, port: (host, port) in backing_off,
+    )
+
+
+def test_a_bootstrap_port_connection_counts_against_the_broker_its_first_server_is() -> None:
+    assert predicted() == 0
+    assert predicted(servers=SERVERS[::-1]) == 2
+
+
+def test_a_bootstrap_port_connection_skips_the_servers_backed_off_from_as_connect_any_does() -> None:
+    assert predicted(backing_off=frozenset(SERVERS[:1])) == 1
+    assert predicted(backing_off=frozenset(SERVERS[:2])) == 2
+    # all backed off: the first fails first, as a connection to its node port would
+    assert predicted(backing_off=frozenset(SERVERS)) == 0
+
+
+def test_before_any_broker_is_known_bootstrap_port_connections_keep_the_bootstrap_pool() -> None:
+    assert predicted(advertised={}) == BOOTSTRAP
+    assert predicted(servers=[], advertised={}) == BOOTSTRAP
+
+
+def test_a_bootstrap_server_that_no_broker_advertises_keeps_the_bootstrap_pool() -> None:
+    """A load balancer in front of the brokers: which broker it reaches is not the proxy's to know,
+    even when a later bootstrap server is a broker (it is used only if the first does not answer)."""
+    balancer = [("kafka-lb", 9092), *SERVERS]
+    assert predicted(servers=balancer) == BOOTSTRAP
+    assert predicted(servers=balancer, backing_off=frozenset(balancer[:1])) == 0
+
+
+def test_a_bootstrap_port_connection_waits_evicts_and_is_refused_in_its_brokers_pool_as_a_node_port_one() -> None:
+    """What the shell does with the prediction: admit against that broker's own pool, so a broker
+    counts the connections from both ports once, with one LRU order and one per-IP count."""
+    q = brokers(max_connections=2, max_connections_per_ip=3)
+    assert accept_at(q, "n1", 0, now=0.0) is None
+    assert accept_at(q, "n2", 0, now=1.0) is None
+    q.on_request("n1", 1.5)
+    q.on_request("n2", 1.5)
+    boot = predicted()
+    decided(accept_at(q, "b1", boot, now=2.0), Action.WAIT)  # broker 0's connections are all busy
+    assert accept_at(q, "other", 1, now=2.0) is None  # broker 1 has room
+    q.on_response("n2", 3.0)
+    assert evicts(accept_at(q, "b1", boot, now=3.0)) == ("n2",)  # broker 0's LRU idle one
+    assert q.open_counts("b1") == OpenCounts(2, 2, 3, 0)
+    assert q.pool(BOOTSTRAP) is None
+    decided(accept_at(q, "b2", boot, now=4.0), Action.REFUSE)  # a fourth from 10.0.0.1 on broker 0
+    assert {k: c.total for k, c in q.counts_by_broker().items()} == {0: 3, 1: 1}
+
+
+# --- a bootstrap-pool connection moves to its broker's count once that broker is known ---------
+
+A0 = "kafka-0:9092"
+
+
+def test_the_bootstrap_pools_connections_move_to_the_broker_they_reached_when_it_is_learned() -> None:
+    """The proxy's first clients are admitted before any broker is known; once Metadata names the
+    broker they reached, they count against it, keeping their state and LRU order, and the broker
+    admits, evicts and waits with them counted (as if they had come to its node port)."""
+    q = brokers(max_connections=3, connections_max_idle_ms=1000)
+    for conn_id, now in (("s1", 0.0), ("s2", 0.1), ("s3", 0.2)):
+        assert accept_at(q, conn_id, BOOTSTRAP, now=now) is None
+    q.on_request("s2", 0.3)  # busy
+    decided(accept_at(q, "s4", BOOTSTRAP, now=0.35), Action.EVICT)  # s1 closing
+    assert not q.on_reached("s1", A0) and not q.on_reached("s2", A0) and not q.on_reached("s4", A0)
+    q.on_reached("s3", "kafka-1:9092")
+    assert q.on_broker_known(0, A0) == 3
+    assert {k: (c.total, c.busy, c.closing) for k, c in q.counts_by_broker().items()} == {
+        0: (3, 1, 1),
+        BOOTSTRAP: (1, 0, 0),
+    }
+    assert q.broker_of("s2") == 0 and q.in_flight("s2") == 1 and q.is_closing("s1")
+    assert q.open_counts("s4") == OpenCounts(2, 2, 3, 0)
+    assert q.pool(0).next_idle_deadline() == pytest.approx(1.35)  # type: ignore[union-attr]  # s4's last activity
+    # broker 0: s2 busy, s4 idle, s1 closing: one slot left, then s4 (its LRU idle one) is evicted
+    assert accept_at(q, "n1", 0, now=0.4) is None
+    assert evicts(accept_at(q, "n2", 0, now=0.5)) == ("s4",)
+
+
+def test_a_move_never_joins_a_broker_that_already_counts_connections() -> None:
+    """Into a broker with connections counted, the move could pass its caps, and its admissions
+    were decided without them: they stay in the bootstrap pool until they close."""
+    q = brokers(max_connections=1)
+    assert accept_at(q, "s1", BOOTSTRAP) is None
+    assert not q.on_reached("s1", A0)
+    assert accept_at(q, "n1", 0) is None
+    assert q.on_broker_known(0, A0) == 0
+    assert q.broker_of("s1") == BOOTSTRAP
+    assert not q.on_reached("n1", A0, 0)  # not a bootstrap-pool connection: ignored
+
+
+def test_a_bootstrap_pool_connection_that_reaches_a_known_broker_with_no_connection_moves_at_once() -> None:
+    q = brokers(max_connections=1)
+    assert accept_at(q, "s1", BOOTSTRAP) is None
+    assert q.on_reached("s1", A0, 0)
+    assert q.pool(BOOTSTRAP) is None and q.broker_of("s1") == 0
+    assert accept_at(q, "s2", BOOTSTRAP) is None  # the bootstrap pool's slot was given back
+    assert not q.on_reached("s2", A0, 0)  # broker 0 counts s1 now: s2 stays
+    assert q.broker_of("s2") == BOOTSTRAP
+
+
+def test_a_closed_connection_is_forgotten_by_the_move() -> None:
+    q = brokers()
+    accept_at(q, "s1", BOOTSTRAP)
+    q.on_reached("s1", A0)
+    q.on_closed("s1")
+    assert q.on_broker_known(0, A0) == 0
+    assert q.pool(0) is None
+
+
+def test_a_move_carries_a_cap_the_bootstrap_pool_is_over_and_reclaims_it_there() -> None:
+    """Lowered below its busy connections, the bootstrap pool is over its cap; moved, they are over
+    the broker's (the same limits), and the excess is closed there once idle, as it would have been."""
+    q = brokers(max_connections=2)
+    for conn_id in ("s1", "s2"):
+        accept_at(q, conn_id, BOOTSTRAP)
+        q.on_request(conn_id, 0.5)
+        q.on_reached(conn_id, A0)
+    assert q.update_limits(ConnectionLimits(max_connections=1), 1.0) == []
+    assert q.on_broker_known(0, A0) == 2
+    assert q.over_cap
+    q.on_response("s1", 2.0)
+    assert [c.victims for c in q.reclaim_excess()] == [("s1",)]
+
+
+_MOVE_OPS = st.lists(
+    st.one_of(
+        st.tuples(st.just("accept"), st.sampled_from([BOOTSTRAP, 0, 1]), st.sampled_from(["10.0.0.1", "10.0.0.2"])),
+        st.tuples(st.sampled_from(["request", "response", "close"]), st.integers(0, 11), st.just("")),
+        st.tuples(st.just("reached"), st.integers(0, 11), st.sampled_from(["kafka-0:9092", "kafka-1:9092"])),
+        st.tuples(st.just("known"), st.sampled_from([0, 1]), st.just("")),
+    ),
+    max_size=40,
+)
+
+
+@settings(max_examples=300, deadline=None)
+@given(ops=_MOVE_OPS)
+def test_moving_bootstrap_connections_to_their_broker_never_passes_a_cap(ops: list[tuple[str, object, object]]) -> None:
+    """Driven at random (accepts on both ports, activity, closes, connections reaching brokers,
+    brokers becoming known), no pool is ever over a cap or a per-IP limit, and every connection
+    counts exactly once."""
+    limits = ConnectionLimits(max_connections=2, max_connections_per_ip=1, max_ssl_connections=2)
+    q = BrokerQuotas(limits)
+    alive: set[str] = set()
+    made = 0
+    for op, a, b in ops:
+        if op == "accept":
+            assert isinstance(a, int | str) and isinstance(b, str)
+            conn_id = f"c{made}"
+            made += 1
+            q.on_accept(conn_id, listener=TLS, ip=b, tls=True, now=float(made), broker=a)
+            if conn_id in q:
+                alive.add(conn_id)
+        elif op == "request":
+            q.on_request(f"c{a}", float(made))
+        elif op == "response":
+            q.on_response(f"c{a}", float(made))
+        elif op == "close":
+            q.on_closed(f"c{a}")
+            alive.discard(f"c{a}")
+        elif op == "reached":
+            assert isinstance(b, str)
+            q.on_reached(f"c{a}", b, None if b == "kafka-1:9092" else 0)
+        else:
+            assert isinstance(a, int)
+            q.on_broker_known(a, f"kafka-{a}:9092")
+        assert not q.over_cap
+        for pool in q.counts_by_broker().values():
+            assert pool.broker - pool.closing <= 2
+        for broker in (BOOTSTRAP, 0, 1):
+            pool = q.pool(broker)
+            if pool is not None:
+                assert pool.ip_count("10.0.0.1") <= 1 and pool.ip_count("10.0.0.2") <= 1
+        assert q.counts().total == len(alive) and all(conn_id in q for conn_id in alive)
 
 
 _BROKER_OPS = st.lists(
