@@ -264,8 +264,10 @@ class ClientConnection:
             if sent < len(action.data):
                 return _HandBack(actions, now, started, sent)
             _forwarded(action, started)
-            return MORE if self.tls and client.buffered() else None
-        return _HandBack(actions, now, started)
+        elif actions:
+            return _HandBack(actions, now, started)
+        # all sent, or nothing to do yet (a frame's body still to come)
+        return MORE if self.tls and client.buffered() else None
 
     async def _pump_responses(self, upstream: Transport) -> None:
         """The broker -> client direction: the first response read here (it says the broker is
@@ -305,8 +307,9 @@ class ClientConnection:
             then = self._answered(action, now, started)
             if then:
                 return _HandBack(then, now, started)
-            return MORE if self._upstream_tls and upstream.buffered() else None
-        return _HandBack(actions, now, started)
+        elif actions:
+            return _HandBack(actions, now, started)
+        return MORE if self._upstream_tls and upstream.buffered() else None
 
     async def _carry_on(self, handed: _HandBack) -> None:
         """What the I/O driver handed back, carried out in this connection's task: a lone
