@@ -17,6 +17,7 @@ takes frames off the session's line before the writer waits.
 from __future__ import annotations
 
 import logging
+import math
 import ssl
 from collections.abc import Awaitable, Callable
 from dataclasses import dataclass
@@ -259,6 +260,8 @@ class ClientConnection:
         if data is None:
             return None
         actions = core.client_bytes(data, self.runtime.generation, now)
+        if len(actions) > 1 or (actions and actions[0].__class__ is SetDeadline):
+            actions = self._set_deadlines(actions)  # a frame spanning receives: its body's deadline
         if len(actions) == 1 and (action := actions[0]).__class__ is Forward:
             sent = upstream.try_send(action.data)
             if sent < len(action.data):
@@ -268,6 +271,19 @@ class ClientConnection:
             return _HandBack(actions, now, started)
         # all sent, or nothing to do yet (a frame's body still to come)
         return MORE if self.tls and client.buffered() else None
+
+    def _set_deadlines(self, actions: Actions) -> Actions:
+        """SetDeadline carried out in the driver's pass (a cancel scope's deadline, no I/O), so a
+        frame spanning receives wakes no task; the other actions are returned."""
+        rest = []
+        for action in actions:
+            if action.__class__ is SetDeadline:
+                self._body_deadline.deadline = action.at
+                if action.at != math.inf:
+                    self.runtime.driver.deadline_set()
+            else:
+                rest.append(action)
+        return rest
 
     async def _pump_responses(self, upstream: Transport) -> None:
         """The broker -> client direction: the first response read here (it says the broker is

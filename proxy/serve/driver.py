@@ -65,6 +65,7 @@ class IODriver:
         self._runner: Any = None
         self._trio_fd = -1
         self._trio_ready = False  # trio's own epoll had events in the last pass
+        self._deadline_set = False  # a serve set a trio deadline: trio must look again before waiting
         self._token: trio.lowlevel.TrioToken | None = None
         self._now: Callable[[], float] = trio.current_time
 
@@ -84,6 +85,11 @@ class IODriver:
     def _unpark(self, fd: int) -> None:
         if self._parked.pop(fd, None) is not None:
             self._epoll.unregister(fd)
+
+    def deadline_set(self) -> None:
+        """A serve set a cancel scope's deadline: trio computed its wait before, so the hook ends
+        that wait for trio to see the new deadline (a task's serve needs nothing)."""
+        self._deadline_set = True
 
     @property
     def parked(self) -> int:
@@ -164,12 +170,14 @@ class IODriver:
         poll, runq = self._epoll.poll, self._runner.runq
         if timeout <= 0:
             self._serve(poll(0, BUDGET))
+            self._deadline_set = False  # trio does not wait: it reads its deadlines again first
             return
         deadline = time.monotonic() + timeout
         self._trio_ready = False
         while True:
             self._serve(poll(0 if self._again else timeout, BUDGET))
-            if runq:
+            if runq or self._deadline_set:
+                self._deadline_set = False
                 self._end_trio_wait()  # trio would wait its whole timeout before running them
                 return
             if self._trio_ready:

@@ -155,3 +155,30 @@ async def test_one_pass_serves_every_ready_socket(
         assert sorted(served) == list(range(16))
         assert driver.passes - before <= 2  # one pass (two if a send raced the first)
         nursery.cancel_scope.cancel()
+
+
+async def test_a_deadline_set_in_a_pass_is_kept_on_time(pairs: list[tuple[socket.socket, socket.socket]]) -> None:
+    """A serve that sets a cancel scope's deadline (a request body's timeout) from the hook: trio
+    computed its wait before the pass, so without deadline_set it would sleep through it (here,
+    until the outer 5 s)."""
+    driver = IODriver()
+    ours, theirs = pair(pairs)
+    async with trio.open_nursery() as nursery:
+        await nursery.start(driver.run)
+        assert driver.wait == "hook"
+        with trio.CancelScope() as body_deadline:
+
+            def serve(now: float, started: float) -> object:
+                ours.recv(10)
+                body_deadline.deadline = now + 0.05
+                driver.deadline_set()
+                return None
+
+            with trio.fail_after(5):
+                await trio.testing.wait_all_tasks_blocked()  # trio waits with no deadline but the 5 s
+                theirs.send(b"x")
+                began = trio.current_time()
+                await driver.park(ours.fileno(), serve)
+        assert body_deadline.cancelled_caught
+        assert trio.current_time() - began < 1.0
+        nursery.cancel_scope.cancel()
