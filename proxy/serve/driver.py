@@ -40,6 +40,7 @@ import trio
 log = logging.getLogger("kafka_admission_proxy.driver")
 
 BUDGET = 64  # events per pass: no other task waits behind more than this many
+BUSY_POLL_S = 100e-6  # while tasks keep trio busy, how often the hook looks at the sockets
 
 # What a direction's serve returns: None (stay parked), MORE (stay, and serve again in the next
 # pass: bytes wait inside the transport, where the socket does not report them), or anything
@@ -66,6 +67,7 @@ class IODriver:
         self._trio_fd = -1
         self._trio_ready = False  # trio's own epoll had events in the last pass
         self._deadline_set = False  # a serve set a trio deadline: trio must look again before waiting
+        self._next_busy_poll = 0.0
         self._token: trio.lowlevel.TrioToken | None = None
         self._now: Callable[[], float] = trio.current_time
 
@@ -169,9 +171,16 @@ class IODriver:
     def before_io_wait(self, timeout: float) -> None:
         poll, runq = self._epoll.poll, self._runner.runq
         if timeout <= 0:
-            self._serve(poll(0, BUDGET))
+            # Tasks to run: a look at the sockets, at most every BUSY_POLL_S (a scheduler batch
+            # is a few microseconds; an epoll_wait each would be a good share of it).
+            if self._again or time.monotonic() >= self._next_busy_poll:
+                self._next_busy_poll = time.monotonic() + BUSY_POLL_S
+                self._serve(poll(0, BUDGET))
             self._deadline_set = False  # trio does not wait: it reads its deadlines again first
             return
+        if not self._parked:
+            return  # nothing to serve: trio waits in its own epoll
+        self._next_busy_poll = 0.0
         deadline = time.monotonic() + timeout
         self._trio_ready = False
         while True:
