@@ -425,7 +425,12 @@ class ConnectionQuotas:
         conn = self._conns.get(conn_id)
         if conn is None:
             return
-        self._touch(conn, now)
+        # _touch, inline: this and on_response run per request.
+        if now > self._now:
+            self._now = now
+        conn.last = self._now
+        self._seq += 1
+        conn.seq = self._seq
         if conn.in_flight == 0:
             self._busy += 1
             if not conn.closing:
@@ -437,7 +442,11 @@ class ConnectionQuotas:
         conn = self._conns.get(conn_id)
         if conn is None:
             return
-        self._touch(conn, now)
+        if now > self._now:  # _touch, inline
+            self._now = now
+        conn.last = self._now
+        self._seq += 1
+        conn.seq = self._seq
         if conn.in_flight > 0:
             conn.in_flight -= 1
             if conn.in_flight == 0:
@@ -993,7 +1002,12 @@ class BrokerQuotas:
 
     @property
     def over_cap(self) -> bool:
-        return any(pool.over_cap for pool in self._pools.values())
+        # Asked per response (ConnectionGate.on_response): a plain loop reading each pool's set of
+        # exceeded caps, where a generator and a property per pool cost three calls more.
+        for pool in self._pools.values():
+            if pool._over and pool.mode is Mode.ENFORCE:  # pool.over_cap
+                return True
+        return False
 
     def reclaim_excess(self) -> list[Decision]:
         closes: list[Decision] = []
