@@ -156,6 +156,7 @@ _STOP_READING = StopReading()
 _RESUME_READING = ResumeReading()
 _CONNECT = Connect()
 _NEVER = math.inf
+_DONE = State.DONE  # read per response batch: a name, not an enum attribute (slow on Python 3.11)
 _NO_DEADLINE = SetDeadline(_NEVER)
 
 
@@ -394,6 +395,7 @@ class ConnectionCore:
             self._requests.feed(data)
         session, splitter = self.session, self._requests
         buf = splitter.buffer
+        buf_end, end = len(buf), -1  # a frame ending at buf_end used it up: no next_frame call to learn that
         actions: Actions = []
         out: _Out = []
         sent: list[Pending] = []
@@ -401,7 +403,7 @@ class ConnectionCore:
         max_bytes = rules.socket_request_max_bytes if self._authenticated else self._request_limit(rules).size
         held, self._held = self._held, None
         try:
-            while session.taking_requests:
+            while session.taking_requests and end != buf_end:
                 if held is None:
                     try:
                         span = splitter.next_frame(max_bytes)
@@ -474,7 +476,7 @@ class ConnectionCore:
             return actions
         if self.request_receive_size != RECEIVE_SIZE:
             self.request_receive_size = RECEIVE_SIZE
-        if session.in_flight >= MAX_PENDING_REQUESTS and self.reading:
+        if len(session.pending) >= MAX_PENDING_REQUESTS and self.reading:  # session.in_flight, without the call
             self.reading = False  # delivered() resumes it once half are answered
             actions.append(_STOP_READING)
         return actions
@@ -638,10 +640,11 @@ class ConnectionCore:
         session, splitter = self.session, self._responses
         limit = rules.max_response_size[self.listener]
         buf = splitter.buffer
+        buf_end, end = len(buf), -1  # a frame ending at buf_end used it up: no next_frame call to learn that
         run_start = run_end = -1
         actions: Actions = []
         try:
-            while True:
+            while end != buf_end:
                 try:
                     span = splitter.next_frame(limit)
                 except FrameRefused as exc:
@@ -693,8 +696,11 @@ class ConnectionCore:
             out.append(memoryview(buf)[run_start:run_end])
         if out:
             actions.append(_new_answer((out[0] if len(out) == 1 else b"".join(out), delivered)))
-        self.response_receive_size = max(RECEIVE_SIZE, min(splitter.wanted, MAX_RECEIVE))
-        if session.state is State.DONE:
+        # Nothing of a next frame held (the common case): the usual read size.
+        self.response_receive_size = (
+            RECEIVE_SIZE if end == buf_end else max(RECEIVE_SIZE, min(splitter.wanted, MAX_RECEIVE))
+        )
+        if session.state is _DONE:
             actions.append(self._end(CloseCause.DRAINED))
         return actions
 
