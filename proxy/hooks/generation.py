@@ -41,6 +41,7 @@ class ApiPlan:
     response_hooks: tuple[ApiHook, ...]  # read (and may rewrite) the response
     readable: bool  # the codec knows this version (or nothing needs decoding)
     counted_as: int  # the API key its requests are counted under: -1 for every key kio does not know
+    api_name: str  # wire.api_name(api_key), named once here: the observation windows key by it per request
 
 
 def _address_of(listener: Listener) -> Callable[[int], tuple[str, int]]:
@@ -126,7 +127,7 @@ class Generation:
         readable = not decoded or api_key == API_VERSIONS or wire.codec_knows(api_key, api_version)
         prepares = tuple(h for h in requests if api_key in h.prepare_api_keys)
         counted_as = api_key if wire.max_known_version(api_key) is not None else UNKNOWN_API
-        return ApiPlan(requests, prepares, responses, readable, counted_as)
+        return ApiPlan(requests, prepares, responses, readable, counted_as, wire.api_name(api_key))
 
     async def prepare(self, request: Request, hooks: tuple[ApiHook, ...]) -> None:
         for hook in hooks:

@@ -524,7 +524,7 @@ class ConnectionCore:
             window = self.window
             if window is not None:  # the audit's observation windows: sizes per client id and API
                 client_id = request.client_id if request is not None else wire.peek_client_id(buf, start)
-                window.on_request(self.listener, client_id, wire.api_name(api_key), size)
+                window.on_request(self.listener, client_id, plan.api_name, size)
                 if self.first_client_id is None:
                     self.first_client_id = client_id  # names the client in the connection's close event
             if plan.prepare_hooks and request is not None:
@@ -536,7 +536,7 @@ class ConnectionCore:
         if request is not None and plan.request_hooks:
             decision = rules.check_request(request, plan.request_hooks)
             if decision is not None:
-                return self._answer(rules, request, decision, ticket, client_id)
+                return self._answer(rules, request, decision, ticket, client_id, plan.api_name)
         if (
             api_key == PRODUCE
             and (request.produce_head() if request is not None else wire.produce_head(buf, start, api_version))[1] == 0
@@ -546,7 +546,9 @@ class ConnectionCore:
             self._quotas.touched(self.conn_id, now)
             self._pool.release(ticket, now)
             return None
-        pending = Pending(correlation_id, api_key, api_version, size, ticket, client_id=client_id)
+        pending = Pending(
+            correlation_id, api_key, api_version, size, ticket, client_id=client_id, api_name=plan.api_name
+        )
         if plan.response_hooks:
             pending.on_response = (request, plan.response_hooks)
         self.session.forwarded(pending)
@@ -557,7 +559,9 @@ class ConnectionCore:
     def _suspend(self, held: _Held, start: int, end: int, rules: Rules) -> None:
         self._held, self._held_span, self._rules = held, (start, end), rules
 
-    def _answer(self, rules: Rules, request: Any, decision: Decision, ticket: int | None, client_id: str | None) -> Any:
+    def _answer(
+        self, rules: Rules, request: Any, decision: Decision, ticket: int | None, client_id: str | None, api_name: str
+    ) -> Any:
         """An enforced decision on a request: the proxy's own answer, in order; or, when no answer
         can be given, the end of the connection."""
         if decision.action is Action.CLOSE:
@@ -570,6 +574,7 @@ class ConnectionCore:
             ticket,
             answer=rules.answer(request, decision),
             client_id=client_id,
+            api_name=api_name,
             close_after=decision.close_after,
             close_cause=CloseCause.of_policy(decision.policy).value,
             close_reason=decision.reason,
@@ -765,7 +770,7 @@ class ConnectionCore:
             stats.observe_latency(pending.request_seconds + response_seconds)
             if window is not None:
                 size = pending.response_size or len(pending.answer or b"")
-                window.on_response(self.listener, pending.client_id, wire.api_name(pending.api_key), size)
+                window.on_response(self.listener, pending.client_id, pending.api_name, size)
             quotas.on_response(conn_id, now)
             pool.release(pending.ticket, now)
             if pending.close_after and close_after is None:

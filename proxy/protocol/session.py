@@ -53,6 +53,7 @@ class Pending:
     request_seconds: float = 0.0  # time the request spent inside the proxy (read to sent)
     client_id: str | None = None  # for the observation windows (read only when they are kept)
     response_size: int = 0
+    api_name: str = ""  # wire.api_name(api_key), from its plan (the observation windows key by it)
 
 
 class Session:
