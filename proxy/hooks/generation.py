@@ -44,6 +44,18 @@ class ApiPlan:
     api_name: str  # wire.api_name(api_key), named once here: the observation windows key by it per request
 
 
+class _Plans(dict[tuple[int, int], ApiPlan]):
+    """Plans by (API key, API version); a pair missing from it gets a plan made for the asking and
+    not kept. The request path reads it by subscript: one lookup, where ``Generation.plan`` costs a call more."""
+
+    def __init__(self, make: Callable[[int, int], ApiPlan]) -> None:
+        super().__init__()
+        self._make = make
+
+    def __missing__(self, key: tuple[int, int]) -> ApiPlan:
+        return self._make(*key)
+
+
 def _address_of(listener: Listener) -> Callable[[int], tuple[str, int]]:
     host, base = listener.advertised_host, listener.node_port_base
     return lambda node_id: (host, base + node_id)
@@ -107,12 +119,12 @@ class Generation:
         # One plan for every API version kio knows, made now: the table never grows. A pair
         # read from a header that kio does not know gets its plan made for that request and
         # not kept, or 2^32 pairs a client can name would each hold one until a reload.
-        self._plans = {pair: self._make_plan(*pair) for pair in wire.known_versions()}
+        self.plans = _Plans(self._make_plan)
+        self.plans.update((pair, self._make_plan(*pair)) for pair in wire.known_versions())
 
     def plan(self, api_key: int, api_version: int) -> ApiPlan:
         """What the request path does with this API version (decided once per version kio knows)."""
-        plan = self._plans.get((api_key, api_version))
-        return plan if plan is not None else self._make_plan(api_key, api_version)
+        return self.plans[(api_key, api_version)]
 
     def _make_plan(self, api_key: int, api_version: int) -> ApiPlan:
         requests = self._request_hooks.get(api_key, self._every_request)

@@ -25,7 +25,7 @@ from __future__ import annotations
 
 import functools
 import math
-from collections.abc import Callable
+from collections.abc import Callable, Mapping
 from typing import Any, NamedTuple, Protocol
 
 from policies.api_keys import PRODUCE, SASL_AUTHENTICATE
@@ -172,7 +172,9 @@ class Rules(Protocol):
     max_response_size: dict[str, int]
     response_size_mode: Any
 
-    def plan(self, api_key: int, api_version: int) -> Any: ...
+    @property
+    def plans(self) -> Mapping[tuple[int, int], Any]: ...  # by (API key, API version); every pair has one
+
     def check_request(self, request: Any, hooks: tuple[Any, ...]) -> Decision | None: ...
     def answer(self, request: Any, decision: Decision) -> bytes: ...
 
@@ -491,7 +493,7 @@ class ConnectionCore:
         if held is None:
             api_key, api_version, correlation_id = wire.peek_head(buf, start)
             self.requests += 1
-            plan = rules.plan(api_key, api_version)
+            plan = rules.plans[(api_key, api_version)]
             stats = self.stats
             stats.requests[plan.counted_as] = stats.requests.get(plan.counted_as, 0) + 1
             stats.request_bytes += size
