@@ -90,7 +90,9 @@ class IdentifierLengths(ApiHook):
                     window.on_identifier("client_id", client_id, client_id)
                 if transactional_id is not None:
                     window.on_identifier("transactional_id", client_id, transactional_id)
-            breach = self._check_client_id(client_id)
+            breach = (
+                None if client_id is None or client_id == self._client_id_within else self._check_client_id(client_id)
+            )
             if transactional_id is None:
                 if breach is None:
                     return None  # the common case, decided without building anything
@@ -105,14 +107,15 @@ class IdentifierLengths(ApiHook):
                 check_request(api_key, request.api_version, request.body, client_id, self.limits),
                 self.mode,
             )
+        if client_id is None or client_id == self._client_id_within:  # no id, or the last one within
+            return None
         breach = self._check_client_id(client_id)
         return None if breach is None else decide([breach], self.mode)
 
-    def _check_client_id(self, client_id: str | None) -> Breach | None:
-        if client_id is not None and client_id == self._client_id_within:
-            return None
+    def _check_client_id(self, client_id: str) -> Breach | None:
+        """A client id other than the last one within the limits (None has nothing to check)."""
         breach = check_client_id(client_id, self.limits)
-        if breach is None and client_id is not None:
+        if breach is None:
             self._client_id_within = client_id
         return breach
 
