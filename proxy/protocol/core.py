@@ -548,9 +548,7 @@ class ConnectionCore:
             self._quotas.touched(self.conn_id, now)
             self._pool.release(ticket, now)
             return None
-        pending = Pending(
-            correlation_id, api_key, api_version, size, ticket, client_id=client_id, api_name=plan.api_name
-        )
+        pending = Pending(correlation_id, api_key, api_version, size, ticket, client_id, plan.api_name)
         if plan.response_hooks:
             pending.on_response = (request, plan.response_hooks)
         self.session.forwarded(pending)

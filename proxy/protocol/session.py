@@ -45,15 +45,17 @@ class Pending:
     api_version: int
     size: int  # the request's bytes (released from the memory pool once answered)
     ticket: int | None = None  # its memory pool ticket
+    # The two fields the core fills for every request come next, so that it passes them by position:
+    # a keyword argument costs a dataclass __init__ of this many fields almost as much again.
+    client_id: str | None = None  # for the observation windows (read only when they are kept)
+    api_name: str = ""  # wire.api_name(api_key), from its plan (the observation windows key by it)
     answer: bytes | None = None  # the proxy's own answer (the broker never saw the request)
     close_after: bool = False  # close the connection once ``answer`` is written
     close_cause: str = ""
     close_reason: str = ""
     on_response: Any = None  # what the response must be shown to (a hook and its request), or None
     request_seconds: float = 0.0  # time the request spent inside the proxy (read to sent)
-    client_id: str | None = None  # for the observation windows (read only when they are kept)
     response_size: int = 0
-    api_name: str = ""  # wire.api_name(api_key), from its plan (the observation windows key by it)
 
 
 class Session:
