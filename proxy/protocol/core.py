@@ -49,7 +49,7 @@ HTTP_400 = (
     b"HTTP/1.1 400 Bad Request\r\nContent-Type: text/plain\r\nConnection: close\r\n"
     b"Content-Length: %d\r\n\r\n%s" % (len(_HTTP_400_BODY), _HTTP_400_BODY)
 )
-_Out = list[memoryview | bytes]
+_Out = list[Received]
 
 
 # -- actions ----------------------------------------------------------------------------
@@ -445,8 +445,8 @@ class ConnectionCore:
         except wire.MalformedFrame as exc:
             actions.append(self._end(CloseCause.MALFORMED_FRAME, str(exc)))
             return actions
-        if run_start >= 0:
-            out.append(memoryview(buf)[run_start:run_end])
+        if run_start >= 0:  # a run that is the whole receive goes on as it came (no view made)
+            out.append(buf if run_end - run_start == buf_end else memoryview(buf)[run_start:run_end])
         if out:
             actions.append(_new_forward((out[0] if len(out) == 1 else b"".join(out), sent)))
         if not splitter.frame_size and self._body_deadline != _NEVER:
@@ -697,8 +697,8 @@ class ConnectionCore:
             )
             actions.append(self._end(cause, str(exc)))
             return actions
-        if run_start >= 0:
-            out.append(memoryview(buf)[run_start:run_end])
+        if run_start >= 0:  # a run that is the whole receive goes on as it came (no view made)
+            out.append(buf if run_end - run_start == buf_end else memoryview(buf)[run_start:run_end])
         if out:
             actions.append(_new_answer((out[0] if len(out) == 1 else b"".join(out), delivered)))
         # Nothing of a next frame held (the common case): the usual read size.
