@@ -227,10 +227,11 @@ class MemoryPool:
             self._last_now = now
         now = self._last_now
         ticket = next(self._tickets)
-        used = self._used
-        if used < self._capacity and conn_id not in self._conns:
-            # The common case, inline (it runs per request): room in the pool and nothing held by the
-            # connection, so neither the pool nor a share holds it back (_wait_decision is None).
+        used, capacity = self._used, self._capacity
+        if conn_id not in self._conns and (used < capacity or capacity <= 0):
+            # The common case, inline (it runs per request): the pool is off or has room, and the
+            # connection holds nothing, so neither the pool nor a share holds it back (_wait_decision
+            # is None).
             self._held[ticket] = (conn_id, size)
             self._conns[conn_id] = _Conn(size, {ticket})
             used = self._used = used + size
@@ -238,7 +239,7 @@ class MemoryPool:
                 self._window_high_water_mark = used
                 if used > self._high_water_mark:
                     self._high_water_mark = used
-            if used >= self._capacity or self._depleted_since is not None:
+            if capacity > 0 and (used >= capacity or self._depleted_since is not None):
                 self._settle(now)
             return _granted((None, ticket))
         if self._capacity <= 0:  # off: only counted (the common case costs nothing more)
