@@ -226,9 +226,19 @@ class OpenCounts:
 
 
 class _Conn:
-    __slots__ = ("closing", "conn_id", "in_flight", "ip", "last", "listener", "protected", "seq", "tls")
+    __slots__ = ("closing", "conn_id", "idle", "in_flight", "ip", "last", "listener", "protected", "seq", "tls")
 
-    def __init__(self, conn_id: str, listener: str, ip: str, tls: bool, protected: bool, now: float, seq: int) -> None:
+    def __init__(
+        self,
+        conn_id: str,
+        listener: str,
+        ip: str,
+        tls: bool,
+        protected: bool,
+        now: float,
+        seq: int,
+        idle: OrderedDict[str, _Conn],
+    ) -> None:
         self.conn_id = conn_id
         self.listener = listener
         self.ip = ip
@@ -238,6 +248,9 @@ class _Conn:
         self.last = now
         self.seq = seq
         self.closing = False
+        # The idle connections of its cell (listener, TLS), LRU first: where it sits while idle
+        # and not closing (held here, not looked up per request).
+        self.idle = idle
 
 
 _Cell = tuple[str, bool]  # (listener, tls): connections that belong to the same caps
@@ -425,11 +438,16 @@ class ConnectionQuotas:
         conn = self._conns.get(conn_id)
         if conn is None:
             return
-        self._touch(conn, now)
+        # _touch, inline: this and on_response run per request.
+        if now > self._now:
+            self._now = now
+        conn.last = self._now
+        self._seq += 1
+        conn.seq = self._seq
         if conn.in_flight == 0:
             self._busy += 1
             if not conn.closing:
-                self._idle[(conn.listener, conn.tls)].pop(conn_id, None)
+                conn.idle.pop(conn_id, None)
         conn.in_flight += 1
 
     def on_response(self, conn_id: str, now: float) -> None:
@@ -437,15 +455,19 @@ class ConnectionQuotas:
         conn = self._conns.get(conn_id)
         if conn is None:
             return
-        self._touch(conn, now)
+        if now > self._now:  # _touch, inline
+            self._now = now
+        conn.last = self._now
+        self._seq += 1
+        conn.seq = self._seq
         if conn.in_flight > 0:
             conn.in_flight -= 1
             if conn.in_flight == 0:
                 self._busy -= 1
                 if not conn.closing:
-                    self._idle[(conn.listener, conn.tls)][conn_id] = conn
+                    conn.idle[conn_id] = conn
         elif not conn.closing:
-            self._idle[(conn.listener, conn.tls)].move_to_end(conn_id)
+            conn.idle.move_to_end(conn_id)
 
     def on_closed(self, conn_id: str) -> None:
         """The connection is gone (closed by us or by the peer); it stops counting. Idempotent."""
@@ -462,7 +484,7 @@ class ConnectionQuotas:
                 if conn.tls:
                     self._ssl_closing -= 1
         elif not conn.in_flight:
-            del self._idle[(conn.listener, conn.tls)][conn_id]
+            del conn.idle[conn_id]
         left = self._ip_count[conn.ip] - 1
         if left:
             self._ip_count[conn.ip] = left
@@ -489,7 +511,7 @@ class ConnectionQuotas:
         mine = self._conns[conn.conn_id]
         if conn.in_flight:
             self._busy += 1
-            del self._idle[(conn.listener, conn.tls)][conn.conn_id]
+            del mine.idle[conn.conn_id]
             mine.in_flight = conn.in_flight
         if conn.closing:
             self._mark_closing(mine)
@@ -629,13 +651,13 @@ class ConnectionQuotas:
     def _register(self, conn_id: str, listener: str, ip: str, tls: bool, now: float) -> None:
         protected = listener in self._protected
         self._seq += 1
-        conn = _Conn(conn_id, listener, ip, tls, protected, now, self._seq)
-        self._conns[conn_id] = conn
         cell = (listener, tls)
-        pool = self._idle.get(cell)
-        if pool is None:
-            pool = self._idle[cell] = OrderedDict()
-        pool[conn_id] = conn
+        idle = self._idle.get(cell)
+        if idle is None:
+            idle = self._idle[cell] = OrderedDict()
+        conn = _Conn(conn_id, listener, ip, tls, protected, now, self._seq, idle)
+        self._conns[conn_id] = conn
+        idle[conn_id] = conn
         self._ip_count[ip] = self._ip_count.get(ip, 0) + 1
         self._listener_count[listener] = self._listener_count.get(listener, 0) + 1
         self._listener_closing.setdefault(listener, 0)
@@ -651,7 +673,7 @@ class ConnectionQuotas:
         conn.closing = True
         self._closing += 1
         if not conn.in_flight:
-            del self._idle[(conn.listener, conn.tls)][conn.conn_id]
+            del conn.idle[conn.conn_id]
         self._listener_closing[conn.listener] += 1
         if not conn.protected:
             self._broker_closing += 1
@@ -993,7 +1015,12 @@ class BrokerQuotas:
 
     @property
     def over_cap(self) -> bool:
-        return any(pool.over_cap for pool in self._pools.values())
+        # Asked per response (ConnectionGate.on_response): a plain loop reading each pool's set of
+        # exceeded caps, where a generator and a property per pool cost three calls more.
+        for pool in self._pools.values():
+            if pool._over and pool.mode is Mode.ENFORCE:  # pool.over_cap
+                return True
+        return False
 
     def reclaim_excess(self) -> list[Decision]:
         closes: list[Decision] = []

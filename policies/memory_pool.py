@@ -223,8 +223,25 @@ class MemoryPool:
         """
         if not 1 <= size <= self._max_request:
             raise ValueError(f"request size {size} is outside 1..{SOCKET_REQUEST_MAX_BYTES} ({self._max_request})")
-        now = self._advance(now)
+        if now > self._last_now:  # _advance, inline
+            self._last_now = now
+        now = self._last_now
         ticket = next(self._tickets)
+        used, capacity = self._used, self._capacity
+        if conn_id not in self._conns and (used < capacity or capacity <= 0):
+            # The common case, inline (it runs per request): the pool is off or has room, and the
+            # connection holds nothing, so neither the pool nor a share holds it back (_wait_decision
+            # is None).
+            self._held[ticket] = (conn_id, size)
+            self._conns[conn_id] = _Conn(size, {ticket})
+            used = self._used = used + size
+            if used > self._window_high_water_mark:
+                self._window_high_water_mark = used
+                if used > self._high_water_mark:
+                    self._high_water_mark = used
+            if capacity > 0 and (used >= capacity or self._depleted_since is not None):
+                self._settle(now)
+            return _granted((None, ticket))
         if self._capacity <= 0:  # off: only counted (the common case costs nothing more)
             self._grant(ticket, conn_id, size)
             return _granted((None, ticket))
@@ -243,14 +260,18 @@ class MemoryPool:
         A ticket is given back once: one never issued, already released, or
         dropped by ``cancel`` raises ``ValueError``.
         """
-        now = self._advance(now)
-        if ticket in self._held:
-            conn_id, size = self._held.pop(ticket)
+        if now > self._last_now:  # _advance, inline (it runs per request)
+            self._last_now = now
+        now = self._last_now
+        held = self._held.pop(ticket, None)
+        if held is not None:
+            conn_id, size = held
             self._used -= size
             conn = self._conns[conn_id]
             conn.held_bytes -= size
             conn.held.discard(ticket)
-            self._forget_if_idle(conn_id, conn)
+            if not conn.held and not conn.queued:  # _forget_if_idle, inline
+                del self._conns[conn_id]
         elif ticket in self._queue:
             conn_id, _ = self._queue.pop(ticket)
             conn = self._conns[conn_id]
@@ -259,7 +280,9 @@ class MemoryPool:
         else:
             raise ValueError(f"ticket {ticket} is not outstanding (never issued, released already, or cancelled)")
         if not self._queue:
-            if self._capacity > 0:
+            # _settle, only when it has something to do: the pool is on and a depleted spell
+            # may end (or go on: the bytes used may still be at or over capacity).
+            if self._depleted_since is not None or (self._capacity > 0 and self._used >= self._capacity):
                 self._settle(now)
             return []
         granted = self._grant_waiters()

@@ -160,7 +160,7 @@ class ObservationWindow:
     def on_identifier(self, kind: str, client_id: str | None, value: str) -> None:
         key = (kind, client_id)
         slot = self._identifiers.get(key) or self._identifiers.new_slot(key)
-        length = java_length(value)
+        length = len(value) if value.isascii() else java_length(value)  # the common case without a call
         if length > slot[0]:
             slot[0] = length
             slot[1] = value[:IDENTIFIER_KEPT]

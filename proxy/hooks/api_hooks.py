@@ -17,6 +17,7 @@ from typing import Any
 from policies.api_keys import API_VERSIONS, PRODUCE
 from policies.decision import Decision
 from policies.identifier_limits import (
+    Breach,
     IdentifierLimits,
     check_client_id,
     check_request,
@@ -74,35 +75,56 @@ class IdentifierLengths(ApiHook):
         self.mode = mode
         self.decoded_api_keys = checked_api_keys() - {PRODUCE}
         self._window = window
+        # The last client id found within its limit. A connection's client id rarely changes, and
+        # the check is a pure function of the id and the limits (fixed for this hook, as a reload
+        # makes new hooks), so a repeat of that id is within them too: no check per request.
+        self._client_id_within: str | None = None
 
     def on_request(self, request: Request) -> Decision | None:
-        if self._window is not None:
-            self._observe(request)
-        limits = self.limits
-        if request.api_key == PRODUCE:
+        # The request's client id and Produce head are read once here: each read is a call.
+        api_key, client_id, window = request.api_key, request.client_id, self._window
+        if api_key == PRODUCE:
             transactional_id, acks = request.produce_head()
-            found = (check_client_id(request.client_id, limits), check_transactional_id(transactional_id, limits))
-            return decide([b for b in found if b is not None], self.mode, expects_response=acks != 0)
-        if request.api_key in self.decoded_api_keys:
+            if window is not None:  # the identifiers' lengths, for the audit's observation windows
+                if client_id is not None:
+                    window.on_identifier("client_id", client_id, client_id)
+                if transactional_id is not None:
+                    window.on_identifier("transactional_id", client_id, transactional_id)
+            breach = (
+                None if client_id is None or client_id == self._client_id_within else self._check_client_id(client_id)
+            )
+            if transactional_id is None:
+                if breach is None:
+                    return None  # the common case, decided without building anything
+                found = [breach]
+            else:
+                found = [b for b in (breach, check_transactional_id(transactional_id, self.limits)) if b is not None]
+            return decide(found, self.mode, expects_response=acks != 0)
+        if window is not None:
+            self._observe(window, request, client_id)
+        if api_key in self.decoded_api_keys:
             return decide(
-                check_request(request.api_key, request.api_version, request.body, request.client_id, limits),
+                check_request(api_key, request.api_version, request.body, client_id, self.limits),
                 self.mode,
             )
-        breach = check_client_id(request.client_id, limits)
+        if client_id is None or client_id == self._client_id_within:  # no id, or the last one within
+            return None
+        breach = self._check_client_id(client_id)
         return None if breach is None else decide([breach], self.mode)
 
-    def _observe(self, request: Request) -> None:
-        """The identifiers' lengths, for the audit's observation windows (a limit never set
-        can be weighed against them)."""
-        window, client_id = self._window, request.client_id
-        assert window is not None
+    def _check_client_id(self, client_id: str) -> Breach | None:
+        """A client id other than the last one within the limits (None has nothing to check)."""
+        breach = check_client_id(client_id, self.limits)
+        if breach is None:
+            self._client_id_within = client_id
+        return breach
+
+    def _observe(self, window: ObservationWindow, request: Request, client_id: str | None) -> None:
+        """The identifiers' lengths of a request other than Produce, for the audit's observation
+        windows (a limit never set can be weighed against them)."""
         if client_id is not None:
             window.on_identifier("client_id", client_id, client_id)
-        if request.api_key == PRODUCE:
-            transactional_id = request.produce_head()[0]
-            if transactional_id is not None:
-                window.on_identifier("transactional_id", client_id, transactional_id)
-        elif request.api_key in self.decoded_api_keys:
+        if request.api_key in self.decoded_api_keys:
             for kind, value in identifiers(request.api_key, request.api_version, request.body):
                 window.on_identifier(kind.name.lower(), client_id, value)
 

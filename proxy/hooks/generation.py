@@ -41,6 +41,19 @@ class ApiPlan:
     response_hooks: tuple[ApiHook, ...]  # read (and may rewrite) the response
     readable: bool  # the codec knows this version (or nothing needs decoding)
     counted_as: int  # the API key its requests are counted under: -1 for every key kio does not know
+    api_name: str  # wire.api_name(api_key), named once here: the observation windows key by it per request
+
+
+class _Plans(dict[tuple[int, int], ApiPlan]):
+    """Plans by (API key, API version); a pair missing from it gets a plan made for the asking and
+    not kept. The request path reads it by subscript: one lookup, where ``Generation.plan`` costs a call more."""
+
+    def __init__(self, make: Callable[[int, int], ApiPlan]) -> None:
+        super().__init__()
+        self._make = make
+
+    def __missing__(self, key: tuple[int, int]) -> ApiPlan:
+        return self._make(*key)
 
 
 def _address_of(listener: Listener) -> Callable[[int], tuple[str, int]]:
@@ -106,12 +119,12 @@ class Generation:
         # One plan for every API version kio knows, made now: the table never grows. A pair
         # read from a header that kio does not know gets its plan made for that request and
         # not kept, or 2^32 pairs a client can name would each hold one until a reload.
-        self._plans = {pair: self._make_plan(*pair) for pair in wire.known_versions()}
+        self.plans = _Plans(self._make_plan)
+        self.plans.update((pair, self._make_plan(*pair)) for pair in wire.known_versions())
 
     def plan(self, api_key: int, api_version: int) -> ApiPlan:
         """What the request path does with this API version (decided once per version kio knows)."""
-        plan = self._plans.get((api_key, api_version))
-        return plan if plan is not None else self._make_plan(api_key, api_version)
+        return self.plans[(api_key, api_version)]
 
     def _make_plan(self, api_key: int, api_version: int) -> ApiPlan:
         requests = self._request_hooks.get(api_key, self._every_request)
@@ -126,7 +139,7 @@ class Generation:
         readable = not decoded or api_key == API_VERSIONS or wire.codec_knows(api_key, api_version)
         prepares = tuple(h for h in requests if api_key in h.prepare_api_keys)
         counted_as = api_key if wire.max_known_version(api_key) is not None else UNKNOWN_API
-        return ApiPlan(requests, prepares, responses, readable, counted_as)
+        return ApiPlan(requests, prepares, responses, readable, counted_as, wire.api_name(api_key))
 
     async def prepare(self, request: Request, hooks: tuple[ApiHook, ...]) -> None:
         for hook in hooks:

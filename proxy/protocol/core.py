@@ -25,7 +25,7 @@ from __future__ import annotations
 
 import functools
 import math
-from collections.abc import Callable
+from collections.abc import Callable, Mapping
 from typing import Any, NamedTuple, Protocol
 
 from policies.api_keys import PRODUCE, SASL_AUTHENTICATE
@@ -49,7 +49,7 @@ HTTP_400 = (
     b"HTTP/1.1 400 Bad Request\r\nContent-Type: text/plain\r\nConnection: close\r\n"
     b"Content-Length: %d\r\n\r\n%s" % (len(_HTTP_400_BODY), _HTTP_400_BODY)
 )
-_Out = list[memoryview | bytes]
+_Out = list[Received]
 
 
 # -- actions ----------------------------------------------------------------------------
@@ -156,6 +156,7 @@ _STOP_READING = StopReading()
 _RESUME_READING = ResumeReading()
 _CONNECT = Connect()
 _NEVER = math.inf
+_DONE = State.DONE  # read per response batch: a name, not an enum attribute (slow on Python 3.11)
 _NO_DEADLINE = SetDeadline(_NEVER)
 
 
@@ -171,7 +172,9 @@ class Rules(Protocol):
     max_response_size: dict[str, int]
     response_size_mode: Any
 
-    def plan(self, api_key: int, api_version: int) -> Any: ...
+    @property
+    def plans(self) -> Mapping[tuple[int, int], Any]: ...  # by (API key, API version); every pair has one
+
     def check_request(self, request: Any, hooks: tuple[Any, ...]) -> Decision | None: ...
     def answer(self, request: Any, decision: Decision) -> bytes: ...
 
@@ -394,6 +397,7 @@ class ConnectionCore:
             self._requests.feed(data)
         session, splitter = self.session, self._requests
         buf = splitter.buffer
+        buf_end, end = len(buf), -1  # a frame ending at buf_end used it up: no next_frame call to learn that
         actions: Actions = []
         out: _Out = []
         sent: list[Pending] = []
@@ -401,7 +405,7 @@ class ConnectionCore:
         max_bytes = rules.socket_request_max_bytes if self._authenticated else self._request_limit(rules).size
         held, self._held = self._held, None
         try:
-            while session.taking_requests:
+            while session.taking_requests and end != buf_end:
                 if held is None:
                     try:
                         span = splitter.next_frame(max_bytes)
@@ -441,8 +445,8 @@ class ConnectionCore:
         except wire.MalformedFrame as exc:
             actions.append(self._end(CloseCause.MALFORMED_FRAME, str(exc)))
             return actions
-        if run_start >= 0:
-            out.append(memoryview(buf)[run_start:run_end])
+        if run_start >= 0:  # a run that is the whole receive goes on as it came (no view made)
+            out.append(buf if run_end - run_start == buf_end else memoryview(buf)[run_start:run_end])
         if out:
             actions.append(_new_forward((out[0] if len(out) == 1 else b"".join(out), sent)))
         if not splitter.frame_size and self._body_deadline != _NEVER:
@@ -474,7 +478,7 @@ class ConnectionCore:
             return actions
         if self.request_receive_size != RECEIVE_SIZE:
             self.request_receive_size = RECEIVE_SIZE
-        if session.in_flight >= MAX_PENDING_REQUESTS and self.reading:
+        if len(session.pending) >= MAX_PENDING_REQUESTS and self.reading:  # session.in_flight, without the call
             self.reading = False  # delivered() resumes it once half are answered
             actions.append(_STOP_READING)
         return actions
@@ -489,7 +493,7 @@ class ConnectionCore:
         if held is None:
             api_key, api_version, correlation_id = wire.peek_head(buf, start)
             self.requests += 1
-            plan = rules.plan(api_key, api_version)
+            plan = rules.plans[(api_key, api_version)]
             stats = self.stats
             stats.requests[plan.counted_as] = stats.requests.get(plan.counted_as, 0) + 1
             stats.request_bytes += size
@@ -522,7 +526,7 @@ class ConnectionCore:
             window = self.window
             if window is not None:  # the audit's observation windows: sizes per client id and API
                 client_id = request.client_id if request is not None else wire.peek_client_id(buf, start)
-                window.on_request(self.listener, client_id, wire.api_name(api_key), size)
+                window.on_request(self.listener, client_id, plan.api_name, size)
                 if self.first_client_id is None:
                     self.first_client_id = client_id  # names the client in the connection's close event
             if plan.prepare_hooks and request is not None:
@@ -534,7 +538,7 @@ class ConnectionCore:
         if request is not None and plan.request_hooks:
             decision = rules.check_request(request, plan.request_hooks)
             if decision is not None:
-                return self._answer(rules, request, decision, ticket, client_id)
+                return self._answer(rules, request, decision, ticket, client_id, plan.api_name)
         if (
             api_key == PRODUCE
             and (request.produce_head() if request is not None else wire.produce_head(buf, start, api_version))[1] == 0
@@ -544,7 +548,7 @@ class ConnectionCore:
             self._quotas.touched(self.conn_id, now)
             self._pool.release(ticket, now)
             return None
-        pending = Pending(correlation_id, api_key, api_version, size, ticket, client_id=client_id)
+        pending = Pending(correlation_id, api_key, api_version, size, ticket, client_id, plan.api_name)
         if plan.response_hooks:
             pending.on_response = (request, plan.response_hooks)
         self.session.forwarded(pending)
@@ -555,7 +559,9 @@ class ConnectionCore:
     def _suspend(self, held: _Held, start: int, end: int, rules: Rules) -> None:
         self._held, self._held_span, self._rules = held, (start, end), rules
 
-    def _answer(self, rules: Rules, request: Any, decision: Decision, ticket: int | None, client_id: str | None) -> Any:
+    def _answer(
+        self, rules: Rules, request: Any, decision: Decision, ticket: int | None, client_id: str | None, api_name: str
+    ) -> Any:
         """An enforced decision on a request: the proxy's own answer, in order; or, when no answer
         can be given, the end of the connection."""
         if decision.action is Action.CLOSE:
@@ -568,6 +574,7 @@ class ConnectionCore:
             ticket,
             answer=rules.answer(request, decision),
             client_id=client_id,
+            api_name=api_name,
             close_after=decision.close_after,
             close_cause=CloseCause.of_policy(decision.policy).value,
             close_reason=decision.reason,
@@ -638,10 +645,11 @@ class ConnectionCore:
         session, splitter = self.session, self._responses
         limit = rules.max_response_size[self.listener]
         buf = splitter.buffer
+        buf_end, end = len(buf), -1  # a frame ending at buf_end used it up: no next_frame call to learn that
         run_start = run_end = -1
         actions: Actions = []
         try:
-            while True:
+            while end != buf_end:
                 try:
                     span = splitter.next_frame(limit)
                 except FrameRefused as exc:
@@ -689,12 +697,15 @@ class ConnectionCore:
             )
             actions.append(self._end(cause, str(exc)))
             return actions
-        if run_start >= 0:
-            out.append(memoryview(buf)[run_start:run_end])
+        if run_start >= 0:  # a run that is the whole receive goes on as it came (no view made)
+            out.append(buf if run_end - run_start == buf_end else memoryview(buf)[run_start:run_end])
         if out:
             actions.append(_new_answer((out[0] if len(out) == 1 else b"".join(out), delivered)))
-        self.response_receive_size = max(RECEIVE_SIZE, min(splitter.wanted, MAX_RECEIVE))
-        if session.state is State.DONE:
+        # Nothing of a next frame held (the common case): the usual read size.
+        self.response_receive_size = (
+            RECEIVE_SIZE if end == buf_end else max(RECEIVE_SIZE, min(splitter.wanted, MAX_RECEIVE))
+        )
+        if session.state is _DONE:
             actions.append(self._end(CloseCause.DRAINED))
         return actions
 
@@ -759,7 +770,7 @@ class ConnectionCore:
             stats.observe_latency(pending.request_seconds + response_seconds)
             if window is not None:
                 size = pending.response_size or len(pending.answer or b"")
-                window.on_response(self.listener, pending.client_id, wire.api_name(pending.api_key), size)
+                window.on_response(self.listener, pending.client_id, pending.api_name, size)
             quotas.on_response(conn_id, now)
             pool.release(pending.ticket, now)
             if pending.close_after and close_after is None:

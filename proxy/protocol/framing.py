@@ -36,10 +36,12 @@ class FrameRefused(Exception):
 
 
 class FrameSplitter:
-    __slots__ = ("_buf", "_gather", "_held", "_need", "_pos", "_sniff", "frame_size")
+    __slots__ = ("_gather", "_held", "_need", "_pos", "_sniff", "buffer", "frame_size")
 
     def __init__(self, *, sniff: bool) -> None:
-        self._buf: Received = b""
+        # What ``next_frame`` offsets point into; valid until the next ``feed`` (an attribute, not a
+        # property: it is read per receive).
+        self.buffer: Received = b""
         self._pos = 0
         self._gather: bytearray | None = None  # a frame that spans receives, as it arrives
         self._held = 0  # bytes in _gather
@@ -51,25 +53,20 @@ class FrameSplitter:
         self.frame_size = 0
 
     @property
-    def buffer(self) -> Received:
-        """What ``next_frame`` offsets point into; valid until the next ``feed``."""
-        return self._buf
-
-    @property
     def idle(self) -> bool:
         """No byte of a next frame has arrived."""
-        return self._gather is None and self._pos == len(self._buf)
+        return self._gather is None and self._pos == len(self.buffer)
 
     @property
     def wanted(self) -> int:
         """Bytes still missing for the frame being gathered (a hint for the read size): 0 when no byte
         of one is held, at least 1 while ``frame_size`` says its body is still to come."""
-        held = self._held if self._gather is not None else len(self._buf) - self._pos
+        held = self._held if self._gather is not None else len(self.buffer) - self._pos
         return max(0, self._need - held) if held else 0
 
     def truncated(self) -> str:
         """What is held of an incomplete frame, for the line that says the stream ended in it."""
-        held = self._held if self._gather is not None else len(self._buf) - self._pos
+        held = self._held if self._gather is not None else len(self.buffer) - self._pos
         if self.frame_size:
             return f"stream closed mid-frame ({held - 4} of {self.frame_size} bytes)"
         return f"stream closed mid-frame ({held} bytes of a length prefix)"
@@ -78,24 +75,24 @@ class FrameSplitter:
         """The first bytes buffered (to name what a refused frame looked like)."""
         if self._gather is not None:
             return bytes(self._gather[:16])
-        return bytes(self._buf[self._pos : self._pos + 16])
+        return bytes(self.buffer[self._pos : self._pos + 16])
 
     def feed(self, data: Received) -> None:
         if self._gather is None:
-            if self._pos == len(self._buf):
-                self._buf, self._pos = data, 0  # the common case: no copy
+            if self._pos == len(self.buffer):
+                self.buffer, self._pos = data, 0  # the common case: no copy
                 return
             # The frame's size once its prefix is known (4 until then), and room for what the
             # receive that completes a large frame reads past it (at most RECEIVE_SIZE).
             need = self._need
             self._gather, self._held = bytearray(need + RECEIVE_SIZE if need > RECEIVE_SIZE else need), 0
-            self._append(memoryview(self._buf)[self._pos :])
-            self._buf, self._pos = b"", 0
+            self._append(memoryview(self.buffer)[self._pos :])
+            self.buffer, self._pos = b"", 0
         self._append(data)
         if self._held >= self._need:
             whole = self._gather
             del whole[self._held :]  # the room left over (shrinks in place)
-            self._buf, self._gather, self._held = memoryview(whole).toreadonly(), None, 0
+            self.buffer, self._gather, self._held = memoryview(whole).toreadonly(), None, 0
 
     def _append(self, data: Received) -> None:
         gather, held = self._gather, self._held
@@ -112,13 +109,13 @@ class FrameSplitter:
     @property
     def prefix_ready(self) -> bool:
         """The next frame's length prefix has arrived."""
-        return self._gather is None and len(self._buf) - self._pos >= 4
+        return self._gather is None and len(self.buffer) - self._pos >= 4
 
     def check_prefix(self, max_bytes: int) -> None:
         """Check the next prefix now (sniffing it if it is the stream's first) without
         taking its frame: before a connection commits to anything, say what it is."""
         if self.prefix_ready and not self.frame_size:
-            self._checked_size(self._buf, self._pos, max_bytes)
+            self._checked_size(self.buffer, self._pos, max_bytes)
 
     def admit(self, size: int) -> None:
         """Take the refused frame anyway (observe mode): ``next_frame`` returns it next."""
@@ -126,11 +123,12 @@ class FrameSplitter:
 
     def next_frame(self, max_bytes: int) -> tuple[int, int] | None:
         """``(start, end)`` of the next whole frame (prefix included) in :attr:`buffer`,
-        or None until more bytes are fed. Raises :class:`FrameRefused` on a prefix over
+        or None until more bytes are fed; once a frame ends at ``len(buffer)`` the next call
+        answers None, so a caller need not make it. Raises :class:`FrameRefused` on a prefix over
         ``max_bytes``, not positive, or (first frame only) a TLS record or HTTP."""
         if self._gather is not None:
             return None
-        buf, pos = self._buf, self._pos
+        buf, pos = self.buffer, self._pos
         if len(buf) - pos < 4:
             self._need = 4
             return None
@@ -146,6 +144,10 @@ class FrameSplitter:
             return None
         self._pos = end
         self.frame_size = 0
+        if end == len(buf):
+            # The receive is used up: the state a further call would leave, so that a caller can
+            # skip that call (it would only answer None) when ``end == len(buffer)``.
+            self._need = 4
         return pos, end
 
     def _checked_size(self, buf: Received, pos: int, max_bytes: int) -> int:

@@ -45,22 +45,26 @@ class Pending:
     api_version: int
     size: int  # the request's bytes (released from the memory pool once answered)
     ticket: int | None = None  # its memory pool ticket
+    # The two fields the core fills for every request come next, so that it passes them by position:
+    # a keyword argument costs a dataclass __init__ of this many fields almost as much again.
+    client_id: str | None = None  # for the observation windows (read only when they are kept)
+    api_name: str = ""  # wire.api_name(api_key), from its plan (the observation windows key by it)
     answer: bytes | None = None  # the proxy's own answer (the broker never saw the request)
     close_after: bool = False  # close the connection once ``answer`` is written
     close_cause: str = ""
     close_reason: str = ""
     on_response: Any = None  # what the response must be shown to (a hook and its request), or None
     request_seconds: float = 0.0  # time the request spent inside the proxy (read to sent)
-    client_id: str | None = None  # for the observation windows (read only when they are kept)
     response_size: int = 0
 
 
 class Session:
-    __slots__ = ("_state", "_unanswered", "pending", "taking_requests")
+    __slots__ = ("_unanswered", "pending", "state", "taking_requests")
 
     def __init__(self) -> None:
-        self._state = State.OPEN
-        self.taking_requests = True  # read on every frame: an attribute, kept with the state
+        # Attributes, not properties (read per receive); only _become writes them.
+        self.state = State.OPEN
+        self.taking_requests = True
         self.pending: collections.deque[Pending] = collections.deque()
         self._unanswered: collections.deque[int] = collections.deque(maxlen=_UNANSWERED_KEPT)
 
@@ -68,12 +72,8 @@ class Session:
     def in_flight(self) -> int:
         return len(self.pending)
 
-    @property
-    def state(self) -> State:
-        return self._state
-
     def _become(self, state: State) -> None:
-        self._state = state
+        self.state = state
         self.taking_requests = state is State.OPEN
 
     def forwarded(self, request: Pending) -> None:
@@ -109,7 +109,8 @@ class Session:
     def delivered(self) -> Pending:
         """The head of the line was written to the client."""
         request = self.pending.popleft()
-        if self._state is State.DRAINING and not self.pending:
+        # taking_requests first: per response, an enum attribute costs as much as a call on Python 3.11.
+        if not self.taking_requests and not self.pending and self.state is State.DRAINING:
             self._become(State.DONE)
         return request
 
@@ -119,7 +120,7 @@ class Session:
 
     def stop(self) -> None:
         """Drain: take no more requests; done once everything taken is answered."""
-        if self._state is State.OPEN:
+        if self.state is State.OPEN:
             self._become(State.DRAINING if self.pending else State.DONE)
 
     def client_left(self) -> None:

@@ -81,29 +81,6 @@ def peek_client_id(buf: Received, start: int) -> str | None:
         raise MalformedFrame(f"request header's client id does not parse: {exc}") from None
 
 
-def _body_offset(buf: Received, start: int, end: int, flexible: bool) -> int:
-    """Where the body of the request at ``start`` (ending at ``end``) begins: after the
-    client id, and in header v2 after the tagged fields too (a count the client sends:
-    at most MAX_TAGGED_FIELDS of them, each inside the frame)."""
-    (length,) = _INT16.unpack_from(buf, start + 12)
-    offset = start + 14 + max(length, 0)
-    if flexible:
-        count, size = read_unsigned_varint(buf, offset)
-        offset += size
-        if count > MAX_TAGGED_FIELDS:
-            raise MalformedFrame(f"{count} tagged fields in a request header (at most {MAX_TAGGED_FIELDS})")
-        for _ in range(count):
-            _, size = read_unsigned_varint(buf, offset)  # tag
-            offset += size
-            field_size, size = read_unsigned_varint(buf, offset)
-            offset += size + field_size
-            if offset > end:
-                break
-    if offset > end:
-        raise MalformedFrame("request header runs past the end of its frame")
-    return int(offset)
-
-
 def produce_head(buf: Received, start: int, api_version: int) -> tuple[str | None, int]:
     """(transactional id, acks) of the Produce request at ``start``: its first fields,
     read in place; the records are never touched."""
@@ -112,7 +89,25 @@ def produce_head(buf: Received, start: int, api_version: int) -> tuple[str | Non
     try:
         (size,) = _INT32.unpack_from(buf, start)
         end = start + 4 + size  # the frame's own length: nothing past it is read
-        offset = _body_offset(buf, start, end, flexible)
+        # The body begins after the client id, and in header v2 after the tagged fields too (a
+        # count the client sends: at most MAX_TAGGED_FIELDS of them, each inside the frame).
+        # Found here, not by a helper: this runs per Produce.
+        (length,) = _INT16.unpack_from(buf, start + 12)
+        offset = start + 14 + max(length, 0)
+        if flexible:
+            count, size = read_unsigned_varint(buf, offset)
+            offset += size
+            if count > MAX_TAGGED_FIELDS:
+                raise MalformedFrame(f"{count} tagged fields in a request header (at most {MAX_TAGGED_FIELDS})")
+            for _ in range(count):
+                _, size = read_unsigned_varint(buf, offset)  # tag
+                offset += size
+                field_size, size = read_unsigned_varint(buf, offset)
+                offset += size + field_size
+                if offset > end:
+                    break
+        if offset > end:
+            raise MalformedFrame("request header runs past the end of its frame")
         if flexible:
             transactional_id, size = read_compact_string_nullable(buf, offset)
             offset += size

@@ -58,7 +58,9 @@ class PoolGate:
 
     def release(self, ticket: int | None, now: float) -> None:
         if ticket is not None:
-            self._wake(self.pool.release(ticket, now))
+            granted = self.pool.release(ticket, now)
+            if granted:  # per request: no call when nobody waited
+                self._wake(granted)
 
     def reconfigure(self, max_request: int, mode: Mode) -> None:
         """A reload: socket.request.max.bytes and the mode (observe lets waiters go)."""

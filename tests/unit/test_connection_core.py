@@ -21,6 +21,7 @@ from proxy.config.model import parse_config
 from proxy.evidence.audit import AuditSink
 from proxy.evidence.decisions import DecisionRecorder, Where
 from proxy.evidence.metrics import Metrics
+from proxy.evidence.observation_window import ObservationWindow
 from proxy.hooks.generation import Generation
 from proxy.hooks.request import Request
 from proxy.links.brokers import BrokerDirectory
@@ -95,7 +96,9 @@ class World:
         )
         return self.rules
 
-    def core(self, conn_id: str = "l-1", *, sasl: bool = False) -> tuple[ConnectionCore, Activity]:
+    def core(
+        self, conn_id: str = "l-1", *, sasl: bool = False, window: ObservationWindow | None = None
+    ) -> tuple[ConnectionCore, Activity]:
         activity = Activity()
         where = Where("l", "127.0.0.1:5", conn_id)
 
@@ -108,7 +111,7 @@ class World:
             pool=self.pool,
             quotas=activity,
             stats=self.metrics.traffic_of("l"),
-            window=None,
+            window=window,
             recorder=self.recorder,
             where=where,
             make_request=Request,
@@ -349,6 +352,24 @@ def test_the_proxys_own_answer_keeps_its_place_among_pipelined_requests() -> Non
     data = answered(actions)
     assert data.startswith(response(1)) and data.endswith(response(3))
     assert wire.response_correlation_id(data, len(response(1))) == 2
+
+
+def test_the_observation_window_counts_requests_and_responses_by_client_id_and_api_own_answers_too() -> None:
+    world = World(**{"resource.identifier.limit.enable": True})
+    window = ObservationWindow(0.0)
+    refused = produce(2, acks=-1, transactional_id="t" * 250)  # answered by the proxy, behind the Metadata
+    core, _, _ = world.connected(metadata(1) + refused, window=window)
+    broker = response(1, b"\x00" * 10)
+    actions = core.broker_bytes(broker, world.rules, 2.0)
+    own_answer = answered(actions)[len(broker) :]
+    assert delivered(core, actions) == []
+    rows = {row["api"]: row for row in window.roll(3.0) if row["section"] == "client_api"}
+    assert {
+        api: (r["listener"], r["client_id"], r["requests"], r["bytes_in"], r["bytes_out"]) for api, r in rows.items()
+    } == {
+        "metadata": ("l", "app", 1, len(metadata(1)), len(broker)),
+        "produce": ("l", "app", 1, len(refused), len(own_answer)),
+    }
 
 
 def test_an_answer_with_nothing_ahead_of_it_goes_out_at_once() -> None:

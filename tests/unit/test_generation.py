@@ -151,6 +151,27 @@ async def test_at_the_limit_nothing_is_decided() -> None:
     assert decisions(metrics) == 0
 
 
+async def test_a_client_id_is_checked_again_whenever_it_differs_from_the_last_one_that_passed() -> None:
+    # The hook remembers the last client id within the limit (no check per request of a connection);
+    # an id over the limit is refused each time, after that one or after itself.
+    gen, metrics = generation(**LIMITS_ON)
+    hooks = gen.plan(PRODUCE, 9).request_hooks
+    over = "c" * 250
+    for client_id, refused in (("app", False), (over, True), (over, True), ("app", False), ("app", False)):
+        decision = gen.check_request(request_of(produce_frame("t", acks=-1, client_id=client_id)), hooks)
+        assert (decision is not None) is refused, client_id
+    assert decisions(metrics, policy="identifier_limits", action="refuse") == 2
+
+
+async def test_a_client_id_that_passed_is_refused_by_a_generation_with_a_lower_limit() -> None:
+    before, _ = generation(**LIMITS_ON)
+    frame = produce_frame("t", acks=-1, client_id="c" * 100)
+    assert before.check_request(request_of(frame), before.plan(PRODUCE, 9).request_hooks) is None
+    after, _ = generation(**LIMITS_ON, **{"resource.identifier.max.length": 99})
+    decision = after.check_request(request_of(frame), after.plan(PRODUCE, 9).request_hooks)
+    assert decision is not None and decision.close_after and decision.limit == 99
+
+
 API_VERSIONS_V3: Any = load_request_schema(API_VERSIONS, 3)
 
 
