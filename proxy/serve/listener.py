@@ -155,8 +155,8 @@ class ListenerRuntime:
         try:
             return await connector.connect(*address, client=client)
         except UpstreamUnavailable:
-            if not self._directory.reach_via_bootstrap(node_id):
-                raise
+            if address in self._bootstrap or not self._directory.reach_via_bootstrap(node_id):
+                raise  # a broker at a bootstrap server's own address is down, not misadvertised
             return await connector.connect_any(self._bootstrap, client=client)
 
     async def _serve_port(

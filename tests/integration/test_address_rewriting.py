@@ -14,6 +14,7 @@ The single-broker ones run against Tansu.
 
 from __future__ import annotations
 
+import socket
 from collections.abc import Iterator
 from dataclasses import dataclass
 from typing import Any
@@ -34,8 +35,11 @@ from tests.clients import (
     produce_values,
     unique,
 )
+from tests.conftest import wait_until
 
 NODE_IDS = (1, 2, 3)
+# ApiVersions v0, correlation id 1, no client id
+API_VERSIONS_V0 = b"\x00\x00\x00\x0a\x00\x12\x00\x00\x00\x00\x00\x01\xff\xff"
 # The librdkafka mock cluster speaks older protocol versions than kafka-python probes.
 KAFKA_PYTHON_VS_MOCK = {"api_version": (2, 3, 0)}
 
@@ -310,6 +314,26 @@ def test_a_broker_advertising_an_address_nothing_listens_on_still_serves_clients
         kp_values = [f"k{i}".encode() for i in range(10)]
         assert sorted(kafka_python_roundtrip(proxy.bootstrap, kp_topic, unique("kg"), kp_values)) == sorted(kp_values)
         assert f"advertises 127.0.0.1:{nowhere}, which does not answer" in proxy.log()
+
+
+def test_a_sole_broker_that_is_down_is_not_said_to_advertise_an_address_that_does_not_answer(
+    start_proxy: Any,
+) -> None:
+    """A sole broker advertising its own bootstrap address, then stopped: a client of its node port
+    is refused as upstream unavailable, and the log does not say the broker "advertises an address
+    which does not answer; reaching it through the bootstrap servers" (that address is the bootstrap
+    server: the broker is down, not misadvertised)."""
+    with TansuBroker() as broker:
+        proxy = start_proxy(broker.bootstrap)
+        assert broker_addresses(metadata(proxy.bootstrap)) == {
+            TansuBroker.NODE_ID: ("127.0.0.1", node_port_base(proxy) + TansuBroker.NODE_ID)
+        }
+    node_port = node_port_base(proxy) + TansuBroker.NODE_ID
+    with socket.create_connection(("127.0.0.1", node_port), timeout=10) as sock:
+        sock.sendall(API_VERSIONS_V0)  # the first request makes the proxy connect upstream
+        assert sock.recv(100) == b""  # closed: no broker
+    wait_until(lambda: proxy.metric("kafka_admission_connection_failures_total", cause="upstream_unavailable") >= 1)
+    assert "which does not answer" not in proxy.log()
 
 
 # --- sidecar mode: addresses pass through ------------------------------------
