@@ -34,7 +34,10 @@ bytes, its answer the same 8 bytes and the serving worker's index. Measured per 
    ``--waiting`` connections are opened and send a request (handoff: until the supervisor has
    handed all of them over), worker 0 is killed (SIGKILL), the supervisor restarts it (time
    from the kill until the new worker reports ready), the others continue: how many of the
-   waiting connections are answered, reset or closed unanswered.
+   waiting connections are answered, reset or closed unanswered;
+5. a worker's death in a storm: the storm again, worker 0 killed once a third of it is
+   accepted: the short connections that failed, by kind (the dead worker's own connections fail in
+   every mode; what differs is what waited for it).
 
 Everything shares this machine's cores (2 here): clients, workers and supervisor. Compare the
 modes with each other in the same run, not with other tables.
@@ -402,6 +405,7 @@ class Run:
     storm: dict[str, Any]
     long: dict[str, Any]
     death: dict[str, Any]
+    in_storm: dict[str, Any]
 
 
 def quantile_ms(latencies: list[float], q: float) -> float:
@@ -415,8 +419,15 @@ def split(total: int, parts: int) -> list[int]:
 
 def run_clients(port: int, load: str, counts: list[int], extra: list[str]) -> list[dict[str, Any]]:
     """Client processes in parallel, one per count; their reports."""
+    return client_reports(start_clients(port, load, counts, extra), load)
+
+
+def start_clients(port: int, load: str, counts: list[int], extra: list[str]) -> list[subprocess.Popen[str]]:
     base = [sys.executable, __file__, "_client", "--port", str(port), "--load", load, *extra]
-    processes = [subprocess.Popen([*base, "--count", str(n)], stdout=subprocess.PIPE, text=True) for n in counts]
+    return [subprocess.Popen([*base, "--count", str(n)], stdout=subprocess.PIPE, text=True) for n in counts]
+
+
+def client_reports(processes: list[subprocess.Popen[str]], load: str) -> list[dict[str, Any]]:
     reports = []
     for process in processes:
         out, _ = process.communicate(timeout=CLIENT_TIMEOUT_S)
@@ -529,7 +540,30 @@ def measure(folder: Path, mode: str, n: int, round_: int, args: argparse.Namespa
         }
         # 4. a worker dies while connections wait in the kernel
         death = worker_death(workers, args)
-        return Run(mode, n, round_, sequential, storm, long, death)
+        # 5. a worker dies in a storm
+        processes = start_clients(
+            workers.port,
+            "short",
+            split(args.storm, clients),
+            ["--concurrency", str(max(1, args.concurrency // clients))],
+        )
+        started, deadline = sum(workers.accepted()), time.monotonic() + CLIENT_TIMEOUT_S
+        while sum(workers.accepted()) - started < args.storm // 3 and time.monotonic() < deadline:
+            time.sleep(0.001)  # a third of the storm is served: the rest meets the death
+        victim, killed = workers.counters.pid(0), time.monotonic()
+        os.kill(victim, signal.SIGKILL)
+        workers.wait_ready(0, not_pid=victim)
+        restart = time.monotonic() - killed
+        reports = client_reports(processes, "short")
+        errors: Counter[str] = Counter()
+        for report in reports:
+            errors.update(report["errors"])
+        in_storm = {
+            "done": sum(len(r["latencies"]) for r in reports),
+            "errors": dict(errors),
+            "restart_s": restart,
+        }
+        return Run(mode, n, round_, sequential, storm, long, death, in_storm)
     finally:
         workers.stop()
 
@@ -615,6 +649,18 @@ def tables(runs: list[Run]) -> Iterator[str]:
         yield (
             f"| {r.mode} | {r.workers} | {r.round} | {d['waiting']} | {d.get('answered', 0)} | {d.get('reset', 0)} "
             f"| {d.get('closed', 0)} | {d.get('no answer in 10 s', 0)} | {d['restart_s']:.2f} |"
+        )
+    yield ""
+    yield "Worker 0 killed in a storm of short connections (errors the clients met, by kind):"
+    yield ""
+    yield "| mode | N | round | answered | failed | failures by kind | restart s |"
+    yield "|---|---:|---:|---:|---:|---|---:|"
+    for r in runs:
+        k = r.in_storm
+        kinds = ", ".join(f"{name} {count}" for name, count in sorted(k["errors"].items())) or "-"
+        yield (
+            f"| {r.mode} | {r.workers} | {r.round} | {k['done']:,} | {sum(k['errors'].values())} | {kinds} "
+            f"| {k['restart_s']:.2f} |"
         )
 
 
