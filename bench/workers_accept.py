@@ -39,6 +39,10 @@ bytes, its answer the same 8 bytes and the serving worker's index. Measured per 
    accepted: the short connections that failed, by kind (the dead worker's own connections fail in
    every mode; what differs is what waited for it).
 
+With SO_REUSEPORT the connections waiting in a dead worker's queue are reset unless
+``net.ipv4.tcp_migrate_req`` is 1 (Linux 5.14+), which moves them to another socket of the group;
+the script prints it and leaves it as it is.
+
 Everything shares this machine's cores (2 here): clients, workers and supervisor. Compare the
 modes with each other in the same run, not with other tables.
 
@@ -664,6 +668,13 @@ def tables(runs: list[Run]) -> Iterator[str]:
         )
 
 
+def migrate_req() -> str:
+    """Linux 5.14+: 1 moves the connections waiting in a closed SO_REUSEPORT socket's queue to
+    another socket of its group instead of resetting them."""
+    path = Path("/proc/sys/net/ipv4/tcp_migrate_req")
+    return path.read_text().strip() if path.exists() else "absent"
+
+
 def main(argv: list[str] | None = None) -> int:
     argv = sys.argv[1:] if argv is None else argv
     if argv and argv[0] in ("_worker", "_supervisor", "_client"):
@@ -685,7 +696,7 @@ def main(argv: list[str] | None = None) -> int:
         parser.error(f"unknown modes {sorted(unknown)}")
     counts = [int(n) for n in args.workers.split(",")]
 
-    print(f"load average at the start {load_average()}", flush=True)
+    print(f"load average at the start {load_average()}, net.ipv4.tcp_migrate_req = {migrate_req()}", flush=True)
     runs = []
     with tempfile.TemporaryDirectory(prefix="workers-accept-") as tmp:
         for round_ in range(1, args.rounds + 1):
