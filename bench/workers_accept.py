@@ -24,10 +24,11 @@ bytes, its answer the same 8 bytes and the serving worker's index. Measured per 
    latency p50/p99 (connect start to the first answer: the kernel's handshake, the accept or the
    hand-over, the worker's first read);
 2. a storm: ``--storm`` such short connections, ``--concurrency`` at a time over the clients:
-   connections per second, latency p50/p99, the CPU each worker and the supervisor spent per
-   connection, and how many each worker accepted, from the workers' own counters (a shared
-   file; each worker writes only its slot), checked against the worker index the clients read
-   in the answers (the run fails when they differ);
+   connections per second, latency p50/p99, the CPU the workers and the supervisor spent per
+   connection, the workers' wake-ups (voluntary context switches) per connection, and how many
+   each worker accepted, from the workers' own counters (a shared file; each worker writes only
+   its slot), checked against the worker index the clients read in the answers (the run fails
+   when they differ);
 3. long connections: ``--long`` connections opened, then each doing one round trip after
    another for ``--seconds``: round trips per second, and how the connections spread;
 4. a worker's death while connections wait in the kernel: every worker is stopped (SIGSTOP),
@@ -73,7 +74,7 @@ from time import perf_counter
 from typing import Any
 
 import trio
-from harness import HOST, BenchError, Service, cpu_seconds, load_average
+from harness import HOST, BenchError, Service, context_switches, cpu_seconds, load_average
 
 from demo.tansu import free_port
 
@@ -476,9 +477,12 @@ class Workers:
     def accepted(self) -> list[int]:
         return [self.counters.accepted(s) for s in range(self.n)]
 
-    def cpu(self) -> tuple[float, float]:
-        """CPU seconds so far of the workers together, and of the supervisor."""
-        return sum(cpu_seconds(pid) for pid in self.pids()), self.supervisor.cpu_seconds()
+    def cpu(self) -> tuple[float, float, int]:
+        """CPU seconds so far of the workers together and of the supervisor, and the workers'
+        voluntary context switches (their waits: wake-ups)."""
+        pids = self.pids()
+        wakeups = sum(context_switches(pid)[0] for pid in pids)
+        return sum(cpu_seconds(pid) for pid in pids), self.supervisor.cpu_seconds(), wakeups
 
     def signal_all(self, signum: int) -> None:
         for pid in self.pids():
@@ -533,6 +537,7 @@ def measure(folder: Path, mode: str, n: int, round_: int, args: argparse.Namespa
             "errors": sum(sum(r["errors"].values()) for r in reports),
             "worker_us": 1e6 * (cpu_after[0] - cpu_before[0]) / max(done, 1),
             "supervisor_us": 1e6 * (cpu_after[1] - cpu_before[1]) / max(done, 1),
+            "wakeups": (cpu_after[2] - cpu_before[2]) / max(done, 1),
         }
         # 3. long connections
         before = workers.accepted()
@@ -622,15 +627,15 @@ def tables(runs: list[Run]) -> Iterator[str]:
     yield ""
     yield (
         "| mode | N | round | one at a time p50 / p99 ms | storm conn/s | storm p50 / p99 ms | storm spread "
-        "| workers CPU us/conn | supervisor CPU us/conn | errors |"
+        "| workers CPU us/conn | workers' wake-ups/conn | supervisor CPU us/conn | errors |"
     )
-    yield "|---|---:|---:|---:|---:|---:|---|---:|---:|---:|"
+    yield "|---|---:|---:|---:|---:|---:|---|---:|---:|---:|---:|"
     for r in runs:
         s, q = r.storm, r.sequential
         yield (
             f"| {r.mode} | {r.workers} | {r.round} | {q['p50']:.2f} / {q['p99']:.2f} | {s['rate']:,.0f} "
             f"| {s['p50']:.2f} / {s['p99']:.2f} | {spread_text(s['spread'])} | {s['worker_us']:.0f} "
-            f"| {s['supervisor_us']:.0f} | {q['errors'] + s['errors']} |"
+            f"| {s['wakeups']:.2f} | {s['supervisor_us']:.0f} | {q['errors'] + s['errors']} |"
         )
     yield ""
     yield "Long connections, one small request in flight each:"
