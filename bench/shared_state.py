@@ -17,7 +17,9 @@ Three ways, each run with 2 and 4 worker processes (``--workers``), every worker
   one 16-byte request and one 16-byte answer per admission, from a task of the worker, while a
   reader task of the worker takes the answers: connection opens and closes, group joins and
   leaves. p50 / p99 of the round trip as the worker's task sees it, and the CPU per round trip
-  of the workers and of the owner (``/proc/PID/task/*/schedstat``).
+  of the workers and of the owner (``/proc/PID/task/*/schedstat``). ``owner`` asks back to back
+  (the throughput); ``owner-paced`` pauses 1 ms between asks, so the owner is idle when asked,
+  as it is for connection opens (the latency an open would add).
 - ``lease``: the KIP-72 pool's bytes leased from the owner. A worker asks the owner for bytes
   (at least ``L``, ``--lease-mib``) only when a request does not fit in what it already holds,
   grants requests from its lease locally, and gives back what it holds beyond ``2 L`` (beyond
@@ -70,7 +72,8 @@ MAX_REQUEST = MIB  # socket.request.max.bytes in the lease runs: the largest req
 HELD_PER_WORKER = 64  # connections (or members) a worker keeps open, so the caps are reached
 RACE_CAP = 20_000  # the cap of race_to_the_cap: some milliseconds of admissions, so the workers overlap
 GROUPS = 8
-WAYS = ("shm-lock", "slots-naive", "slots-checked", "owner", "lease")
+WAYS = ("shm-lock", "slots-naive", "slots-checked", "owner", "owner-paced", "lease")
+PACE_S = 0.001  # owner-paced: a worker's pause between two round trips (the owner and it go idle)
 
 
 # --- the owner --------------------------------------------------------------------------------
@@ -436,7 +439,7 @@ def race_to_the_cap(
     return finals
 
 
-async def _owner_loop(path: str, deadline: float) -> dict[str, Any]:
+async def _owner_loop(path: str, deadline: float, pace: float) -> dict[str, Any]:
     link = OwnerLink(path)
     latencies: dict[str, array.array[int]] = {name: array.array("q") for name in ("open", "close", "join", "leave")}
     ops = admitted = 0
@@ -448,6 +451,8 @@ async def _owner_loop(path: str, deadline: float) -> dict[str, Any]:
         nursery.start_soon(link.read)
         while clock() < deadline:
             for op, name, held, value in ((OPEN, "open", conns, 0), (JOIN, "join", members, rng.randrange(GROUPS))):
+                if pace:
+                    await trio.sleep(pace)
                 start = clock()
                 ok = await link.call(op, value)
                 latencies[name].append(clock() - start)
@@ -473,7 +478,7 @@ async def _owner_loop(path: str, deadline: float) -> dict[str, Any]:
 async def _lease_loop(path: str, lease: int, tasks: int, deadline: float) -> dict[str, Any]:
     link = OwnerLink(path)
     pool = LeasedPool(link, lease)
-    latencies: dict[str, array.array[int]] = {"local": array.array("q"), "owner": array.array("q")}
+    latencies: dict[str, array.array[int]] = {"local": array.array("q"), "waited": array.array("q")}
     clock = time.perf_counter_ns
 
     async def requester(seed: int) -> None:
@@ -482,7 +487,7 @@ async def _lease_loop(path: str, lease: int, tasks: int, deadline: float) -> dic
             size = request_size(rng)
             start = clock()
             waited = await pool.reserve(size)
-            latencies["owner" if waited else "local"].append(clock() - start)
+            latencies["waited" if waited else "local"].append(clock() - start)
             for _ in range(rng.randint(1, 8)):
                 await trio.lowlevel.checkpoint()
             pool.release(size)
@@ -525,13 +530,14 @@ def worker_main(
     again (the owner's CPU is read between the two meetings), report."""
 
     async def run() -> dict[str, Any]:
-        if way == "owner":
-            return await _owner_loop(path, deadline)
+        if way in ("owner", "owner-paced"):
+            return await _owner_loop(path, deadline, PACE_S if way == "owner-paced" else 0.0)
         if way == "lease":
             return await _lease_loop(path, args.lease_mib_now, args.tasks, deadline)
         return await _shm_loop(way, index, args.workers_now, counts, lock, cap, deadline)
 
     shm = shared_memory.SharedMemory(name=shm_name)
+    assert shm.buf is not None
     counts = shm.buf.cast("q")  # [0]: the count (shm-lock); [1 + i]: worker i's slot
     barrier.wait()
     cpu0 = time.process_time()
@@ -540,7 +546,7 @@ def worker_main(
     cpu = time.process_time() - cpu0
     barrier.wait()
     result["cpu"] = cpu
-    if way not in ("owner", "lease"):
+    if way.startswith("slots") or way == "shm-lock":
         result["finals"] = race_to_the_cap(way, index, args.workers_now, counts, lock, race, args.trials)
     counts.release()
     shm.close()
@@ -559,7 +565,7 @@ def run_way(way: str, workers: int, args: argparse.Namespace, lease_mib: int = 0
     with tempfile.TemporaryDirectory(prefix="shared-state-") as tmp:
         path = f"{tmp}/owner.sock"
         try:
-            if way in ("owner", "lease"):
+            if way in ("owner", "owner-paced", "lease"):
                 capacity = args.pool_mib_now * MIB if way == "lease" else MIB
                 owner = start_owner(path, cap, cap // GROUPS, capacity, lease_mib * MIB)
             barrier, race = context.Barrier(workers + 1), context.Barrier(workers)
@@ -669,6 +675,7 @@ def owner_counts_after_a_killed_worker() -> tuple[int, int]:
             proc.start()
             ready.wait(timeout=30)
             before = trio.run(_owner_stats, path)[2]
+            assert proc.pid is not None
             os.kill(proc.pid, signal.SIGKILL)
             proc.join()
             after = trio.run(_owner_stats, path)[2]
@@ -688,6 +695,7 @@ def callgrind_op(op: str, n: int) -> None:
     """Run ``n`` operations of ``op`` (under callgrind, from ``instructions``)."""
     if op == "lock":
         shm = shared_memory.SharedMemory(create=True, size=8)
+        assert shm.buf is not None
         counts = shm.buf.cast("q")
         lock = multiprocessing.get_context("fork").Lock()
         for _ in range(n):
@@ -796,7 +804,7 @@ def main(argv: list[str] | None = None) -> int:
             for way in counters:
                 r = run_way(way, workers, args)
                 per = 1e6 / r["ops"]
-                owner_cpu = f"{r['owner_cpu'] * per:.1f}" if way == "owner" else "-"
+                owner_cpu = f"{r['owner_cpu'] * per:.1f}" if way.startswith("owner") else "-"
                 finals = r["finals"]
                 race = (
                     f"{sum(f > RACE_CAP for f in finals)} / {sum(f < RACE_CAP for f in finals)}, of {len(finals)}"
@@ -830,7 +838,7 @@ def main(argv: list[str] | None = None) -> int:
                     r = run_way("lease", workers, args, lease_mib)
                     peak, queued, left = r["stats"]
                     local = _percentiles(r["latencies"]["local"])
-                    waited = _percentiles(r["latencies"]["owner"])
+                    waited = _percentiles(r["latencies"]["waited"])
                     ok = "yes" if peak <= bound and left == 0 else f"NO ({left} left)"
                     ops = r["ops"]
                     print(
