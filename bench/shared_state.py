@@ -137,7 +137,7 @@ class Owner:
             return  # one way
         elif op == STATS:
             answer = (self.peak_leased, self.queued, self.conns + sum(self.members) + self.leased)[value]
-        sock.send(MSG.pack(REPLY, rid, answer))
+        _send(sock, MSG.pack(REPLY, rid, answer))
 
     def _grant(self, held: _Held, need: int) -> int:
         """``need`` bytes and up to ``lease`` more, while any budget remains (non-strict: the
@@ -153,17 +153,14 @@ class Owner:
         held.leased -= value
         while self.waiting and self.leased < self.capacity:
             sock, waiter, rid, need = self.waiting.popleft()
-            sock.send(MSG.pack(REPLY, rid, self._grant(waiter, need)))
+            _send(sock, MSG.pack(REPLY, rid, self._grant(waiter, need)))
         if self.recalling and not self.waiting:
             self.recalling = False
             self._tell_all(RECALL, 0)
 
     def _tell_all(self, op: int, value: int) -> None:
         for sock in self.links:
-            try:
-                sock.send(MSG.pack(op, 0, value))
-            except OSError:  # that worker is gone: its reader task releases what it held
-                pass
+            _send(sock, MSG.pack(op, 0, value))
 
     def worker_gone(self, sock: socket.socket) -> None:
         """A worker's socket ended (it exited or died): what it held goes back."""
@@ -207,6 +204,13 @@ class Owner:
             for offset in range(0, whole, MSG.size):
                 self.handle(sock, held, *unpack(pending, offset))
             pending = pending[whole:]
+
+
+def _send(sock: socket.socket, message: bytes) -> None:
+    try:
+        sock.send(message)
+    except OSError:  # that worker is gone (it ended with an ask unanswered): its reader releases what it held
+        pass
 
 
 def start_owner(path: str, cap: int, group_cap: int, capacity: int, lease: int) -> subprocess.Popen[str]:
@@ -578,10 +582,10 @@ def run_way(way: str, workers: int, args: argparse.Namespace, lease_mib: int = 0
             ]
             for proc in procs:
                 proc.start()
-            barrier.wait()
+            barrier.wait(timeout=120)
             started = time.perf_counter()
             owner_cpu0 = cpu_seconds(owner.pid) if owner else 0.0
-            barrier.wait()
+            barrier.wait(timeout=120)
             wall = time.perf_counter() - started
             owner_cpu = cpu_seconds(owner.pid) - owner_cpu0 if owner else 0.0
             each = [results.get(timeout=60) for _ in procs]
