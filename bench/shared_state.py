@@ -23,7 +23,8 @@ Three ways, each run with 2 and 4 worker processes (``--workers``), every worker
 - ``lease``: the KIP-72 pool's bytes leased from the owner. A worker asks the owner for bytes
   (at least ``L``, ``--lease-mib``) only when a request does not fit in what it already holds,
   grants requests from its lease locally, and gives back what it holds beyond ``2 L`` (beyond
-  nothing while the owner has a request waiting: the owner then recalls unused leases). The owner
+  nothing while the owner has a request waiting: the owner then recalls unused leases); with
+  ``--ask-ahead on`` it also asks for L more when less than L / 2 is left unused. The owner
   grants while any budget remains (Kafka's non-strict pool), so the bytes leased, hence the bytes
   admitted, never pass ``queued.max.request.bytes + socket.request.max.bytes - 1``, the bound of
   one ``MemoryPool``. ``--tasks`` tasks per worker each loop: a request size from the mix below,
@@ -66,7 +67,7 @@ import trio
 from harness import cpu_seconds, load_average
 
 MSG = struct.Struct("<BxxxIq")  # op, request id, value: every message, both ways
-OPEN, CLOSE, JOIN, LEAVE, LEASE, RETURN, RECALL, REPLY, STATS = range(1, 10)
+OPEN, CLOSE, JOIN, LEAVE, LEASE, RETURN, RECALL, REPLY, STATS, AHEAD = range(1, 11)
 MIB = 1 << 20
 MAX_REQUEST = MIB  # socket.request.max.bytes in the lease runs: the largest request of the mix
 HELD_PER_WORKER = 64  # connections (or members) a worker keeps open, so the caps are reached
@@ -132,6 +133,9 @@ class Owner:
                 self.queued += 1
                 return
             answer = self._grant(held, value)
+        elif op == AHEAD:  # strict, never queued: up to L from what remains, or nothing
+            answer = 0 if self.waiting else max(0, min(self.lease, self.capacity - self.leased))
+            self._add(held, answer)
         elif op == RETURN:
             self._give_back(held, value)
             return  # one way
@@ -143,10 +147,13 @@ class Owner:
         """``need`` bytes and up to ``lease`` more, while any budget remains (non-strict: the
         grant may pass the budget by less than one request, as Kafka's pool does)."""
         granted = max(need, min(self.lease, self.capacity - self.leased))
+        self._add(held, granted)
+        return granted
+
+    def _add(self, held: _Held, granted: int) -> None:
         self.leased += granted
         held.leased += granted
         self.peak_leased = max(self.peak_leased, self.leased)
-        return granted
 
     def _give_back(self, held: _Held, value: int) -> None:
         self.leased -= value
@@ -279,10 +286,13 @@ class LeasedPool:
     """A worker's part of the pool: grants from its lease; a request that does not fit waits in
     the worker's FIFO queue while one task (``ask``) asks the owner for the shortfall of the
     queue's head (at least L); gives back what it holds beyond ``2 L`` (all it does not use
-    while the owner recalls)."""
+    while the owner recalls). ``ahead``: when less than ``L / 2`` is left unused, the same task
+    asks the owner for L more before a request needs it (strict: only from what remains; an
+    answer of nothing stops asking ahead until bytes are granted again)."""
 
-    def __init__(self, link: OwnerLink | None, lease: int) -> None:
-        self.link, self.lease_size = link, lease
+    def __init__(self, link: OwnerLink | None, lease: int, ahead: bool = False) -> None:
+        self.link, self.lease_size, self.ahead = link, lease, ahead
+        self.ahead_blocked = False
         self.lease = 0
         self.used = 0
         self.recall = False
@@ -297,6 +307,8 @@ class LeasedPool:
         if not self.queue and self.used + size <= self.lease:
             self.used += size
             self.local += 1
+            if self.ahead and self.lease - self.used < self.lease_size // 2:
+                self.wanted.set()
             return False
         granted = trio.Event()
         self.queue.append((size, granted))
@@ -310,12 +322,24 @@ class LeasedPool:
         while True:
             await self.wanted.wait()
             self.wanted = trio.Event()
-            while self.queue:
+            while self.queue or self._short():
+                if not self.queue:
+                    got = await self.link.call(AHEAD)
+                    self.remote += 1
+                    self.lease += got
+                    self.ahead_blocked = not got
+                    continue
                 need = self.used + self.queue[0][0] - self.lease
                 if need > 0:
                     self.lease += await self.link.call(LEASE, need)
                     self.remote += 1
+                    self.ahead_blocked = False
                 self._grant_queued()
+
+    def _short(self) -> bool:
+        return (
+            self.ahead and not self.recall and not self.ahead_blocked and self.lease - self.used < self.lease_size // 2
+        )
 
     def _grant_queued(self) -> None:
         while self.queue and self.used + self.queue[0][0] <= self.lease:
@@ -338,6 +362,7 @@ class LeasedPool:
 
     def _on_recall(self, value: int) -> None:
         self.recall = bool(value)
+        self.ahead_blocked = False
         if self.recall:
             self.release(0)
 
@@ -479,9 +504,9 @@ async def _owner_loop(path: str, deadline: float, pace: float) -> dict[str, Any]
     return {"ops": ops, "admitted": admitted, "latencies": latencies}
 
 
-async def _lease_loop(path: str, lease: int, tasks: int, deadline: float) -> dict[str, Any]:
+async def _lease_loop(path: str, lease: int, tasks: int, deadline: float, ahead: bool) -> dict[str, Any]:
     link = OwnerLink(path)
-    pool = LeasedPool(link, lease)
+    pool = LeasedPool(link, lease, ahead)
     latencies: dict[str, array.array[int]] = {"local": array.array("q"), "waited": array.array("q")}
     clock = time.perf_counter_ns
 
@@ -537,7 +562,7 @@ def worker_main(
         if way in ("owner", "owner-paced"):
             return await _owner_loop(path, deadline, PACE_S if way == "owner-paced" else 0.0)
         if way == "lease":
-            return await _lease_loop(path, args.lease_mib_now, args.tasks, deadline)
+            return await _lease_loop(path, args.lease_mib_now, args.tasks, deadline, args.ahead_now)
         return await _shm_loop(way, index, args.workers_now, counts, lock, cap, deadline)
 
     shm = shared_memory.SharedMemory(name=shm_name)
@@ -558,10 +583,12 @@ def worker_main(
     results.put(result)
 
 
-def run_way(way: str, workers: int, args: argparse.Namespace, lease_mib: int = 0) -> dict[str, Any]:
+def run_way(
+    way: str, workers: int, args: argparse.Namespace, lease_mib: int = 0, ahead: bool = False
+) -> dict[str, Any]:
     """One run of ``way`` with ``workers`` processes; the merged results."""
     context = multiprocessing.get_context("fork")
-    args.workers_now, args.lease_mib_now = workers, lease_mib * MIB
+    args.workers_now, args.lease_mib_now, args.ahead_now = workers, lease_mib * MIB, ahead
     cap = workers * HELD_PER_WORKER * 3 // 4  # below what the workers try to hold: the cap is reached
     shm = shared_memory.SharedMemory(create=True, size=8 * (1 + workers))
     lock = context.Lock()
@@ -776,6 +803,7 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--trials", type=int, default=200, help="races to the cap per run (shm ways)")
     parser.add_argument("--tasks", type=int, default=16, help="requesting tasks per worker (lease)")
     parser.add_argument("--lease-mib", default="1,4", help="lease sizes L in MiB (lease)")
+    parser.add_argument("--ask-ahead", default="off,on", help="lease runs without and with asking ahead")
     parser.add_argument("--pool-mib", default="16,2", help="queued.max.request.bytes in MiB, comma-separated (lease)")
     parser.add_argument("--instructions", action="store_true", help="also count instructions (callgrind)")
     parser.add_argument("--serve-owner", help=argparse.SUPPRESS)
@@ -829,24 +857,28 @@ def main(argv: list[str] | None = None) -> int:
             "per request: lease asks sent to the owner, returns sent, requests that waited in the worker's queue\n"
         )
         print(
-            "| workers | queued.max.request.bytes | L | requests/s | asks | returns | waited | asks the owner queued "
+            "| workers | queued.max.request.bytes | L | ask ahead | requests/s | asks | returns | waited "
+            "| asks the owner queued "
             "| local p50 / p99 us | waited p50 / p99 us | worker CPU us/request | owner CPU us/request "
             "| peak leased | within Q + 1 MiB - 1, none left |"
         )
-        print("|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|---|")
+        print("|---:|---:|---:|---|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|---|")
         for workers in counts:
             for pool_mib in (int(x) for x in args.pool_mib.split(",")):
                 args.pool_mib_now = pool_mib
                 bound = pool_mib * MIB + MAX_REQUEST - 1
-                for lease_mib in (int(x) for x in args.lease_mib.split(",")):
-                    r = run_way("lease", workers, args, lease_mib)
+                for lease_mib, ahead in (
+                    (int(x), a == "on") for x in args.lease_mib.split(",") for a in args.ask_ahead.split(",")
+                ):
+                    r = run_way("lease", workers, args, lease_mib, ahead)
                     peak, queued, left = r["stats"]
                     local = _percentiles(r["latencies"]["local"])
                     waited = _percentiles(r["latencies"]["waited"])
                     ok = "yes" if peak <= bound and left == 0 else f"NO ({left} left)"
                     ops = r["ops"]
                     print(
-                        f"| {workers} | {pool_mib} MiB | {lease_mib} MiB | {ops / r['wall']:,.0f} "
+                        f"| {workers} | {pool_mib} MiB | {lease_mib} MiB | {'on' if ahead else 'off'} "
+                        f"| {ops / r['wall']:,.0f} "
                         f"| {r['remote'] / ops:.2%} | {r['returns'] / ops:.2%} | {r['waited'] / ops:.2%} | {queued} "
                         f"| {local[0]:.1f} / {local[1]:.1f} | {waited[0]:.0f} / {waited[1]:.0f} "
                         f"| {r['cpu'] * 1e6 / ops:.1f} | {r['owner_cpu'] * 1e6 / ops:.2f} "
