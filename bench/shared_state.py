@@ -19,7 +19,9 @@ Three ways, each run with 2 and 4 worker processes (``--workers``), every worker
   leaves. p50 / p99 of the round trip as the worker's task sees it, and the CPU per round trip
   of the workers and of the owner (``/proc/PID/task/*/schedstat``). ``owner`` asks back to back
   (the throughput); ``owner-paced`` pauses 1 ms between asks, so the owner is idle when asked,
-  as it is for connection opens (the latency an open would add).
+  as it is for connection opens (the latency an open would add); ``owner-paced-direct`` the same
+  with no reader task: the asking task waits on the socket itself, as a link served by the
+  worker's I/O driver would wake only the asker.
 - ``lease``: the KIP-72 pool's bytes leased from the owner. A worker asks the owner for bytes
   (at least ``L``, ``--lease-mib``) only when a request does not fit in what it already holds,
   grants requests from its lease locally, and gives back what it holds beyond ``2 L`` (beyond
@@ -73,7 +75,7 @@ MAX_REQUEST = MIB  # socket.request.max.bytes in the lease runs: the largest req
 HELD_PER_WORKER = 64  # connections (or members) a worker keeps open, so the caps are reached
 RACE_CAP = 20_000  # the cap of race_to_the_cap: some milliseconds of admissions, so the workers overlap
 GROUPS = 8
-WAYS = ("shm-lock", "slots-naive", "slots-checked", "owner", "owner-paced", "lease")
+WAYS = ("shm-lock", "slots-naive", "slots-checked", "owner", "owner-paced", "owner-paced-direct", "lease")
 PACE_S = 0.001  # owner-paced: a worker's pause between two round trips (the owner and it go idle)
 
 
@@ -255,6 +257,16 @@ class OwnerLink:
         await slot[0].wait()
         del self.answers[rid]
         return int(slot[1])
+
+    async def call_direct(self, op: int, value: int = 0) -> int:
+        """``call`` with no reader task: the asking task waits on the socket itself (one task, one
+        request at a time), as a link served by the worker's I/O driver would wake only the asker."""
+        self.sock.send(MSG.pack(op, 0, value))
+        while True:
+            await trio.lowlevel.wait_readable(self.sock)
+            data = self.sock.recv(MSG.size)
+            if data:
+                return int(MSG.unpack(data)[2])
 
     def tell(self, op: int, value: int) -> None:
         self.sock.send(MSG.pack(op, 0, value))
@@ -468,7 +480,7 @@ def race_to_the_cap(
     return finals
 
 
-async def _owner_loop(path: str, deadline: float, pace: float) -> dict[str, Any]:
+async def _owner_loop(path: str, deadline: float, pace: float, direct: bool = False) -> dict[str, Any]:
     link = OwnerLink(path)
     latencies: dict[str, array.array[int]] = {name: array.array("q") for name in ("open", "close", "join", "leave")}
     ops = admitted = 0
@@ -476,14 +488,16 @@ async def _owner_loop(path: str, deadline: float, pace: float) -> dict[str, Any]
     conns: collections.deque[int] = collections.deque()
     members: collections.deque[int] = collections.deque()
     clock = time.perf_counter_ns
+    call = link.call_direct if direct else link.call
     async with trio.open_nursery() as nursery:
-        nursery.start_soon(link.read)
+        if not direct:
+            nursery.start_soon(link.read)
         while clock() < deadline:
             for op, name, held, value in ((OPEN, "open", conns, 0), (JOIN, "join", members, rng.randrange(GROUPS))):
                 if pace:
                     await trio.sleep(pace)
                 start = clock()
-                ok = await link.call(op, value)
+                ok = await call(op, value)
                 latencies[name].append(clock() - start)
                 ops += 1
                 admitted += ok
@@ -492,13 +506,13 @@ async def _owner_loop(path: str, deadline: float, pace: float) -> dict[str, Any]
                 if len(held) >= HELD_PER_WORKER or (not ok and held):
                     close_op, close_name = (CLOSE, "close") if op == OPEN else (LEAVE, "leave")
                     start = clock()
-                    await link.call(close_op, held.popleft())
+                    await call(close_op, held.popleft())
                     latencies[close_name].append(clock() - start)
                     ops += 1
         while conns:
-            await link.call(CLOSE, conns.popleft())
+            await call(CLOSE, conns.popleft())
         while members:
-            await link.call(LEAVE, members.popleft())
+            await call(LEAVE, members.popleft())
         nursery.cancel_scope.cancel()
     link.sock.close()
     return {"ops": ops, "admitted": admitted, "latencies": latencies}
@@ -559,8 +573,9 @@ def worker_main(
     again (the owner's CPU is read between the two meetings), report."""
 
     async def run() -> dict[str, Any]:
-        if way in ("owner", "owner-paced"):
-            return await _owner_loop(path, deadline, PACE_S if way == "owner-paced" else 0.0)
+        if way.startswith("owner"):
+            pace = PACE_S if way.startswith("owner-paced") else 0.0
+            return await _owner_loop(path, deadline, pace, way == "owner-paced-direct")
         if way == "lease":
             return await _lease_loop(path, args.lease_mib_now, args.tasks, deadline, args.ahead_now)
         return await _shm_loop(way, index, args.workers_now, counts, lock, cap, deadline)
@@ -596,7 +611,7 @@ def run_way(
     with tempfile.TemporaryDirectory(prefix="shared-state-") as tmp:
         path = f"{tmp}/owner.sock"
         try:
-            if way in ("owner", "owner-paced", "lease"):
+            if way.startswith("owner") or way == "lease":
                 capacity = args.pool_mib_now * MIB if way == "lease" else MIB
                 owner = start_owner(path, cap, cap // GROUPS, capacity, lease_mib * MIB)
             barrier, race = context.Barrier(workers + 1), context.Barrier(workers)
