@@ -125,20 +125,14 @@ class SocketTransport:
         sock = self.sock
         if self._drained:
             await trio.lowlevel.wait_readable(sock)
-        while True:
-            try:
-                data = sock.recv(max_bytes)
-            except BlockingIOError:
-                await trio.lowlevel.wait_readable(sock)
-                continue
-            except OSError as exc:
-                raise trio.BrokenResourceError(f"receive failed: {exc!r}") from exc
-            if len(data) == max_bytes:
-                self._drained = False
-                await trio.lowlevel.checkpoint()  # more may be waiting: let the others run first
-            else:
-                self._drained = True
-            return data
+        while (data := self.try_receive(max_bytes)) is None:
+            await trio.lowlevel.wait_readable(sock)
+        if len(data) == max_bytes:
+            self._drained = False
+            await trio.lowlevel.checkpoint()  # more may be waiting: let the others run first
+        else:
+            self._drained = True
+        return data
 
     def try_receive(self, max_bytes: int) -> bytes | None:
         try:
@@ -163,16 +157,14 @@ class SocketTransport:
         return False
 
     async def send(self, data: Received | memoryview) -> None:
-        sock = self.sock
         view = memoryview(data)
         sent = 0
         while sent < len(view):
-            try:
-                sent += sock.send(view[sent:])
-            except BlockingIOError:
-                await _wait_writable(sock, self.stall_limit)
-            except OSError as exc:
-                raise trio.BrokenResourceError(f"send failed: {exc!r}") from exc
+            taken = self.try_send(view[sent:])
+            if taken:
+                sent += taken
+            else:  # the kernel has no room (a TCP send of some bytes never takes none otherwise)
+                await _wait_writable(self.sock, self.stall_limit)
 
     async def aclose(self) -> None:
         trio.lowlevel.notify_closing(self.sock)
@@ -247,15 +239,13 @@ class TlsTransport:
             await trio.lowlevel.wait_readable(tls)
         while True:
             try:
-                data = tls.recv(max_bytes)  # b"" on close_notify or EOF
-                break
-            except ssl.SSLWantReadError:
-                await trio.lowlevel.wait_readable(tls)
-            except ssl.SSLWantWriteError:  # OpenSSL has a reply of its own to send first
+                data = self.try_receive(max_bytes)
+            except NeedsTask:  # OpenSSL has a reply of its own to send first
                 await _wait_shared(trio.lowlevel.wait_writable, tls)
-            except OSError as exc:  # ssl.SSLError included
-                raise trio.BrokenResourceError(f"receive failed: {exc!r}") from exc
-        data = self._more_records(data, max_bytes)
+                continue
+            if data is not None:
+                break
+            await trio.lowlevel.wait_readable(tls)
         if not self._drained:
             await trio.lowlevel.checkpoint()  # more may be waiting: let the others run first
         return data

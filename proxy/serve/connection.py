@@ -239,8 +239,9 @@ class ClientConnection:
             while True:
                 if self._resume is not None:
                     await self._resume.wait()
-                handed = await park(fd, serve)
-                if handed is _IN_TASK:  # TLS needs a wait of the other kind: this task waits
+                try:
+                    handed = await park(fd, serve)
+                except NeedsTask:  # TLS needs a wait of the other kind: this task waits for it
                     data = await client.receive(core.request_receive_size)
                     now, started = trio.current_time(), perf_counter()
                     handed = _HandBack(core.client_bytes(data, runtime.generation, now), now, started)
@@ -253,10 +254,7 @@ class ClientConnection:
         task): read, hand to the core, and send a lone Forward on at once; None when that is all."""
         core, client, upstream = self.core, self._client, self._upstream
         assert client is not None and upstream is not None
-        try:
-            data = client.try_receive(core.request_receive_size)
-        except NeedsTask:
-            return _IN_TASK
+        data = client.try_receive(core.request_receive_size)  # NeedsTask: raised in the pump's task
         if data is None:
             return None
         actions = core.client_bytes(data, self.runtime.generation, now)
@@ -296,8 +294,9 @@ class ClientConnection:
         await self.carry_out(core.broker_bytes(data, runtime.generation, now), now, perf_counter())
         park, fd, serve = runtime.driver.park, upstream.fileno(), self._serve_responses
         while True:
-            handed = await park(fd, serve)
-            if handed is _IN_TASK:
+            try:
+                handed = await park(fd, serve)
+            except NeedsTask:
                 data = await upstream.receive(core.response_receive_size)
                 now, started = trio.current_time(), perf_counter()
                 handed = _HandBack(core.broker_bytes(data, runtime.generation, now), now, started)
@@ -308,10 +307,7 @@ class ClientConnection:
         and send a lone Answer to the client at once when no one else is writing to it."""
         core, client, upstream = self.core, self._client, self._upstream
         assert client is not None and upstream is not None
-        try:
-            data = upstream.try_receive(core.response_receive_size)
-        except NeedsTask:
-            return _IN_TASK
+        data = upstream.try_receive(core.response_receive_size)  # NeedsTask: raised in the pump's task
         if data is None:
             return None
         actions = core.broker_bytes(data, self.runtime.generation, now)
@@ -563,9 +559,6 @@ class _Coordinator:
     async def __call__(self) -> UpstreamLink:
         host, _, port = self.address.rpartition(":")
         return await self.connector.connect(host, int(port), client=self.certificate)
-
-
-_IN_TASK = object()  # the I/O driver's hand-back: this read needs the task's own wait (TLS)
 
 
 @dataclass(frozen=True, slots=True)
