@@ -438,7 +438,8 @@ class ConnectionQuotas:
         conn = self._conns.get(conn_id)
         if conn is None:
             return
-        # _touch, inline: this and on_response run per request.
+        # The connection's activity (its time and LRU sequence), written out here and in
+        # on_response rather than in a helper: both run per request.
         if now > self._now:
             self._now = now
         conn.last = self._now
@@ -455,7 +456,7 @@ class ConnectionQuotas:
         conn = self._conns.get(conn_id)
         if conn is None:
             return
-        if now > self._now:  # _touch, inline
+        if now > self._now:  # its activity, as in on_request
             self._now = now
         conn.last = self._now
         self._seq += 1
@@ -642,11 +643,6 @@ class ConnectionQuotas:
         if now > self._now:
             self._now = now
         return self._now
-
-    def _touch(self, conn: _Conn, now: float) -> None:
-        conn.last = self._tick(now)
-        self._seq += 1
-        conn.seq = self._seq
 
     def _register(self, conn_id: str, listener: str, ip: str, tls: bool, now: float) -> None:
         protected = listener in self._protected
