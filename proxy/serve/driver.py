@@ -58,7 +58,7 @@ class IODriver:
 
     def __init__(self, *, hook: bool = True) -> None:
         self._hook = hook
-        self.passes = 0  # passes that served at least one socket (tests count wake-ups by it)
+        self.passes = 0  # passes that had events to serve (tests count wake-ups by it)
         self._epoll = select.epoll()
         self._parked: dict[int, tuple[trio.lowlevel.Task, Serve]] = {}
         self._again: list[int] = []  # parked fds to serve in the next pass without an event
@@ -173,8 +173,9 @@ class IODriver:
         if timeout <= 0:
             # Tasks to run: a look at the sockets, at most every BUSY_POLL_S (a scheduler batch
             # is a few microseconds; an epoll_wait each would be a good share of it).
-            if self._again or time.monotonic() >= self._next_busy_poll:
-                self._next_busy_poll = time.monotonic() + BUSY_POLL_S
+            clock = time.monotonic()
+            if self._again or clock >= self._next_busy_poll:
+                self._next_busy_poll = clock + BUSY_POLL_S
                 self._serve(poll(0, BUDGET))
             self._deadline_set = False  # trio does not wait: it reads its deadlines again first
             return
