@@ -1,0 +1,170 @@
+"""A message link between the supervisor (the owner of the shared limits) and one
+worker process, over a Unix stream socket: the same class at both ends.
+
+A message is a length-prefixed pickle of ``(kind, ask_id, args)``. ``ask`` waits for
+the peer's answer; ``tell`` is one way and never blocks (it is called from the
+synchronous parts of the proxy, such as a connection's close). Both ends run the
+handlers registered for a kind: tells and synchronous handlers in the order the
+messages came, so a close told before an open is applied before it; an
+asynchronous handler of an ask runs in its own task, so a slow answer holds up no
+other message. Pickle is safe here: both ends are processes of this proxy, on a
+socket pair made by the supervisor.
+"""
+
+from __future__ import annotations
+
+import inspect
+import pickle
+import struct
+from collections.abc import Awaitable, Callable, Mapping
+from typing import Any
+
+import trio
+
+_HEADER = struct.Struct("!I")
+_REPLY = "reply"
+_FAILED = "failed"
+_MAX_MESSAGE = 64 * 1024 * 1024
+
+Handler = Callable[..., Any]
+
+
+class LinkClosed(Exception):
+    """The peer process is gone (its end of the socket closed)."""
+
+
+class RemoteError(Exception):
+    """The peer's handler of an ask raised: its type and message."""
+
+
+class Link:
+    def __init__(self, stream: trio.abc.Stream, handlers: Mapping[str, Handler] | None = None) -> None:
+        self._stream = stream
+        self.handlers: dict[str, Handler] = dict(handlers or {})
+        self._out = bytearray()
+        self._out_ready = trio.Event()
+        self._asks: dict[int, trio.MemorySendChannel[tuple[bool, Any]]] = {}
+        self._next_ask = 1
+        self.closed = trio.Event()
+
+    @classmethod
+    def pair(cls) -> tuple[Link, Link]:
+        """Two linked ends in one process (tests)."""
+        a, b = trio.socket.socketpair()
+        return cls(trio.SocketStream(a)), cls(trio.SocketStream(b))
+
+    # -- sending -----------------------------------------------------------
+
+    def tell(self, kind: str, *args: Any) -> None:
+        """One way: queued, sent by ``run``'s writer; dropped once the link is closed."""
+        self._queue(kind, 0, args)
+
+    async def ask(self, kind: str, *args: Any) -> Any:
+        """The peer's answer (what its handler returned); RemoteError if it raised, LinkClosed
+        if the link ends first."""
+        if self.closed.is_set():
+            raise LinkClosed(f"link closed before {kind}")
+        ask_id = self._next_ask
+        self._next_ask += 1
+        send, receive = trio.open_memory_channel[tuple[bool, Any]](1)
+        self._asks[ask_id] = send
+        try:
+            self._queue(kind, ask_id, args)
+            try:
+                ok, value = await receive.receive()
+            except trio.EndOfChannel:
+                raise LinkClosed(f"link closed before the answer to {kind}") from None
+        finally:
+            self._asks.pop(ask_id, None)
+        if not ok:
+            raise RemoteError(value)
+        return value
+
+    def _queue(self, kind: str, ask_id: int, args: tuple[Any, ...]) -> None:
+        if self.closed.is_set():
+            return
+        body = pickle.dumps((kind, ask_id, args), protocol=pickle.HIGHEST_PROTOCOL)
+        self._out += _HEADER.pack(len(body))
+        self._out += body
+        self._out_ready.set()
+
+    # -- running -----------------------------------------------------------
+
+    async def run(self) -> None:
+        """Read and dispatch until the peer closes; then every pending ask raises LinkClosed."""
+        try:
+            async with trio.open_nursery() as nursery:
+                nursery.start_soon(self._write, nursery.cancel_scope)
+                await self._read(nursery)
+                nursery.cancel_scope.cancel()
+        finally:
+            self.closed.set()
+            for send in self._asks.values():
+                send.close()
+            self._asks.clear()
+            await trio.aclose_forcefully(self._stream)
+
+    async def _write(self, scope: trio.CancelScope) -> None:
+        try:
+            while True:
+                await self._out_ready.wait()
+                self._out_ready = trio.Event()
+                while self._out:
+                    data, self._out = bytes(self._out), bytearray()
+                    await self._stream.send_all(data)
+        except (trio.BrokenResourceError, trio.ClosedResourceError):
+            scope.cancel()
+
+    async def _read(self, nursery: trio.Nursery) -> None:
+        buffer = bytearray()
+        while True:
+            while len(buffer) >= _HEADER.size:
+                (size,) = _HEADER.unpack_from(buffer)
+                if size > _MAX_MESSAGE:
+                    raise ValueError(f"link message of {size} bytes (at most {_MAX_MESSAGE})")
+                if len(buffer) < _HEADER.size + size:
+                    break
+                kind, ask_id, args = pickle.loads(buffer[_HEADER.size : _HEADER.size + size])
+                del buffer[: _HEADER.size + size]
+                self._dispatch(nursery, kind, ask_id, args)
+            try:
+                data = await self._stream.receive_some(65536)
+            except (trio.BrokenResourceError, trio.ClosedResourceError):
+                return
+            if not data:
+                return
+            buffer += data
+
+    def _dispatch(self, nursery: trio.Nursery, kind: str, ask_id: int, args: tuple[Any, ...]) -> None:
+        if kind in (_REPLY, _FAILED):
+            send = self._asks.pop(args[0], None)
+            if send is not None:
+                send.send_nowait((kind == _REPLY, args[1]))
+            return
+        handler = self.handlers.get(kind)
+        if handler is None:
+            if ask_id:
+                self._queue(_FAILED, 0, (ask_id, f"no handler for {kind!r}"))
+            return
+        try:
+            result = handler(*args)
+        except Exception as exc:
+            if not ask_id:
+                raise
+            self._queue(_FAILED, 0, (ask_id, f"{type(exc).__name__}: {exc}"))
+            return
+        if inspect.isawaitable(result):
+            nursery.start_soon(self._answer_later, ask_id, result)
+        elif ask_id:
+            self._queue(_REPLY, 0, (ask_id, result))
+
+    async def _answer_later(self, ask_id: int, result: Awaitable[Any]) -> None:
+        try:
+            value = await result
+        except Exception as exc:
+            if not ask_id:
+                raise
+            self._queue(_FAILED, 0, (ask_id, f"{type(exc).__name__}: {exc}"))
+            return
+        if ask_id:
+            self._queue(_REPLY, 0, (ask_id, value))

@@ -1,0 +1,107 @@
+"""The supervisor-worker link (proxy/workers/link.py) over a real Unix socket pair."""
+
+from __future__ import annotations
+
+import pytest
+import trio
+
+from proxy.workers.link import Link, LinkClosed, RemoteError
+
+
+async def test_ask_gets_the_handlers_answer_and_tells_arrive_in_order() -> None:
+    owner, worker = Link.pair()
+    seen: list[object] = []
+    owner.handlers["closed"] = seen.append
+    owner.handlers["open"] = lambda conn_id: (seen.append(("open", conn_id)), f"admit {conn_id}")[1]
+    async with trio.open_nursery() as nursery:
+        nursery.start_soon(owner.run)
+        nursery.start_soon(worker.run)
+        worker.tell("closed", "c1")
+        assert await worker.ask("open", "c2") == "admit c2"
+        assert seen == ["c1", ("open", "c2")]  # the close told first is applied first
+        nursery.cancel_scope.cancel()
+
+
+async def test_an_async_handler_does_not_hold_up_other_messages() -> None:
+    owner, worker = Link.pair()
+    release = trio.Event()
+
+    async def slow() -> str:
+        await release.wait()
+        return "late"
+
+    owner.handlers["slow"] = slow
+    owner.handlers["fast"] = lambda: "fast"
+    async with trio.open_nursery() as nursery:
+        nursery.start_soon(owner.run)
+        nursery.start_soon(worker.run)
+        answers: list[str] = []
+        answered = trio.Event()
+
+        async def ask_slow() -> None:
+            answers.append(await worker.ask("slow"))
+            answered.set()
+
+        nursery.start_soon(ask_slow)
+        assert await worker.ask("fast") == "fast"
+        assert answers == []
+        release.set()
+        with trio.fail_after(5):
+            await answered.wait()
+        assert answers == ["late"]
+        nursery.cancel_scope.cancel()
+
+
+async def test_a_raising_handler_is_a_remote_error_and_an_unknown_kind_too() -> None:
+    owner, worker = Link.pair()
+
+    def broken() -> None:
+        raise ValueError("bad cap")
+
+    owner.handlers["broken"] = broken
+    async with trio.open_nursery() as nursery:
+        nursery.start_soon(owner.run)
+        nursery.start_soon(worker.run)
+        with pytest.raises(RemoteError, match="ValueError: bad cap"):
+            await worker.ask("broken")
+        with pytest.raises(RemoteError, match="no handler for 'nope'"):
+            await worker.ask("nope")
+        nursery.cancel_scope.cancel()
+
+
+async def test_a_pending_ask_fails_when_the_peer_goes_away() -> None:
+    owner, worker = Link.pair()
+    never = trio.Event()
+
+    async def hang() -> None:
+        await never.wait()
+
+    owner.handlers["hang"] = hang
+    async with trio.open_nursery() as nursery:
+        owner_scope = trio.CancelScope()
+
+        async def run_owner() -> None:
+            with owner_scope:
+                await owner.run()
+
+        nursery.start_soon(run_owner)
+        nursery.start_soon(worker.run)
+        failures: list[BaseException] = []
+        failed = trio.Event()
+
+        async def ask() -> None:
+            try:
+                await worker.ask("hang")
+            except LinkClosed as exc:
+                failures.append(exc)
+                failed.set()
+
+        nursery.start_soon(ask)
+        await trio.sleep(0.05)
+        owner_scope.cancel()  # the owner's end closes, as when its process dies
+        with trio.fail_after(5):
+            await worker.closed.wait()
+            await failed.wait()
+        assert isinstance(failures[0], LinkClosed)
+        with pytest.raises(LinkClosed):
+            await worker.ask("hang")
