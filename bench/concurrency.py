@@ -57,6 +57,7 @@ from harness import (
     fetch_frame,
     fetch_high_watermark,
     load_average,
+    process_tree,
     produce_error_code,
     produce_frame,
 )
@@ -75,6 +76,11 @@ DEFAULT_CONNECTIONS = "1,16,128,1024"
 LOADS = ("fetch", "produce")
 STALL_S = 10.0  # no response on any connection for this long: the path is stuck
 FD_SPARE = 64  # descriptors besides the connections: the bench's own, its logs and pipes
+
+
+def tree_waits(pid: int) -> int:
+    """Voluntary context switches of the middle's processes (one, or a supervisor and its workers)."""
+    return sum(context_switches(p)[0] for p in process_tree(pid))
 
 
 # --- the client ----------------------------------------------------------------------------
@@ -205,14 +211,14 @@ class Clients:
         self._expect("warm")
         middle = self.endpoint.middle
         middle_before = middle.cpu_seconds() if middle else 0.0
-        waits_before = context_switches(middle.pid)[0] if middle else 0
+        waits_before = tree_waits(middle.pid) if middle else 0
         started_at = time.perf_counter()
         for pipe in self.pipes:
             pipe.send("go")
         answers = self._answers()
         elapsed = time.perf_counter() - started_at
         middle_cpu = middle.cpu_seconds() - middle_before if middle else None
-        middle_waits = context_switches(middle.pid)[0] - waits_before if middle else None
+        middle_waits = tree_waits(middle.pid) - waits_before if middle else None
         for answer in answers:
             if not isinstance(answer, tuple):
                 raise BenchError(f"client: {answer}")

@@ -101,11 +101,25 @@ class Service:
                 time.sleep(0.05)
 
     def cpu_seconds(self) -> float:
-        return cpu_seconds(self.pid)
+        """Its CPU and that of its child processes (a proxy with ``workers: N`` is N + 1 processes)."""
+        return sum(cpu_seconds(pid) for pid in process_tree(self.pid))
 
     def stop(self, timeout: float = 10.0) -> None:
         stop_process(self.process, timeout)
         self._log.close()
+
+
+def process_tree(pid: int) -> list[int]:
+    """``pid`` and its live descendants (/proc/PID/task/TID/children)."""
+    tree, todo = [], [pid]
+    while todo:
+        current = todo.pop()
+        tree.append(current)
+        with contextlib.suppress(FileNotFoundError, ProcessLookupError):
+            for task in Path(f"/proc/{current}/task").iterdir():
+                with contextlib.suppress(FileNotFoundError, ProcessLookupError):
+                    todo.extend(int(child) for child in (task / "children").read_text().split())
+    return tree
 
 
 def cpu_seconds(pid: int) -> float:

@@ -214,6 +214,7 @@ def admission_proxy_config(
     workdir: Path,
     all_policies: bool,
     certs: Certs | None = None,
+    workers: int = 1,
 ) -> dict[str, Any]:
     """The proxy's config for a path: default policies, or bench/proxy-all.yaml's, with
     this run's addresses (and TLS on the client side when ``certs`` are given)."""
@@ -225,6 +226,8 @@ def admission_proxy_config(
         config = {"mode": "cluster", "listeners": [{"name": "bench"}], "audit": {"path": None}}
     config["upstream"] = {"bootstrap_servers": [broker.bootstrap]}
     config["admin"] = {"bind": f"{HOST}:{admin}"}
+    if workers != 1:
+        config["workers"] = workers
     listener = config["listeners"][0]
     listener.update(
         {
@@ -238,11 +241,11 @@ def admission_proxy_config(
     return config
 
 
-def start_admission_proxy(setup: Setup, all_policies: bool, tls: bool = False) -> Endpoint:
+def start_admission_proxy(setup: Setup, all_policies: bool, tls: bool = False, workers: int = 1) -> Endpoint:
     broker = start_broker(setup)
     listen, admin, node_port = free_port(), free_port(), _port_outside_ephemeral_range()
     certs = setup.certs if tls else None
-    config = admission_proxy_config(broker, listen, node_port, admin, setup.workdir, all_policies, certs)
+    config = admission_proxy_config(broker, listen, node_port, admin, setup.workdir, all_policies, certs, workers)
     config_path = setup.workdir / "proxy.yaml"
     config_path.write_text(yaml.safe_dump(config, sort_keys=False))
     cli = Path(sys.executable).with_name("kafka-admission-proxy")
@@ -381,6 +384,9 @@ STARTERS: dict[str, Callable[[Setup], Endpoint]] = {
     "tansu-proxy": _start_tansu_proxy,
     "stunnel": _start_stunnel,
     "proxy-all-tls": lambda setup: start_admission_proxy(setup, all_policies=True, tls=True),
+    # on request only: proxy-all as a supervisor and N worker processes (issue 29; its CPU is the tree's)
+    "proxy-all-w2": lambda setup: start_admission_proxy(setup, all_policies=True, workers=2),
+    "proxy-all-w4": lambda setup: start_admission_proxy(setup, all_policies=True, workers=4),
     "kroxylicious": _start_kroxylicious,
     # on request only: the floor's variants, to see what each trio pattern costs
     "floor-lowlevel": _forwarder("floor_forwarder.py", "lowlevel"),
