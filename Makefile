@@ -28,7 +28,8 @@ CONCURRENCY_ARGS :=
 SOAK_SECONDS := 600
 
 .PHONY: demo test test-tools deploy-tools apache-kafka spark-kafka test-apache-kafka lint bench bench-tools profile \
-	bench-instructions bench-concurrency bench-report lock runtime-size fuzz soak docs
+	bench-instructions bench-concurrency bench-report lock runtime-size fuzz soak docs \
+	test-workers
 
 $(BIN)/.installed: pyproject.toml requirements/dev.txt
 	python3 -m venv $(VENV)
@@ -87,6 +88,10 @@ test: $(BIN)/.installed test-tools deploy-tools apache-kafka spark-kafka
 # from a proxy's registry (tests/unit/test_docs.py fails while they are stale).
 docs: $(BIN)/.installed
 	$(BIN)/python tools/gen_docs.py
+
+# The integration tests a second time, every proxy they start with `workers: 2` (issue 29).
+test-workers: $(BIN)/.installed test-tools
+	$(BIN)/pytest tests/integration --proxy-workers=2
 
 # Only the tests against Apache Kafka itself (tests/apache_kafka).
 test-apache-kafka: $(BIN)/.installed apache-kafka

@@ -10,6 +10,7 @@ import resource
 import signal
 import sys
 import typing
+from collections.abc import Callable
 from pathlib import Path
 
 import trio
@@ -21,6 +22,8 @@ from proxy.evidence.logs import setup_logging
 from proxy.evidence.metrics import package_version
 from proxy.links import tls
 from proxy.serve.server import ProxyServer
+from proxy.workers.sizing import worker_count
+from proxy.workers.supervisor import Supervisor
 
 log = logging.getLogger("kafka_admission_proxy")
 
@@ -56,20 +59,31 @@ def _load_or_exit(path: str) -> Config:
     return config
 
 
-def _raise_fd_limit() -> None:
-    """Two sockets per client connection: take the hard file limit, not the soft default."""
+def prepare_serving_process() -> None:
+    """Before serving (the proxy, or one of its workers)."""
+    # Two sockets per client connection: take the hard file limit, not the soft default.
     soft, hard = resource.getrlimit(resource.RLIMIT_NOFILE)
     if soft < hard:
         resource.setrlimit(resource.RLIMIT_NOFILE, (hard, hard))
-
-
-def _cmd_run(args: argparse.Namespace) -> int:
-    config = _load_or_exit(args.config)
-    _raise_fd_limit()
     # Per-request objects are short-lived: collect young garbage less often, and keep
     # the startup heap (modules, codec tables) out of every collection.
     gc.set_threshold(50_000, 20, 20)
     gc.freeze()
+
+
+def _cmd_run(args: argparse.Namespace) -> int:
+    config = _load_or_exit(args.config)
+    workers = worker_count(config.workers)
+    if workers > 1:  # a supervisor and its worker processes (proxy/workers/)
+        supervisor = Supervisor(
+            config,
+            args.config,
+            workers,
+            args.drain_timeout,
+            ["--log-format", args.log_format, "--log-level", args.log_level],
+        )
+        return trio.run(supervisor.serve)
+    prepare_serving_process()
     trio.run(serve_until_signalled, config, args.drain_timeout, args.config)
     return 0
 
@@ -237,8 +251,13 @@ def _operator_error(exc: BaseException) -> BaseException | None:
 def main(argv: list[str] | None = None) -> int:
     args = build_parser().parse_args(argv)
     setup_logging(args.log_format, args.log_level)
+    return exit_status(lambda: int(args.func(args)))
+
+
+def exit_status(command: Callable[[], int]) -> int:
+    """Run ``command``; a bind or TLS failure is one line and its exit status, not a traceback."""
     try:
-        return int(args.func(args))
+        return command()
     except (OSError, ValueError, BaseExceptionGroup) as exc:
         found = _operator_error(exc)
         if found is None:

@@ -51,6 +51,16 @@ def pytest_make_collect_report(collector: pytest.Collector) -> Iterator[None]:
     _fail_a_skip(outcome.get_result())  # type: ignore[attr-defined]
 
 
+def pytest_addoption(parser: pytest.Parser) -> None:
+    parser.addoption(
+        "--proxy-workers",
+        type=int,
+        default=1,
+        metavar="N",
+        help="run every proxy that start_proxy starts with `workers: N` (a config's own `workers` stays)",
+    )
+
+
 @pytest.hookimpl(tryfirst=True)
 def pytest_collection_modifyitems(config: pytest.Config, items: list[pytest.Item]) -> None:
     """Under pytest-xdist's ``--dist loadgroup`` (``make test``): the tests of one JVM-backed
@@ -242,10 +252,12 @@ class ProxyProcess:
 
 
 @pytest.fixture
-def start_proxy(tmp_path: Path) -> Iterator[Any]:
+def start_proxy(tmp_path: Path, request: pytest.FixtureRequest) -> Iterator[Any]:
     """``start_proxy(bootstrap, **overrides)`` runs the proxy CLI on free ports; with
-    ``configmap=True`` its config file is in a kubelet-style ConfigMap volume."""
+    ``configmap=True`` its config file is in a kubelet-style ConfigMap volume. Under
+    ``--proxy-workers=N`` its config says ``workers: N`` unless the test sets ``workers``."""
     started: list[ProxyProcess] = []
+    workers: int = request.config.getoption("--proxy-workers")
 
     def start(
         bootstrap: str | list[str],
@@ -263,6 +275,8 @@ def start_proxy(tmp_path: Path) -> Iterator[Any]:
         for lst in listeners:
             lst.setdefault("bind", f"127.0.0.1:{free_port()}")
             lst.setdefault("node_port_base", free_node_port_base(list(node_ids)))
+        if workers > 1:
+            sections.setdefault("workers", workers)
         config: dict[str, Any] = {
             "upstream": {"bootstrap_servers": servers},
             "listeners": listeners,

@@ -1,6 +1,6 @@
 """The proxy's one YAML config file, parsed once into frozen, typed objects.
 
-Shape: ``mode``, ``upstream``, ``listeners``, ``admin``, ``policies``, ``audit``.
+Shape: ``mode``, ``workers``, ``upstream``, ``listeners``, ``admin``, ``policies``, ``audit``.
 Policy keys are Kafka's own property names (``socket.request.max.bytes``, ...)
 with Kafka's defaults and validation rules. Errors name the key and the rule.
 """
@@ -967,6 +967,12 @@ class Config(_Frozen):
         description="cluster: in front of a whole cluster, broker addresses rewritten to this proxy; sidecar: one "
         "proxy per broker pod, addresses passed through.",
     )
+    workers: int | Literal["auto"] = Field(
+        default=1,
+        description="Worker processes serving the same ports (SO_REUSEPORT) under one supervisor that keeps every "
+        "limit exact across them; auto: the CPUs this process may use (CPU affinity, capped by the cgroup's CPU "
+        "quota). 1 runs the proxy as one process.",
+    )
     upstream: Upstream = Field(description="The brokers.")
     listeners: tuple[Listener, ...] = Field(
         min_length=1, strict=False, description="Where clients connect."
@@ -987,6 +993,14 @@ class Config(_Frozen):
         CrossFieldRule((), _sidecar_passthrough_has_one_broker),
         CrossFieldRule((), _audit_topic_can_take_the_upstream_tls),
     )
+
+    @field_validator("workers", mode="before")
+    @classmethod
+    def _workers(cls, value: object) -> object:
+        # One line naming the key (a union would report each of its arms).
+        if value == "auto" or (isinstance(value, int) and not isinstance(value, bool) and value >= 1):
+            return value
+        raise ValueError(f"must be an integer >= 1 or 'auto', got {_shown(value)}")
 
     def tls_files(self) -> list[TlsFiles]:
         """The TLS files of every section that has them (the client certificate toward brokers
@@ -1036,7 +1050,7 @@ class Config(_Frozen):
         """The config with every default filled in, under the file's own key names."""
         out = self.model_dump(mode="json", by_alias=True, exclude={"policies"})
         out["policies"] = self.policies.flat()
-        return {key: out[key] for key in ("mode", "upstream", "listeners", "admin", "policies", "audit")}
+        return {key: out[key] for key in ("mode", "workers", "upstream", "listeners", "admin", "policies", "audit")}
 
 
 def _known_keys(model: type[BaseModel]) -> list[str]:

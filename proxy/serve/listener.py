@@ -13,6 +13,7 @@ from __future__ import annotations
 import errno
 import itertools
 import logging
+import socket
 from collections.abc import Awaitable, Callable
 
 import trio
@@ -44,8 +45,13 @@ class ListenerRuntime:
         bootstrap: list[tuple[str, int]],
         rewrites: bool,
         tls: TlsTermination | None,
+        worker: int | None = None,
     ) -> None:
         self.config = config
+        # With workers: every worker binds the same ports (SO_REUSEPORT: the kernel spreads the
+        # connections), and its connection ids say which worker holds them.
+        self._reuse_port = worker is not None
+        self._id_prefix = "" if worker is None else f"w{worker}:"
         self.name = config.name
         self._runtime = runtime
         self._directory = directory
@@ -172,7 +178,7 @@ class ListenerRuntime:
             out_of_range = OSError(errno.EINVAL, "port out of range (node_port_base + node id)")
             raise BindError(f"listener {self.name}", host, port, out_of_range)
         try:
-            listeners = await trio.open_tcp_listeners(port, host=host)
+            listeners = await (_open_shared_listeners if self._reuse_port else trio.open_tcp_listeners)(port, host=host)
         except OSError as exc:
             raise BindError(f"listener {self.name}", host, port, exc) from None
         log.info("listening", extra={"listener": self.name, "bind": f"{host}:{port}", "upstream": route.upstream_name})
@@ -214,14 +220,18 @@ class ListenerRuntime:
             connection: ClientConnection | PassthroughConnection
             counted = broker
             if isinstance(route, PassthroughRoute):
-                connection = PassthroughConnection(route, runtime, stream, f"{self.name}-p{next(self._ids)}")
+                connection = PassthroughConnection(
+                    route, runtime, stream, f"{self._id_prefix}{self.name}-p{next(self._ids)}"
+                )
             else:
-                conn_id, port = f"{self.name}-{next(self._ids)}", route
+                conn_id, port = f"{self._id_prefix}{self.name}-{next(self._ids)}", route
                 if predict:
                     counted = self._bootstrap_broker()
                     port = self._node_route(counted) if isinstance(counted, int) else self._bootstrap_route(conn_id)
                 connection = ClientConnection(port, runtime, stream, conn_id)
             accepted.inc()
+            # Which process serves which client: how the tests of workers see the kernel's spread.
+            log.debug("connection accepted", extra={"conn_id": connection.conn_id, "peer": connection.peer})
             if not await runtime.gate.admit(connection, counted):
                 await trio.aclose_forcefully(stream)
                 continue
@@ -257,3 +267,30 @@ class ListenerRuntime:
     def stop_reading(self) -> None:
         for connection in list(self.connections):
             connection.stop_reading()
+
+
+async def _open_shared_listeners(port: int, *, host: str) -> list[trio.SocketListener]:
+    """``trio.open_tcp_listeners`` with SO_REUSEPORT set before the bind, so each worker
+    process binds the same port and the kernel spreads new connections over them."""
+    listeners = []
+    try:
+        for family, kind, proto, _, address in await trio.socket.getaddrinfo(
+            host, port, type=socket.SOCK_STREAM, flags=socket.AI_PASSIVE
+        ):
+            sock = trio.socket.socket(family, kind, proto)
+            try:
+                sock.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
+                sock.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEPORT, 1)
+                if family == socket.AF_INET6:
+                    sock.setsockopt(socket.IPPROTO_IPV6, socket.IPV6_V6ONLY, 1)
+                await sock.bind(address)
+                sock.listen(socket.SOMAXCONN)
+            except BaseException:
+                sock.close()
+                raise
+            listeners.append(trio.SocketListener(sock))
+    except BaseException:
+        for listener in listeners:
+            listener.socket.close()
+        raise
+    return listeners

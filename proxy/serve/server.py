@@ -9,6 +9,7 @@ import math
 import time
 from collections.abc import Awaitable, Callable
 from dataclasses import dataclass
+from typing import TYPE_CHECKING
 
 import trio
 
@@ -34,6 +35,9 @@ from proxy.serve.listener import ListenerRuntime
 from proxy.serve.pool_gate import PoolGate
 from proxy.serve.runtime import Runtime
 
+if TYPE_CHECKING:
+    from proxy.workers.worker import WorkerLink
+
 log = logging.getLogger("kafka_admission_proxy.server")
 
 # Longer than the upstream TLS handshake timeout, so a silent peer is named, not just slow.
@@ -45,7 +49,7 @@ _READY_RETRY_MAX_S = 30.0
 _ROWS_PER_SLICE = 1000
 
 # What a reload cannot change on a running proxy: sockets are bound, the pool is sized.
-_RESTART_SECTIONS = ("mode", "admin", "audit")
+_RESTART_SECTIONS = ("mode", "workers", "admin", "audit")
 _RESTART_LISTENER_FIELDS = ("name", "bind", "advertised_host", "node_port_base", "protected", "passthrough_brokers")
 _RESTART_POLICY_FIELDS = ("queued_max_request_bytes", "queued_max_request_bytes_per_connection")
 
@@ -88,6 +92,20 @@ class SharedProbe:
                 running.set()
 
 
+async def announce_readiness(readiness_problems: Callable[[], Awaitable[list[str]]]) -> None:
+    """Say "ready" only when /readyz would: until then, one warning, then retries
+    that back off (no line per attempt)."""
+    problems = await readiness_problems()
+    if problems:
+        log.warning("not ready yet: %s", "; ".join(problems))
+        delay = 1.0
+        while problems:
+            await trio.sleep(delay)
+            delay = min(delay * 2, _READY_RETRY_MAX_S)
+            problems = await readiness_problems()
+    log.info("proxy ready")
+
+
 @dataclass(frozen=True, slots=True)
 class ReloadOutcome:
     """``applied``: every change took effect; ``partial``: all but ``refused``, which
@@ -97,10 +115,47 @@ class ReloadOutcome:
     refused: tuple[str, ...] = ()
 
 
+def reload_plan(old: Config, new: Config) -> tuple[Config, tuple[str, ...]]:
+    """What a reload from ``old`` to ``new`` runs: ``new``, except the keys that need a
+    restart (returned, each named in a warning), which keep their running value."""
+    refused: list[str] = []
+    kept: dict[str, object] = {}
+    for section in _RESTART_SECTIONS:
+        changed = _changed(getattr(old, section), getattr(new, section), section)
+        refused += changed
+        kept[section] = getattr(old, section) if changed else getattr(new, section)
+    upstream = [f for f in ("bootstrap_servers",) if getattr(old.upstream, f) != getattr(new.upstream, f)]
+    if old.upstream.tls.enabled != new.upstream.tls.enabled:
+        upstream.append("tls.enabled")
+    refused += [f"upstream.{f}" for f in upstream]
+    kept["upstream"] = old.upstream if upstream else new.upstream
+    if [lst.name for lst in old.listeners] != [lst.name for lst in new.listeners]:
+        refused.append("listeners (names or order)")
+        kept["listeners"] = old.listeners
+    else:
+        listeners = []
+        for before, after in zip(old.listeners, new.listeners, strict=True):
+            fields = [f for f in _RESTART_LISTENER_FIELDS if getattr(before, f) != getattr(after, f)]
+            if (before.tls is None, before.passthrough) != (after.tls is None, after.passthrough):
+                fields.append("tls")  # TLS on or off changes the protocol of a bound port
+            refused += [f"listeners[{before.name}].{f}" for f in fields]
+            listeners.append(after.model_copy(update={f: getattr(before, f) for f in fields}))
+        kept["listeners"] = tuple(listeners)
+    pool_fields = [f for f in _RESTART_POLICY_FIELDS if getattr(old.policies, f) != getattr(new.policies, f)]
+    refused += [f"policies.{type(new.policies).model_fields[f].alias}" for f in pool_fields]
+    kept["policies"] = new.policies.model_copy(update={f: getattr(old.policies, f) for f in pool_fields})
+    for key in refused:
+        log.warning("config reload: %s changed; restart to apply it (the rest applies)", key)
+    return old.model_copy(update=kept), tuple(refused)
+
+
 class ProxyServer:
-    def __init__(self, config: Config, config_path: str | None = None) -> None:
+    def __init__(self, config: Config, config_path: str | None = None, shared: WorkerLink | None = None) -> None:
+        """``shared``: this process is one of ``workers: N`` (proxy/workers/): the supervisor
+        serves the admin port, watches the files and owns the shared limits."""
         self.config = config
         self.config_path = config_path
+        self.shared = shared
         self._watcher: FileWatcher | None = None
         policies = config.policies
         self.metrics = metrics = Metrics()
@@ -139,7 +194,7 @@ class ProxyServer:
             policies.max_ssl_handshakes_per_turn,
         )
         self.runtime = Runtime(
-            generation=self._generation(1, config),
+            generation=self._generation(1 if shared is None else shared.generation, config),
             gate=gate,
             pool=pool,
             connector=connector,
@@ -159,6 +214,7 @@ class ProxyServer:
                 bootstrap=bootstrap,
                 rewrites=config.mode == "cluster",
                 tls=TlsTermination(listener.termination) if listener.termination is not None else None,
+                worker=None if shared is None else shared.index,
             )
             for listener in config.listeners
         ]
@@ -207,6 +263,10 @@ class ProxyServer:
                         nursery.start_soon(self._roll_windows)
                     for listener in self.listeners:
                         await nursery.start(listener.run)
+                    if self.shared is not None:  # the supervisor serves the admin port and watches the files
+                        log.info("worker started")
+                        task_status.started(self)
+                        return
                     # Admin last: once it answers, every listener is bound.
                     admin = AdminServer(self.metrics, self.readiness_problems)
                     host, port = self.config.admin.bind_address
@@ -237,17 +297,7 @@ class ProxyServer:
         self.reload_file()
 
     async def _announce_readiness(self) -> None:
-        """Say "ready" only when /readyz would: until then, one warning, then retries
-        that back off (no line per attempt)."""
-        problems = await self.readiness_problems()
-        if problems:
-            log.warning("not ready yet: %s", "; ".join(problems))
-            delay = 1.0
-            while problems:
-                await trio.sleep(delay)
-                delay = min(delay * 2, _READY_RETRY_MAX_S)
-                problems = await self.readiness_problems()
-        log.info("proxy ready")
+        await announce_readiness(self.readiness_problems)
 
     async def _roll_windows(self) -> None:
         """Every audit.window.seconds, the finished observation window becomes audit rows
@@ -307,41 +357,18 @@ class ProxyServer:
         the pool are reconfigured in place); TLS material is reloaded for new handshakes
         and new broker connections. Keys bound to sockets or sized at start keep their
         running value, each named in a warning: the rest applies."""
-        old = self.config
-        refused: list[str] = []
-        kept: dict[str, object] = {}
-        for section in _RESTART_SECTIONS:
-            changed = _changed(getattr(old, section), getattr(new, section), section)
-            refused += changed
-            kept[section] = getattr(old, section) if changed else getattr(new, section)
-        upstream = [f for f in ("bootstrap_servers",) if getattr(old.upstream, f) != getattr(new.upstream, f)]
-        if old.upstream.tls.enabled != new.upstream.tls.enabled:
-            upstream.append("tls.enabled")
-        refused += [f"upstream.{f}" for f in upstream]
-        kept["upstream"] = old.upstream if upstream else new.upstream
-        if [lst.name for lst in old.listeners] != [lst.name for lst in new.listeners]:
-            refused.append("listeners (names or order)")
-            kept["listeners"] = old.listeners
-        else:
-            listeners = []
-            for before, after in zip(old.listeners, new.listeners, strict=True):
-                fields = [f for f in _RESTART_LISTENER_FIELDS if getattr(before, f) != getattr(after, f)]
-                if (before.tls is None, before.passthrough) != (after.tls is None, after.passthrough):
-                    fields.append("tls")  # TLS on or off changes the protocol of a bound port
-                refused += [f"listeners[{before.name}].{f}" for f in fields]
-                listeners.append(after.model_copy(update={f: getattr(before, f) for f in fields}))
-            kept["listeners"] = tuple(listeners)
-        pool_fields = [f for f in _RESTART_POLICY_FIELDS if getattr(old.policies, f) != getattr(new.policies, f)]
-        refused += [f"policies.{type(new.policies).model_fields[f].alias}" for f in pool_fields]
-        kept["policies"] = new.policies.model_copy(update={f: getattr(old.policies, f) for f in pool_fields})
-        for key in refused:
-            log.warning("config reload: %s changed; restart to apply it (the rest applies)", key)
-        effective = old.model_copy(update=kept)
+        effective, refused = reload_plan(self.config, new)
         self._apply(effective)
         log.info("config reloaded: generation %d applied", self.runtime.generation.number)
-        return ReloadOutcome("partial" if refused else "applied", tuple(refused))
+        return ReloadOutcome("partial" if refused else "applied", refused)
 
-    def _apply(self, config: Config) -> None:
+    def apply_generation(self, number: int, config: Config) -> None:
+        """A worker applies the generation its supervisor loaded and planned (``reload_plan``),
+        so that every worker runs the same one."""
+        self._apply(config, number)
+        log.info("config reloaded: generation %d applied", number)
+
+    def _apply(self, config: Config, number: int | None = None) -> None:
         """Everything that can fail first (new TLS contexts are built to check the files),
         then one swap after another that cannot."""
         policies = config.policies
@@ -349,7 +376,7 @@ class ProxyServer:
         checked = [server_context(tls) if (tls := lst.termination) is not None else None for lst in config.listeners]
         upstream = upstream_context(config.upstream.tls)
         identity = runtime.connector.prepare_identity(config.upstream.tls)
-        generation = self._generation(runtime.generation.number + 1, config)
+        generation = self._generation(runtime.generation.number + 1 if number is None else number, config)
         self.groups.reconfigure(policies.group_size_config(), Mode(policies.mode_of(policies.group_size_mode)))
         runtime.pool.reconfigure(policies.socket_request_max_bytes, Mode(policies.mode_of(policies.memory_pool_mode)))
         runtime.gate.reconfigure(

@@ -1,0 +1,64 @@
+"""The owner of the limits every worker shares (docs/workers.md): one instance of each
+shared service, run by the supervisor. A service decides for all workers (one decider,
+one order: exact as one process is), hears each worker over its link, and gives back
+what a worker held when it dies. The deciding itself stays in ``policies/``."""
+
+from __future__ import annotations
+
+from collections import Counter
+from collections.abc import Callable
+from typing import Protocol
+
+from prometheus_client.registry import Collector
+
+from proxy.config.model import Config
+from proxy.workers.link import Handler, Link
+
+
+class SharedService(Protocol):
+    def handlers(self, worker: int) -> dict[str, Handler]:
+        """The handlers of this worker's asks and tells (kinds prefixed by the service)."""
+        ...
+
+    def attach(self, worker: int, link: Link) -> None:
+        """The link to this worker (at its start, and again after a restart)."""
+        ...
+
+    def worker_gone(self, worker: int) -> dict[str, int]:
+        """The worker died: release all it held; what was released, e.g. ``{"connections": 3}``."""
+        ...
+
+    def reconfigure(self, config: Config) -> None:
+        """A reload: applied here before the workers apply it."""
+        ...
+
+    def collectors(self) -> list[Collector]:
+        """Prometheus collectors of the state this service owns."""
+        ...
+
+
+# Every shared service, each built as ``Service(config)``: adding one is adding it here.
+SERVICES: tuple[Callable[[Config], SharedService], ...] = ()
+
+
+class Owner:
+    def __init__(self, config: Config) -> None:
+        self.services = [make(config) for make in SERVICES]
+
+    def attach(self, worker: int, link: Link) -> None:
+        for service in self.services:
+            link.handlers.update(service.handlers(worker))
+            service.attach(worker, link)
+
+    def worker_gone(self, worker: int) -> dict[str, int]:
+        released: Counter[str] = Counter()
+        for service in self.services:
+            released.update(service.worker_gone(worker))
+        return dict(released)
+
+    def reconfigure(self, config: Config) -> None:
+        for service in self.services:
+            service.reconfigure(config)
+
+    def collectors(self) -> list[Collector]:
+        return [collector for service in self.services for collector in service.collectors()]

@@ -1,0 +1,99 @@
+"""One worker process of ``workers: N``: the ordinary ProxyServer on the shared ports
+(SO_REUSEPORT), with the supervisor at the other end of a socket pair it inherited.
+The supervisor gives it the config generation to run (never the file: every worker
+runs the one generation the supervisor loaded), and serves the admin port for all.
+SIGTERM drains as one process does; SIGINT and SIGHUP are the supervisor's to act on.
+When the supervisor is gone (the link ends), the worker exits: the shared limits
+cannot be kept without their owner."""
+
+from __future__ import annotations
+
+import argparse
+import logging
+import signal
+import socket
+import sys
+from dataclasses import dataclass
+
+import trio
+
+from proxy.evidence.logs import setup_logging
+from proxy.workers.link import Link
+
+log = logging.getLogger("kafka_admission_proxy.worker")
+
+
+@dataclass(frozen=True, slots=True)
+class WorkerLink:
+    """What makes a ProxyServer one worker of several: its index (0..workers-1), the link to
+    the supervisor (the owner of the shared limits), and the generation it starts with."""
+
+    index: int
+    workers: int
+    link: Link
+    generation: int = 1
+
+
+class _WorkerField(logging.Filter):
+    """Every log line of a worker names it (``worker=<index>``)."""
+
+    def __init__(self, index: int) -> None:
+        super().__init__()
+        self.index = index
+
+    def filter(self, record: logging.LogRecord) -> bool:
+        record.worker = self.index
+        return True
+
+
+async def serve_worker(config_path: str, index: int, workers: int, link_fd: int, drain_timeout: float) -> None:
+    from proxy.serve.server import ProxyServer  # the server imports this module for WorkerLink
+
+    link = Link(trio.SocketStream(trio.socket.from_stdlib_socket(socket.socket(fileno=link_fd))))
+    with trio.open_signal_receiver(signal.SIGTERM) as signals:
+        async with trio.open_nursery() as nursery:
+            nursery.start_soon(_follow_supervisor, link, nursery.cancel_scope)
+            generation, config = await link.ask("worker.hello")
+            server = ProxyServer(config, config_path, shared=WorkerLink(index, workers, link, generation))
+            link.handlers["worker.reload"] = server.apply_generation
+            link.handlers["worker.readiness"] = server.readiness_problems
+            await nursery.start(server.run)
+            link.tell("worker.ready", server.runtime.generation.number)
+            async for _ in signals:
+                await server.shutdown(drain_timeout)
+                break
+            nursery.cancel_scope.cancel()
+
+
+async def _follow_supervisor(link: Link, scope: trio.CancelScope) -> None:
+    await link.run()
+    log.error("the supervisor is gone; worker exiting")
+    scope.cancel()
+
+
+def main(argv: list[str] | None = None) -> int:
+    from proxy.cli import exit_status, prepare_serving_process
+
+    parser = argparse.ArgumentParser(prog="kafka-admission-proxy worker")
+    parser.add_argument("--config", required=True)
+    parser.add_argument("--index", type=int, required=True)
+    parser.add_argument("--workers", type=int, required=True)
+    parser.add_argument("--link-fd", type=int, required=True)
+    parser.add_argument("--drain-timeout", type=float, required=True)
+    parser.add_argument("--log-format", default="text")
+    parser.add_argument("--log-level", default="INFO")
+    args = parser.parse_args(argv)
+    setup_logging(args.log_format, args.log_level)
+    for handler in logging.getLogger().handlers:
+        handler.addFilter(_WorkerField(args.index))
+    # A Ctrl-C reaches the whole process group: the supervisor turns it into SIGTERM for each worker.
+    signal.signal(signal.SIGINT, signal.SIG_IGN)
+    signal.signal(signal.SIGHUP, signal.SIG_IGN)
+    prepare_serving_process()
+    return exit_status(
+        lambda: trio.run(serve_worker, args.config, args.index, args.workers, args.link_fd, args.drain_timeout) or 0
+    )
+
+
+if __name__ == "__main__":
+    sys.exit(main())

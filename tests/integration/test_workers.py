@@ -1,0 +1,170 @@
+"""``workers: N`` (issue 29): N worker processes on the same ports under one supervisor.
+The kernel spreads connections over the workers (SO_REUSEPORT); a worker killed under
+load is restarted while the others keep serving and an idempotent producer loses and
+duplicates nothing; SIGHUP reloads every worker to one generation, counted once;
+SIGTERM drains every worker. Which worker served a connection is read from the proxy's
+own log (tests/workers_util.py)."""
+
+from __future__ import annotations
+
+import os
+import signal
+import time
+import uuid
+from collections import Counter
+from typing import Any
+
+import pytest
+
+from tests.clients import create_topic, unique
+from tests.conftest import wait_until
+from tests.faults import ProducerTraffic, assert_exactly_once, consumed_values
+from tests.integration.test_graceful_shutdown import refuses_connections, topic_id
+from tests.raw_kafka import RawConnection, api_versions_frame, fetch_frame
+from tests.workers_util import client_address, served_by, start_workers, worker_of, worker_pids
+
+API_VERSIONS = 18
+
+
+def round_trip(conn: RawConnection, correlation_id: int, client_id: str = "raw-test") -> int:
+    """An ApiVersions round trip; the answer's error code."""
+    conn.send(api_versions_frame(correlation_id, client_id=client_id))
+    response = conn.read_response(API_VERSIONS, 3)
+    assert response.header.correlation_id == correlation_id
+    return int(response.body.error_code)
+
+
+def connections_on_every_worker(proxy: Any, workers: int, count: int) -> dict[int, list[RawConnection]]:
+    """``count`` connections that answered a round trip, by the worker that serves them; every
+    worker has one (with SO_REUSEPORT's hash, 16 connections all on one of 2 workers: 2^-15)."""
+    by_worker: dict[int, list[RawConnection]] = {}
+    for i in range(count):
+        conn = RawConnection(proxy.bootstrap)
+        assert round_trip(conn, i) == 0
+        by_worker.setdefault(worker_of(proxy, conn), []).append(conn)
+    assert sorted(by_worker) == list(range(workers)), {w: len(c) for w, c in by_worker.items()}
+    return by_worker
+
+
+def close_all(by_worker: dict[int, list[RawConnection]]) -> None:
+    for conns in by_worker.values():
+        for conn in conns:
+            conn.close()
+
+
+@pytest.mark.parametrize("workers", [2, 4])
+def test_connections_spread_over_the_workers_and_each_is_served(tansu: Any, start_proxy: Any, workers: int) -> None:
+    proxy = start_workers(start_proxy, tansu.bootstrap, workers)
+    assert sorted(worker_pids(proxy)) == list(range(workers))
+    conns = [RawConnection(proxy.bootstrap) for _ in range(32)]
+    try:
+        for i, conn in enumerate(conns):
+            assert round_trip(conn, i) == 0
+        landed = Counter(worker_of(proxy, conn) for conn in conns)
+    finally:
+        for conn in conns:
+            conn.close()
+    assert set(landed) <= set(range(workers))
+    assert len(landed) >= 2, f"every connection on one worker: {landed}"
+    status, _ = proxy.get("/readyz")
+    assert status == 200
+
+
+def test_a_killed_worker_is_restarted_and_an_idempotent_producer_loses_and_duplicates_nothing(
+    tansu: Any, start_proxy: Any
+) -> None:
+    """SIGKILL a worker while three idempotent producers run: the connections it held end,
+    those of the other worker keep answering, the supervisor restarts it (counted), and every
+    acknowledged record is read back exactly once."""
+    proxy = start_workers(start_proxy, tansu.bootstrap, 2)
+    topic = unique("workers-kill")
+    create_topic(proxy.bootstrap, topic)
+    traffic = [ProducerTraffic(proxy.bootstrap, topic, name=f"p{i}").start() for i in range(3)]
+    by_worker: dict[int, list[RawConnection]] = {}
+    try:
+        wait_until(lambda: all(len(t.acked) >= 20 for t in traffic), timeout=20)
+        by_worker = connections_on_every_worker(proxy, 2, 16)
+        ours = {client_address(conn) for conns in by_worker.values() for conn in conns}
+        producers = Counter(w for peer, w in served_by(proxy).items() if peer not in ours)
+        # The worker that took the most producer connections: the producers lose connections too.
+        victim = max(range(2), key=lambda w: producers[w])
+        assert producers[victim] >= 1, producers
+        survivor = 1 - victim
+        pid = worker_pids(proxy)[victim]
+        os.kill(pid, signal.SIGKILL)
+        for conn in by_worker[victim]:
+            assert conn.closed_by_peer(), "a connection of the killed worker is still open"
+        for i, conn in enumerate(by_worker[survivor]):
+            assert round_trip(conn, 100 + i) == 0  # the other worker's connections keep working
+        wait_until(lambda: proxy.metric("kafka_admission_worker_restarts_total", worker=str(victim)) == 1)
+        wait_until(lambda: worker_pids(proxy)[victim] != pid, timeout=15)
+        acked = [len(t.acked) for t in traffic]
+        wait_until(lambda: all(len(t.acked) > n + 20 for t, n in zip(traffic, acked, strict=True)), timeout=30)
+    finally:
+        close_all(by_worker)
+        for t in traffic:
+            t.stop()
+    assert [t.failed for t in traffic] == [[], [], []]
+    assert all(t.unflushed == 0 for t in traffic)
+    assert_exactly_once(traffic, consumed_values(proxy.bootstrap, topic, sum(len(t.acked) for t in traffic)))
+    assert proxy.metric("kafka_admission_worker_restarts_total") == 1
+    assert f"worker {victim} exited with status -9; restarting it" in proxy.log()
+    assert proxy.get("/readyz")[0] == 200
+
+
+def test_sighup_reloads_every_worker_to_one_generation_counted_once(tansu: Any, start_proxy: Any) -> None:
+    """A connection open on each worker sees the reloaded limit at its next request; the reload
+    is one outcome, not one per worker; a worker restarted afterwards runs the new generation."""
+    proxy = start_workers(start_proxy, tansu.bootstrap, 2)
+    by_worker = connections_on_every_worker(proxy, 2, 16)
+    long_id = "c" * 250
+    try:
+        for worker, conns in by_worker.items():
+            assert round_trip(conns[0], 10 + worker, long_id) == 0  # no limit yet
+        before = proxy.reloads()
+        proxy.reload(**{"resource.identifier.limit.enable": True})
+        after = proxy.reloads()
+        assert after["success"] == before["success"] + 1
+        assert sum(after.values()) == sum(before.values()) + 1
+        for worker, conns in by_worker.items():
+            assert round_trip(conns[0], 20 + worker, long_id) == 42  # INVALID_REQUEST: over the limit
+        for worker in (0, 1):
+            assert f"config reloaded: generation 2 applied worker={worker}" in proxy.log()
+        # A worker restarted after the reload starts from the supervisor's generation, not the file's.
+        os.kill(worker_pids(proxy)[0], signal.SIGKILL)
+        wait_until(lambda: proxy.metric("kafka_admission_worker_restarts_total", worker="0") == 1)
+        wait_until(lambda: "worker 0 serving pid" in proxy.log().rsplit("worker 0 exited", 1)[1], timeout=15)
+        on_zero = [c for c in (RawConnection(proxy.bootstrap) for _ in range(16)) if worker_of(proxy, c) == 0]
+        assert on_zero, "no new connection landed on the restarted worker"
+        assert round_trip(on_zero[0], 30, long_id) == 42
+        for conn in on_zero:
+            conn.close()
+    finally:
+        close_all(by_worker)
+    assert proxy.reloads() == after  # the restart reloaded nothing
+
+
+def test_sigterm_drains_every_worker_and_exits_0(tansu: Any, start_proxy: Any) -> None:
+    """A Fetch parked at the broker in each worker is answered after SIGTERM; no new
+    connection is accepted; the drained connections are closed; the supervisor exits 0."""
+    proxy = start_workers(start_proxy, tansu.bootstrap, 2, extra_args=["--drain-timeout", "30"])
+    topic = f"empty-{uuid.uuid4().hex[:8]}"
+    create_topic(proxy.bootstrap, topic)
+    by_worker = connections_on_every_worker(proxy, 2, 16)
+    parked = [conns[0] for conns in by_worker.values()]
+    try:
+        for i, conn in enumerate(parked):
+            tid = topic_id(conn, topic)
+            conn.send(fetch_frame(70 + i, tid, max_wait_ms=2000))
+        time.sleep(0.3)  # the Fetches are now parked at the broker
+        proxy.signal(signal.SIGTERM)
+        wait_until(lambda: refuses_connections(proxy.bootstrap), timeout=5)
+        for i, conn in enumerate(parked):
+            response = conn.read_response(1, 13)
+            assert (response.header.correlation_id, response.body.error_code) == (70 + i, 0)
+            assert conn.closed_by_peer()
+    finally:
+        close_all(by_worker)
+    assert proxy.wait(timeout=15) == 0
+    for worker in (0, 1):
+        assert f"draining in-flight requests worker={worker}" in proxy.log()
