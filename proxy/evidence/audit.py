@@ -126,7 +126,7 @@ class _Lane:
         # One producer (the event loop) appends, one consumer (the writer) pops: a deque's
         # append and popleft are atomic, so the hot path takes no lock.
         self._queue: collections.deque[dict[str, Any]] = collections.deque()
-        metrics.audit_queue_events.labels(sink).set_function(lambda: len(self._queue))
+        metrics.watch_audit_queue(sink, lambda: len(self._queue))
         self._writer = _Writer(self._queue, out, metrics, sink)
         self._thread = threading.Thread(target=self._writer.run, name=f"audit-{sink}-writer", daemon=True)
         self._thread.start()

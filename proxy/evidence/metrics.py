@@ -2,6 +2,11 @@
 
 Every name starts with ``kafka_admission_``. Labels stay bounded: listener
 names, API names, causes; never client or group ids.
+
+With ``workers: N`` (N > 1) every process writes its counters and gauges to
+prometheus-client's multiprocess files and the supervisor serves one
+``/metrics`` from them (proxy/workers/metrics.py). Each gauge says how the
+processes' values combine (``multiprocess_mode``); a single process ignores it.
 """
 
 from __future__ import annotations
@@ -9,11 +14,12 @@ from __future__ import annotations
 import platform
 import time
 from bisect import bisect_left
-from collections.abc import Iterator
+from collections.abc import Callable, Iterator
 from importlib.metadata import PackageNotFoundError, version
+from typing import Literal
 
 import trio
-from prometheus_client import CollectorRegistry, Counter, Gauge, ProcessCollector
+from prometheus_client import CollectorRegistry, Counter, Gauge, Histogram, ProcessCollector
 from prometheus_client.core import CounterMetricFamily, GaugeMetricFamily, HistogramMetricFamily
 from prometheus_client.registry import Collector
 
@@ -37,6 +43,11 @@ _LATENCY_BUCKETS = (
 
 # Outcomes of a config reload, exported from the start (at 0) so alerts see them.
 RELOAD_OUTCOMES = ("success", "invalid", "restart_required", "error")
+
+# single: the one process of workers: 1, as ever. With workers: N, the supervisor and
+# each worker write multiprocess files: the supervisor alone loads the config and
+# counts reloads; a worker's traffic reaches the files when it flushes.
+Role = Literal["single", "supervisor", "worker"]
 
 
 def package_version() -> str:
@@ -64,7 +75,8 @@ class Metrics:
         if succeeded:
             self.config_last_reload_success.set_to_current_time()
 
-    def __init__(self) -> None:
+    def __init__(self, role: Role = "single") -> None:
+        self.role = role
         self.registry = CollectorRegistry()
         r = self.registry
         # Operators' basics: what runs, and the standard process_* metrics (RSS, fds, CPU).
@@ -74,6 +86,7 @@ class Metrics:
             "Always 1; the labels say which build runs",
             ("version", "python", "trio"),
             registry=r,
+            multiprocess_mode="max",
         )
         self.build_info.labels(package_version(), platform.python_version(), trio.__version__).set(1)
         self.config_reloads = Counter(
@@ -88,8 +101,8 @@ class Metrics:
             "kafka_admission_config_last_reload_success_timestamp_seconds",
             "When the running config was last loaded in full (start, or a reload counted success), Unix time",
             registry=r,
+            multiprocess_mode="mostrecent",
         )
-        self.config_last_reload_success.set(time.time())
         # Prometheus' own prometheus_config_last_reload_successful: 0 from a refused reload
         # until one succeeds, so an alert can stay firing while the stale config runs.
         self.config_last_reload_successful = Gauge(
@@ -97,18 +110,26 @@ class Metrics:
             "1 when the last config load (start, or a reload) applied all of the file; 0 while the running "
             "config is older than the file (the last reload was invalid, restart_required or error)",
             registry=r,
+            multiprocess_mode="mostrecent",
         )
-        self.config_last_reload_successful.set(1)
+        if role != "worker":  # the supervisor loads the config and sets both; a worker leaves them unset
+            self.config_last_reload_success.set(time.time())
+            self.config_last_reload_successful.set(1)
         self.certificate_expiry = Gauge(
             "kafka_admission_tls_certificate_expiry_timestamp_seconds",
             "notAfter of the certificate a TLS listener presents (listener 'upstream': the client "
             "certificate presented to brokers), Unix time",
             ("listener",),
             registry=r,
+            multiprocess_mode="livemin",  # the soonest expiry any live process presents
         )
         conn = ("listener", "tls")
         self.connections_active = Gauge(
-            "kafka_admission_connections_active", "Client connections open now", conn, registry=r
+            "kafka_admission_connections_active",
+            "Client connections open now",
+            conn,
+            registry=r,
+            multiprocess_mode="livesum",
         )
         self.connections_accepted = Counter(
             "kafka_admission_connections_accepted", "Client connections accepted", conn, registry=r
@@ -167,11 +188,20 @@ class Metrics:
             "kafka_admission_upstream_identity_cache_size",
             "Client identities (subjects) whose issued certificate and TLS context are cached",
             registry=r,
+            multiprocess_mode="livesum",  # each worker caches its own
         )
-        self.brokers_known = Gauge("kafka_admission_brokers_known", "Broker nodes served on a proxy port", registry=r)
+        self.brokers_known = Gauge(
+            "kafka_admission_brokers_known",
+            "Broker nodes served on a proxy port",
+            registry=r,
+            multiprocess_mode="livemax",  # every worker learns the same brokers
+        )
         self.traffic: dict[str, TrafficStats] = {}
-        r.register(_TrafficCollector(self.traffic))
-        r.register(_TaskCollector())
+        # Read at scrape time in one process; with workers, folded into the files by flush().
+        self._files = _FileExport(r) if role != "single" else None
+        if self._files is None:
+            r.register(_TrafficCollector(self.traffic))
+            r.register(_TaskCollector())
         # sink: file (audit.path), topic (audit.topic) or log (neither): each has its own queue.
         self.audit_events = Counter(
             "kafka_admission_audit_events",
@@ -195,8 +225,28 @@ class Metrics:
             "kafka_admission_audit_bytes_written", "Bytes of audit JSON lines written to files", registry=r
         )
         self.audit_queue_events = Gauge(
-            "kafka_admission_audit_queue_events", "Audit events queued for the sink's writer now", ("sink",), registry=r
+            "kafka_admission_audit_queue_events",
+            "Audit events queued for the sink's writer now",
+            ("sink",),
+            registry=r,
+            multiprocess_mode="livesum",
         )
+
+    def watch_audit_queue(self, sink: str, depth: Callable[[], int]) -> None:
+        """``kafka_admission_audit_queue_events{sink}`` reads ``depth`` when scraped (with
+        workers: when flushed, since the files hold only values that were set)."""
+        if self._files is None:
+            self.audit_queue_events.labels(sink).set_function(depth)
+        else:
+            self._files.queues[sink] = depth
+
+    def flush(self) -> None:
+        """With workers: fold this process's traffic since the last flush, its trio tasks and
+        its audit queues into the multiprocess files (a worker does it every few seconds and
+        when the supervisor asks before a scrape: nothing is written per request). A single
+        process has nothing to flush."""
+        if self._files is not None:
+            self._files.flush(self.traffic, self.audit_queue_events)
 
 
 class TrafficStats:
@@ -223,25 +273,26 @@ class TrafficStats:
         self.latency_sum += seconds
 
 
+# The traffic families, served from TrafficStats by one process or flushed into files by each worker.
+_REQUESTS = ("kafka_admission_requests", "Requests read from clients, by API")
+_REQUEST_BYTES = ("kafka_admission_request_bytes", "Request bytes read from clients")
+_RESPONSE_BYTES = ("kafka_admission_response_bytes", "Response bytes written to clients")
+_ADDED_LATENCY = (
+    "kafka_admission_proxy_added_latency_seconds",
+    "Time a request and its response spent inside the proxy (not at the broker)",
+)
+_TASKS = ("kafka_admission_trio_tasks", "trio tasks alive in the proxy now")
+
+
 class _TrafficCollector(Collector):
     def __init__(self, stats: dict[str, TrafficStats]) -> None:
         self._stats = stats
 
     def collect(self) -> Iterator[CounterMetricFamily | HistogramMetricFamily]:
-        requests = CounterMetricFamily(
-            "kafka_admission_requests", "Requests read from clients, by API", labels=("listener", "api")
-        )
-        request_bytes = CounterMetricFamily(
-            "kafka_admission_request_bytes", "Request bytes read from clients", labels=("listener",)
-        )
-        response_bytes = CounterMetricFamily(
-            "kafka_admission_response_bytes", "Response bytes written to clients", labels=("listener",)
-        )
-        latency = HistogramMetricFamily(
-            "kafka_admission_proxy_added_latency_seconds",
-            "Time a request and its response spent inside the proxy (not at the broker)",
-            labels=("listener",),
-        )
+        requests = CounterMetricFamily(*_REQUESTS, labels=("listener", "api"))
+        request_bytes = CounterMetricFamily(*_REQUEST_BYTES, labels=("listener",))
+        response_bytes = CounterMetricFamily(*_RESPONSE_BYTES, labels=("listener",))
+        latency = HistogramMetricFamily(*_ADDED_LATENCY, labels=("listener",))
         for listener, stats in self._stats.items():
             for api_key, count in stats.requests.items():
                 requests.add_metric((listener, api_name(api_key)), count)
@@ -260,16 +311,82 @@ class _TaskCollector(Collector):
     connection plus a fixed set), so a soak can tell a task leak from traffic."""
 
     def collect(self) -> Iterator[GaugeMetricFamily]:
-        try:
-            root = trio.lowlevel.current_root_task()
-        except RuntimeError:  # collected outside the proxy's trio run (e.g. a unit test)
-            return
-        if root is None:
-            return
-        tasks, stack = 0, [root]
-        while stack:
-            task = stack.pop()
-            tasks += 1
-            for nursery in task.child_nurseries:
-                stack.extend(nursery.child_tasks)
-        yield GaugeMetricFamily("kafka_admission_trio_tasks", "trio tasks alive in the proxy now", value=tasks)
+        tasks = _trio_tasks()
+        if tasks is not None:
+            yield GaugeMetricFamily(*_TASKS, value=tasks)
+
+
+def _trio_tasks() -> int | None:
+    """Every trio task alive in this process (None outside a trio run, e.g. a unit test)."""
+    try:
+        root = trio.lowlevel.current_root_task()
+    except RuntimeError:
+        return None
+    if root is None:
+        return None
+    tasks, stack = 0, [root]
+    while stack:
+        task = stack.pop()
+        tasks += 1
+        for nursery in task.child_nurseries:
+            stack.extend(nursery.child_tasks)
+    return tasks
+
+
+class _Flushed:
+    """What of one listener's TrafficStats is already in the files."""
+
+    __slots__ = ("latency_buckets", "latency_sum", "request_bytes", "requests", "response_bytes")
+
+    def __init__(self) -> None:
+        self.requests: dict[int, int] = {}
+        self.request_bytes = 0
+        self.response_bytes = 0
+        self.latency_buckets = [0] * (len(_LATENCY_BUCKETS) + 1)
+        self.latency_sum = 0.0
+
+
+class _FileExport:
+    """A worker's traffic, trio tasks and audit queue depths as multiprocess metrics, written
+    at each flush: the request path keeps adding to plain numbers (TrafficStats), and a
+    flush adds what they gained since the last one, a few writes per listener and API."""
+
+    def __init__(self, registry: CollectorRegistry) -> None:
+        self.requests = Counter(*_REQUESTS, ("listener", "api"), registry=registry)
+        self.request_bytes = Counter(*_REQUEST_BYTES, ("listener",), registry=registry)
+        self.response_bytes = Counter(*_RESPONSE_BYTES, ("listener",), registry=registry)
+        self.latency = Histogram(*_ADDED_LATENCY, ("listener",), registry=registry, buckets=_LATENCY_BUCKETS)
+        self.tasks = Gauge(*_TASKS, registry=registry, multiprocess_mode="livesum")
+        self.queues: dict[str, Callable[[], int]] = {}
+        self._flushed: dict[str, _Flushed] = {}
+
+    def flush(self, traffic: dict[str, TrafficStats], queue_gauge: Gauge) -> None:
+        for listener, stats in traffic.items():
+            done = self._flushed.get(listener)
+            if done is None:
+                done = self._flushed[listener] = _Flushed()
+            for api_key, count in stats.requests.items():
+                if count != done.requests.get(api_key, 0):
+                    self.requests.labels(listener, api_name(api_key)).inc(count - done.requests.get(api_key, 0))
+                    done.requests[api_key] = count
+            if stats.request_bytes != done.request_bytes:
+                self.request_bytes.labels(listener).inc(stats.request_bytes - done.request_bytes)
+                done.request_bytes = stats.request_bytes
+            if stats.response_bytes != done.response_bytes:
+                self.response_bytes.labels(listener).inc(stats.response_bytes - done.response_bytes)
+                done.response_bytes = stats.response_bytes
+            if stats.latency_buckets != done.latency_buckets:
+                # Histogram.observe adds one observation; a flush adds many per bucket, so it
+                # adds to the child's bucket and sum values (the ones observe writes) directly.
+                child = self.latency.labels(listener)
+                for i, (now, before) in enumerate(zip(stats.latency_buckets, done.latency_buckets, strict=True)):
+                    if now != before:
+                        child._buckets[i].inc(now - before)
+                child._sum.inc(stats.latency_sum - done.latency_sum)
+                done.latency_buckets = list(stats.latency_buckets)
+                done.latency_sum = stats.latency_sum
+        tasks = _trio_tasks()
+        if tasks is not None:
+            self.tasks.set(tasks)
+        for sink, depth in self.queues.items():
+            queue_gauge.labels(sink).set(depth())

@@ -19,15 +19,18 @@ from proxy.evidence.metrics import Metrics
 log = logging.getLogger("kafka_admission_proxy.admin")
 
 ReadinessCheck = Callable[[], Awaitable[list[str]]]
+# The /metrics body when it is not this process's registry (the supervisor of workers).
+Exposition = Callable[[], Awaitable[bytes]]
 _REQUEST_TIMEOUT_S = 10.0
 _MAX_REQUEST_BYTES = 16384
 _DRAIN_TIMEOUT_S = 1.0
 
 
 class AdminServer:
-    def __init__(self, metrics: Metrics, readiness: ReadinessCheck) -> None:
+    def __init__(self, metrics: Metrics, readiness: ReadinessCheck, exposition: Exposition | None = None) -> None:
         self._metrics = metrics
         self._readiness = readiness
+        self._exposition = exposition
 
     async def serve(
         self, host: str, port: int, *, task_status: trio.TaskStatus[int] = trio.TASK_STATUS_IGNORED
@@ -82,6 +85,8 @@ class AdminServer:
         if request.method != b"GET":
             return 405, b"text/plain", b"method not allowed\n"
         if path == b"/metrics":
+            if self._exposition is not None:
+                return 200, CONTENT_TYPE_LATEST.encode(), await self._exposition()
             return 200, CONTENT_TYPE_LATEST.encode(), generate_latest(self._metrics.registry)
         if path == b"/healthz":
             return 200, b"text/plain", b"ok\n"

@@ -1,0 +1,152 @@
+"""One ``/metrics`` for a proxy of N worker processes, with prometheus-client's own
+multiprocess mode: every process writes its counters, gauges and histograms to files in
+one directory (``PROMETHEUS_MULTIPROC_DIR``), and the supervisor serves
+``MultiProcessCollector``'s merge of them with the collectors of the state it owns
+(connection counts, pool, group sizes). Each gauge's ``multiprocess_mode`` says how the
+processes' values combine (proxy/evidence/metrics.py).
+
+With ``workers: 1`` nothing here runs: the one process serves its own registry.
+"""
+
+from __future__ import annotations
+
+import glob
+import logging
+import os
+import shutil
+import tempfile
+from collections.abc import Awaitable, Callable, Iterable, Iterator, Sequence
+
+import trio
+from prometheus_client import ProcessCollector, generate_latest, values
+from prometheus_client.metrics_core import Metric
+from prometheus_client.multiprocess import MultiProcessCollector, mark_process_dead
+from prometheus_client.registry import Collector
+
+from proxy.evidence.metrics import Metrics
+from proxy.workers.link import Link, LinkClosed, RemoteError
+
+log = logging.getLogger("kafka_admission_proxy.metrics")
+
+ENV = "PROMETHEUS_MULTIPROC_DIR"
+FLUSH_KIND = "worker.flush_metrics"
+# A worker folds its traffic into the files this often when no scrape asks: what a
+# SIGKILLed worker's counters can miss.
+FLUSH_INTERVAL_S = 5.0
+# A scrape waits at most this long for the workers' flushes: a stuck worker delays the
+# scrape, it does not fail it (its last flushed values are served).
+FLUSH_WAIT_S = 1.0
+
+
+class MetricsFiles:
+    """The directory of every process's metric files, for one run of the supervisor.
+
+    ``PROMETHEUS_MULTIPROC_DIR`` names it when set (e.g. a memory-backed volume where the
+    root file system is read-only); otherwise a new temporary directory. Files a previous
+    run left are removed at start (their counters would be added to this run's), and at
+    exit (a temporary directory goes whole)."""
+
+    def __init__(self, path: str, temporary: bool) -> None:
+        self.path = path
+        self._temporary = temporary
+
+    @classmethod
+    def open(cls, configured: str | None = None) -> MetricsFiles:
+        configured = configured if configured is not None else os.environ.get(ENV) or None
+        if configured is None:
+            return cls(tempfile.mkdtemp(prefix="kafka-admission-proxy-metrics-"), temporary=True)
+        os.makedirs(configured, exist_ok=True)
+        files = cls(configured, temporary=False)
+        files._remove_files()
+        return files
+
+    def enter(self) -> None:
+        """This process and every process it starts from now on write their metrics here.
+        Called by the supervisor before it makes any metric: prometheus-client chooses its
+        value class from the environment when imported, and the supervisor knows it runs
+        workers only once it has read its config, after that import."""
+        os.environ[ENV] = self.path
+        if not getattr(values.ValueClass, "_multiprocess", False):
+            values.ValueClass = values.MultiProcessValue()  # type: ignore[no-untyped-call]
+
+    def process_gone(self, pid: int) -> None:
+        """A worker process ended: its live gauges (connections open, ...) stop counting;
+        its counters stay in the sums, as a counter never goes down."""
+        mark_process_dead(pid, self.path)  # type: ignore[no-untyped-call]
+
+    def collect(self) -> list[Metric]:
+        """Every process's metrics, merged (reads the files: run it in a thread)."""
+        collector = MultiProcessCollector(None, self.path)  # type: ignore[no-untyped-call]
+        return list(collector.collect())  # type: ignore[no-untyped-call]
+
+    def close(self) -> None:
+        if self._temporary:
+            shutil.rmtree(self.path, ignore_errors=True)
+        else:
+            self._remove_files()
+
+    def _remove_files(self) -> None:
+        for path in glob.glob(os.path.join(self.path, "*.db")):
+            os.remove(path)
+
+
+class _Families(Collector):
+    """Metric families already collected, for generate_latest."""
+
+    def __init__(self, families: Sequence[Metric]) -> None:
+        self._families = families
+
+    def collect(self) -> Iterator[Metric]:
+        yield from self._families
+
+
+class WholeProxyMetrics:
+    """The supervisor's ``/metrics``: the files of every process (the supervisor's own
+    counters and gauges among them), then ``collectors``: the owner's services' state, and
+    the supervisor's process metrics. A family comes from one place: the services' collectors
+    are registered in the supervisor alone, never written to the files."""
+
+    def __init__(self, files: MetricsFiles, metrics: Metrics, collectors: Iterable[Collector]) -> None:
+        self._files = files
+        self._metrics = metrics
+        # process_*: the supervisor's (prometheus-client's multiprocess mode has none per worker).
+        self._collectors = [ProcessCollector(registry=None), *collectors]
+
+    async def exposition(self, flush_workers: Callable[[], Awaitable[None]]) -> bytes:
+        """Ask the workers to flush, then read and render. The owner's state is collected
+        on the trio thread (it changes there); reading and merging the files, the slow
+        part, runs in a thread so admissions are not held up by a scrape."""
+        await flush_workers()
+        self._metrics.flush()
+        owned = [family for collector in self._collectors for family in collector.collect()]
+        merged = await trio.to_thread.run_sync(self._files.collect)
+        return await trio.to_thread.run_sync(generate_latest, _Families([*merged, *owned]))
+
+
+async def flush_workers(links: Iterable[Link]) -> None:
+    """Ask every worker to flush its metrics, all at once; return when all have answered,
+    or after FLUSH_WAIT_S. A worker that is gone or failed is skipped."""
+
+    async def ask(link: Link) -> None:
+        try:
+            await link.ask(FLUSH_KIND)
+        except (LinkClosed, RemoteError) as exc:
+            log.debug("metrics flush skipped: %s", exc)
+
+    with trio.move_on_after(FLUSH_WAIT_S):
+        async with trio.open_nursery() as nursery:
+            for link in links:
+                nursery.start_soon(ask, link)
+
+
+async def flush_periodically(metrics: Metrics, interval: float = FLUSH_INTERVAL_S) -> None:
+    """A worker's flush between scrapes, so a worker killed between two scrapes loses at
+    most ``interval`` of its counts."""
+    while True:
+        await trio.sleep(interval)
+        metrics.flush()
+
+
+def serve_flush(link: Link, metrics: Metrics) -> None:
+    """A worker answers the supervisor's flush before a scrape."""
+    link.handlers[FLUSH_KIND] = metrics.flush
