@@ -1,0 +1,141 @@
+"""One /metrics for N worker processes with prometheus-client's multiprocess mode
+(proxy/workers/metrics.py): real processes write their metrics to the files, the supervisor's
+scrape asks each to flush over a real link and serves the merge with the owner's collectors."""
+
+from __future__ import annotations
+
+import os
+import signal
+import socket
+import subprocess
+import sys
+from collections.abc import Iterator
+from pathlib import Path
+
+import pytest
+import trio
+from prometheus_client.core import GaugeMetricFamily
+from prometheus_client.parser import text_string_to_metric_families
+from prometheus_client.registry import Collector
+
+from proxy.evidence.metrics import Metrics
+from proxy.workers.link import Link
+from proxy.workers.metrics import ENV, MetricsFiles, WholeProxyMetrics, flush_workers
+from tests.conftest import ROOT
+
+
+class _OwnerCounts(Collector):
+    """Stands for a shared service's collector (connection counts the owner holds)."""
+
+    def collect(self) -> Iterator[GaugeMetricFamily]:
+        yield GaugeMetricFamily("kafka_admission_connections_counted", "Connections counted", value=5)
+
+
+def samples(text: str) -> dict[tuple[str, tuple[tuple[str, str], ...]], float]:
+    families = list(text_string_to_metric_families(text))
+    names = [f.name for f in families]
+    assert len(names) == len(set(names)), f"a family served twice: {sorted(n for n in names if names.count(n) > 1)}"
+    return {(s.name, tuple(sorted(s.labels.items()))): s.value for f in families for s in f.samples}
+
+
+PLAIN = (("listener", "plain"),)
+METADATA = (("api", "metadata"), ("listener", "plain"))
+ACTIVE = (("listener", "plain"), ("tls", "false"))
+
+
+class Worker:
+    def __init__(self, files: MetricsFiles) -> None:
+        parent, child = socket.socketpair()
+        env = {**os.environ, ENV: files.path, "PYTHONPATH": str(ROOT)}
+        self.process = subprocess.Popen(
+            [sys.executable, "-m", "tests.metrics_worker", str(child.fileno())], pass_fds=[child.fileno()], env=env
+        )
+        child.close()
+        self.link = Link(trio.SocketStream(trio.socket.from_stdlib_socket(parent)))
+
+
+@pytest.fixture
+def files(tmp_path: Path) -> Iterator[MetricsFiles]:
+    files = MetricsFiles.open(str(tmp_path / "metrics"))
+    yield files
+    files.close()
+
+
+async def test_one_scrape_sums_the_workers_flushed_on_ask_and_a_dead_workers_live_gauges_drop(
+    files: MetricsFiles,
+) -> None:
+    workers = [Worker(files), Worker(files)]
+    whole = WholeProxyMetrics(files, Metrics(role="supervisor"), [_OwnerCounts()])
+
+    async def scrape() -> dict[tuple[str, tuple[tuple[str, str], ...]], float]:
+        return samples((await whole.exposition(lambda: flush_workers(w.link for w in live))).decode())
+
+    live = list(workers)
+    try:
+        async with trio.open_nursery() as nursery:
+            for worker in workers:
+                nursery.start_soon(worker.link.run)
+            pids = [await w.link.ask("test.pid") for w in workers]
+            assert pids == [w.process.pid for w in workers]
+            workers[0].link.tell("test.connections", 2)
+            workers[1].link.tell("test.connections", 3)
+            workers[0].link.tell("test.requests", 10, 0.0002)
+            workers[1].link.tell("test.requests", 5, 0.002)
+            await workers[1].link.ask("test.pid")  # its tells are applied (in order, before the answer)
+            await workers[0].link.ask("test.pid")
+            # Nothing reaches the files per request: only a flush writes the traffic.
+            assert ("kafka_admission_requests_total", METADATA) not in samples_of(files)
+
+            seen = await scrape()
+            assert seen[("kafka_admission_requests_total", METADATA)] == 15
+            assert seen[("kafka_admission_request_bytes_total", PLAIN)] == 1500
+            assert seen[("kafka_admission_response_bytes_total", PLAIN)] == 15000
+            assert seen[("kafka_admission_proxy_added_latency_seconds_count", PLAIN)] == 15
+            assert seen[("kafka_admission_proxy_added_latency_seconds_bucket", (("le", "0.00025"), *PLAIN))] == 10
+            assert seen[("kafka_admission_proxy_added_latency_seconds_bucket", (("le", "0.0025"), *PLAIN))] == 15
+            assert seen[("kafka_admission_proxy_added_latency_seconds_sum", PLAIN)] == pytest.approx(0.012)
+            assert seen[("kafka_admission_connections_active", ACTIVE)] == 5  # livesum
+            assert seen[("kafka_admission_connections_counted", ())] == 5  # the owner's collector
+            build = [k for k in seen if k[0] == "kafka_admission_build_info"]
+            assert len(build) == 1 and seen[build[0]] == 1  # max over the processes, no pid label
+
+            workers[0].link.tell("test.requests", 7, 0.0002)
+            seen = await scrape()
+            assert seen[("kafka_admission_requests_total", METADATA)] == 22  # each request once
+            assert seen[("kafka_admission_proxy_added_latency_seconds_count", PLAIN)] == 22
+
+            workers[1].process.send_signal(signal.SIGKILL)
+            await workers[1].link.closed.wait()
+            assert await trio.to_thread.run_sync(workers[1].process.wait) == -signal.SIGKILL
+            files.process_gone(workers[1].process.pid)
+            live = [workers[0]]
+            seen = await scrape()
+            assert seen[("kafka_admission_connections_active", ACTIVE)] == 2  # its connections are gone
+            assert seen[("kafka_admission_requests_total", METADATA)] == 22  # a counter never goes down
+            nursery.cancel_scope.cancel()
+    finally:
+        for worker in workers:
+            worker.process.kill()
+            worker.process.wait()
+
+
+def samples_of(files: MetricsFiles) -> dict[tuple[str, tuple[tuple[str, str], ...]], float]:
+    return {(s.name, tuple(sorted(s.labels.items()))): s.value for f in files.collect() for s in f.samples}
+
+
+def test_the_directory_starts_empty_and_is_removed_or_emptied_at_exit(tmp_path: Path) -> None:
+    configured = tmp_path / "configured"
+    configured.mkdir()
+    (configured / "counter_12345.db").write_bytes(b"left by a previous run")
+    (configured / "keep.txt").write_text("not ours")
+    files = MetricsFiles.open(str(configured))
+    assert sorted(p.name for p in configured.iterdir()) == ["keep.txt"]
+    (configured / "gauge_livesum_1.db").write_bytes(b"")
+    files.close()
+    assert sorted(p.name for p in configured.iterdir()) == ["keep.txt"]
+
+    temporary = MetricsFiles.open(None) if ENV not in os.environ else None
+    if temporary is not None:
+        assert Path(temporary.path).is_dir()
+        temporary.close()
+        assert not Path(temporary.path).exists()
