@@ -158,7 +158,7 @@ class ProxyServer:
         self.shared = shared
         self._watcher: FileWatcher | None = None
         policies = config.policies
-        self.metrics = metrics = Metrics()
+        self.metrics = metrics = Metrics("single" if shared is None else "worker")
         self.audit = AuditSink(config.audit, metrics, config.upstream)
         self.recorder = recorder = DecisionRecorder(metrics, self.audit)
         self.directory = BrokerDirectory(metrics)

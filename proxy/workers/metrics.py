@@ -79,6 +79,12 @@ class MetricsFiles:
         collector = MultiProcessCollector(None, self.path)  # type: ignore[no-untyped-call]
         return list(collector.collect())  # type: ignore[no-untyped-call]
 
+    def __enter__(self) -> MetricsFiles:
+        return self
+
+    def __exit__(self, *exc: object) -> None:
+        self.close()
+
     def close(self) -> None:
         if self._temporary:
             shutil.rmtree(self.path, ignore_errors=True)

@@ -24,6 +24,7 @@ from proxy.serve.admin import AdminServer
 from proxy.serve.file_watch import FileWatcher
 from proxy.serve.server import READY_PROBE_TIMEOUT_S, announce_readiness, reload_plan
 from proxy.workers.link import Link, LinkClosed, RemoteError
+from proxy.workers.metrics import MetricsFiles, WholeProxyMetrics, flush_workers
 from proxy.workers.owner import Owner
 
 log = logging.getLogger("kafka_admission_proxy.supervisor")
@@ -48,10 +49,12 @@ class Supervisor:
         self.workers = workers
         self.drain_timeout = drain_timeout
         self._worker_args = worker_args  # logging options, passed on
-        self.metrics = Metrics()
+        # Before any metric is made: from here on this process and its workers write their
+        # metrics to these files, and /metrics serves their merge.
+        self.metric_files = MetricsFiles.open()
+        self.metric_files.enter()
+        self.metrics = Metrics(role="supervisor")
         self.owner = Owner(config)
-        for collector in self.owner.collectors():
-            self.metrics.registry.register(collector)
         self.restarts = Counter(
             "kafka_admission_worker_restarts",
             "Worker processes restarted after they died, by worker index",
@@ -79,7 +82,7 @@ class Supervisor:
     async def serve(self) -> int:
         """Run until SIGTERM or SIGINT has drained every worker (0), or until a worker fails
         to start (its exit status: a port that cannot be bound is the operator's to fix)."""
-        with trio.open_signal_receiver(signal.SIGTERM, signal.SIGINT, signal.SIGHUP) as signals:
+        with trio.open_signal_receiver(signal.SIGTERM, signal.SIGINT, signal.SIGHUP) as signals, self.metric_files:
             async with trio.open_nursery() as nursery:
                 self._nursery = nursery
                 async with trio.open_nursery() as workers:
@@ -116,9 +119,15 @@ class Supervisor:
         await announce_readiness(self.readiness_problems)
 
     def _admin_server(self) -> AdminServer:
-        """/metrics, /healthz, /readyz for the whole proxy. /metrics: the supervisor's own
-        registry (restarts, reloads, the owner's collectors)."""
-        return AdminServer(self.metrics, self.readiness_problems)
+        """/metrics, /healthz, /readyz for the whole proxy. /metrics: every process's metric
+        files (the workers' traffic and connections, the supervisor's restarts and reloads)
+        merged, and the owner's collectors (the shared counts)."""
+        whole = WholeProxyMetrics(self.metric_files, self.metrics, self.owner.collectors())
+        return AdminServer(
+            self.metrics,
+            self.readiness_problems,
+            exposition=lambda: whole.exposition(lambda: flush_workers(list(self._links.values()))),
+        )
 
     async def shutdown(self, workers: trio.CancelScope) -> None:
         """SIGTERM to every worker (each drains as one process does); wait for them, at most
@@ -198,6 +207,7 @@ class Supervisor:
             if process.returncode is None:  # cancelled: the drain took too long, or the start failed
                 process.kill()
         assert process.returncode is not None
+        self.metric_files.process_gone(process.pid)  # its live gauges (connections open) end with it
         return process.returncode
 
     def _worker_ready(self, index: int, link: Link, generation: int) -> None:

@@ -19,6 +19,7 @@ import trio
 
 from proxy.evidence.logs import setup_logging
 from proxy.workers.link import Link
+from proxy.workers.metrics import flush_periodically, serve_flush
 
 log = logging.getLogger("kafka_admission_proxy.worker")
 
@@ -57,10 +58,13 @@ async def serve_worker(config_path: str, index: int, workers: int, link_fd: int,
             server = ProxyServer(config, config_path, shared=WorkerLink(index, workers, link, generation))
             link.handlers["worker.reload"] = server.apply_generation
             link.handlers["worker.readiness"] = server.readiness_problems
+            serve_flush(link, server.metrics)
             await nursery.start(server.run)
+            nursery.start_soon(flush_periodically, server.metrics)
             link.tell("worker.ready", server.runtime.generation.number)
             async for _ in signals:
                 await server.shutdown(drain_timeout)
+                server.metrics.flush()  # what the drained requests added
                 break
             nursery.cancel_scope.cancel()
 

@@ -11,6 +11,7 @@ import subprocess
 import sys
 from collections.abc import Iterator
 from pathlib import Path
+from typing import Any
 
 import pytest
 import trio
@@ -21,7 +22,9 @@ from prometheus_client.registry import Collector
 from proxy.evidence.metrics import Metrics
 from proxy.workers.link import Link
 from proxy.workers.metrics import ENV, MetricsFiles, WholeProxyMetrics, flush_workers
-from tests.conftest import ROOT
+from tests.conftest import ROOT, ProxyProcess, wait_until
+from tests.integration.test_workers import close_all, connections_on_every_worker, round_trip
+from tests.workers_util import start_workers, worker_pids
 
 
 class _OwnerCounts(Collector):
@@ -139,3 +142,50 @@ def test_the_directory_starts_empty_and_is_removed_or_emptied_at_exit(tmp_path: 
         assert Path(temporary.path).is_dir()
         temporary.close()
         assert not Path(temporary.path).exists()
+
+
+def served_metrics(proxy: ProxyProcess) -> dict[tuple[str, tuple[tuple[str, str], ...]], float]:
+    status, text = proxy.get("/metrics")
+    assert status == 200
+    return samples(text)
+
+
+def metric(seen: dict[tuple[str, tuple[tuple[str, str], ...]], float], name: str, **labels: str) -> float:
+    return sum(v for (n, found), v in seen.items() if n == name and set(labels.items()) <= set(found))
+
+
+def test_the_supervisors_metrics_count_each_request_once_across_workers_and_forget_a_dead_workers_connections(
+    tansu: Any, start_proxy: Any
+) -> None:
+    """workers: 2 under traffic: one scrape of the supervisor's /metrics counts every round trip
+    once whichever worker served it (each worker flushed when asked, none per request), open
+    connections are the sum over the workers, and when a worker is SIGKILLed its connections
+    leave the gauge while the requests it served stay counted."""
+    proxy = start_workers(start_proxy, tansu.bootstrap, 2)
+    by_worker = connections_on_every_worker(proxy, 2, 8)
+    try:
+        before = served_metrics(proxy)
+        served_before = metric(before, "kafka_admission_requests_total", api="api_versions")
+        assert served_before == 8  # one round trip on each connection, on both workers
+        for i, conn in enumerate(conn for conns in by_worker.values() for conn in conns):
+            for k in range(5):
+                assert round_trip(conn, 1000 + 10 * i + k) == 0
+        seen = served_metrics(proxy)
+        assert metric(seen, "kafka_admission_requests_total", api="api_versions") == served_before + 40
+        assert metric(seen, "kafka_admission_proxy_added_latency_seconds_count") == metric(
+            seen, "kafka_admission_requests_total"
+        )
+        assert metric(seen, "kafka_admission_connections_active") == 8
+        assert metric(seen, "kafka_admission_connections_accepted_total") == 8
+        assert not [k for k in seen if ("pid", str(worker_pids(proxy)[0])) in k[1]]  # no per-process series
+
+        victim, survivor = 0, 1
+        requests = metric(seen, "kafka_admission_requests_total")
+        os.kill(worker_pids(proxy)[victim], signal.SIGKILL)
+        wait_until(lambda: proxy.metric("kafka_admission_worker_restarts_total", worker=str(victim)) == 1, timeout=15)
+        seen = served_metrics(proxy)
+        assert metric(seen, "kafka_admission_connections_active") == len(by_worker[survivor])
+        assert metric(seen, "kafka_admission_requests_total") == requests  # a counter never goes down
+        assert metric(seen, "kafka_admission_worker_restarts_total") == 1  # the supervisor's own, from its file
+    finally:
+        close_all(by_worker)
