@@ -23,6 +23,8 @@ from demo.tansu import free_port, wait_for_port
 from tests.conftest import ProxyProcess, wait_until
 from tests.deploy.conftest import breach_an_identifier_limit, system_tool
 from tests.deploy.test_alerts_and_dashboard import DASHBOARD, RULES
+from tests.integration.test_workers import close_all, connections_on_every_worker, round_trip
+from tests.workers_util import start_workers
 
 JOB = "kafka-admission-proxy"
 
@@ -196,3 +198,27 @@ def test_the_reload_alert_follows_the_proxy_gauge_and_the_down_alert_a_stopped_p
         proxy.stop()
         [down] = wait_until(lambda: prometheus.query(down_alert), timeout=30, interval=0.5)
         assert (down["metric"]["alertstate"], down["metric"]["instance"]) == ("pending", target)
+
+
+def test_prometheus_scraping_a_proxy_of_two_workers_counts_each_request_once(
+    tansu: Any, start_proxy: Any, tmp_path: Path
+) -> None:
+    """workers: 2 (issue 29): Prometheus scrapes the supervisor's one /metrics, and PromQL's
+    sum over the series gives every round trip once, whichever worker served it: the series
+    carry no per-process label (prometheus-client's multiprocess mode merges the workers)."""
+    proxy = start_workers(start_proxy, tansu.bootstrap, 2)
+    by_worker = connections_on_every_worker(proxy, 2, 6)  # one round trip each
+    try:
+        for i, conn in enumerate(conn for conns in by_worker.values() for conn in conns):
+            for k in range(4):
+                assert round_trip(conn, 100 + 10 * i + k) == 0
+        with running_prometheus(tmp_path, JOB, proxy.config["admin"]["bind"]) as prometheus:
+            expr = f'kafka_admission_requests_total{{job="{JOB}", api="api_versions"}}'
+            wait_until(lambda: prometheus.value(expr), timeout=30, interval=0.5)
+            series = prometheus.query(expr)
+            assert len(series) == 1, series  # one series for both workers
+            assert prometheus.value(f"sum({expr})") == 6 * 5
+            assert prometheus.value(f'sum(kafka_admission_connections_active{{job="{JOB}"}})') == 6
+            assert prometheus.value(f'kafka_admission_build_info{{job="{JOB}"}}') == 1
+    finally:
+        close_all(by_worker)
