@@ -27,6 +27,8 @@ import trustme
 import yaml
 
 from demo.tansu import free_port
+from proxy.config.model import parse_config
+from proxy.workers.sizing import available_cpus
 from tests import raw_kafka
 from tests.conftest import ROOT, wait_until
 from tests.deploy.conftest import (
@@ -104,12 +106,29 @@ def test_the_unit_is_sandboxed_and_reloads_with_sighup() -> None:
         "RestartPreventExitStatus": "2",
         "LoadCredential": "private:/etc/kafka-admission-proxy/private",
         "MemoryMax": "512M",
+        "CPUQuota": "100%",
     }
     assert {key: service.get(key, [None])[-1] for key in expected} == expected
     # The stop timeout leaves room for the drain.
     [start] = service["ExecStart"]
     drain = float(shlex.split(start)[shlex.split(start).index("--drain-timeout") + 1])
     assert float(service["TimeoutStopSec"][0]) > drain
+
+
+def test_the_units_cpu_quota_is_what_workers_auto_runs_and_the_example_configs_workers(tmp_path: Path) -> None:
+    """CPUQuota= is the service cgroup's cpu.max as systemd writes it (P% is P * 1000 us per
+    100,000 us period): `workers: auto` reads it, so the unit's quota gives the example config's
+    `workers` (1), and a quota raised in the unit raises auto with it, rounded up."""
+    [quota] = service_section()["CPUQuota"]
+    percent = int(quota.removesuffix("%"))
+    example = parse_config(yaml.safe_load((ROOT / "deploy" / "config.example.yaml").read_text()))
+    for raised, workers in ((percent, example.workers), (150, 2), (400, 4)):
+        tree = tmp_path / f"quota-{raised}"
+        service = tree / "sys-fs-cgroup" / "system.slice" / UNIT.name
+        service.mkdir(parents=True)
+        (service / "cpu.max").write_text(f"{raised * 1000} 100000\n")
+        (tree / "proc-self-cgroup").write_text(f"0::/system.slice/{UNIT.name}\n")
+        assert available_cpus(64, tree / "proc-self-cgroup", tree / "sys-fs-cgroup") == workers
 
 
 def test_exec_start_pre_refuses_a_bad_config_with_exit_2(tmp_path: Path, runtime_venv: Path) -> None:
