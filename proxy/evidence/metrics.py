@@ -198,7 +198,7 @@ class Metrics:
         )
         self.traffic: dict[str, TrafficStats] = {}
         # Read at scrape time in one process; with workers, folded into the files by flush().
-        self._files = _FileExport(r) if role != "single" else None
+        self._files = _FileExport(r, role == "worker") if role != "single" else None
         if self._files is None:
             r.register(_TrafficCollector(self.traffic))
             r.register(_TaskCollector())
@@ -351,12 +351,24 @@ class _FileExport:
     at each flush: the request path keeps adding to plain numbers (TrafficStats), and a
     flush adds what they gained since the last one, a few writes per listener and API."""
 
-    def __init__(self, registry: CollectorRegistry) -> None:
+    def __init__(self, registry: CollectorRegistry, worker: bool) -> None:
         self.requests = Counter(*_REQUESTS, ("listener", "api"), registry=registry)
         self.request_bytes = Counter(*_REQUEST_BYTES, ("listener",), registry=registry)
         self.response_bytes = Counter(*_RESPONSE_BYTES, ("listener",), registry=registry)
         self.latency = Histogram(*_ADDED_LATENCY, ("listener",), registry=registry, buckets=_LATENCY_BUCKETS)
         self.tasks = Gauge(*_TASKS, registry=registry, multiprocess_mode="livesum")
+        # process_* are the supervisor's alone (prometheus-client has none per process in
+        # multiprocess mode): the workers' CPU, summed, is what an operator sizes workers by.
+        self.cpu = (
+            Counter(
+                "kafka_admission_worker_cpu_seconds",
+                "CPU time (user and system, every thread) of the worker processes, dead ones included",
+                registry=registry,
+            )
+            if worker
+            else None
+        )
+        self._cpu_flushed = 0.0
         self.queues: dict[str, Callable[[], int]] = {}
         self._flushed: dict[str, _Flushed] = {}
 
@@ -388,5 +400,9 @@ class _FileExport:
         tasks = _trio_tasks()
         if tasks is not None:
             self.tasks.set(tasks)
+        if self.cpu is not None:
+            cpu = time.process_time()
+            self.cpu.inc(cpu - self._cpu_flushed)
+            self._cpu_flushed = cpu
         for sink, depth in self.queues.items():
             queue_gauge.labels(sink).set(depth())

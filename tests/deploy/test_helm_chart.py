@@ -93,6 +93,9 @@ ALL_OPTIONS = [
     "service.type=LoadBalancer",
     "--set",
     "service.externalTrafficPolicy=Local",
+    # Two workers: the metrics directory's env and memory volume are linted and validated too.
+    "--set",
+    "resources.limits.cpu=2",
     *MONITORING,
     *EXTENSIONS,
     *BROKER_POLICY,
@@ -848,6 +851,67 @@ def test_a_literal_dollar_brace_needs_no_variable_and_extra_env_counts_as_set(he
     assert rendered_config(docs)["upstream"]["bootstrap_servers"] == upstream["bootstrap_servers"]
 
 
+# --- workers from the CPU limit ----------------------------------------------------
+
+METRICS_DIR = "/run/kafka-admission-proxy/metrics"
+
+
+def workers_of(docs: list[dict[str, Any]]) -> tuple[object, dict[str, Any]]:
+    """(config.workers as rendered, the metrics directory: its env value, mount and volume)."""
+    workload = next(d for d in docs if d["kind"] in ("Deployment", "StatefulSet"))
+    container = proxy_container(workload)
+    env = {e["name"]: e.get("value") for e in container["env"]}
+    mounts = {m["name"]: m["mountPath"] for m in container["volumeMounts"]}
+    volumes = {v["name"]: v for v in workload["spec"]["template"]["spec"]["volumes"]}
+    name = "kafka-admission-proxy-metrics"
+    return rendered_config(docs)["workers"], {
+        "env": env.get("PROMETHEUS_MULTIPROC_DIR"),
+        "mount": mounts.get(name),
+        "volume": volumes.get(name),
+    }
+
+
+@pytest.mark.parametrize(
+    ("cpu", "workers"),
+    [("1", 1), ("2", 2), ("1500m", 2), ("1.5", 2), ("500m", 1), ("250m", 1), ("4000m", 4), ("3", 3), ("0.1", 1)],
+)
+@pytest.mark.parametrize("mode", ["standalone", "sidecar"])
+def test_workers_follow_the_cpu_limit_rounded_up_at_least_one_with_a_memory_volume_for_the_metrics(
+    helm: Helm, mode: str, cpu: str, workers: int
+) -> None:
+    rendered_workers, metrics_dir = workers_of(
+        documents(helm.template(*MODE_BASE[mode], "--set-string", f"resources.limits.cpu={cpu}"))
+    )
+    assert rendered_workers == workers
+    if workers == 1:  # one process, as before: no metric files
+        assert metrics_dir == {"env": None, "mount": None, "volume": None}
+    else:
+        assert metrics_dir == {
+            "env": METRICS_DIR,
+            "mount": METRICS_DIR,
+            "volume": {
+                "name": "kafka-admission-proxy-metrics",
+                "emptyDir": {"medium": "Memory", "sizeLimit": "64Mi"},
+            },
+        }
+
+
+def test_workers_default_to_one_and_config_workers_wins_over_the_cpu_limit(helm: Helm) -> None:
+    assert yaml.safe_load((CHART / "values.yaml").read_text())["resources"]["limits"]["cpu"] == "1"
+    assert workers_of(documents(helm.template()))[0] == 1
+    assert workers_of(documents(helm.template("--set", "resources.limits.cpu=null")))[0] == 1  # no limit
+    assert workers_of(documents(helm.template("--set", "resources.limits.cpu=8")))[0] == 8  # a number, not a string
+    workers, metrics_dir = workers_of(
+        documents(helm.template("--set", "resources.limits.cpu=8", "--set", "config.workers=3"))
+    )
+    assert workers == 3 and metrics_dir["env"] == METRICS_DIR
+    workers, metrics_dir = workers_of(documents(helm.template("--set", "config.workers=auto")))
+    assert workers == "auto" and metrics_dir["env"] == METRICS_DIR  # auto may be more than one
+    assert workers_of(documents(helm.template("--set", "config.workers=2", "--set", "resources.limits.cpu=4")))[0] == 2
+    result = helm.run("lint", "--strict", str(CHART), "--set", "config.workers=many")
+    assert result.returncode != 0 and "workers" in result.stdout + result.stderr
+
+
 # --- the rendered config, run as rendered -----------------------------------------
 
 
@@ -900,6 +964,37 @@ def test_the_standalone_config_runs_with_the_rendered_command_line_against_tansu
     assert len(produce_and_consume(proxy.bootstrap)) == 20
     # Clients were sent to the proxy's per-broker port, which the chart exposes.
     assert proxy.metric("kafka_admission_responses_rewritten_total", api="metadata") >= 1
+
+
+def test_the_standalone_config_of_a_two_cpu_limit_runs_two_workers_against_tansu(
+    helm: Helm, tansu: TansuBroker, runtime_venv: Path, launch: Any, tmp_path: Path
+) -> None:
+    """resources.limits.cpu: 2 renders workers: 2, and the rendered command line runs it: a
+    supervisor and two workers, one /metrics counting the traffic of both."""
+    listener = {
+        "name": "external",
+        "bind": f"127.0.0.1:{free_port()}",
+        "advertised_host": "127.0.0.1",
+        "node_port_base": free_node_port_base([TansuBroker.NODE_ID]),
+    }
+    proxy = _run_rendered(
+        helm,
+        runtime_venv,
+        launch,
+        tmp_path,
+        tansu.bootstrap,
+        listener,
+        "--set-json",
+        f"brokerNodeIds=[{TansuBroker.NODE_ID}]",
+        "--set",
+        "resources.limits.cpu=2",
+    )
+    assert proxy.config["workers"] == 2
+    assert len(produce_and_consume(proxy.bootstrap)) == 20
+    assert proxy.metric("kafka_admission_requests_total", api="produce") >= 1
+    assert proxy.metric("kafka_admission_worker_restarts_total") == 0
+    log = proxy.log()
+    assert '"worker": 0' in log and '"worker": 1' in log  # log lines of both workers
 
 
 def test_the_sidecar_config_runs_with_the_rendered_command_line_against_a_broker_advertising_the_proxy(

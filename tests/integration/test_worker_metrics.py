@@ -177,6 +177,7 @@ def test_the_supervisors_metrics_count_each_request_once_across_workers_and_forg
         )
         assert metric(seen, "kafka_admission_connections_active") == 8
         assert metric(seen, "kafka_admission_connections_accepted_total") == 8
+        assert metric(seen, "kafka_admission_worker_cpu_seconds_total") > 0  # both workers' CPU, summed
         assert not [k for k in seen if ("pid", str(worker_pids(proxy)[0])) in k[1]]  # no per-process series
 
         victim, survivor = 0, 1

@@ -41,10 +41,28 @@ app.kubernetes.io/managed-by: {{ .Release.Service }}
 {{- end }}
 {{- end }}
 
-{{/* The proxy's config file: values.config with mode set from the chart's mode; strings may be templates. */}}
+{{/* The proxy's config file: values.config with mode set from the chart's mode and workers
+from the CPU limit unless config.workers is given; strings may be templates. */}}
 {{- define "kafka-admission-proxy.configFile" -}}
 {{- $mode := ternary "sidecar" "cluster" (eq .Values.mode "sidecar") }}
-{{- tpl (toYaml (merge (dict "mode" $mode) (deepCopy .Values.config))) . }}
+{{- $workers := include "kafka-admission-proxy.workers" . }}
+{{- $workers = ternary $workers (atoi $workers) (eq $workers "auto") }}
+{{- tpl (toYaml (merge (dict "mode" $mode) (deepCopy .Values.config) (dict "workers" $workers))) . }}
+{{- end }}
+
+{{/*
+config.workers as the proxy will run it: config.workers when set (a number or auto), else
+the container's CPU limit, resources.limits.cpu, rounded up ("1500m" and 1.5 are 2 workers:
+a worker is one process on one core), at least 1; 1 with no CPU limit.
+*/}}
+{{- define "kafka-admission-proxy.workers" -}}
+{{- $set := (.Values.config | default dict).workers }}
+{{- $cpu := toString ((.Values.resources | default dict).limits | default dict).cpu }}
+{{- if $set }}{{ $set }}
+{{- else if or (eq $cpu "") (eq $cpu "<nil>") }}1
+{{- else if hasSuffix "m" $cpu }}{{ max 1 (div (add (atoi (trimSuffix "m" $cpu)) 999) 1000) }}
+{{- else }}{{ max 1 (int (ceil (float64 $cpu))) }}
+{{- end }}
 {{- end }}
 
 {{- define "kafka-admission-proxy.port" -}}
@@ -72,6 +90,7 @@ Returns a YAML list of {name, containerPort}.
 {{- end }}
 
 {{- define "kafka-admission-proxy.configDir" -}}/etc/kafka-admission-proxy{{- end }}
+{{- define "kafka-admission-proxy.metricsDir" -}}/run/kafka-admission-proxy/metrics{{- end }}
 
 {{/*
 The proxy container. Used as is by the standalone Deployment and, in a broker's pod
@@ -142,6 +161,10 @@ template, as the sidecar: {{ include "kafka-admission-proxy.container" . }} unde
     - name: kafka-admission-proxy-audit
       mountPath: /var/log/kafka-admission-proxy
     {{- end }}
+    {{- if ne (include "kafka-admission-proxy.workers" .) "1" }}
+    - name: kafka-admission-proxy-metrics
+      mountPath: {{ include "kafka-admission-proxy.metricsDir" . }}
+    {{- end }}
     {{- with .Values.extraVolumeMounts }}
     {{- toYaml . | nindent 4 }}
     {{- end }}
@@ -159,6 +182,11 @@ that none of these sets: the proxy would refuse that config at start.
   valueFrom:
     fieldRef:
       fieldPath: metadata.name
+{{- if ne (include "kafka-admission-proxy.workers" .) "1" }}
+# The workers' metric files (prometheus-client's multiprocess mode), on a memory volume: the root fs is read-only.
+- name: PROMETHEUS_MULTIPROC_DIR
+  value: {{ include "kafka-admission-proxy.metricsDir" . }}
+{{- end }}
 {{- range .Values.secretEnv }}
 - name: {{ .name }}
   valueFrom:
@@ -204,6 +232,13 @@ that none of these sets: the proxy would refuse that config at start.
 - name: kafka-admission-proxy-audit
   emptyDir:
     sizeLimit: {{ .Values.auditVolume.sizeLimit }}
+{{- end }}
+{{- if ne (include "kafka-admission-proxy.workers" .) "1" }}
+{{- /* A few sparse files per process, pages touched only for the series written. */}}
+- name: kafka-admission-proxy-metrics
+  emptyDir:
+    medium: Memory
+    sizeLimit: 64Mi
 {{- end }}
 {{- with .Values.extraVolumes }}
 {{ toYaml . }}
