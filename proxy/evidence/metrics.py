@@ -198,7 +198,7 @@ class Metrics:
         )
         self.traffic: dict[str, TrafficStats] = {}
         # Read at scrape time in one process; with workers, folded into the files by flush().
-        self._files = _FileExport(r, role == "worker") if role != "single" else None
+        self._files = _FileExport(r) if role != "single" else None
         if self._files is None:
             r.register(_TrafficCollector(self.traffic))
             r.register(_TaskCollector())
@@ -282,6 +282,16 @@ _ADDED_LATENCY = (
     "Time a request and its response spent inside the proxy (not at the broker)",
 )
 _TASKS = ("kafka_admission_trio_tasks", "trio tasks alive in the proxy now")
+# How each process's process_* gauge combines across the supervisor and its workers: memory
+# summed over the live processes; the fds of the fullest process against the lowest limit
+# (the alert on open / max fds is per process); the start of the oldest (the supervisor).
+_PROCESS_MODES: dict[str, Literal["livesum", "livemax", "livemin", "min"]] = {
+    "process_virtual_memory_bytes": "livesum",
+    "process_resident_memory_bytes": "livesum",
+    "process_start_time_seconds": "min",
+    "process_open_fds": "livemax",
+    "process_max_fds": "livemin",
+}
 
 
 class _TrafficCollector(Collector):
@@ -351,23 +361,17 @@ class _FileExport:
     at each flush: the request path keeps adding to plain numbers (TrafficStats), and a
     flush adds what they gained since the last one, a few writes per listener and API."""
 
-    def __init__(self, registry: CollectorRegistry, worker: bool) -> None:
+    def __init__(self, registry: CollectorRegistry) -> None:
         self.requests = Counter(*_REQUESTS, ("listener", "api"), registry=registry)
         self.request_bytes = Counter(*_REQUEST_BYTES, ("listener",), registry=registry)
         self.response_bytes = Counter(*_RESPONSE_BYTES, ("listener",), registry=registry)
         self.latency = Histogram(*_ADDED_LATENCY, ("listener",), registry=registry, buckets=_LATENCY_BUCKETS)
         self.tasks = Gauge(*_TASKS, registry=registry, multiprocess_mode="livesum")
-        # process_* are the supervisor's alone (prometheus-client has none per process in
-        # multiprocess mode): the workers' CPU, summed, is what an operator sizes workers by.
-        self.cpu = (
-            Counter(
-                "kafka_admission_worker_cpu_seconds",
-                "CPU time (user and system, every thread) of the worker processes, dead ones included",
-                registry=registry,
-            )
-            if worker
-            else None
-        )
+        # prometheus-client's multiprocess mode has no process_* metrics: each process writes
+        # its own at a flush, and they combine as _PROCESS_MODES says.
+        self._process = ProcessCollector(registry=None)
+        self._process_metrics: dict[str, Gauge] = {}
+        self._cpu = Counter("process_cpu_seconds", "Total user and system CPU time spent in seconds.", registry=None)
         self._cpu_flushed = 0.0
         self.queues: dict[str, Callable[[], int]] = {}
         self._flushed: dict[str, _Flushed] = {}
@@ -400,9 +404,17 @@ class _FileExport:
         tasks = _trio_tasks()
         if tasks is not None:
             self.tasks.set(tasks)
-        if self.cpu is not None:
-            cpu = time.process_time()
-            self.cpu.inc(cpu - self._cpu_flushed)
-            self._cpu_flushed = cpu
+        for family in self._process.collect():
+            value = family.samples[0].value
+            if family.type == "counter":  # process_cpu_seconds: every process's, the dead ones' too
+                self._cpu.inc(value - self._cpu_flushed)
+                self._cpu_flushed = value
+                continue
+            gauge = self._process_metrics.get(family.name)
+            if gauge is None:
+                gauge = self._process_metrics[family.name] = Gauge(
+                    family.name, family.documentation, registry=None, multiprocess_mode=_PROCESS_MODES[family.name]
+                )
+            gauge.set(value)
         for sink, depth in self.queues.items():
             queue_gauge.labels(sink).set(depth())

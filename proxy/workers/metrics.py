@@ -18,7 +18,7 @@ import tempfile
 from collections.abc import Awaitable, Callable, Iterable, Iterator, Sequence
 
 import trio
-from prometheus_client import ProcessCollector, generate_latest, values
+from prometheus_client import generate_latest, values
 from prometheus_client.metrics_core import Metric
 from prometheus_client.multiprocess import MultiProcessCollector, mark_process_dead
 from prometheus_client.registry import Collector
@@ -108,15 +108,14 @@ class _Families(Collector):
 
 class WholeProxyMetrics:
     """The supervisor's ``/metrics``: the files of every process (the supervisor's own
-    counters and gauges among them), then ``collectors``: the owner's services' state, and
-    the supervisor's process metrics. A family comes from one place: the services' collectors
+    counters and gauges among them, and every process's process_* metrics), then
+    ``collectors``: the owner's services' state. A family comes from one place: the services' collectors
     are registered in the supervisor alone, never written to the files."""
 
     def __init__(self, files: MetricsFiles, metrics: Metrics, collectors: Iterable[Collector]) -> None:
         self._files = files
         self._metrics = metrics
-        # process_*: the supervisor's (prometheus-client's multiprocess mode has none per worker).
-        self._collectors = [ProcessCollector(registry=None), *collectors]
+        self._collectors = list(collectors)
 
     async def exposition(self, flush_workers: Callable[[], Awaitable[None]]) -> bytes:
         """Ask the workers to flush, then read and render. The owner's state is collected

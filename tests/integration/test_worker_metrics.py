@@ -144,6 +144,12 @@ def test_the_directory_starts_empty_and_is_removed_or_emptied_at_exit(tmp_path: 
         assert not Path(temporary.path).exists()
 
 
+def cpu_seconds(pid: int) -> float:
+    """A process's user and system CPU time so far, from /proc (as prometheus-client reads it)."""
+    fields = Path(f"/proc/{pid}/stat").read_text().rsplit(")", 1)[1].split()
+    return (int(fields[11]) + int(fields[12])) / os.sysconf("SC_CLK_TCK")
+
+
 def served_metrics(proxy: ProxyProcess) -> dict[tuple[str, tuple[tuple[str, str], ...]], float]:
     status, text = proxy.get("/metrics")
     assert status == 200
@@ -177,7 +183,12 @@ def test_the_supervisors_metrics_count_each_request_once_across_workers_and_forg
         )
         assert metric(seen, "kafka_admission_connections_active") == 8
         assert metric(seen, "kafka_admission_connections_accepted_total") == 8
-        assert metric(seen, "kafka_admission_worker_cpu_seconds_total") > 0  # both workers' CPU, summed
+        # process_*: every process's (prometheus-client has none of its own in multiprocess mode)
+        pids = worker_pids(proxy)
+        workers_cpu = sum(cpu_seconds(pid) for pid in pids.values())
+        assert metric(seen, "process_cpu_seconds_total") >= workers_cpu * 0.9  # the supervisor's too
+        assert metric(seen, "process_resident_memory_bytes") > 3 * 20e6  # three Python processes
+        assert metric(seen, "process_open_fds") >= 2 + 4  # the fullest worker: its listener, link and clients
         assert not [k for k in seen if ("pid", str(worker_pids(proxy)[0])) in k[1]]  # no per-process series
 
         victim, survivor = 0, 1
