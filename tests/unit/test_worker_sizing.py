@@ -5,6 +5,7 @@ passed in place of /proc/self/cgroup and /sys/fs/cgroup."""
 
 from __future__ import annotations
 
+import os
 from pathlib import Path
 
 import pytest
@@ -108,11 +109,13 @@ def test_cgroup_v1_with_the_hosts_path_inside_a_container_reads_the_mount(tmp_pa
     assert available_cpus(4, proc, root) == 2
 
 
-def test_no_cgroup_files_means_the_affinity(tmp_path: Path) -> None:
-    assert cgroup_cpu_quota(tmp_path / "absent", tmp_path) is None
-    assert available_cpus(3, tmp_path / "absent", tmp_path) == 3
+def test_no_quota_anywhere_or_no_cgroup_files_means_the_affinity(tmp_path: Path) -> None:
+    proc, root = v2(tmp_path, "/", {"/": "max 100000"})
+    assert cgroup_cpu_quota(proc, root) is None
+    assert cgroup_cpu_quota(tmp_path / "absent", root) is None  # no /proc
+    assert available_cpus(3, tmp_path / "absent", root) == 3
 
 
-def test_a_number_is_taken_as_it_is_and_auto_is_at_least_one() -> None:
+def test_auto_is_at_most_the_cpus_of_the_affinity_mask_and_a_number_is_itself() -> None:
+    assert 1 <= worker_count("auto") <= len(os.sched_getaffinity(0))
     assert worker_count(3) == 3
-    assert worker_count("auto") >= 1
