@@ -3,9 +3,11 @@
 from __future__ import annotations
 
 import argparse
+import contextlib
 import errno
 import gc
 import logging
+import os
 import resource
 import signal
 import sys
@@ -22,6 +24,8 @@ from proxy.evidence.logs import setup_logging
 from proxy.evidence.metrics import package_version
 from proxy.links import tls
 from proxy.serve.server import ProxyServer
+from proxy.workers.metrics import ENV as METRICS_DIR_ENV
+from proxy.workers.metrics import MetricsFiles
 from proxy.workers.sizing import worker_count
 from proxy.workers.supervisor import Supervisor
 
@@ -84,7 +88,11 @@ def _cmd_run(args: argparse.Namespace) -> int:
         )
         return trio.run(supervisor.serve)
     prepare_serving_process()
-    trio.run(serve_until_signalled, config, args.drain_timeout, args.config)
+    # One process under PROMETHEUS_MULTIPROC_DIR (the chart's `workers: auto` that came to 1)
+    # writes its metrics there: files a previous run left (a restarted container keeps its
+    # emptyDir, and its pid) must not carry on into this run's values.
+    with MetricsFiles.open() if os.environ.get(METRICS_DIR_ENV) else contextlib.nullcontext():
+        trio.run(serve_until_signalled, config, args.drain_timeout, args.config)
     return 0
 
 

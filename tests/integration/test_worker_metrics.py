@@ -24,6 +24,7 @@ from proxy.workers.link import Link
 from proxy.workers.metrics import ENV, MetricsFiles, WholeProxyMetrics, flush_workers
 from tests.conftest import ROOT, ProxyProcess, wait_until
 from tests.integration.test_workers import close_all, connections_on_every_worker, round_trip
+from tests.raw_kafka import RawConnection
 from tests.workers_util import start_workers, worker_pids
 
 
@@ -201,3 +202,34 @@ def test_the_supervisors_metrics_count_each_request_once_across_workers_and_forg
         assert metric(seen, "kafka_admission_worker_restarts_total") == 1  # the supervisor's own, from its file
     finally:
         close_all(by_worker)
+
+
+def test_one_process_under_prometheus_multiproc_dir_starts_from_empty_files_and_leaves_none(
+    tansu: Any, start_proxy: Any, tmp_path: Path
+) -> None:
+    """The chart sets PROMETHEUS_MULTIPROC_DIR for `workers: auto`, which may come to one process
+    (here: the affinity of one CPU, by taskset). That process writes its metrics to files there;
+    what a previous run left is removed first (a restarted container keeps its emptyDir and its
+    pid, whose old values it would carry on from), and its own files at exit."""
+    directory = tmp_path / "metrics"
+    directory.mkdir()
+    (directory / "counter_1.db").write_bytes(b"left by the container's previous run")
+    proxy = start_proxy(
+        tansu.bootstrap,
+        workers="auto",
+        command_prefix=["env", f"{ENV}={directory}", "taskset", "-c", "0"],
+    )
+    assert "supervisor" not in proxy.log()  # auto came to one process
+    assert "counter_1.db" not in os.listdir(directory)
+    conns = [RawConnection(proxy.bootstrap) for _ in range(3)]
+    try:
+        for i, conn in enumerate(conns):
+            assert round_trip(conn, i) == 0
+        wait_until(lambda: proxy.metric("kafka_admission_connections_active") == 3)
+        assert proxy.metric("kafka_admission_requests_total", api="api_versions") == 3
+        assert any(name.startswith("counter_") for name in os.listdir(directory))  # its values are in files
+    finally:
+        for conn in conns:
+            conn.close()
+    proxy.stop()
+    assert os.listdir(directory) == []
