@@ -16,6 +16,7 @@ from __future__ import annotations
 import copyreg
 import inspect
 import io
+import os
 import pickle
 import struct
 from collections.abc import Awaitable, Callable, Mapping
@@ -64,6 +65,8 @@ class Link:
         self._asks: dict[int, trio.MemorySendChannel[tuple[bool, Any]]] = {}
         self._next_ask = 1
         self.closed = trio.Event()
+        self._sending = False  # the writer task is in send_all: a frame queued now must wait its turn
+        self._fd = stream.socket.fileno() if isinstance(stream, trio.SocketStream) else None
         self._pickled = io.BytesIO()  # one pickler per link, reused: a third of a new one's cost
         self._pickler = pickle.Pickler(self._pickled, protocol=pickle.HIGHEST_PROTOCOL)
         self._pickler.dispatch_table = _DISPATCH
@@ -105,8 +108,18 @@ class Link:
         if self.closed.is_set():
             return
         body = self._dumps((kind, ask_id, args))
-        self._out += _HEADER.pack(len(body))
-        self._out += body
+        frame = _HEADER.pack(len(body)) + body
+        if not self._out and not self._sending and self._fd is not None:
+            # Straight to the socket when nothing is queued: no wake-up of the writer task (a
+            # scheduler pass on each side of an ask); what the socket does not take now, it sends.
+            try:
+                sent = os.write(self._fd, frame)
+            except OSError:  # full (BlockingIOError) or broken: the writer sends, or finds it broken
+                sent = 0
+            if sent == len(frame):
+                return
+            frame = frame[sent:]
+        self._out += frame
         self._out_ready.set()
 
     def _dumps(self, message: tuple[str, int, tuple[Any, ...]]) -> bytes:
@@ -140,7 +153,11 @@ class Link:
                 self._out_ready = trio.Event()
                 while self._out:
                     data, self._out = bytes(self._out), bytearray()
-                    await self._stream.send_all(data)
+                    self._sending = True
+                    try:
+                        await self._stream.send_all(data)
+                    finally:
+                        self._sending = False
         except (trio.BrokenResourceError, trio.ClosedResourceError):
             scope.cancel()
 
