@@ -19,7 +19,7 @@ from dataclasses import replace
 import trio
 
 from policies.api_keys import INT_MAX
-from policies.connections import BOOTSTRAP, BrokerKey, BrokerQuotas, ConnectionLimits
+from policies.connections import BOOTSTRAP, BrokerKey, BrokerQuotas, ConnectionLimits, OpenCounts
 from policies.decision import Action, Decision
 from policies.mode import Mode
 from proxy.evidence.decisions import DecisionRecorder, Where
@@ -73,6 +73,7 @@ class SharedConnectionGate(ConnectionGate):
         answer: OpenAnswer = await self._link.ask(
             "conn.open", conn.conn_id, conn.listener, conn.peer_ip, conn.tls, broker
         )
+        self._watch = answer.watch
         if answer.waited is not None:
             self._recorder.record(answer.waited, conn.where)
             self._metrics.acceptor_blocked.labels(conn.listener).inc(answer.blocked)
@@ -84,7 +85,7 @@ class SharedConnectionGate(ConnectionGate):
             conn.conn_id, listener=conn.listener, ip=conn.peer_ip, tls=conn.tls, now=trio.current_time(), broker=broker
         )
         self._open[conn.conn_id] = conn
-        conn.open_counts = answer.counts
+        conn.open_counts = None if answer.counts is None else OpenCounts(*answer.counts)
         self._rearm_reaper()  # a new connection is idle until its first request
         return True
 
