@@ -4,15 +4,18 @@ more at p50 than with one worker).
 An open is what the proxy's accept loop awaits before it serves a connection:
 ``ConnectionGate.admit`` (workers: 1, the quotas in the process) or ``SharedConnectionGate.admit``
 (workers: N, an ask to the ConnectionOwner in the supervisor process over the worker's Link, the
-answer recorded as with one process). Each worker first opens 100 connections it keeps (a proxy at
-work holds some), then every open is followed by its close (a tell with workers),
-then a pause (``--pause-ms``), so the owner is idle when asked, as it is for connection opens
-that arrive one at a time. Each way runs in fresh processes: ``w1``, one worker process with its
-own quotas; ``w1-owner``, one worker process asking an owner process (the supervisor's
-ConnectionOwner, built from the same config): the price of the link alone; ``w2``, two worker
-processes opening at once against one owner process. Rounds alternate the ways (``--rounds``),
-so each pair is back to back. Reported: p50 / p99 of the open as the accept loop sees it (the
-wall time of ``admit``), and the p50 difference.
+answer recorded as with one process). Each worker first opens 100 connections it keeps (a proxy
+at work holds some); then every open is followed by its close (a tell with workers) and a pause
+(``--pause-ms``), so the owner is idle when asked, as it is for opens that arrive one at a time.
+
+Each way runs in fresh processes: ``w1``, one worker process with its own quotas; ``link``, one
+worker asking the owner process a question whose answer is None, with the open's arguments: the
+floor of any round trip to the owner on this machine at that moment (two process wake-ups);
+``w1-owner``, one worker process asking an owner process (the supervisor's ConnectionOwner, built
+from the same config), so ``w1-owner - link`` is what the connection service adds to the link;
+``w2``, two worker processes opening at once against one owner process. Rounds alternate the ways
+(``--rounds``), so each set is back to back. Reported: p50 / p99 of the open as the accept loop
+sees it (the wall time of ``admit``), and the p50 difference with ``w1``.
 
     .venv/bin/python bench/workers_open.py --rounds 3 --opens 2000
 """
@@ -70,7 +73,7 @@ class _Conn:
         raise AssertionError("nothing is closed in this bench")
 
 
-async def _worker(index: int, fd: int | None, opens: int, pause: float) -> list[float]:
+async def _worker(index: int, fd: int | None, opens: int, pause: float, ping: bool) -> list[float]:
     from proxy.workers.worker_connections import SharedConnectionGate
 
     config = _config()
@@ -103,6 +106,12 @@ async def _worker(index: int, fd: int | None, opens: int, pause: float) -> list[
         took: list[float] = []
         for n in range(opens):
             conn = _Conn(f"w{index}:{LISTENER}-{n}")
+            if ping:
+                start = time.perf_counter()
+                await link.ask("bench.ping", conn.conn_id, LISTENER, conn.peer_ip, False, "bootstrap")
+                took.append(time.perf_counter() - start)
+                await trio.sleep(pause)
+                continue
             start = time.perf_counter()
             admitted = await gate.admit(conn)
             took.append(time.perf_counter() - start)
@@ -121,6 +130,7 @@ async def _owner(fds: list[int]) -> None:
         for index, fd in enumerate(fds):
             link = Link(trio.SocketStream(trio.socket.from_stdlib_socket(socket.socket(fileno=fd))))
             link.handlers.update(owner.handlers(index))
+            link.handlers["bench.ping"] = lambda *args: None
             owner.attach(index, link)
             nursery.start_soon(link.run)
         await trio.sleep_forever()
@@ -132,7 +142,9 @@ def _run_way(way: str, opens: int, pause_ms: float) -> list[float]:
     if way == "w1":
         out = subprocess.run([*me, "--as-worker", "0", *common], check=True, capture_output=True, text=True)
         return [float(x) for x in json.loads(out.stdout)]
-    pairs = [socket.socketpair() for _ in range(1 if way == "w1-owner" else 2)]
+    if way == "link":
+        common.append("--ping")
+    pairs = [socket.socketpair() for _ in range(2 if way == "w2" else 1)]
     owner_fds = [a.fileno() for a, _ in pairs]
     owner = subprocess.Popen([*me, "--as-owner", ",".join(map(str, owner_fds))], pass_fds=owner_fds)
     workers = [
@@ -169,17 +181,18 @@ def main() -> None:
     parser.add_argument("--as-worker", type=int)
     parser.add_argument("--as-owner")
     parser.add_argument("--fd", type=int)
+    parser.add_argument("--ping", action="store_true")
     args = parser.parse_args()
     if args.as_owner is not None:
         trio.run(_owner, [int(fd) for fd in args.as_owner.split(",")])
         return
     if args.as_worker is not None:
-        took = trio.run(_worker, args.as_worker, args.fd, args.opens, args.pause_ms / 1000)
+        took = trio.run(_worker, args.as_worker, args.fd, args.opens, args.pause_ms / 1000, args.ping)
         print(json.dumps(took[len(took) // 20 :]))  # the first 5% warm up
         return
     print(f"opens per worker {args.opens}, pause {args.pause_ms} ms, cpus {os.sched_getaffinity(0)}")
     print("round  way       p50_us  p99_us")
-    p50s: dict[str, list[float]] = {"w1": [], "w1-owner": [], "w2": []}
+    p50s: dict[str, list[float]] = {"w1": [], "link": [], "w1-owner": [], "w2": []}
     for round_ in range(args.rounds):
         for way in p50s:
             took = _run_way(way, args.opens, args.pause_ms)
