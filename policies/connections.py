@@ -1010,8 +1010,9 @@ class BrokerQuotas:
         return (pool if pool is not None else self._new_pool()).room_needed(listener, ip, tls)
 
     def excess(self) -> dict[BrokerKey, int]:
-        """Each broker whose pool has a cap over its limit, with the largest excess (ENFORCE only)."""
-        return {b: n for b, pool in self._pools.items() if pool.over_cap and (n := pool.excess())}
+        """Each broker whose pool has a cap over its limit, with the largest excess (in OBSERVE too,
+        where caps are passed: what ``update_limits`` would report)."""
+        return {b: n for b, pool in self._pools.items() if (n := pool.excess())}
 
     def sync_activity(self, idle: Mapping[str, float], brokers: Iterable[BrokerKey] | None = None) -> None:
         """``ConnectionQuotas.sync_activity`` for the pools of ``brokers`` (every pool when None):

@@ -74,6 +74,7 @@ class ConnectionOwner:
         self._watch = False  # the workers tell when a connection turns idle (waiters, or a cap over its limit)
         self._reclaiming = False
         self._reclaim_again = False
+        self._relimit = False  # limits changed: the next round closes (or, observing, reports) the excess
 
     # -- the contract -----------------------------------------------------------------------
 
@@ -114,6 +115,7 @@ class ConnectionOwner:
         self.wait_seconds = policies.max_connections_wait_ms / 1000
         quotas.sync_activity({})  # no activity known: update_limits names no victim
         quotas.update_limits(owner_limits(policies.connection_limits()), time.monotonic())
+        self._relimit = True
         self._wake()
         self._update_watch()
 
@@ -270,12 +272,22 @@ class ConnectionOwner:
                 self._reclaim_again = False
                 async with self._deciding:
                     excess = quotas.excess()
-                    if excess:
+                    if excess and (self._relimit or quotas.over_cap):
                         brokers = list(excess)
                         idle = await self._activity(brokers, max(excess.values()))
                         quotas.sync_activity(idle, brokers)
-                        for decision in quotas.reclaim_excess():
+                        # After a reload: update_limits again, now with the activity, as one process
+                        # applies a reload (in OBSERVE it reports what ENFORCE would close).
+                        relimit, self._relimit = self._relimit, False
+                        closes = (
+                            quotas.update_limits(quotas.limits, time.monotonic())
+                            if relimit
+                            else quotas.reclaim_excess()
+                        )
+                        for decision in closes:
                             self._tell_holders(decision.victims, decision)
+                    else:
+                        self._relimit = False
                 if not self._reclaim_again:
                     break
         finally:

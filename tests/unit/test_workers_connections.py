@@ -294,3 +294,24 @@ async def test_busy_connections_over_a_lowered_cap_are_closed_as_they_turn_idle_
         assert busy[1].closing is None
         await until(lambda: owner.quotas.counts().total == 1)
         assert not owner.quotas.over_cap
+
+
+async def test_observing_a_lowered_cap_reports_the_lru_excess_across_workers_and_closes_nothing() -> None:
+    async with shared(2, **{"max.connections": 4, "connections.mode": "observe"}) as (owner, workers):
+        conns = [await workers[n % 2].admitted() for n in range(4)]
+        for conn in conns[::-1]:  # the first opened is now the most recently used
+            conn.worker.use(conn)
+            await trio.sleep(0.001)
+        config = config_of(**{"max.connections": 2, "connections.mode": "observe"})
+        owner.reconfigure(config)
+        for worker in workers:
+            worker.reload(config)
+
+        def reports() -> list[Decision]:
+            return [d for w in workers for d, _ in w.recorder.decisions if d.action is Action.CLOSE]
+
+        await until(lambda: len(reports()) == 2)
+        assert sorted(d.victims[0] for d in reports()) == sorted(c.conn_id for c in conns[2:])
+        assert all(not d.enforced for d in reports())
+        assert all(c.closing is None for c in conns)
+        assert owner.quotas.counts().total == 4
