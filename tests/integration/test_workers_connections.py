@@ -14,17 +14,21 @@ counts (cluster mode counts per upstream broker, BrokerQuotas, which tests/unit 
 
 from __future__ import annotations
 
+import os
+import select
+import signal
 from typing import Any
 
 import pytest
 
 from demo.tansu import TansuBroker
+from policies.api_keys import API_VERSIONS
 from tests.clients import create_topic, unique
 from tests.conftest import wait_until
 from tests.integration.test_connection_admission import KafkaSocket, closed, tls_listener
 from tests.integration.test_connection_admission import sockets as sockets  # a fixture
 from tests.raw_kafka import api_versions_frame
-from tests.workers_util import start_workers, worker_of
+from tests.workers_util import start_workers, worker_of, worker_pids
 
 MAX_CONNECTIONS = "max.connections"
 MAX_SSL = "max.ssl.connections"
@@ -173,3 +177,43 @@ def test_a_tls_connection_over_max_ssl_connections_evicts_the_lru_idle_tls_conne
         conn.api_versions()
     plain.api_versions()
     assert counted(proxy, tls=True) == cap
+
+
+@pytest.mark.parametrize("workers", [2, 4])
+def test_a_killed_workers_connections_stop_counting_and_a_connection_waiting_in_another_worker_is_admitted(
+    tansu: TansuBroker, start_proxy: Any, sockets: list[KafkaSocket], workers: int
+) -> None:
+    proxy = start_workers(
+        start_proxy,
+        tansu.bootstrap,
+        workers,
+        mode="sidecar",
+        policies={MAX_CONNECTIONS: 1000, "max.connections.wait.ms": 30000},
+    )
+    topic = unique("empty")
+    create_topic(tansu.bootstrap, topic)
+
+    def busy_one() -> KafkaSocket:
+        conn = KafkaSocket(proxy.bootstrap)
+        sockets.append(conn)
+        conn.park_fetch(conn.topic_id(topic), max_wait_ms=25000)
+        return conn
+
+    held = on_every_worker(proxy, workers, busy_one)
+    cap = len(held)
+    proxy.reload(**{MAX_CONNECTIONS: cap})
+    waiter = KafkaSocket(proxy.bootstrap)
+    sockets.append(waiter)
+    waiter.send(api_versions_frame(1))
+    at = worker_of(proxy, waiter)
+    assert select.select([waiter.sock], [], [], 1.0)[0] == [], "answered while every slot was busy"
+
+    dead = next(w for w in range(workers) if w != at)
+    lost = [conn for conn, worker in held.items() if worker == dead]
+    os.kill(worker_pids(proxy)[dead], signal.SIGKILL)
+    # Its connections end, their slots are given back, and the waiting one (another worker's) is let in.
+    assert waiter.read_response(API_VERSIONS, 3).header.correlation_id == 1
+    assert all(conn.wait_closed(timeout=5) for conn in lost)
+    wait_until(lambda: proxy.metric("kafka_admission_worker_released_total", what="connections") == len(lost))
+    wait_until(lambda: counted(proxy) == cap - len(lost) + 1)
+    assert closed([conn for conn, worker in held.items() if worker != dead]) == []
