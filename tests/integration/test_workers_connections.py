@@ -217,3 +217,33 @@ def test_a_killed_workers_connections_stop_counting_and_a_connection_waiting_in_
     wait_until(lambda: proxy.metric("kafka_admission_worker_released_total", what="connections") == len(lost))
     wait_until(lambda: counted(proxy) == cap - len(lost) + 1)
     assert closed([conn for conn, worker in held.items() if worker != dead]) == []
+
+
+@pytest.mark.parametrize("workers", [2, 4])
+def test_a_reload_lowering_max_connections_closes_the_lru_idle_excess_in_every_worker(
+    tansu: TansuBroker, start_proxy: Any, sockets: list[KafkaSocket], workers: int
+) -> None:
+    proxy = start_workers(start_proxy, tansu.bootstrap, workers, mode="sidecar", policies={MAX_CONNECTIONS: 1000})
+
+    def idle_one() -> KafkaSocket:
+        conn = KafkaSocket(proxy.bootstrap)
+        sockets.append(conn)
+        conn.api_versions()
+        return conn
+
+    held = on_every_worker(proxy, workers, idle_one)
+    for _ in range(2):
+        conn = idle_one()
+        held[conn] = worker_of(proxy, conn)
+    # The least recently used: one connection of each worker; then every other one, used later.
+    lru = [next(conn for conn, w in held.items() if w == worker) for worker in range(workers)]
+    rest = [conn for conn in held if conn not in lru]
+    for conn in lru + rest:
+        conn.api_versions()
+    proxy.reload(**{MAX_CONNECTIONS: len(rest)})
+
+    assert all(conn.wait_closed(timeout=5) for conn in lru), "the LRU excess was not closed"
+    for conn in rest:
+        conn.api_versions()  # the more recently used stay served
+    assert closed(rest) == []
+    wait_until(lambda: counted(proxy) == len(rest))
