@@ -28,6 +28,10 @@ from proxy.config.model import Config
 from proxy.serve.connection_gate import CountsCollector
 from proxy.workers.link import Handler, Link, LinkClosed, RemoteError
 
+# How long an activity round waits for the workers' answers (each answers from memory, at once):
+# one that did not answer by then (stopped, or stuck) offers no idle connection this round.
+ROUND_TIMEOUT_S = 1.0
+
 
 class OpenAnswer(NamedTuple):
     """The owner's answer to ``conn.open``: what the asking worker records and does.
@@ -211,10 +215,11 @@ class ConnectionOwner:
             except (LinkClosed, RemoteError):
                 pass  # a worker that died holds nothing (worker_gone), one that failed offers nothing
 
-        async with trio.open_nursery() as nursery:
-            for link in list(self._links.values()):
-                nursery.start_soon(ask, link)
-        return idle
+        with trio.move_on_after(ROUND_TIMEOUT_S):  # a stopped worker holds no decision up for long
+            async with trio.open_nursery() as nursery:
+                for link in list(self._links.values()):
+                    nursery.start_soon(ask, link)
+        return dict(idle)
 
     # -- closes, moves and activity -------------------------------------------------------------
 

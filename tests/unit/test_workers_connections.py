@@ -112,7 +112,10 @@ async def until(condition: Callable[[], bool]) -> None:
 
 
 @asynccontextmanager
-async def shared(workers: int, **policies: object) -> AsyncIterator[tuple[ConnectionOwner, list[Worker]]]:
+async def shared(
+    workers: int, stalled: int | None = None, **policies: object
+) -> AsyncIterator[tuple[ConnectionOwner, list[Worker]]]:
+    """``stalled``: that worker's end of its link is never read (a stopped process)."""
     config = config_of(**policies)
     owner = ConnectionOwner(config)
     made: list[Worker] = []
@@ -135,7 +138,8 @@ async def shared(workers: int, **policies: object) -> AsyncIterator[tuple[Connec
                 p.max_ssl_handshakes_per_turn,
             )
             nursery.start_soon(owner_end.run)
-            nursery.start_soon(worker_end.run)
+            if index != stalled:
+                nursery.start_soon(worker_end.run)
             nursery.start_soon(gate.reap_idle)
             made.append(Worker(index, gate, recorder))
         with trio.fail_after(10):
@@ -315,3 +319,12 @@ async def test_observing_a_lowered_cap_reports_the_lru_excess_across_workers_and
         assert all(not d.enforced for d in reports())
         assert all(c.closing is None for c in conns)
         assert owner.quotas.counts().total == 4
+
+
+async def test_a_worker_that_does_not_answer_the_activity_round_holds_no_eviction_up() -> None:
+    async with shared(2, stalled=1, **{"max.ssl.connections": 1}) as (_, workers):
+        w0 = workers[0]
+        idle = await w0.admitted(tls=True)
+        _, ok = await w0.open(tls=True)  # the round waits for worker 1 at most ROUND_TIMEOUT_S
+        assert ok
+        assert idle.closing is not None and idle.closing.cause is CloseCause.EVICTED
