@@ -33,6 +33,7 @@ from tests.workers_util import start_workers, worker_of, worker_pids
 MAX_CONNECTIONS = "max.connections"
 MAX_SSL = "max.ssl.connections"
 MAX_PER_IP = "max.connections.per.ip"
+LISTENER_CAP = "listener.name.external.max.connections"
 COVER_AT_MOST = 40  # connections opened until every worker holds one (2^-39 to miss one of 2)
 
 
@@ -53,45 +54,59 @@ def on_every_worker(proxy: Any, workers: int, open_one: Any) -> dict[KafkaSocket
     return held
 
 
+@pytest.mark.parametrize("cap_key", [MAX_CONNECTIONS, LISTENER_CAP])
 @pytest.mark.parametrize("workers", [2, 4])
-def test_max_connections_refuses_exactly_the_connection_over_it_wherever_the_others_are(
-    tansu: TansuBroker, start_proxy: Any, sockets: list[KafkaSocket], workers: int
+def test_a_full_cap_refuses_exactly_the_connection_over_it_wherever_the_others_are(
+    tansu: TansuBroker, start_proxy: Any, sockets: list[KafkaSocket], workers: int, cap_key: str
 ) -> None:
+    """``max.connections`` or the listener's own cap, filled by busy connections (a Fetch held at
+    the broker: never evicted) spread over every worker: the next connection waits
+    ``max.connections.wait.ms`` and is refused; another listener's connection is refused too under
+    ``max.connections``, admitted under the listener's cap."""
     proxy = start_workers(
         start_proxy,
         tansu.bootstrap,
         workers,
         mode="sidecar",
-        policies={MAX_CONNECTIONS: 1000, "max.connections.wait.ms": 1000},
+        listeners=[{"name": "external"}, {"name": "other"}],
+        policies={cap_key: 1000, "max.connections.wait.ms": 1000},
     )
     topic = unique("empty")
     create_topic(tansu.bootstrap, topic)
-    parked: dict[KafkaSocket, int] = {}
 
     def busy_one() -> KafkaSocket:
-        """A connection with a Fetch held at the broker: busy, never evicted."""
-        conn = KafkaSocket(proxy.bootstrap)
+        conn = KafkaSocket(proxy.listener_bind("external"))
         sockets.append(conn)
-        parked[conn] = conn.park_fetch(conn.topic_id(topic), max_wait_ms=20000)
+        conn.park_fetch(conn.topic_id(topic), max_wait_ms=20000)
         return conn
 
     held = on_every_worker(proxy, workers, busy_one)
     cap = len(held)
-    proxy.reload(**{MAX_CONNECTIONS: cap})
+    proxy.reload(**{cap_key: cap})
     wait_until(lambda: counted(proxy) == cap)
 
-    over = KafkaSocket(proxy.bootstrap)  # the one over the cap: it waits, then is refused
+    over = KafkaSocket(proxy.listener_bind("external"))  # the one over the cap: it waits, then is refused
     sockets.append(over)
     over.send(api_versions_frame(1))
-    assert over.wait_closed(timeout=8), f"connection {cap + 1} over {MAX_CONNECTIONS}={cap} was served"
+    assert over.wait_closed(timeout=8), f"connection {cap + 1} over {cap_key}={cap} was served"
     assert closed(list(held)) == []  # nobody else paid for it
     assert counted(proxy) == cap
+
+    elsewhere = KafkaSocket(proxy.listener_bind("other"))
+    sockets.append(elsewhere)
+    if cap_key == MAX_CONNECTIONS:  # every listener together
+        elsewhere.send(api_versions_frame(1))
+        assert elsewhere.wait_closed(timeout=8), f"another listener's connection over {cap_key}={cap} was served"
+    else:
+        elsewhere.api_versions()
+        elsewhere.close()
+    wait_until(lambda: counted(proxy) == cap)
 
     # A slot frees in one worker: the next connection is admitted, whichever worker accepts it.
     first = next(iter(held))
     first.close()
     wait_until(lambda: counted(proxy) == cap - 1)
-    newcomer = KafkaSocket(proxy.bootstrap)
+    newcomer = KafkaSocket(proxy.listener_bind("external"))
     sockets.append(newcomer)
     newcomer.api_versions()
     assert worker_of(proxy, newcomer) in range(workers)
