@@ -35,6 +35,7 @@ from proxy.serve.file_watch import FileWatcher
 from proxy.serve.listener import ListenerRuntime
 from proxy.serve.pool_gate import PoolGate
 from proxy.serve.runtime import Runtime
+from proxy.workers.worker_connections import SharedConnectionGate
 
 if TYPE_CHECKING:
     from proxy.workers.worker import WorkerLink
@@ -193,17 +194,28 @@ class ProxyServer:
             recorder,
             self.window,
         )
-        gate = ConnectionGate(
-            BrokerQuotas(
+        connections_mode = Mode(policies.mode_of(policies.connections_mode))
+        protected = [lst.name for lst in config.listeners if lst.protected]
+        gate: ConnectionGate
+        if shared is None:
+            gate = ConnectionGate(
+                BrokerQuotas(policies.connection_limits(), mode=connections_mode, protected_listeners=protected),
+                metrics,
+                recorder,
+                policies.max_connections_wait_ms,
+                policies.max_ssl_handshakes_per_turn,
+            )
+        else:  # the owner (the supervisor) counts and decides; this worker keeps the activity
+            gate = SharedConnectionGate(
+                shared.link,
                 policies.connection_limits(),
-                mode=Mode(policies.mode_of(policies.connections_mode)),
-                protected_listeners=[lst.name for lst in config.listeners if lst.protected],
-            ),
-            metrics,
-            recorder,
-            policies.max_connections_wait_ms,
-            policies.max_ssl_handshakes_per_turn,
-        )
+                connections_mode,
+                protected,
+                metrics,
+                recorder,
+                policies.max_connections_wait_ms,
+                policies.max_ssl_handshakes_per_turn,
+            )
         self.runtime = Runtime(
             generation=self._generation(1 if shared is None else shared.generation, config),
             gate=gate,

@@ -13,6 +13,7 @@ from prometheus_client.registry import Collector
 
 from proxy.config.model import Config
 from proxy.workers.link import Handler, Link
+from proxy.workers.owner_connections import ConnectionOwner
 
 
 class SharedService(Protocol):
@@ -40,7 +41,7 @@ class SharedService(Protocol):
 
 
 # Every shared service, each built as ``Service(config)``: adding one is adding it here.
-SERVICES: tuple[Callable[[Config], SharedService], ...] = ()
+SERVICES: tuple[Callable[[Config], SharedService], ...] = (ConnectionOwner,)
 
 
 class Owner:
