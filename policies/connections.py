@@ -485,7 +485,7 @@ class ConnectionQuotas:
                 if conn.tls:
                     self._ssl_closing -= 1
         elif not conn.in_flight:
-            del conn.idle[conn_id]
+            conn.idle.pop(conn_id, None)  # absent when sync_activity did not report it idle
         left = self._ip_count[conn.ip] - 1
         if left:
             self._ip_count[conn.ip] = left
@@ -516,6 +516,52 @@ class ConnectionQuotas:
             mine.in_flight = conn.in_flight
         if conn.closing:
             self._mark_closing(mine)
+
+    # -- activity known elsewhere (workers: the owner counts, the workers see the requests) --
+
+    def room_needed(self, listener: str, ip: str, tls: bool) -> int:
+        """How many connections a new one of this kind would have some cap lose (the largest need
+        of any cap that is full), without changing anything: 0 when it is admitted or refused
+        (per IP) as it is. Only then does ``on_accept`` read activity (``_select_victims``)."""
+        limit, _ = self._limits.per_ip_limit(ip)
+        if self._ip_count.get(ip, 0) >= limit:
+            return 0
+        caps = self._caps_for(listener, tls, listener in self._protected)
+        return max((live - limit + 1 for _, live, limit in caps if live >= limit), default=0)
+
+    def excess(self) -> int:
+        """The largest excess of any cap over its limit (what ``reclaim_excess`` would close), 0 if none."""
+        return max(self._excess().values(), default=0)
+
+    def sync_activity(self, idle: Mapping[str, float]) -> None:
+        """The connections' activity is seen elsewhere: the idle ones are exactly those in ``idle``,
+        each last active at the time given (any one clock), and every other is to be treated as
+        busy (never a candidate to close) until the next sync. The LRU order of the candidates is
+        the order of those times. Counts do not change; ids unknown or closing are skipped. Feed no
+        ``on_request``/``on_response`` to a policy synced this way: its activity is the caller's."""
+        for pool in self._idle.values():
+            pool.clear()
+        conns = self._conns
+        known = sorted((t, conn_id) for conn_id, t in idle.items() if conn_id in conns)
+        for t, conn_id in known:
+            conn = conns[conn_id]
+            if conn.closing or conn.in_flight:
+                continue
+            conn.last = t
+            self._seq += 1
+            conn.seq = self._seq
+            conn.idle[conn_id] = conn
+
+    def idle_lru(self, per_cell: int) -> list[tuple[str, float]]:
+        """Up to ``per_cell`` idle, non-closing connections of each (listener, TLS) cell, least
+        recently used first, with their last activity: what an owner syncs with (``sync_activity``)."""
+        out: list[tuple[str, float]] = []
+        for pool in self._idle.values():
+            for n, conn in enumerate(pool.values()):
+                if n >= per_cell:
+                    break
+                out.append((conn.conn_id, conn.last))
+        return out
 
     # -- closing -------------------------------------------------------------
 
@@ -669,7 +715,7 @@ class ConnectionQuotas:
         conn.closing = True
         self._closing += 1
         if not conn.in_flight:
-            del conn.idle[conn.conn_id]
+            conn.idle.pop(conn.conn_id, None)  # absent when sync_activity did not report it idle
         self._listener_closing[conn.listener] += 1
         if not conn.protected:
             self._broker_closing += 1
@@ -933,6 +979,60 @@ class BrokerQuotas:
         if not source.counts().total:
             del self._pools[BOOTSTRAP]
         return True
+
+    def follow_move(self, conn_ids: Iterable[str], broker: BrokerKey) -> None:
+        """Count these connections in broker ``broker``'s pool from now on, as another BrokerQuotas
+        decided (``on_reached``/``on_broker_known`` at the owner of the counts, with workers): busy or
+        idle, last active when they were. Unknown ids, and ids already there, are skipped."""
+        by_source: dict[BrokerKey, list[str]] = {}
+        for conn_id in conn_ids:
+            key = self._key_of.get(conn_id)
+            if key is not None and key != broker:
+                by_source.setdefault(key, []).append(conn_id)
+        if not by_source:
+            return
+        target = self._pools.get(broker)
+        if target is None:
+            target = self._pools[broker] = self._new_pool()
+        for key, ids in by_source.items():
+            source = self._pools[key]
+            source.hand_over(ids, target)
+            for conn_id in ids:
+                self._pool_of[conn_id] = target
+                self._key_of[conn_id] = broker
+                self._reached.pop(conn_id, None)
+            if not source.counts().total:
+                del self._pools[key]
+
+    def room_needed(self, listener: str, ip: str, tls: bool, broker: BrokerKey = BOOTSTRAP) -> int:
+        """``ConnectionQuotas.room_needed`` against broker ``broker``'s counts."""
+        pool = self._pools.get(broker)
+        return (pool if pool is not None else self._new_pool()).room_needed(listener, ip, tls)
+
+    def excess(self) -> dict[BrokerKey, int]:
+        """Each broker whose pool has a cap over its limit, with the largest excess (in OBSERVE too,
+        where caps are passed: what ``update_limits`` would report)."""
+        return {b: n for b, pool in self._pools.items() if (n := pool.excess())}
+
+    def sync_activity(self, idle: Mapping[str, float], brokers: Iterable[BrokerKey] | None = None) -> None:
+        """``ConnectionQuotas.sync_activity`` for the pools of ``brokers`` (every pool when None):
+        each pool's idle connections are exactly the ids of ``idle`` counted in it."""
+        keys = list(self._pools) if brokers is None else [b for b in brokers if b in self._pools]
+        by_pool: dict[BrokerKey, dict[str, float]] = {key: {} for key in keys}
+        for conn_id, t in idle.items():
+            key = self._key_of.get(conn_id)
+            if key is not None and key in by_pool:
+                by_pool[key][conn_id] = t
+        for key, reported in by_pool.items():
+            self._pools[key].sync_activity(reported)
+
+    def idle_lru(self, per_cell: int, brokers: Iterable[BrokerKey] | None = None) -> list[tuple[str, float]]:
+        """``ConnectionQuotas.idle_lru`` of the pools of ``brokers`` (every pool when None)."""
+        keys = list(self._pools) if brokers is None else [b for b in brokers if b in self._pools]
+        out: list[tuple[str, float]] = []
+        for key in keys:
+            out.extend(self._pools[key].idle_lru(per_cell))
+        return out
 
     def on_request(self, conn_id: str, now: float) -> None:
         pool = self._pool_of.get(conn_id)

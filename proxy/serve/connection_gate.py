@@ -59,6 +59,8 @@ class ConnectionGate:
         recorder: DecisionRecorder,
         wait_ms: int,
         ssl_handshakes_per_turn: int,
+        *,
+        counts_collector: bool = True,
     ) -> None:
         self.quotas = quotas
         self._metrics = metrics
@@ -75,7 +77,8 @@ class ConnectionGate:
         # Per request the quotas only take a timestamp: the connection calls them directly.
         self.on_request = quotas.on_request
         self.touched = quotas.on_response  # activity with nothing left in flight (acks=0 Produce)
-        metrics.registry.register(_CountsCollector(quotas))
+        if counts_collector:  # with workers the owner's quotas count (proxy/workers/owner_connections.py)
+            metrics.registry.register(CountsCollector(quotas))
 
     # -- at accept ------------------------------------------------------------------------
 
@@ -212,14 +215,16 @@ class ConnectionGate:
             self._slot_freed = trio.Event()
 
 
-class _CountsCollector(Collector):
+class CountsCollector(Collector):
     """Connection counts as the policy sees them (KIP-1015's SSL and total counts), per broker as
     each broker counts them: ``broker`` is the node id of the broker counted against (node-port
     and bootstrap-port connections alike) or ``bootstrap`` (connections to no known broker);
-    sidecar mode has ``bootstrap`` alone."""
+    sidecar mode has ``bootstrap`` alone. ``busy=False`` leaves out the busy count: with workers
+    the owner's quotas count the connections but do not see their requests."""
 
-    def __init__(self, quotas: BrokerQuotas) -> None:
+    def __init__(self, quotas: BrokerQuotas, *, busy: bool = True) -> None:
         self._quotas = quotas
+        self._busy = busy
 
     def collect(self) -> Iterator[GaugeMetricFamily]:
         by_broker = self._quotas.counts_by_broker()
@@ -230,7 +235,7 @@ class _CountsCollector(Collector):
             ("kafka_admission_connections_counted_tls", "TLS connections counted against max.ssl.connections", "ssl"),
             ("kafka_admission_connections_counted_busy", "Connections with requests in flight", "busy"),
         )
-        for name, help_text, field in families:
+        for name, help_text, field in families if self._busy else families[:2]:
             family = GaugeMetricFamily(name, help_text, labels=["broker"])
             for broker, counts in by_broker.items():
                 family.add_metric([str(broker)], getattr(counts, field))

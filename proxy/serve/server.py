@@ -6,6 +6,7 @@ from __future__ import annotations
 
 import logging
 import math
+import ssl
 import time
 from collections.abc import Awaitable, Callable
 from dataclasses import dataclass
@@ -34,6 +35,7 @@ from proxy.serve.file_watch import FileWatcher
 from proxy.serve.listener import ListenerRuntime
 from proxy.serve.pool_gate import PoolGate
 from proxy.serve.runtime import Runtime
+from proxy.workers.worker_connections import SharedConnectionGate
 
 if TYPE_CHECKING:
     from proxy.workers.worker import WorkerLink
@@ -149,6 +151,13 @@ def reload_plan(old: Config, new: Config) -> tuple[Config, tuple[str, ...]]:
     return old.model_copy(update=kept), tuple(refused)
 
 
+def tls_contexts(config: Config) -> tuple[list[ssl.SSLContext | None], ssl.SSLContext | None]:
+    """The TLS contexts a config serves with, each listener's and the upstream one: building
+    them is the check that its files can serve (a reload that cannot changes nothing)."""
+    listeners = [server_context(tls) if (tls := lst.termination) is not None else None for lst in config.listeners]
+    return listeners, upstream_context(config.upstream.tls)
+
+
 class ProxyServer:
     def __init__(self, config: Config, config_path: str | None = None, shared: WorkerLink | None = None) -> None:
         """``shared``: this process is one of ``workers: N`` (proxy/workers/): the supervisor
@@ -159,7 +168,10 @@ class ProxyServer:
         self._watcher: FileWatcher | None = None
         policies = config.policies
         self.metrics = metrics = Metrics("single" if shared is None else "worker")
-        self.audit = AuditSink(config.audit, metrics, config.upstream)
+        audit = config.audit
+        if shared is not None:  # each worker is an audit instance of its own: its files, their seq, its events
+            audit = audit.model_copy(update={"instance_id": f"{audit.instance}-w{shared.index}"})
+        self.audit = AuditSink(audit, metrics, config.upstream)
         self.recorder = recorder = DecisionRecorder(metrics, self.audit)
         self.directory = BrokerDirectory(metrics)
         connector = UpstreamConnector(config.upstream.tls, upstream_context(config.upstream.tls), metrics, recorder)
@@ -182,17 +194,28 @@ class ProxyServer:
             recorder,
             self.window,
         )
-        gate = ConnectionGate(
-            BrokerQuotas(
+        connections_mode = Mode(policies.mode_of(policies.connections_mode))
+        protected = [lst.name for lst in config.listeners if lst.protected]
+        gate: ConnectionGate
+        if shared is None:
+            gate = ConnectionGate(
+                BrokerQuotas(policies.connection_limits(), mode=connections_mode, protected_listeners=protected),
+                metrics,
+                recorder,
+                policies.max_connections_wait_ms,
+                policies.max_ssl_handshakes_per_turn,
+            )
+        else:  # the owner (the supervisor) counts and decides; this worker keeps the activity
+            gate = SharedConnectionGate(
+                shared.link,
                 policies.connection_limits(),
-                mode=Mode(policies.mode_of(policies.connections_mode)),
-                protected_listeners=[lst.name for lst in config.listeners if lst.protected],
-            ),
-            metrics,
-            recorder,
-            policies.max_connections_wait_ms,
-            policies.max_ssl_handshakes_per_turn,
-        )
+                connections_mode,
+                protected,
+                metrics,
+                recorder,
+                policies.max_connections_wait_ms,
+                policies.max_ssl_handshakes_per_turn,
+            )
         self.runtime = Runtime(
             generation=self._generation(1 if shared is None else shared.generation, config),
             gate=gate,
@@ -373,8 +396,7 @@ class ProxyServer:
         then one swap after another that cannot."""
         policies = config.policies
         runtime = self.runtime
-        checked = [server_context(tls) if (tls := lst.termination) is not None else None for lst in config.listeners]
-        upstream = upstream_context(config.upstream.tls)
+        checked, upstream = tls_contexts(config)
         identity = runtime.connector.prepare_identity(config.upstream.tls)
         generation = self._generation(runtime.generation.number + 1 if number is None else number, config)
         self.groups.reconfigure(policies.group_size_config(), Mode(policies.mode_of(policies.group_size_mode)))

@@ -13,10 +13,14 @@ socket pair made by the supervisor.
 
 from __future__ import annotations
 
+import copyreg
 import inspect
+import io
+import os
 import pickle
 import struct
 from collections.abc import Awaitable, Callable, Mapping
+from types import MappingProxyType
 from typing import Any
 
 import trio
@@ -27,6 +31,21 @@ _FAILED = "failed"
 _MAX_MESSAGE = 64 * 1024 * 1024
 
 Handler = Callable[..., Any]
+
+
+def _mappingproxy(items: dict[Any, Any]) -> MappingProxyType[Any, Any]:
+    return MappingProxyType(items)
+
+
+def _reduce_mappingproxy(mapping: MappingProxyType[Any, Any]) -> tuple[Any, ...]:
+    return (_mappingproxy, (dict(mapping),))
+
+
+# pickle refuses a mappingproxy, and every Decision holds one (its default element errors and
+# subject): the link's own table sends it as a dict and rebuilds it (no global copyreg change).
+_DISPATCH: Mapping[type, Callable[[Any], Any]] = MappingProxyType(
+    {**copyreg.dispatch_table, MappingProxyType: _reduce_mappingproxy}
+)
 
 
 class LinkClosed(Exception):
@@ -46,6 +65,11 @@ class Link:
         self._asks: dict[int, trio.MemorySendChannel[tuple[bool, Any]]] = {}
         self._next_ask = 1
         self.closed = trio.Event()
+        self._sending = False  # the writer task is in send_all: a frame queued now must wait its turn
+        self._fd = stream.socket.fileno() if isinstance(stream, trio.SocketStream) else None
+        self._pickled = io.BytesIO()  # one pickler per link, reused: a third of a new one's cost
+        self._pickler = pickle.Pickler(self._pickled, protocol=pickle.HIGHEST_PROTOCOL)
+        self._pickler.dispatch_table = _DISPATCH
 
     @classmethod
     def pair(cls) -> tuple[Link, Link]:
@@ -83,10 +107,28 @@ class Link:
     def _queue(self, kind: str, ask_id: int, args: tuple[Any, ...]) -> None:
         if self.closed.is_set():
             return
-        body = pickle.dumps((kind, ask_id, args), protocol=pickle.HIGHEST_PROTOCOL)
-        self._out += _HEADER.pack(len(body))
-        self._out += body
+        body = self._dumps((kind, ask_id, args))
+        frame = _HEADER.pack(len(body)) + body
+        if not self._out and not self._sending and self._fd is not None:
+            # Straight to the socket when nothing is queued: no wake-up of the writer task (a
+            # scheduler pass on each side of an ask); what the socket does not take now, it sends.
+            try:
+                sent = os.write(self._fd, frame)
+            except OSError:  # full (BlockingIOError) or broken: the writer sends, or finds it broken
+                sent = 0
+            if sent == len(frame):
+                return
+            frame = frame[sent:]
+        self._out += frame
         self._out_ready.set()
+
+    def _dumps(self, message: tuple[str, int, tuple[Any, ...]]) -> bytes:
+        out, pickler = self._pickled, self._pickler
+        out.seek(0)
+        out.truncate()
+        pickler.clear_memo()
+        pickler.dump(message)
+        return out.getvalue()
 
     # -- running -----------------------------------------------------------
 
@@ -111,7 +153,11 @@ class Link:
                 self._out_ready = trio.Event()
                 while self._out:
                     data, self._out = bytes(self._out), bytearray()
-                    await self._stream.send_all(data)
+                    self._sending = True
+                    try:
+                        await self._stream.send_all(data)
+                    finally:
+                        self._sending = False
         except (trio.BrokenResourceError, trio.ClosedResourceError):
             scope.cancel()
 

@@ -13,6 +13,7 @@ from prometheus_client.registry import Collector
 
 from proxy.config.model import Config
 from proxy.workers.link import Handler, Link
+from proxy.workers.owner_connections import ConnectionOwner
 
 
 class SharedService(Protocol):
@@ -21,7 +22,9 @@ class SharedService(Protocol):
         ...
 
     def attach(self, worker: int, link: Link) -> None:
-        """The link to this worker (at its start, and again after a restart)."""
+        """The link to this worker (before its process starts, and again after a restart).
+        The worker registers its own handlers while it builds its ProxyServer: a message sent
+        to it before it has asked or told anything may find none (a tell is then dropped)."""
         ...
 
     def worker_gone(self, worker: int) -> dict[str, int]:
@@ -38,7 +41,7 @@ class SharedService(Protocol):
 
 
 # Every shared service, each built as ``Service(config)``: adding one is adding it here.
-SERVICES: tuple[Callable[[Config], SharedService], ...] = ()
+SERVICES: tuple[Callable[[Config], SharedService], ...] = (ConnectionOwner,)
 
 
 class Owner:

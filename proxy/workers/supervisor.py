@@ -10,7 +10,7 @@ import logging
 import signal
 import socket
 import sys
-from functools import partial
+from pathlib import Path
 from typing import Any
 
 import trio
@@ -19,10 +19,9 @@ from prometheus_client import Counter
 from proxy.config.certificates import certificate_files, export_certificate_expiry
 from proxy.config.model import Config, ConfigError, load_config
 from proxy.evidence.metrics import Metrics
-from proxy.links.tls import server_context, upstream_context
 from proxy.serve.admin import AdminServer
 from proxy.serve.file_watch import FileWatcher
-from proxy.serve.server import READY_PROBE_TIMEOUT_S, announce_readiness, reload_plan
+from proxy.serve.server import READY_PROBE_TIMEOUT_S, announce_readiness, reload_plan, tls_contexts
 from proxy.workers.link import Link, LinkClosed, RemoteError
 from proxy.workers.metrics import MetricsFiles, WholeProxyMetrics, flush_workers
 from proxy.workers.owner import Owner
@@ -35,6 +34,9 @@ _QUICK_DEATH_S = 10.0
 _RESTART_DELAY_MAX_S = 30.0
 # After the drain timeout, how long workers get to close before they are killed.
 _EXIT_GRACE_S = 5.0
+# 1: the kernel moves connections waiting in a dead worker's accept queue to another
+# worker's (Linux 5.14+, per network namespace); 0, the default, resets them.
+TCP_MIGRATE_REQ = Path("/proc/sys/net/ipv4/tcp_migrate_req")
 # A worker's answer to a reload (TLS contexts are built) or a readiness question.
 _ASK_TIMEOUT_S = READY_PROBE_TIMEOUT_S + 2.0
 
@@ -82,24 +84,25 @@ class Supervisor:
     async def serve(self) -> int:
         """Run until SIGTERM or SIGINT has drained every worker (0), or until a worker fails
         to start (its exit status: a port that cannot be bound is the operator's to fix)."""
+        _warn_without_migration()
         with trio.open_signal_receiver(signal.SIGTERM, signal.SIGINT, signal.SIGHUP) as signals, self.metric_files:
             async with trio.open_nursery() as nursery:
                 self._nursery = nursery
                 async with trio.open_nursery() as workers:
                     for index in range(self.workers):
                         workers.start_soon(self._keep_worker, index)
-                    nursery.start_soon(self._serve_once_started, workers.cancel_scope)
+                    nursery.start_soon(self._serve_once_started)
                     async for signum in signals:
                         log.info("received %s", signal.Signals(signum).name)
                         if signum == signal.SIGHUP:
                             await self.reload_file()
                             continue
-                        await self.shutdown(workers.cancel_scope)
+                        self.shutdown(workers.cancel_scope)
                         break
                 nursery.cancel_scope.cancel()
         return self.exit_code
 
-    async def _serve_once_started(self, workers: trio.CancelScope) -> None:
+    async def _serve_once_started(self) -> None:
         """Admin last, as with one process: once it answers, every worker's listeners are bound."""
         await self._all_ready.wait()
         assert self._nursery is not None
@@ -129,7 +132,7 @@ class Supervisor:
             exposition=lambda: whole.exposition(lambda: flush_workers(list(self._links.values()))),
         )
 
-    async def shutdown(self, workers: trio.CancelScope) -> None:
+    def shutdown(self, workers: trio.CancelScope) -> None:
         """SIGTERM to every worker (each drains as one process does); wait for them, at most
         the drain timeout and a grace, then kill what is left."""
         log.info("shutting down: draining every worker")
@@ -215,11 +218,16 @@ class Supervisor:
         log.info("worker %d serving", index, extra={"pid": self._processes[index].pid, "generation": generation})
         if generation != self.generation:  # it started from a generation a reload has replaced since
             assert self._nursery is not None
-            self._nursery.start_soon(
-                partial(self._ask_every_worker, "worker.reload", self.generation, self.config, only=index)
-            )
+            self._nursery.start_soon(self._catch_up, index)
         if len(self._links) == self.workers:
             self._all_ready.set()
+
+    async def _catch_up(self, index: int) -> None:
+        async with self._reloading:  # the generation it is told is the one the others run
+            answers = await self._ask_every_worker("worker.reload", self.generation, self.config, only=index)
+        for answer in answers.values():
+            if isinstance(answer, Exception):
+                log.error("worker %d did not apply generation %d: %s", index, self.generation, answer)
 
     async def _ask_every_worker(self, kind: str, *args: Any, only: int | None = None) -> dict[int, Any]:
         """Every serving worker's answer (or the exception: LinkClosed, RemoteError, TooSlowError),
@@ -242,8 +250,9 @@ class Supervisor:
     # -- admin ------------------------------------------------------------------------
 
     async def readiness_problems(self) -> list[str]:
-        """Every worker serving, and what each finds missing (its listeners, the upstream)."""
-        problems = [f"worker {i} is not serving" for i in range(self.workers) if i not in self._links]
+        """What the serving workers find missing (their listeners, the upstream). A worker being
+        restarted does not make the proxy unready: the others accept its share meanwhile."""
+        problems = [] if self._links else ["no worker is serving"]
         for index, answer in sorted((await self._ask_every_worker("worker.readiness")).items()):
             if isinstance(answer, Exception):
                 problems.append(f"worker {index} did not answer: {answer or type(answer).__name__}")
@@ -274,10 +283,7 @@ class Supervisor:
                 return
             try:
                 config, refused = reload_plan(self.config, new)
-                for listener in config.listeners:  # TLS files that cannot serve fail here, not in a worker
-                    if listener.termination is not None:
-                        server_context(listener.termination)
-                upstream_context(config.upstream.tls)
+                tls_contexts(config)  # TLS files that cannot serve fail here, not in a worker
                 self.owner.reconfigure(config)
                 self.generation += 1
                 self.config = config
@@ -299,3 +305,15 @@ class Supervisor:
             export_certificate_expiry(self.config.tls_files(), metrics.certificate_expiry)
             if self._watcher is not None:
                 self._watcher.set_paths(self._watched_files())
+
+
+def _warn_without_migration() -> None:
+    try:
+        migrate = TCP_MIGRATE_REQ.read_text().strip()
+    except OSError:
+        return  # before Linux 5.14: nothing to set
+    if migrate == "0":
+        log.warning(
+            "net.ipv4.tcp_migrate_req is 0: connections waiting to be accepted by a worker that dies are reset;"
+            " set it to 1 to move them to another worker (docs/workers.md)"
+        )

@@ -12,10 +12,12 @@ import signal
 import time
 import uuid
 from collections import Counter
+from pathlib import Path
 from typing import Any
 
 import pytest
 
+from tests.audit_files import assert_valid, audit_files, read_events
 from tests.clients import create_topic, unique
 from tests.conftest import wait_until
 from tests.faults import ProducerTraffic, assert_exactly_once, consumed_values
@@ -168,3 +170,57 @@ def test_sigterm_drains_every_worker_and_exits_0(tansu: Any, start_proxy: Any) -
     assert proxy.wait(timeout=15) == 0
     for worker in (0, 1):
         assert f"draining in-flight requests worker={worker}" in proxy.log()
+
+
+def test_each_worker_writes_audit_files_of_its_own_and_its_connection_ids_name_it(
+    tansu: Any, start_proxy: Any, tmp_path: Path
+) -> None:
+    """Two workers sharing one audit directory each write as an instance of their own
+    (``<instance>-w<i>``), so neither finishes, numbers or deletes the other's files; the
+    connection events say which worker held each connection."""
+    audit = tmp_path / "audit"
+    proxy = start_workers(start_proxy, tansu.bootstrap, 2, audit={"path": str(audit), "instance_id": "px"})
+    by_worker = connections_on_every_worker(proxy, 2, 16)
+    close_all(by_worker)
+    proxy.signal(signal.SIGTERM)
+    assert proxy.wait(timeout=15) == 0
+    events = read_events(audit, finished_only=True)
+    assert_valid(events)
+    opens = [e for e in events if e["type"] == "connection" and e["event"] == "open"]
+    assert len(opens) == 16
+    assert Counter(e["instance"] for e in opens) == Counter({f"px-w{w}": len(conns) for w, conns in by_worker.items()})
+    assert all(e["conn_id"].startswith(f"w{e['instance'][-1]}:") for e in opens)
+    assert {path.name.split("-")[1] for path in audit_files(audit)} == {"w0", "w1"}
+
+
+def test_workers_exit_when_the_supervisor_is_killed(tansu: Any, start_proxy: Any) -> None:
+    """Without the owner of the shared limits a worker cannot keep them: it sees its link end
+    and exits (systemd or Kubernetes then restarts the whole proxy)."""
+    proxy = start_workers(start_proxy, tansu.bootstrap, 2)
+    pids = worker_pids(proxy)
+    assert sorted(pids) == [0, 1]
+    proxy.signal(signal.SIGKILL)
+    proxy.wait(timeout=5)
+
+    def gone(pid: int) -> bool:
+        try:
+            state = Path(f"/proc/{pid}/stat").read_text().rsplit(")", 1)[1].split()[0]
+        except FileNotFoundError:
+            return True
+        return state == "Z"  # exited; its parent (now init) has not reaped it yet
+
+    wait_until(lambda: all(gone(pid) for pid in pids.values()), timeout=10)
+    assert "the supervisor is gone; worker exiting" in proxy.log()
+
+
+def test_a_worker_that_keeps_dying_is_restarted_after_a_growing_pause(tansu: Any, start_proxy: Any) -> None:
+    """A worker that dies within seconds of its start is not restarted in a tight loop."""
+    proxy = start_workers(start_proxy, tansu.bootstrap, 2)
+    for deaths, pause in ((1, "0.5s"), (2, "1s")):
+        pid = worker_pids(proxy)[0]
+        os.kill(pid, signal.SIGKILL)
+        wait_until(lambda deaths=deaths: proxy.metric("kafka_admission_worker_restarts_total", worker="0") == deaths)
+        assert f"worker 0 exited with status -9; restarting it in {pause}" in proxy.log()
+        wait_until(lambda pid=pid: worker_pids(proxy)[0] != pid, timeout=15)
+    assert proxy.metric("kafka_admission_worker_restarts_total", worker="1") == 0
+    assert proxy.get("/readyz")[0] == 200

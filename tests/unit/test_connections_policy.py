@@ -1439,3 +1439,118 @@ def test_broker_quotas_decide_as_independent_quotas_one_per_broker(ops: list[tup
             assert sorted(d.victims for d in q.idle_expired(now)) == sorted(d.victims for d in expected_closes)
         assert q.over_cap == any(p.over_cap for p in ref.values())
         assert q.counts().total == sum(p.counts().total for p in ref.values())
+
+
+# ---------------------------------------------------------------------------
+# Activity seen elsewhere (workers, issue 29): an owner counts and decides, the workers see the requests
+
+_NO_CAPS = ConnectionLimits(
+    max_connections=INT_MAX, max_connections_per_ip=INT_MAX, max_ssl_connections=INT_MAX, connections_max_idle_ms=-1
+)
+
+_SHARED_OPS = st.lists(
+    st.one_of(
+        st.tuples(st.just("accept"), st.integers(0, 1), st.tuples(st.sampled_from([TLS, PLAIN]), st.booleans())),
+        st.tuples(st.just("request"), st.integers(0, 30), st.none()),
+        st.tuples(st.just("response"), st.integers(0, 30), st.none()),
+        st.tuples(st.just("close"), st.integers(0, 30), st.none()),
+        st.tuples(st.just("limits"), st.integers(0, 6), st.integers(0, 6)),
+    ),
+    max_size=60,
+)
+
+
+@settings(max_examples=300, deadline=None, suppress_health_check=[HealthCheck.too_slow])
+@given(ops=_SHARED_OPS, first=st.tuples(st.integers(1, 6), st.integers(0, 6), st.integers(1, 6)))
+def test_an_owner_synced_with_the_workers_idle_connections_decides_as_one_process(
+    ops: list[tuple[str, object, object]], first: tuple[int, int, int]
+) -> None:
+    """Two workers see the requests (caps off); the owner counts (no activity) and, before each
+    decision that closes or waits, syncs with each worker's ``room_needed``/``excess`` LRU idle
+    connections per cell: every decision, and every close of a lowered cap, is the one process's."""
+
+    def limits_of(max_conns: int, max_ssl: int, listener_max: int) -> ConnectionLimits:
+        return ConnectionLimits(
+            max_connections=max_conns,
+            max_ssl_connections=max_ssl,
+            listener_max_connections={TLS: listener_max},
+            max_connections_per_ip=3,
+            connections_max_idle_ms=-1,
+        )
+
+    limits = limits_of(*first)
+    one = ConnectionQuotas(limits)
+    owner = ConnectionQuotas(limits)
+    workers = [ConnectionQuotas(_NO_CAPS), ConnectionQuotas(_NO_CAPS)]
+    holder: dict[str, ConnectionQuotas] = {}
+    now = 0.0
+
+    def report(per_cell: int) -> dict[str, float]:
+        return {conn_id: t for w in workers for conn_id, t in w.idle_lru(per_cell)}
+
+    def close(conn_ids: tuple[str, ...]) -> None:
+        for conn_id in conn_ids:
+            one.on_closed(conn_id)
+            owner.on_closed(conn_id)
+            holder.pop(conn_id).on_closed(conn_id)
+
+    made = 0
+    for op, a, b in ops:
+        now += 1.0
+        if op == "accept":
+            assert isinstance(a, int) and isinstance(b, tuple)
+            listener, tls = b
+            conn_id, made = f"c{made}", made + 1
+            ip = f"10.0.0.{made % 2}"
+            expected = one.on_accept(conn_id, listener=listener, ip=ip, tls=tls, now=now)
+            need = owner.room_needed(listener, ip, tls)
+            if need:
+                owner.sync_activity(report(need))
+            assert owner.on_accept(conn_id, listener=listener, ip=ip, tls=tls, now=now) == expected
+            if conn_id in owner:
+                holder[conn_id] = workers[a]
+                assert workers[a].on_accept(conn_id, listener=listener, ip=ip, tls=tls, now=now) is None
+                assert owner.open_counts(conn_id) == one.open_counts(conn_id)
+            if expected is not None and expected.action is Action.EVICT:
+                close(expected.victims)
+        elif op in ("request", "response"):
+            conn_id = f"c{a}"
+            if conn_id in holder:
+                for q in (one, holder[conn_id]):
+                    (q.on_request if op == "request" else q.on_response)(conn_id, now)
+                closes = one.reclaim_excess()
+                if owner.over_cap:
+                    owner.sync_activity(report(owner.excess()))
+                assert owner.reclaim_excess() == closes
+                for d in closes:
+                    close(d.victims)
+        elif op == "close":
+            if f"c{a}" in holder:
+                close((f"c{a}",))
+        else:
+            assert isinstance(a, int) and isinstance(b, int)
+            limits = limits_of(max(a, 1), b, max(b, 1))
+            closes = one.update_limits(limits, now)
+            owner.sync_activity({})  # the owner knows no activity when the reload comes
+            assert owner.update_limits(limits, now) == []
+            if owner.over_cap:
+                owner.sync_activity(report(owner.excess()))
+            assert owner.reclaim_excess() == closes
+            for d in closes:
+                close(d.victims)
+        assert owner.counts().total == one.counts().total == sum(len(w) for w in workers)
+        assert owner.over_cap == one.over_cap
+
+
+def test_follow_move_counts_the_connections_in_the_brokers_pool_as_they_were() -> None:
+    q = BrokerQuotas(_NO_CAPS)
+    q.on_accept("a", listener=TLS, ip="1", tls=True, now=1.0)
+    q.on_accept("b", listener=TLS, ip="1", tls=True, now=2.0)
+    q.on_request("b", 3.0)
+    q.follow_move(["a", "b", "unknown"], 7)
+    assert q.pool(BOOTSTRAP) is None
+    assert q.broker_of("a") == q.broker_of("b") == 7
+    assert q.in_flight("b") == 1
+    assert q.idle_lru(5, [7]) == [("a", 1.0)]
+    q.follow_move(["a"], 7)  # already there
+    assert q.counts_by_broker()[7].total == 2

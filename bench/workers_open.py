@@ -1,0 +1,207 @@
+"""What a connection open costs with shared connection limits (issue 29's target: at most 50 us
+more at p50 than with one worker).
+
+An open is what the proxy's accept loop awaits before it serves a connection:
+``ConnectionGate.admit`` (workers: 1, the quotas in the process) or ``SharedConnectionGate.admit``
+(workers: N, an ask to the ConnectionOwner in the supervisor process over the worker's Link, the
+answer recorded as with one process). Each worker first opens 100 connections it keeps (a proxy
+at work holds some); then every open is followed by its close (a tell with workers) and a pause
+(``--pause-ms``), so the owner is idle when asked, as it is for opens that arrive one at a time.
+
+Each way runs in fresh processes: ``w1``, one worker process with its own quotas; ``link``, one
+worker asking the owner process a question whose answer is None, with the open's arguments: the
+floor of any round trip to the owner on this machine at that moment (two process wake-ups);
+``w1-owner``, one worker process asking an owner process (the supervisor's ConnectionOwner, built
+from the same config), so ``w1-owner - link`` is what the connection service adds to the link;
+``w2``, two worker processes opening at once against one owner process. Rounds alternate the ways
+(``--rounds``), so each set is back to back. Reported: p50 / p99 of the open as the accept loop
+sees it (the wall time of ``admit``), and the p50 difference with ``w1``.
+
+    .venv/bin/python bench/workers_open.py --rounds 3 --opens 2000
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import socket
+import statistics
+import subprocess
+import sys
+import time
+from dataclasses import dataclass
+
+import trio
+
+from policies.connections import OpenCounts
+from policies.mode import Mode
+from proxy.config.model import Config, parse_config
+from proxy.evidence.audit import AuditSink
+from proxy.evidence.decisions import DecisionRecorder, Where
+from proxy.evidence.metrics import Metrics
+from proxy.serve.connection_gate import ConnectionGate
+from proxy.workers.link import Link
+
+LISTENER = "external"
+_STANDING = 100  # connections each worker holds open while it measures
+
+
+def _config() -> Config:
+    return parse_config(
+        {
+            "upstream": {"bootstrap_servers": ["127.0.0.1:9092"]},
+            "listeners": [{"name": LISTENER, "bind": "127.0.0.1:1"}],
+            "policies": {"max.connections": 100000, "max.ssl.connections": 100000},
+        }
+    )
+
+
+@dataclass
+class _Conn:
+    conn_id: str
+    tls: bool = False
+    peer_ip: str = "10.0.0.1"
+    listener: str = LISTENER
+    open_counts: OpenCounts | None = None
+
+    @property
+    def where(self) -> Where:
+        return Where(self.listener, self.peer_ip, self.conn_id, self.tls)
+
+    def close_now(self, closing: object) -> None:
+        raise AssertionError("nothing is closed in this bench")
+
+
+async def _worker(index: int, fd: int | None, opens: int, pause: float, ping: bool) -> list[float]:
+    from proxy.workers.worker_connections import SharedConnectionGate
+
+    config = _config()
+    p = config.policies
+    metrics = Metrics()
+    recorder = DecisionRecorder(metrics, AuditSink(config.audit, metrics))
+    mode = Mode(p.mode_of(p.connections_mode))
+    async with trio.open_nursery() as nursery:
+        gate: ConnectionGate
+        if fd is None:
+            from policies.connections import BrokerQuotas
+
+            quotas = BrokerQuotas(p.connection_limits(), mode=mode)
+            gate = ConnectionGate(quotas, metrics, recorder, p.max_connections_wait_ms, p.max_ssl_handshakes_per_turn)
+        else:
+            link = Link(trio.SocketStream(trio.socket.from_stdlib_socket(socket.socket(fileno=fd))))
+            nursery.start_soon(link.run)
+            gate = SharedConnectionGate(
+                link,
+                p.connection_limits(),
+                mode,
+                [],
+                metrics,
+                recorder,
+                p.max_connections_wait_ms,
+                p.max_ssl_handshakes_per_turn,
+            )
+        for n in range(_STANDING):  # a proxy at work holds connections: its pools are not made per open
+            assert await gate.admit(_Conn(f"w{index}:{LISTENER}-standing-{n}"))
+        took: list[float] = []
+        for n in range(opens):
+            conn = _Conn(f"w{index}:{LISTENER}-{n}")
+            if ping:
+                start = time.perf_counter()
+                await link.ask("bench.ping", conn.conn_id, LISTENER, conn.peer_ip, False, "bootstrap")
+                took.append(time.perf_counter() - start)
+                await trio.sleep(pause)
+                continue
+            start = time.perf_counter()
+            admitted = await gate.admit(conn)
+            took.append(time.perf_counter() - start)
+            assert admitted
+            gate.on_closed(conn)  # type: ignore[arg-type]
+            await trio.sleep(pause)
+        nursery.cancel_scope.cancel()
+    return took
+
+
+async def _owner(fds: list[int]) -> None:
+    from proxy.workers.owner_connections import ConnectionOwner
+
+    owner = ConnectionOwner(_config())
+    async with trio.open_nursery() as nursery:
+        for index, fd in enumerate(fds):
+            link = Link(trio.SocketStream(trio.socket.from_stdlib_socket(socket.socket(fileno=fd))))
+            link.handlers.update(owner.handlers(index))
+            link.handlers["bench.ping"] = lambda *args: None
+            owner.attach(index, link)
+            nursery.start_soon(link.run)
+        await trio.sleep_forever()
+
+
+def _run_way(way: str, opens: int, pause_ms: float) -> list[float]:
+    me = [sys.executable, __file__]
+    common = ["--opens", str(opens), "--pause-ms", str(pause_ms)]
+    if way == "w1":
+        out = subprocess.run([*me, "--as-worker", "0", *common], check=True, capture_output=True, text=True)
+        return [float(x) for x in json.loads(out.stdout)]
+    if way == "link":
+        common.append("--ping")
+    pairs = [socket.socketpair() for _ in range(2 if way == "w2" else 1)]
+    owner_fds = [a.fileno() for a, _ in pairs]
+    owner = subprocess.Popen([*me, "--as-owner", ",".join(map(str, owner_fds))], pass_fds=owner_fds)
+    workers = [
+        subprocess.Popen(
+            [*me, "--as-worker", str(i), "--fd", str(b.fileno()), *common],
+            pass_fds=[b.fileno()],
+            stdout=subprocess.PIPE,
+            text=True,
+        )
+        for i, (_, b) in enumerate(pairs)
+    ]
+    for a, b in pairs:
+        a.close()
+        b.close()
+    took: list[float] = []
+    for worker in workers:
+        stdout, _ = worker.communicate()
+        took += [float(x) for x in json.loads(stdout)]
+    owner.terminate()
+    owner.wait()
+    return took
+
+
+def _us(values: list[float], q: float) -> float:
+    ordered = sorted(values)
+    return ordered[min(len(ordered) - 1, int(q * len(ordered)))] * 1e6
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser()
+    parser.add_argument("--rounds", type=int, default=3)
+    parser.add_argument("--opens", type=int, default=2000)
+    parser.add_argument("--pause-ms", type=float, default=1.0)
+    parser.add_argument("--as-worker", type=int)
+    parser.add_argument("--as-owner")
+    parser.add_argument("--fd", type=int)
+    parser.add_argument("--ping", action="store_true")
+    args = parser.parse_args()
+    if args.as_owner is not None:
+        trio.run(_owner, [int(fd) for fd in args.as_owner.split(",")])
+        return
+    if args.as_worker is not None:
+        took = trio.run(_worker, args.as_worker, args.fd, args.opens, args.pause_ms / 1000, args.ping)
+        print(json.dumps(took[len(took) // 20 :]))  # the first 5% warm up
+        return
+    print(f"opens per worker {args.opens}, pause {args.pause_ms} ms, cpus {os.sched_getaffinity(0)}")
+    print("round  way       p50_us  p99_us")
+    p50s: dict[str, list[float]] = {"w1": [], "link": [], "w1-owner": [], "w2": []}
+    for round_ in range(args.rounds):
+        for way in p50s:
+            took = _run_way(way, args.opens, args.pause_ms)
+            p50s[way].append(_us(took, 0.5))
+            print(f"{round_:5d}  {way:8s}  {_us(took, 0.5):6.1f}  {_us(took, 0.99):6.1f}", flush=True)
+        print(f"       added p50 (w2 - w1): {p50s['w2'][-1] - p50s['w1'][-1]:.1f} us", flush=True)
+    added = [b - a for a, b in zip(p50s["w1"], p50s["w2"], strict=True)]
+    print(f"added p50 per round: {', '.join(f'{x:.1f}' for x in added)} us; median {statistics.median(added):.1f} us")
+
+
+if __name__ == "__main__":
+    main()

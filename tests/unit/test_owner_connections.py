@@ -1,0 +1,330 @@
+"""Connection limits shared by workers (issue 29), wired as in the proxy: one ConnectionOwner and
+several SharedConnectionGates (one per worker), each pair joined by a real Link over a Unix socket
+pair, in one trio process."""
+
+from __future__ import annotations
+
+from collections.abc import AsyncIterator, Callable
+from contextlib import asynccontextmanager
+from dataclasses import dataclass, field
+
+import trio
+
+from policies.close_cause import CloseCause, Closing
+from policies.connections import OpenCounts
+from policies.decision import Action, Decision, Policy
+from policies.mode import Mode
+from policies.properties import MAX_CONNECTIONS, MAX_CONNECTIONS_PER_IP, MAX_CONNECTIONS_WAIT_MS, MAX_SSL_CONNECTIONS
+from proxy.config.model import Config, parse_config
+from proxy.evidence.audit import AuditSink
+from proxy.evidence.decisions import NOWHERE, DecisionRecorder, Where
+from proxy.evidence.metrics import Metrics
+from proxy.workers.link import Link
+from proxy.workers.owner_connections import ConnectionOwner
+from proxy.workers.worker_connections import SharedConnectionGate
+
+LISTENER = "external"
+
+
+def config_of(**policies: object) -> Config:
+    return parse_config(
+        {
+            "upstream": {"bootstrap_servers": ["127.0.0.1:9092"]},
+            "listeners": [{"name": LISTENER, "bind": "127.0.0.1:1"}],
+            "policies": policies,
+        }
+    )
+
+
+class Recorder(DecisionRecorder):
+    def __init__(self, metrics: Metrics, config: Config) -> None:
+        super().__init__(metrics, AuditSink(config.audit, metrics))
+        self.decisions: list[tuple[Decision, Where]] = []
+
+    def record(self, decision: Decision, where: Where = NOWHERE, **about: object) -> None:  # type: ignore[override]
+        self.decisions.append((decision, where))
+        super().record(decision, where)
+
+
+@dataclass
+class Conn:
+    """A client connection as the gate sees it: closing it ends it (the listener's on_closed)."""
+
+    conn_id: str
+    tls: bool
+    peer_ip: str
+    worker: Worker
+    listener: str = LISTENER
+    open_counts: OpenCounts | None = None
+    closing: Closing | None = None
+    ended: trio.Event = field(default_factory=trio.Event)
+
+    @property
+    def where(self) -> Where:
+        return Where(self.listener, self.peer_ip, self.conn_id, self.tls)
+
+    def close_now(self, closing: Closing) -> None:
+        self.closing = closing
+        self.worker.gate.on_closed(self)
+        self.ended.set()
+
+
+@dataclass
+class Worker:
+    index: int
+    gate: SharedConnectionGate
+    recorder: Recorder
+    made: int = 0
+
+    async def open(self, *, tls: bool = False, ip: str = "10.0.0.1") -> tuple[Conn, bool]:
+        self.made += 1
+        conn = Conn(f"w{self.index}:{LISTENER}-{self.made}", tls, ip, self)
+        return conn, await self.gate.admit(conn)
+
+    async def admitted(self, *, tls: bool = False, ip: str = "10.0.0.1", busy: bool = False) -> Conn:
+        conn, ok = await self.open(tls=tls, ip=ip)
+        assert ok, f"{conn.conn_id} was refused"
+        if busy:  # before any other task runs: no activity round sees it idle first
+            self.gate.on_request(conn.conn_id, trio.current_time())
+        return conn
+
+    def use(self, conn: Conn) -> None:
+        """A request and its response: the connection is the most recently used."""
+        now = trio.current_time()
+        self.gate.on_request(conn.conn_id, now)
+        self.gate.on_response(conn.conn_id, now)
+
+    def reload(self, config: Config) -> None:
+        policies = config.policies
+        self.gate.reconfigure(
+            policies.connection_limits(),
+            Mode(policies.mode_of(policies.connections_mode)),
+            policies.max_connections_wait_ms,
+            policies.max_ssl_handshakes_per_turn,
+        )
+
+
+async def until(condition: Callable[[], bool]) -> None:
+    """Wait (bounded by the test's fail_after) for the owner to have applied what was told: its
+    state has no event to wait on (the trio form of tests/conftest.py's wait_until)."""
+    while not condition():  # noqa: ASYNC110
+        await trio.sleep(0.001)
+
+
+@asynccontextmanager
+async def shared(
+    workers: int, stalled: int | None = None, **policies: object
+) -> AsyncIterator[tuple[ConnectionOwner, list[Worker]]]:
+    """``stalled``: that worker's end of its link is never read (a stopped process)."""
+    config = config_of(**policies)
+    owner = ConnectionOwner(config)
+    made: list[Worker] = []
+    async with trio.open_nursery() as nursery:
+        for index in range(workers):
+            owner_end, worker_end = Link.pair()
+            owner_end.handlers.update(owner.handlers(index))
+            owner.attach(index, owner_end)
+            metrics = Metrics()
+            recorder = Recorder(metrics, config)
+            p = config.policies
+            gate = SharedConnectionGate(
+                worker_end,
+                p.connection_limits(),
+                Mode(p.mode_of(p.connections_mode)),
+                [],
+                metrics,
+                recorder,
+                p.max_connections_wait_ms,
+                p.max_ssl_handshakes_per_turn,
+            )
+            nursery.start_soon(owner_end.run)
+            if index != stalled:
+                nursery.start_soon(worker_end.run)
+            nursery.start_soon(gate.reap_idle)
+            made.append(Worker(index, gate, recorder))
+        with trio.fail_after(10):
+            yield owner, made
+        nursery.cancel_scope.cancel()
+
+
+async def test_concurrent_opens_from_two_workers_admit_exactly_max_connections() -> None:
+    async with shared(2, **{"max.connections": 7, "max.connections.wait.ms": 50}) as (owner, workers):
+        admitted: list[Conn] = []
+        refused: list[Conn] = []
+
+        async def one(worker: Worker) -> None:
+            conn, ok = await worker.open()
+            if ok:
+                worker.gate.on_request(conn.conn_id, trio.current_time())  # busy: nothing to evict
+                admitted.append(conn)
+            else:
+                refused.append(conn)
+
+        async with trio.open_nursery() as nursery:
+            for n in range(20):
+                nursery.start_soon(one, workers[n % 2])
+        assert len(admitted) == 7 and len(refused) == 13
+        assert owner.quotas.counts().total == 7
+        for worker in workers:
+            refusals = [d for d, _ in worker.recorder.decisions if d.action is Action.REFUSE]
+            assert all(d.limit_key == MAX_CONNECTIONS_WAIT_MS for d in refusals)
+            assert len(refusals) == sum(1 for c in refused if c.worker is worker)
+
+
+async def test_concurrent_opens_from_one_address_in_two_workers_stop_at_max_connections_per_ip() -> None:
+    policies = {"max.connections.per.ip": 3, "max.connections.per.ip.overrides": "10.0.0.9:5"}
+    async with shared(2, **policies) as (_, workers):
+        results: dict[str, list[bool]] = {"10.0.0.1": [], "10.0.0.9": []}
+
+        async def one(worker: Worker, ip: str) -> None:
+            _, ok = await worker.open(ip=ip)
+            results[ip].append(ok)
+
+        async with trio.open_nursery() as nursery:
+            for n in range(16):
+                nursery.start_soon(one, workers[n % 2], "10.0.0.1" if n % 4 < 2 else "10.0.0.9")
+        assert sorted(results["10.0.0.1"]) == [False] * 5 + [True] * 3
+        assert sorted(results["10.0.0.9"]) == [False] * 3 + [True] * 5
+        refusals = [d for w in workers for d, _ in w.recorder.decisions if d.action is Action.REFUSE]
+        assert len(refusals) == 8 and {d.limit_key for d in refusals} == {
+            MAX_CONNECTIONS_PER_IP,
+            "max.connections.per.ip.overrides",
+        }
+
+
+async def test_a_tls_open_over_max_ssl_connections_evicts_the_lru_idle_tls_connection_in_the_other_worker() -> None:
+    async with shared(2, **{"max.ssl.connections": 2}) as (owner, workers):
+        w0, w1 = workers
+        plain_oldest = await w1.admitted(tls=False)  # plaintext: never closed for the TLS cap
+        oldest = await w1.admitted(tls=True)
+        newer = await w0.admitted(tls=True)
+        w0.use(newer)
+        incoming, ok = await w0.open(tls=True)
+        assert ok
+        with trio.fail_after(5):
+            await oldest.ended.wait()
+        assert oldest.closing is not None and oldest.closing.cause is CloseCause.EVICTED
+        assert oldest.closing.limit_key == MAX_SSL_CONNECTIONS
+        assert newer.closing is None and plain_oldest.closing is None
+        (evict,) = [d for d, where in w0.recorder.decisions if where.conn_id == incoming.conn_id]
+        assert evict.action is Action.EVICT and evict.victims == (oldest.conn_id,)
+        assert incoming.open_counts is not None and incoming.open_counts.ssl == 2
+        await until(lambda: owner.quotas.counts().ssl == 2)
+
+
+async def test_a_busy_connection_is_never_evicted_even_when_least_recently_used() -> None:
+    async with shared(2, **{"max.ssl.connections": 2}) as (_, workers):
+        w0, w1 = workers
+        busy = await w1.admitted(tls=True, busy=True)
+        idle = await w0.admitted(tls=True)
+        _, ok = await w1.open(tls=True)
+        assert ok
+        with trio.fail_after(5):
+            await idle.ended.wait()
+        assert busy.closing is None
+
+
+async def test_a_victim_that_turned_busy_before_the_close_came_is_closed_once_its_response_is_out() -> None:
+    async with shared(1) as (_, workers):
+        (w0,) = workers
+        conn = await w0.admitted(tls=True)
+        w0.gate.on_request(conn.conn_id, trio.current_time())
+        eviction = Decision(Policy.CONNECTIONS, Action.EVICT, Mode.ENFORCE, MAX_SSL_CONNECTIONS, "full", limit=1)
+        w0.gate._close_named([conn.conn_id], eviction)
+        assert conn.closing is None  # a request is in flight: its answer goes out first
+        w0.gate.on_response(conn.conn_id, trio.current_time())
+        assert conn.closing is not None and conn.closing.cause is CloseCause.EVICTED
+
+
+async def test_worker_gone_releases_its_connections_and_a_waiting_open_in_another_worker_is_admitted() -> None:
+    async with shared(2, **{"max.connections": 2, "max.connections.wait.ms": 30000}) as (owner, workers):
+        w0, w1 = workers
+        for _ in range(2):
+            await w1.admitted(busy=True)
+        waiting: list[bool] = []
+
+        async def open_waiting() -> None:
+            waiting.append((await w0.open())[1])
+
+        async with trio.open_nursery() as nursery:
+            nursery.start_soon(open_waiting)
+            await until(lambda: owner._waiting == 1)  # the open waits at the owner for a slot
+            assert owner.worker_gone(1) == {"connections": 2}
+        assert waiting == [True]
+        assert owner.quotas.counts().total == 1
+        (wait,) = [d for d, _ in w0.recorder.decisions]  # waited, then admitted with nothing to say
+        assert wait.action is Action.WAIT and wait.limit_key == MAX_CONNECTIONS
+
+
+async def test_a_lowered_max_connections_closes_the_excess_lru_first_across_workers() -> None:
+    async with shared(2, **{"max.connections": 6}) as (owner, workers):
+        conns = [await workers[n % 2].admitted() for n in range(6)]
+        order = [conns[i] for i in (3, 0, 5, 2, 4, 1)]  # least recently used first
+        for conn in order:
+            conn.worker.use(conn)
+            await trio.sleep(0.001)  # activity times a clock tick apart
+        config = config_of(**{"max.connections": 2})
+        owner.reconfigure(config)
+        for worker in workers:
+            worker.reload(config)
+        with trio.fail_after(5):
+            for conn in order[:4]:
+                await conn.ended.wait()
+        assert [c.closing.cause for c in order[:4] if c.closing] == [CloseCause.CLOSED_BY_LIMIT] * 4
+        assert all(c.closing is None for c in order[4:])
+        await until(lambda: owner.quotas.counts().total == 2)
+        closes = [d for w in workers for d, _ in w.recorder.decisions if d.action is Action.CLOSE]
+        assert sorted(d.victims[0] for d in closes) == sorted(c.conn_id for c in order[:4])
+
+
+async def test_busy_connections_over_a_lowered_cap_are_closed_as_they_turn_idle_in_their_worker() -> None:
+    async with shared(2, **{"max.connections": 3}) as (owner, workers):
+        w0, w1 = workers
+        busy = [await w1.admitted(busy=True), await w0.admitted(busy=True)]
+        idle = await w0.admitted()
+        config = config_of(**{"max.connections": 1})
+        owner.reconfigure(config)
+        for worker in workers:
+            worker.reload(config)
+        with trio.fail_after(5):
+            await idle.ended.wait()  # the only idle one goes at once
+        await until(lambda: owner.quotas.counts().total == 2)
+        assert owner.quotas.over_cap
+        assert all(c.closing is None for c in busy)
+        w1.gate.on_response(busy[0].conn_id, trio.current_time())  # turns idle in worker 1: now it can go
+        with trio.fail_after(5):
+            await busy[0].ended.wait()
+        assert busy[0].closing is not None and busy[0].closing.cause is CloseCause.CLOSED_BY_LIMIT
+        assert busy[1].closing is None
+        await until(lambda: owner.quotas.counts().total == 1)
+        assert not owner.quotas.over_cap
+
+
+async def test_observing_a_lowered_cap_reports_the_lru_excess_across_workers_and_closes_nothing() -> None:
+    async with shared(2, **{"max.connections": 4, "connections.mode": "observe"}) as (owner, workers):
+        conns = [await workers[n % 2].admitted() for n in range(4)]
+        for conn in conns[::-1]:  # the first opened is now the most recently used
+            conn.worker.use(conn)
+            await trio.sleep(0.001)
+        config = config_of(**{"max.connections": 2, "connections.mode": "observe"})
+        owner.reconfigure(config)
+        for worker in workers:
+            worker.reload(config)
+
+        def reports() -> list[Decision]:
+            return [d for w in workers for d, _ in w.recorder.decisions if d.action is Action.CLOSE]
+
+        await until(lambda: len(reports()) == 2)
+        assert sorted(d.victims[0] for d in reports()) == sorted(c.conn_id for c in conns[2:])
+        assert all(not d.enforced for d in reports())
+        assert all(c.closing is None for c in conns)
+        assert owner.quotas.counts().total == 4
+
+
+async def test_a_worker_that_does_not_answer_the_activity_round_holds_no_eviction_up() -> None:
+    async with shared(2, stalled=1, **{"max.ssl.connections": 1}) as (_, workers):
+        w0 = workers[0]
+        idle = await w0.admitted(tls=True)
+        _, ok = await w0.open(tls=True)  # the round waits for worker 1 at most ROUND_TIMEOUT_S
+        assert ok
+        assert idle.closing is not None and idle.closing.cause is CloseCause.EVICTED
