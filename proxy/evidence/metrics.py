@@ -240,6 +240,13 @@ class Metrics:
         else:
             self._files.queues[sink] = depth
 
+    def watch_live_sum(self, name: str, help_text: str, label: str, read: Callable[[], dict[str, float]]) -> None:
+        """With workers: a gauge of state each worker keeps, summed over the live processes. Each
+        flush sets it from ``read()`` (``label`` value to value; a value gone since is set to 0).
+        One process reads such state at scrape time, with a collector."""
+        assert self._files is not None, "a gauge for the multiprocess files"
+        self._files.live_sums.append(_LiveSum(name, help_text, label, read))
+
     def flush(self) -> None:
         """With workers: fold this process's traffic since the last flush, its trio tasks and
         its audit queues into the multiprocess files (a worker does it every few seconds and
@@ -356,6 +363,23 @@ class _Flushed:
         self.latency_sum = 0.0
 
 
+class _LiveSum:
+    """A livesum gauge with one label, set from a read of the worker's state at each flush."""
+
+    def __init__(self, name: str, help_text: str, label: str, read: Callable[[], dict[str, float]]) -> None:
+        self._gauge = Gauge(name, help_text, (label,), registry=None, multiprocess_mode="livesum")
+        self._read = read
+        self._set: set[str] = set()
+
+    def flush(self) -> None:
+        values = self._read()
+        for gone in self._set - values.keys():
+            self._gauge.labels(gone).set(0)
+        for key, value in values.items():
+            self._gauge.labels(key).set(value)
+        self._set = set(values)
+
+
 class _FileExport:
     """A worker's traffic, trio tasks and audit queue depths as multiprocess metrics, written
     at each flush: the request path keeps adding to plain numbers (TrafficStats), and a
@@ -374,6 +398,7 @@ class _FileExport:
         self._cpu = Counter("process_cpu_seconds", "Total user and system CPU time spent in seconds.", registry=None)
         self._cpu_flushed = 0.0
         self.queues: dict[str, Callable[[], int]] = {}
+        self.live_sums: list[_LiveSum] = []
         self._flushed: dict[str, _Flushed] = {}
 
     def flush(self, traffic: dict[str, TrafficStats], queue_gauge: Gauge) -> None:
@@ -418,3 +443,5 @@ class _FileExport:
             gauge.set(value)
         for sink, depth in self.queues.items():
             queue_gauge.labels(sink).set(depth())
+        for live_sum in self.live_sums:
+            live_sum.flush()

@@ -38,6 +38,9 @@ from proxy.evidence.metrics import Metrics
 log = logging.getLogger("kafka_admission_proxy.connections")
 
 
+_BUSY = ("kafka_admission_connections_counted_busy", "Connections with requests in flight")
+
+
 class Closable(Protocol):
     """What the gate needs of a connection."""
 
@@ -79,6 +82,8 @@ class ConnectionGate:
         self.touched = quotas.on_response  # activity with nothing left in flight (acks=0 Produce)
         if counts_collector:  # with workers the owner's quotas count (proxy/workers/owner_connections.py)
             metrics.registry.register(CountsCollector(quotas))
+        else:  # but only each worker sees its requests in flight: summed over the workers at a flush
+            metrics.watch_live_sum(*_BUSY, "broker", lambda: busy_by_broker(quotas))
 
     # -- at accept ------------------------------------------------------------------------
 
@@ -215,6 +220,13 @@ class ConnectionGate:
             self._slot_freed = trio.Event()
 
 
+def busy_by_broker(quotas: BrokerQuotas) -> dict[str, float]:
+    """The connections with requests in flight, by ``broker`` label (``bootstrap`` always there)."""
+    busy = {str(broker): float(counts.busy) for broker, counts in quotas.counts_by_broker().items()}
+    busy.setdefault(str(BOOTSTRAP), 0.0)
+    return busy
+
+
 class CountsCollector(Collector):
     """Connection counts as the policy sees them (KIP-1015's SSL and total counts), per broker as
     each broker counts them: ``broker`` is the node id of the broker counted against (node-port
@@ -233,7 +245,7 @@ class CountsCollector(Collector):
         families = (
             ("kafka_admission_connections_counted", "Connections counted by the quotas", "total"),
             ("kafka_admission_connections_counted_tls", "TLS connections counted against max.ssl.connections", "ssl"),
-            ("kafka_admission_connections_counted_busy", "Connections with requests in flight", "busy"),
+            (*_BUSY, "busy"),
         )
         for name, help_text, field in families if self._busy else families[:2]:
             family = GaugeMetricFamily(name, help_text, labels=["broker"])

@@ -22,10 +22,12 @@ from prometheus_client.registry import Collector
 from proxy.evidence.metrics import Metrics
 from proxy.workers.link import Link
 from proxy.workers.metrics import ENV, MetricsFiles, WholeProxyMetrics, flush_workers
+from tests.clients import create_topic, unique
 from tests.conftest import ROOT, ProxyProcess, wait_until
+from tests.integration.test_connection_admission import FETCH, KafkaSocket
 from tests.integration.test_workers import close_all, connections_on_every_worker, round_trip
 from tests.raw_kafka import RawConnection
-from tests.workers_util import start_workers, worker_pids
+from tests.workers_util import start_workers, worker_of, worker_pids
 
 
 class _OwnerCounts(Collector):
@@ -233,3 +235,26 @@ def test_one_process_under_prometheus_multiproc_dir_starts_from_empty_files_and_
             conn.close()
     proxy.stop()
     assert os.listdir(directory) == []
+
+
+def test_requests_in_flight_are_counted_busy_over_every_worker(tansu: Any, start_proxy: Any) -> None:
+    """`kafka_admission_connections_counted_busy` with workers: only the worker holding a
+    connection sees its requests in flight; each sets its share at a flush and the scrape sums
+    them (livesum), here with Fetches parked at the broker on connections of both workers."""
+    proxy = start_workers(start_proxy, tansu.bootstrap, 2)
+    topic = unique("empty")
+    create_topic(tansu.bootstrap, topic)
+    conns: list[KafkaSocket] = []
+    try:
+        while len({worker_of(proxy, c) for c in conns}) < 2 or len(conns) < 4:
+            assert len(conns) < 16, "SO_REUSEPORT put 16 connections on one worker"
+            conns.append(KafkaSocket(proxy.bootstrap))
+            conns[-1].api_versions()
+        parked = [(conn, conn.park_fetch(conn.topic_id(topic), max_wait_ms=4000)) for conn in conns]
+        wait_until(lambda: proxy.metric("kafka_admission_connections_counted_busy") == len(conns))
+        for conn, correlation_id in parked:
+            assert conn.read_response(FETCH, 13).header.correlation_id == correlation_id
+        wait_until(lambda: proxy.metric("kafka_admission_connections_counted_busy") == 0)
+    finally:
+        for conn in conns:
+            conn.close()
