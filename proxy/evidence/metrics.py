@@ -241,11 +241,13 @@ class Metrics:
             self._files.queues[sink] = depth
 
     def watch_live_sum(self, name: str, help_text: str, label: str, read: Callable[[], dict[str, float]]) -> None:
-        """With workers: a gauge of state each worker keeps, summed over the live processes. Each
-        flush sets it from ``read()`` (``label`` value to value; a value gone since is set to 0).
-        One process reads such state at scrape time, with a collector."""
-        assert self._files is not None, "a gauge for the multiprocess files"
-        self._files.live_sums.append(_LiveSum(name, help_text, label, read))
+        """A gauge of state each process keeps (``label`` value to value, from ``read()``): one
+        process reads it when scraped; with workers each flush sets it (a value gone since is set
+        to 0) and the scrape sums the live processes'."""
+        if self._files is None:
+            self.registry.register(_ReadAtScrape(name, help_text, label, read))
+        else:
+            self._files.live_sums.append(_LiveSum(name, help_text, label, read))
 
     def flush(self) -> None:
         """With workers: fold this process's traffic since the last flush, its trio tasks and
@@ -361,6 +363,19 @@ class _Flushed:
         self.response_bytes = 0
         self.latency_buckets = [0] * (len(_LATENCY_BUCKETS) + 1)
         self.latency_sum = 0.0
+
+
+class _ReadAtScrape(Collector):
+    def __init__(self, name: str, help_text: str, label: str, read: Callable[[], dict[str, float]]) -> None:
+        self._family = (name, help_text, label)
+        self._read = read
+
+    def collect(self) -> Iterator[GaugeMetricFamily]:
+        name, help_text, label = self._family
+        family = GaugeMetricFamily(name, help_text, labels=(label,))
+        for key, value in self._read().items():
+            family.add_metric((key,), value)
+        yield family
 
 
 class _LiveSum:
