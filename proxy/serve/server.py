@@ -159,7 +159,10 @@ class ProxyServer:
         self._watcher: FileWatcher | None = None
         policies = config.policies
         self.metrics = metrics = Metrics()
-        self.audit = AuditSink(config.audit, metrics, config.upstream)
+        audit = config.audit
+        if shared is not None:  # each worker is an audit instance of its own: its files, their seq, its events
+            audit = audit.model_copy(update={"instance_id": f"{audit.instance}-w{shared.index}"})
+        self.audit = AuditSink(audit, metrics, config.upstream)
         self.recorder = recorder = DecisionRecorder(metrics, self.audit)
         self.directory = BrokerDirectory(metrics)
         connector = UpstreamConnector(config.upstream.tls, upstream_context(config.upstream.tls), metrics, recorder)

@@ -12,10 +12,12 @@ import signal
 import time
 import uuid
 from collections import Counter
+from pathlib import Path
 from typing import Any
 
 import pytest
 
+from tests.audit_files import assert_valid, audit_files, read_events
 from tests.clients import create_topic, unique
 from tests.conftest import wait_until
 from tests.faults import ProducerTraffic, assert_exactly_once, consumed_values
@@ -168,3 +170,24 @@ def test_sigterm_drains_every_worker_and_exits_0(tansu: Any, start_proxy: Any) -
     assert proxy.wait(timeout=15) == 0
     for worker in (0, 1):
         assert f"draining in-flight requests worker={worker}" in proxy.log()
+
+
+def test_each_worker_writes_audit_files_of_its_own_and_its_connection_ids_name_it(
+    tansu: Any, start_proxy: Any, tmp_path: Path
+) -> None:
+    """Two workers sharing one audit directory each write as an instance of their own
+    (``<instance>-w<i>``), so neither finishes, numbers or deletes the other's files; the
+    connection events say which worker held each connection."""
+    audit = tmp_path / "audit"
+    proxy = start_workers(start_proxy, tansu.bootstrap, 2, audit={"path": str(audit), "instance_id": "px"})
+    by_worker = connections_on_every_worker(proxy, 2, 16)
+    close_all(by_worker)
+    proxy.signal(signal.SIGTERM)
+    assert proxy.wait(timeout=15) == 0
+    events = read_events(audit, finished_only=True)
+    assert_valid(events)
+    opens = [e for e in events if e["type"] == "connection" and e["event"] == "open"]
+    assert len(opens) == 16
+    assert Counter(e["instance"] for e in opens) == Counter({f"px-w{w}": len(conns) for w, conns in by_worker.items()})
+    assert all(e["conn_id"].startswith(f"w{e['instance'][-1]}:") for e in opens)
+    assert {path.name.split("-")[1] for path in audit_files(audit)} == {"w0", "w1"}
