@@ -191,3 +191,23 @@ def test_each_worker_writes_audit_files_of_its_own_and_its_connection_ids_name_i
     assert Counter(e["instance"] for e in opens) == Counter({f"px-w{w}": len(conns) for w, conns in by_worker.items()})
     assert all(e["conn_id"].startswith(f"w{e['instance'][-1]}:") for e in opens)
     assert {path.name.split("-")[1] for path in audit_files(audit)} == {"w0", "w1"}
+
+
+def test_workers_exit_when_the_supervisor_is_killed(tansu: Any, start_proxy: Any) -> None:
+    """Without the owner of the shared limits a worker cannot keep them: it sees its link end
+    and exits (systemd or Kubernetes then restarts the whole proxy)."""
+    proxy = start_workers(start_proxy, tansu.bootstrap, 2)
+    pids = worker_pids(proxy)
+    assert sorted(pids) == [0, 1]
+    proxy.signal(signal.SIGKILL)
+    proxy.wait(timeout=5)
+
+    def gone(pid: int) -> bool:
+        try:
+            state = Path(f"/proc/{pid}/stat").read_text().rsplit(")", 1)[1].split()[0]
+        except FileNotFoundError:
+            return True
+        return state == "Z"  # exited; its parent (now init) has not reaped it yet
+
+    wait_until(lambda: all(gone(pid) for pid in pids.values()), timeout=10)
+    assert "the supervisor is gone; worker exiting" in proxy.log()
