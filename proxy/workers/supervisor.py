@@ -11,6 +11,7 @@ import signal
 import socket
 import sys
 from functools import partial
+from pathlib import Path
 from typing import Any
 
 import trio
@@ -34,6 +35,9 @@ _QUICK_DEATH_S = 10.0
 _RESTART_DELAY_MAX_S = 30.0
 # After the drain timeout, how long workers get to close before they are killed.
 _EXIT_GRACE_S = 5.0
+# 1: the kernel moves connections waiting in a dead worker's accept queue to another
+# worker's (Linux 5.14+, per network namespace); 0, the default, resets them.
+TCP_MIGRATE_REQ = Path("/proc/sys/net/ipv4/tcp_migrate_req")
 # A worker's answer to a reload (TLS contexts are built) or a readiness question.
 _ASK_TIMEOUT_S = READY_PROBE_TIMEOUT_S + 2.0
 
@@ -79,6 +83,7 @@ class Supervisor:
     async def serve(self) -> int:
         """Run until SIGTERM or SIGINT has drained every worker (0), or until a worker fails
         to start (its exit status: a port that cannot be bound is the operator's to fix)."""
+        _warn_without_migration()
         with trio.open_signal_receiver(signal.SIGTERM, signal.SIGINT, signal.SIGHUP) as signals:
             async with trio.open_nursery() as nursery:
                 self._nursery = nursery
@@ -289,3 +294,15 @@ class Supervisor:
             export_certificate_expiry(self.config.tls_files(), metrics.certificate_expiry)
             if self._watcher is not None:
                 self._watcher.set_paths(self._watched_files())
+
+
+def _warn_without_migration() -> None:
+    try:
+        migrate = TCP_MIGRATE_REQ.read_text().strip()
+    except OSError:
+        return  # before Linux 5.14: nothing to set
+    if migrate == "0":
+        log.warning(
+            "net.ipv4.tcp_migrate_req is 0: connections waiting to be accepted by a worker that dies are reset;"
+            " set it to 1 to move them to another worker (docs/workers.md)"
+        )
