@@ -189,9 +189,22 @@ def _process_owns_socket(pid: int, inode: int) -> bool:
     return False
 
 
+def _process_and_children(pid: int) -> list[int]:
+    """``pid`` and its child processes (a proxy with ``workers: N`` connects from its workers)."""
+    children = []
+    for stat in Path("/proc").glob("[0-9]*/stat"):
+        try:
+            parent = int(stat.read_text().rsplit(")", 1)[1].split()[1])
+        except (OSError, ValueError, IndexError):
+            continue
+        if parent == pid:
+            children.append(int(stat.parent.name))
+    return [pid, *children]
+
+
 class ProxyOnlyGate:
     """A TCP forwarder standing at a broker's advertised address that serves
-    one process only (the proxy): a connection from anyone else is recorded in
+    one process only (the proxy, with its workers): a connection from anyone else is recorded in
     ``refused`` and closed. A client that ever used an address the proxy did
     not rewrite would show up there, and fail."""
 
@@ -216,7 +229,11 @@ class ProxyOnlyGate:
                 return
             inode = _socket_inode(peer_port, self.port)
             pid = self.allowed_pid
-            admitted = self.open or (pid is not None and inode is not None and _process_owns_socket(pid, inode))
+            admitted = self.open or (
+                pid is not None
+                and inode is not None
+                and any(_process_owns_socket(p, inode) for p in _process_and_children(pid))
+            )
             if not admitted:
                 self.refused.append(peer_port)
                 conn.close()
