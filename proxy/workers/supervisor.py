@@ -90,18 +90,18 @@ class Supervisor:
                 async with trio.open_nursery() as workers:
                     for index in range(self.workers):
                         workers.start_soon(self._keep_worker, index)
-                    nursery.start_soon(self._serve_once_started, workers.cancel_scope)
+                    nursery.start_soon(self._serve_once_started)
                     async for signum in signals:
                         log.info("received %s", signal.Signals(signum).name)
                         if signum == signal.SIGHUP:
                             await self.reload_file()
                             continue
-                        await self.shutdown(workers.cancel_scope)
+                        self.shutdown(workers.cancel_scope)
                         break
                 nursery.cancel_scope.cancel()
         return self.exit_code
 
-    async def _serve_once_started(self, workers: trio.CancelScope) -> None:
+    async def _serve_once_started(self) -> None:
         """Admin last, as with one process: once it answers, every worker's listeners are bound."""
         await self._all_ready.wait()
         assert self._nursery is not None
@@ -125,7 +125,7 @@ class Supervisor:
         registry (restarts, reloads, the owner's collectors)."""
         return AdminServer(self.metrics, self.readiness_problems)
 
-    async def shutdown(self, workers: trio.CancelScope) -> None:
+    def shutdown(self, workers: trio.CancelScope) -> None:
         """SIGTERM to every worker (each drains as one process does); wait for them, at most
         the drain timeout and a grace, then kill what is left."""
         log.info("shutting down: draining every worker")
@@ -237,8 +237,9 @@ class Supervisor:
     # -- admin ------------------------------------------------------------------------
 
     async def readiness_problems(self) -> list[str]:
-        """Every worker serving, and what each finds missing (its listeners, the upstream)."""
-        problems = [f"worker {i} is not serving" for i in range(self.workers) if i not in self._links]
+        """What the serving workers find missing (their listeners, the upstream). A worker being
+        restarted does not make the proxy unready: the others accept its share meanwhile."""
+        problems = [] if self._links else ["no worker is serving"]
         for index, answer in sorted((await self._ask_every_worker("worker.readiness")).items()):
             if isinstance(answer, Exception):
                 problems.append(f"worker {index} did not answer: {answer or type(answer).__name__}")
