@@ -21,7 +21,9 @@ class SharedService(Protocol):
         ...
 
     def attach(self, worker: int, link: Link) -> None:
-        """The link to this worker (at its start, and again after a restart)."""
+        """The link to this worker (before its process starts, and again after a restart).
+        The worker registers its own handlers while it builds its ProxyServer: a message sent
+        to it before it has asked or told anything may find none (a tell is then dropped)."""
         ...
 
     def worker_gone(self, worker: int) -> dict[str, int]:

@@ -10,7 +10,6 @@ import logging
 import signal
 import socket
 import sys
-from functools import partial
 from pathlib import Path
 from typing import Any
 
@@ -210,11 +209,16 @@ class Supervisor:
         log.info("worker %d serving", index, extra={"pid": self._processes[index].pid, "generation": generation})
         if generation != self.generation:  # it started from a generation a reload has replaced since
             assert self._nursery is not None
-            self._nursery.start_soon(
-                partial(self._ask_every_worker, "worker.reload", self.generation, self.config, only=index)
-            )
+            self._nursery.start_soon(self._catch_up, index)
         if len(self._links) == self.workers:
             self._all_ready.set()
+
+    async def _catch_up(self, index: int) -> None:
+        async with self._reloading:  # the generation it is told is the one the others run
+            answers = await self._ask_every_worker("worker.reload", self.generation, self.config, only=index)
+        for answer in answers.values():
+            if isinstance(answer, Exception):
+                log.error("worker %d did not apply generation %d: %s", index, self.generation, answer)
 
     async def _ask_every_worker(self, kind: str, *args: Any, only: int | None = None) -> dict[int, Any]:
         """Every serving worker's answer (or the exception: LinkClosed, RemoteError, TooSlowError),
