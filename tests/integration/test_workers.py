@@ -211,3 +211,16 @@ def test_workers_exit_when_the_supervisor_is_killed(tansu: Any, start_proxy: Any
 
     wait_until(lambda: all(gone(pid) for pid in pids.values()), timeout=10)
     assert "the supervisor is gone; worker exiting" in proxy.log()
+
+
+def test_a_worker_that_keeps_dying_is_restarted_after_a_growing_pause(tansu: Any, start_proxy: Any) -> None:
+    """A worker that dies within seconds of its start is not restarted in a tight loop."""
+    proxy = start_workers(start_proxy, tansu.bootstrap, 2)
+    for deaths, pause in ((1, "0.5s"), (2, "1s")):
+        pid = worker_pids(proxy)[0]
+        os.kill(pid, signal.SIGKILL)
+        wait_until(lambda deaths=deaths: proxy.metric("kafka_admission_worker_restarts_total", worker="0") == deaths)
+        assert f"worker 0 exited with status -9; restarting it in {pause}" in proxy.log()
+        wait_until(lambda pid=pid: worker_pids(proxy)[0] != pid, timeout=15)
+    assert proxy.metric("kafka_admission_worker_restarts_total", worker="1") == 0
+    assert proxy.get("/readyz")[0] == 200
