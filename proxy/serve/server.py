@@ -6,6 +6,7 @@ from __future__ import annotations
 
 import logging
 import math
+import ssl
 import time
 from collections.abc import Awaitable, Callable
 from dataclasses import dataclass
@@ -147,6 +148,13 @@ def reload_plan(old: Config, new: Config) -> tuple[Config, tuple[str, ...]]:
     for key in refused:
         log.warning("config reload: %s changed; restart to apply it (the rest applies)", key)
     return old.model_copy(update=kept), tuple(refused)
+
+
+def tls_contexts(config: Config) -> tuple[list[ssl.SSLContext | None], ssl.SSLContext | None]:
+    """The TLS contexts a config serves with, each listener's and the upstream one: building
+    them is the check that its files can serve (a reload that cannot changes nothing)."""
+    listeners = [server_context(tls) if (tls := lst.termination) is not None else None for lst in config.listeners]
+    return listeners, upstream_context(config.upstream.tls)
 
 
 class ProxyServer:
@@ -376,8 +384,7 @@ class ProxyServer:
         then one swap after another that cannot."""
         policies = config.policies
         runtime = self.runtime
-        checked = [server_context(tls) if (tls := lst.termination) is not None else None for lst in config.listeners]
-        upstream = upstream_context(config.upstream.tls)
+        checked, upstream = tls_contexts(config)
         identity = runtime.connector.prepare_identity(config.upstream.tls)
         generation = self._generation(runtime.generation.number + 1 if number is None else number, config)
         self.groups.reconfigure(policies.group_size_config(), Mode(policies.mode_of(policies.group_size_mode)))

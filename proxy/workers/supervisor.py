@@ -19,10 +19,9 @@ from prometheus_client import Counter
 from proxy.config.certificates import certificate_files, export_certificate_expiry
 from proxy.config.model import Config, ConfigError, load_config
 from proxy.evidence.metrics import Metrics
-from proxy.links.tls import server_context, upstream_context
 from proxy.serve.admin import AdminServer
 from proxy.serve.file_watch import FileWatcher
-from proxy.serve.server import READY_PROBE_TIMEOUT_S, announce_readiness, reload_plan
+from proxy.serve.server import READY_PROBE_TIMEOUT_S, announce_readiness, reload_plan, tls_contexts
 from proxy.workers.link import Link, LinkClosed, RemoteError
 from proxy.workers.owner import Owner
 
@@ -274,10 +273,7 @@ class Supervisor:
                 return
             try:
                 config, refused = reload_plan(self.config, new)
-                for listener in config.listeners:  # TLS files that cannot serve fail here, not in a worker
-                    if listener.termination is not None:
-                        server_context(listener.termination)
-                upstream_context(config.upstream.tls)
+                tls_contexts(config)  # TLS files that cannot serve fail here, not in a worker
                 self.owner.reconfigure(config)
                 self.generation += 1
                 self.config = config
