@@ -13,10 +13,13 @@ socket pair made by the supervisor.
 
 from __future__ import annotations
 
+import copyreg
 import inspect
+import io
 import pickle
 import struct
 from collections.abc import Awaitable, Callable, Mapping
+from types import MappingProxyType
 from typing import Any
 
 import trio
@@ -27,6 +30,21 @@ _FAILED = "failed"
 _MAX_MESSAGE = 64 * 1024 * 1024
 
 Handler = Callable[..., Any]
+
+
+def _mappingproxy(items: dict[Any, Any]) -> MappingProxyType[Any, Any]:
+    return MappingProxyType(items)
+
+
+def _reduce_mappingproxy(mapping: MappingProxyType[Any, Any]) -> tuple[Any, ...]:
+    return (_mappingproxy, (dict(mapping),))
+
+
+# pickle refuses a mappingproxy, and every Decision holds one (its default element errors and
+# subject): the link's own table sends it as a dict and rebuilds it (no global copyreg change).
+_DISPATCH: Mapping[type, Callable[[Any], tuple[Any, ...]]] = MappingProxyType(
+    {**copyreg.dispatch_table, MappingProxyType: _reduce_mappingproxy}
+)
 
 
 class LinkClosed(Exception):
@@ -46,6 +64,9 @@ class Link:
         self._asks: dict[int, trio.MemorySendChannel[tuple[bool, Any]]] = {}
         self._next_ask = 1
         self.closed = trio.Event()
+        self._pickled = io.BytesIO()  # one pickler per link, reused: a third of a new one's cost
+        self._pickler = pickle.Pickler(self._pickled, protocol=pickle.HIGHEST_PROTOCOL)
+        self._pickler.dispatch_table = _DISPATCH
 
     @classmethod
     def pair(cls) -> tuple[Link, Link]:
@@ -83,10 +104,18 @@ class Link:
     def _queue(self, kind: str, ask_id: int, args: tuple[Any, ...]) -> None:
         if self.closed.is_set():
             return
-        body = pickle.dumps((kind, ask_id, args), protocol=pickle.HIGHEST_PROTOCOL)
+        body = self._dumps((kind, ask_id, args))
         self._out += _HEADER.pack(len(body))
         self._out += body
         self._out_ready.set()
+
+    def _dumps(self, message: tuple[str, int, tuple[Any, ...]]) -> bytes:
+        out, pickler = self._pickled, self._pickler
+        out.seek(0)
+        out.truncate()
+        pickler.clear_memo()
+        pickler.dump(message)
+        return out.getvalue()
 
     # -- running -----------------------------------------------------------
 

@@ -2,9 +2,13 @@
 
 from __future__ import annotations
 
+from types import MappingProxyType
+
 import pytest
 import trio
 
+from policies.decision import Action, Decision, Policy
+from policies.mode import Mode
 from proxy.workers.link import Link, LinkClosed, RemoteError
 
 
@@ -105,3 +109,27 @@ async def test_a_pending_ask_fails_when_the_peer_goes_away() -> None:
         assert isinstance(failures[0], LinkClosed)
         with pytest.raises(LinkClosed):
             await worker.ask("hang")
+
+
+async def test_a_decision_crosses_the_link_with_its_mappings_read_only() -> None:
+    """Every Decision holds mappingproxies (its default element errors and subject), which pickle
+    refuses by itself: a refusal must still reach the worker that asked."""
+    owner, worker = Link.pair()
+    refusal = Decision(
+        Policy.GROUP_SIZE,
+        Action.REFUSE,
+        Mode.ENFORCE,
+        "group.max.size",
+        "group.max.size=2 reached",
+        limit=2,
+        error_code=81,
+        subject=MappingProxyType({"group_id": "g"}),
+    )
+    owner.handlers["decide"] = lambda: refusal
+    async with trio.open_nursery() as nursery:
+        nursery.start_soon(owner.run)
+        nursery.start_soon(worker.run)
+        answer = await worker.ask("decide")
+        assert answer == refusal
+        assert isinstance(answer.element_errors, MappingProxyType) and isinstance(answer.subject, MappingProxyType)
+        nursery.cancel_scope.cancel()
