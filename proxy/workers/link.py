@@ -42,7 +42,7 @@ def _reduce_mappingproxy(mapping: MappingProxyType[Any, Any]) -> tuple[Any, ...]
 
 # pickle refuses a mappingproxy, and every Decision holds one (its default element errors and
 # subject): the link's own table sends it as a dict and rebuilds it (no global copyreg change).
-_DISPATCH: Mapping[type, Callable[[Any], tuple[Any, ...]]] = MappingProxyType(
+_DISPATCH: Mapping[type, Callable[[Any], Any]] = MappingProxyType(
     {**copyreg.dispatch_table, MappingProxyType: _reduce_mappingproxy}
 )
 
