@@ -292,12 +292,12 @@ async def test_a_join_cancelled_while_it_asks_the_owner_gives_its_slot_back() ->
 
 
 async def test_a_join_another_hook_refuses_first_gives_back_the_slot_the_owner_gave_it() -> None:
-    cfg = config(**{"group.consumer.max.size": 1, "resource.identifier.limit.enable": True})
+    cfg = config(**{"group.max.size": 1, "resource.identifier.limit.enable": True})
     async with owner_and_workers(cfg) as (_, (w0, w1)):
-        _, decision = await w0.send(join_group(client_id="c" * 300))
+        _, decision = await w0.send(join_group("A", client_id="c" * 300))
         assert decision is not None and decision.policy is Policy.IDENTIFIER_LIMITS and decision.enforced
         await w0.settled()
-        _, decision = await w1.send(consumer_heartbeat())
+        _, decision = await w1.send(join_group("B"))
         assert decision is None
 
 
