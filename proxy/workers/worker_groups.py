@@ -11,6 +11,7 @@ by this worker's join id (the request's ticket); the owner maps it to its policy
 from __future__ import annotations
 
 import itertools
+import logging
 from collections.abc import Iterable
 
 from policies.api_keys import JOIN_GROUP
@@ -23,6 +24,8 @@ from proxy.hooks.group_reconcile import describe_group
 from proxy.hooks.request import Request
 from proxy.workers.link import Link, LinkClosed
 from proxy.workers.owner_groups import ClassicJoin, ConsumerJoin, Describe
+
+log = logging.getLogger("kafka_admission_proxy.groups")
 
 
 class SharedGroups:
@@ -184,6 +187,16 @@ class RemoteGroupSizes(GroupTraffic):
                 shared.on_join_unanswered(join.group_id, join.member_id, None, join_id)
             raise
         assert not isinstance(answer, Describe)
+        # Which worker carried which member's join (the log line names the worker): how a spread is seen.
+        log.debug(
+            "group join decided by the owner",
+            extra={
+                "group": join.group_id,
+                "client_id": request.client_id,
+                "conn_id": request.where.conn_id,
+                "decision": "admit" if answer is None else f"{answer.action.value}-{answer.mode.value}",
+            },
+        )
         self._decided[join_id] = answer
         request.ticket = join_id
 
