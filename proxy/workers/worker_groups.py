@@ -181,6 +181,7 @@ class RemoteGroupSizes(GroupTraffic):
                 if described is not None:
                     state = state_to_trust(described.state, kind)
                     shared.observed(join.group_id, described.members, state, kind, answer.sent_at)
+                    log.info("reconciled group size with the coordinator", extra={"members": len(described.members)})
                 answer = await shared.join(join_id, join, True)
         except BaseException as exc:
             if not isinstance(exc, LinkClosed):  # cancelled (its connection ended): the owner may have admitted it
