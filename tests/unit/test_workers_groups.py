@@ -18,6 +18,7 @@ from kio.schema.errors import ErrorCode
 
 from policies.api_keys import CONSUMER_GROUP_HEARTBEAT, JOIN_GROUP
 from policies.decision import Action, Decision, Policy
+from policies.group_size import GroupKind
 from policies.mode import Mode
 from proxy.config.model import Config, parse_config
 from proxy.evidence.audit import AuditSink
@@ -29,7 +30,7 @@ from proxy.links.brokers import BrokerDirectory
 from proxy.links.upstream import UpstreamLink, UpstreamUnavailable
 from proxy.protocol import wire
 from proxy.workers.link import Link
-from proxy.workers.owner_groups import GroupOwner
+from proxy.workers.owner_groups import ClassicJoin, Describe, GroupOwner
 from proxy.workers.worker_groups import SharedGroups
 
 GROUP = "orders"
@@ -344,3 +345,20 @@ async def test_the_owner_exports_the_group_size_metrics() -> None:
         samples = {s.name: s.value for family in collector.collect() for s in family.samples}
         assert samples["kafka_admission_groups_tracked"] == 1
         assert samples["kafka_admission_group_members_sum"] == 2
+
+
+async def test_a_recount_the_owner_asks_for_counts_members_another_proxy_admitted() -> None:
+    """The owner answers a join of a group due a recount with Describe; the worker (which has the
+    broker connection) tells what the coordinator listed, asks again, and the owner decides on
+    that count: here a member that joined through another proxy fills a cap of 2."""
+    async with owner_and_workers(config(**{"group.max.size": 2})) as (owner, (w0, w1)):
+        join = ClassicJoin(GROUP, "", None, 10_000, 30_000, False, b"")
+        assert await w1.shared.join(1, join, False) is None  # first contact: tracked from here, A's join in flight
+        answer = await w0.shared.join(1, join, False)
+        assert isinstance(answer, Describe)
+        # the coordinator lists the other proxy's member; A's join, in flight, is kept
+        w0.shared.observed(GROUP, [("x", None)], "Stable", GroupKind.CLASSIC, answer.sent_at)
+        decision = await w0.shared.join(1, join, True)
+        refused_at(decision, "group.max.size", 2)
+        view = owner.policy.view(GROUP)
+        assert view is not None and view.members == 2 and view.reconciled_at is not None
