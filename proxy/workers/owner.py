@@ -9,10 +9,12 @@ from collections import Counter
 from collections.abc import Callable
 from typing import Protocol
 
+import trio
 from prometheus_client.registry import Collector
 
 from proxy.config.model import Config
 from proxy.workers.link import Handler, Link
+from proxy.workers.owner_groups import GroupOwner
 
 
 class SharedService(Protocol):
@@ -38,7 +40,7 @@ class SharedService(Protocol):
 
 
 # Every shared service, each built as ``Service(config)``: adding one is adding it here.
-SERVICES: tuple[Callable[[Config], SharedService], ...] = ()
+SERVICES: tuple[Callable[[Config], SharedService], ...] = (GroupOwner,)
 
 
 class Owner:
@@ -62,3 +64,11 @@ class Owner:
 
     def collectors(self) -> list[Collector]:
         return [collector for service in self.services for collector in service.collectors()]
+
+    async def run(self) -> None:
+        """The services' own timers (the group sessions' expiry), for as long as the supervisor runs."""
+        async with trio.open_nursery() as nursery:
+            for service in self.services:
+                run = getattr(service, "run", None)
+                if run is not None:
+                    nursery.start_soon(run)
