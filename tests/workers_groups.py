@@ -22,6 +22,8 @@ _JOIN = re.compile(
 # SO_REUSEPORT's hash spreads connections at random: a candidate's joins land where the first
 # member's did with a chance of 1/N each time, so 12 candidates all do so with a chance of 2^-12 at worst.
 MAX_CANDIDATES = 12
+GROUP_MAX_SIZE_REACHED = 81
+MEMBER_ID_REQUIRED = 79
 
 
 def joins(proxy: ProxyProcess, group: str) -> list[tuple[str, int, str]]:
