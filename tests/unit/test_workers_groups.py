@@ -24,6 +24,7 @@ from proxy.config.model import Config, parse_config
 from proxy.evidence.audit import AuditSink
 from proxy.evidence.decisions import DecisionRecorder, Where
 from proxy.evidence.metrics import Metrics
+from proxy.evidence.observation_window import ObservationWindow
 from proxy.hooks.generation import Generation
 from proxy.hooks.request import Request
 from proxy.links.brokers import BrokerDirectory
@@ -162,7 +163,9 @@ class Worker:
 
 
 @asynccontextmanager
-async def owner_and_workers(cfg: Config, n: int = 2) -> AsyncIterator[tuple[GroupOwner, list[Worker]]]:
+async def owner_and_workers(
+    cfg: Config, n: int = 2, windows: list[ObservationWindow] | None = None
+) -> AsyncIterator[tuple[GroupOwner, list[Worker]]]:
     owner = GroupOwner(cfg)
     workers = []
     async with trio.open_nursery() as nursery:
@@ -176,7 +179,10 @@ async def owner_and_workers(cfg: Config, n: int = 2) -> AsyncIterator[tuple[Grou
             metrics = Metrics()
             recorder = DecisionRecorder(metrics, AuditSink(cfg.audit, metrics))
             shared = SharedGroups(worker_end)
-            generation = Generation(1, cfg, groups=shared, directory=BrokerDirectory(metrics), recorder=recorder)
+            window = windows[index] if windows is not None else None
+            generation = Generation(
+                1, cfg, groups=shared, directory=BrokerDirectory(metrics), recorder=recorder, window=window
+            )
             workers.append(Worker(index, generation, shared, metrics))
         yield owner, workers
         nursery.cancel_scope.cancel()
@@ -362,3 +368,16 @@ async def test_a_recount_the_owner_asks_for_counts_members_another_proxy_admitte
         refused_at(decision, "group.max.size", 2)
         view = owner.policy.view(GROUP)
         assert view is not None and view.members == 2 and view.reconciled_at is not None
+
+
+async def test_a_workers_observation_window_records_the_owners_group_size() -> None:
+    """The audit's group sizes after a join's answer are the whole group's (the owner's count),
+    not the members that joined through this worker."""
+    windows = [ObservationWindow(0.0), ObservationWindow(0.0)]
+    async with owner_and_workers(config(**{"group.consumer.max.size": 5}), windows=windows) as (_, (w0, w1)):
+        m1, _ = await w0.send(consumer_heartbeat())
+        await w0.answer(m1, consumer_answer("m1", 1))
+        m2, _ = await w1.send(consumer_heartbeat())
+        await w1.answer(m2, consumer_answer("m2", 1))
+    [row] = [r for r in windows[1].roll(1.0) if r["section"] == "group"]
+    assert (row["group_id"], row["group_kind"], row["max_members"]) == (GROUP, "consumer", 2)
