@@ -381,3 +381,14 @@ async def test_a_workers_observation_window_records_the_owners_group_size() -> N
         await w1.answer(m2, consumer_answer("m2", 1))
     [row] = [r for r in windows[1].roll(1.0) if r["section"] == "group"]
     assert (row["group_id"], row["group_kind"], row["max_members"]) == (GROUP, "consumer", 2)
+
+
+async def test_the_join_rate_is_one_bucket_per_group_across_workers() -> None:
+    """group.join.rate.per.minute=2: the third new member is throttled, whichever worker each came through."""
+    async with owner_and_workers(config(**{"group.join.rate.per.minute": 2})) as (_, (w0, w1)):
+        for worker in (w0, w1):
+            _, decision = await worker.send(consumer_heartbeat())
+            assert decision is None
+        _, decision = await w0.send(consumer_heartbeat())
+        assert decision is not None and decision.enforced
+        assert (decision.action, decision.limit_key) == (Action.THROTTLE, "group.join.rate.per.minute")
