@@ -74,7 +74,6 @@ class GroupOwner:
         policies = config.policies
         self.policy = GroupSizePolicy(policies.group_size_config(), Mode(policies.mode_of(policies.group_size_mode)))
         self._joins: dict[int, dict[int, _Join]] = {}  # worker -> its join id -> a join in flight
-        self._links: dict[int, Link] = {}
 
     # -- the shared-service interface --------------------------------------------------------
 
@@ -94,12 +93,11 @@ class GroupOwner:
         }
 
     def attach(self, worker: int, link: Link) -> None:
-        self._links[worker] = link  # the owner never asks a worker about groups: kept for symmetry
+        """Nothing to keep: the owner never asks a worker about groups (workers ask it)."""
 
     def worker_gone(self, worker: int) -> dict[str, int]:
         """Its joins still unanswered hold no slot (as when their connections end); members that
         did join stay counted until their sessions end, as with one process."""
-        self._links.pop(worker, None)
         joins = self._joins.pop(worker, {})
         for join in joins.values():
             self.policy.on_join_unanswered(join.group_id, join.member_id, join.instance_id, join.ticket)
