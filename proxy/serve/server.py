@@ -36,6 +36,7 @@ from proxy.serve.listener import ListenerRuntime
 from proxy.serve.pool_gate import PoolGate
 from proxy.serve.runtime import Runtime
 from proxy.workers.worker_connections import SharedConnectionGate
+from proxy.workers.worker_groups import SharedGroups
 
 if TYPE_CHECKING:
     from proxy.workers.worker import WorkerLink
@@ -175,8 +176,16 @@ class ProxyServer:
         self.recorder = recorder = DecisionRecorder(metrics, self.audit)
         self.directory = BrokerDirectory(metrics)
         connector = UpstreamConnector(config.upstream.tls, upstream_context(config.upstream.tls), metrics, recorder)
-        self.groups = GroupSizePolicy(policies.group_size_config(), Mode(policies.mode_of(policies.group_size_mode)))
-        metrics.registry.register(GroupSizeCollector(self.groups))
+        # The group size policy: this process's own, or with workers the owner's (asked per join).
+        self.group_policy: GroupSizePolicy | None = None
+        self.groups: GroupSizePolicy | SharedGroups
+        if shared is None:
+            self.groups = self.group_policy = GroupSizePolicy(
+                policies.group_size_config(), Mode(policies.mode_of(policies.group_size_mode))
+            )
+            metrics.registry.register(GroupSizeCollector(self.group_policy))
+        else:
+            self.groups = SharedGroups(shared.link)  # the owner exports the group metrics
         # Observation windows are evidence for the report: kept when the audit writes files or a topic.
         self.window = (
             ObservationWindow(time.time(), pool_capacity_bytes=policies.queued_max_request_bytes)
@@ -283,7 +292,8 @@ class ProxyServer:
                 async with trio.open_nursery() as nursery:
                     await nursery.start(self.runtime.driver.run)  # before any connection parks in it
                     nursery.start_soon(self.runtime.gate.reap_idle)
-                    nursery.start_soon(self._expire_groups)
+                    if self.group_policy is not None:  # with workers, the owner expires sessions
+                        nursery.start_soon(self._expire_groups, self.group_policy)
                     if self.window is not None:
                         nursery.start_soon(self._roll_windows)
                     for listener in self.listeners:
@@ -340,11 +350,11 @@ class ProxyServer:
         self.window.on_pool(self.runtime.pool.pool.reset_window_high_water_mark(trio.current_time()))
         return self.window.roll(time.time())
 
-    async def _expire_groups(self) -> None:
+    async def _expire_groups(self, policy: GroupSizePolicy) -> None:
         """Session expiry and idle-group eviction: bounded memory, counts that follow the coordinator."""
         while True:
             await trio.sleep(_GROUP_EXPIRY_INTERVAL_S)
-            self.groups.expire(trio.current_time())
+            policy.expire(trio.current_time())
 
     def reload_file(self) -> ReloadOutcome:
         """SIGHUP, or a watched file changed: re-read the config file and apply it. A file
@@ -401,7 +411,10 @@ class ProxyServer:
         checked, upstream = tls_contexts(config)
         identity = runtime.connector.prepare_identity(config.upstream.tls)
         generation = self._generation(runtime.generation.number + 1 if number is None else number, config)
-        self.groups.reconfigure(policies.group_size_config(), Mode(policies.mode_of(policies.group_size_mode)))
+        if self.group_policy is not None:  # with workers, the owner reconfigured its policy first
+            self.group_policy.reconfigure(
+                policies.group_size_config(), Mode(policies.mode_of(policies.group_size_mode))
+            )
         runtime.pool.reconfigure(policies.socket_request_max_bytes, Mode(policies.mode_of(policies.memory_pool_mode)))
         runtime.gate.reconfigure(
             policies.connection_limits(),

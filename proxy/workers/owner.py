@@ -15,6 +15,7 @@ from prometheus_client.registry import Collector
 from proxy.config.model import Config
 from proxy.workers.link import Handler, Link
 from proxy.workers.owner_connections import ConnectionOwner
+from proxy.workers.owner_groups import GroupOwner
 
 
 class SharedService(Protocol):
@@ -42,7 +43,7 @@ class SharedService(Protocol):
 
 
 # Every shared service, each built as ``Service(config)``: adding one is adding it here.
-SERVICES: tuple[Callable[[Config], SharedService], ...] = (ConnectionOwner,)
+SERVICES: tuple[Callable[[Config], SharedService], ...] = (ConnectionOwner, GroupOwner)
 
 
 class Owner:
