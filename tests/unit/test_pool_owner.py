@@ -1,0 +1,158 @@
+"""The pool's budget across workers over real links (Link.pair, one trio process): one
+PoolOwner and worker-side LeasedPoolGates, wired as the supervisor and the workers wire them."""
+
+from __future__ import annotations
+
+from collections.abc import AsyncIterator
+from contextlib import asynccontextmanager
+from dataclasses import dataclass
+
+import trio
+import trio.testing
+
+from policies.mode import Mode
+from policies.pool_leases import LeasedMemoryPool, lease_size
+from proxy.config.model import parse_config
+from proxy.evidence.audit import AuditSink
+from proxy.evidence.decisions import NOWHERE, DecisionRecorder
+from proxy.evidence.metrics import Metrics
+from proxy.serve.pool_gate import LeasedPoolGate
+from proxy.workers.link import Link
+from proxy.workers.owner_pool import PoolOwner
+
+KIB = 1024
+MIB = 1024 * KIB
+
+
+def config(capacity: int, max_request: int, **policies: object):  # type: ignore[no-untyped-def]
+    return parse_config(
+        {
+            "mode": "sidecar",
+            "upstream": {"bootstrap_servers": ["127.0.0.1:9092"]},
+            "listeners": [{"name": "l", "bind": "127.0.0.1:1"}],
+            "policies": {"queued.max.request.bytes": capacity, "socket.request.max.bytes": max_request, **policies},
+        }
+    )
+
+
+@dataclass
+class Worker:
+    index: int
+    gate: LeasedPoolGate
+    link: Link  # the worker's end
+    scope: trio.CancelScope
+
+    def reserve(self, conn: str, size: int) -> tuple[bool, int]:
+        """(granted now, ticket)."""
+        admission = self.gate.reserve(conn, size, trio.current_time(), NOWHERE)
+        assert admission.ticket is not None
+        return not admission.waits, admission.ticket
+
+    async def take(self, conn: str, size: int) -> int:
+        """A request that holds its bytes (at once, or after the owner granted them)."""
+        now, ticket = self.reserve(conn, size)
+        if not now:
+            with trio.fail_after(5):
+                await self.gate.wait_for(ticket)
+        return ticket
+
+    def release(self, ticket: int) -> None:
+        self.gate.release(ticket, trio.current_time())
+
+
+@asynccontextmanager
+async def cluster(workers: int, capacity: int, max_request: int) -> AsyncIterator[tuple[PoolOwner, list[Worker]]]:
+    cfg = config(capacity, max_request)
+    owner = PoolOwner(cfg)
+    async with trio.open_nursery() as nursery:
+        made = []
+        for index in range(workers):
+            made.append(await nursery.start(_worker, owner, index, workers, cfg))
+        yield owner, made
+        nursery.cancel_scope.cancel()
+
+
+async def _worker(owner: PoolOwner, index: int, workers: int, cfg, task_status) -> None:  # type: ignore[no-untyped-def]
+    owner_end, worker_end = Link.pair()
+    owner_end.handlers.update(owner.handlers(index))
+    owner.attach(index, owner_end)
+    metrics = Metrics()
+    policies = cfg.policies
+    pool = LeasedMemoryPool(
+        policies.queued_max_request_bytes,
+        policies.socket_request_max_bytes,
+        lease_size(policies.queued_max_request_bytes, workers),
+        policies.queued_max_request_bytes_per_connection,
+        Mode.ENFORCE,
+    )
+    gate = LeasedPoolGate(pool, metrics, DecisionRecorder(metrics, AuditSink(cfg.audit, metrics)), None, worker_end)
+    with trio.CancelScope() as scope:
+        try:
+            async with trio.open_nursery() as nursery:
+                nursery.start_soon(owner_end.run)
+                nursery.start_soon(worker_end.run)
+                nursery.start_soon(gate.run)
+                task_status.started(Worker(index, gate, worker_end, scope))
+        finally:
+            owner.worker_gone(index)
+
+
+async def settled() -> None:
+    """Let every message in flight be delivered and handled."""
+    await trio.testing.wait_all_tasks_blocked(0.01)
+
+
+async def test_the_total_in_use_never_passes_the_budget() -> None:
+    async with cluster(2, capacity=4 * MIB, max_request=MIB) as (owner, (a, b)):
+        waiting = []
+        for i in range(6):
+            worker = (a, b)[i % 2]
+            _now, ticket = worker.reserve(f"c{i}", MIB)
+            await settled()
+            waiting.append((worker, ticket))  # granted at once, later, or never (the last two)
+        assert a.gate.pool.used + b.gate.pool.used == 4 * MIB
+        assert a.gate.pool.waiting + b.gate.pool.waiting == 2
+        assert owner.book is not None and owner.book.leased <= 4 * MIB + MIB - 1
+
+
+async def test_a_request_waiting_in_worker_a_resumes_when_worker_b_releases() -> None:
+    async with cluster(2, capacity=4 * MIB, max_request=MIB) as (owner, (a, b)):
+        held = [await b.take(f"b{i}", MIB) for i in range(4)]
+        now, ticket = a.reserve("a", MIB)
+        assert not now
+        await settled()
+        assert a.gate.pool.waiting == 1  # b holds the whole budget
+        assert owner.book is not None and owner.book.recalling
+        b.release(held[0])
+        with trio.fail_after(5):
+            await a.gate.wait_for(ticket)
+        assert a.gate.pool.used == MIB and b.gate.pool.used == 3 * MIB
+        await settled()
+        assert not owner.book.recalling and a.gate.pool.recalled is False
+
+
+async def test_unused_bytes_in_an_idle_worker_are_recalled_for_a_waiter_in_another() -> None:
+    async with cluster(2, capacity=4 * MIB, max_request=512 * KIB) as (_owner, (a, b)):
+        for ticket in [await b.take(f"b{i}", 512 * KIB) for i in range(8)]:
+            b.release(ticket)
+        await settled()
+        assert 0 < b.gate.pool.lease <= 2 * b.gate.pool.lease_size  # kept, unused: b is idle now
+        held_a = [await a.take(f"a{i}", 512 * KIB) for i in range(8)]  # the last needs b's lease
+        assert a.gate.pool.used == 4 * MIB and b.gate.pool.lease == 0
+        for ticket in held_a:
+            a.release(ticket)
+
+
+async def test_a_dead_workers_lease_returns_and_a_waiter_elsewhere_is_granted() -> None:
+    async with cluster(3, capacity=3 * MIB, max_request=MIB) as (owner, (a, _b, c)):
+        for i in range(3):
+            await a.take(f"a{i}", MIB)
+        now, ticket = c.reserve("c", MIB)
+        assert not now
+        await settled()
+        assert c.gate.pool.waiting == 1
+        a.scope.cancel()  # worker a's process ends: the owner sees its link end
+        with trio.fail_after(5):
+            await c.gate.wait_for(ticket)
+        assert owner.book is not None and owner.book.lease(0) == 0
+        assert c.gate.pool.used == MIB
