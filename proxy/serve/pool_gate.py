@@ -16,10 +16,11 @@ import trio
 from prometheus_client.core import CounterMetricFamily, GaugeMetricFamily
 from prometheus_client.registry import Collector
 
-from policies.decision import Admission
+from policies.decision import Admission, Decision
 from policies.memory_pool import MemoryPool
 from policies.mode import Mode
 from policies.pool_leases import LeasedMemoryPool
+from policies.properties import QUEUED_MAX_REQUEST_BYTES
 from proxy.evidence.decisions import DecisionRecorder, Where
 from proxy.evidence.metrics import Metrics
 from proxy.evidence.observation_window import ObservationWindow
@@ -90,7 +91,12 @@ class PoolGate:
 class LeasedPoolGate(PoolGate):
     """A worker's pool with ``workers: N``: grants from its lease; one task (``run``) asks the
     owner over ``link`` when a request does not fit; unused bytes are given back as the policy
-    says, at once while the owner recalls (so a request waiting in another worker gets them)."""
+    says, at once while the owner recalls (so a request waiting in another worker gets them).
+
+    A request that waits only for its worker's lease to grow, while the budget has bytes left,
+    is not a pool decision: its WAIT is recorded only once the budget is found all leased (the
+    owner made the ask wait, or recalls), as one process records a wait only when the pool is
+    exhausted."""
 
     pool: LeasedMemoryPool
 
@@ -105,12 +111,23 @@ class LeasedPoolGate(PoolGate):
         super().__init__(pool, metrics, recorder, window)
         self._link = link
         self._wanted = trio.Event()  # the lease may be short: the asking task looks
+        self._unrecorded: dict[int, tuple[Decision, Where, int]] = {}  # WAITs for the lease alone, so far
         link.handlers["pool.recall"] = self._recall
 
     def reserve(self, conn_id: Hashable, size: int, now: float, where: Where) -> Admission:
-        admission = super().reserve(conn_id, size, now, where)
-        if admission.decision is not None:  # it waits (or, observed, passed the lease)
-            self._wanted.set()
+        pool = self.pool
+        admission = pool.reserve(conn_id, size, now)
+        decision = admission.decision
+        if decision is None:
+            return admission
+        ticket: int = admission.ticket  # type: ignore[assignment]
+        if admission.waits:
+            self._woken[ticket] = trio.Event()
+        if pool.recalled or decision.limit_key != QUEUED_MAX_REQUEST_BYTES:
+            self._record(decision, where, size)  # the budget is all leased, or the connection's share holds it
+        else:
+            self._unrecorded[ticket] = (decision, where, size)
+        self._wanted.set()
         return admission
 
     def release(self, ticket: int | None, now: float) -> None:
@@ -140,8 +157,15 @@ class LeasedPoolGate(PoolGate):
                 await self._wanted.wait()
                 self._wanted = trio.Event()
                 while hold := pool.wanted():
-                    got = await link.ask("pool.ask", hold, pool.lease_size)
+                    got, waited, recalling = await link.ask("pool.ask", hold, pool.lease_size)
+                    if waited:  # the budget was all leased: those requests waited for it
+                        self._record_unrecorded()
                     self._wake(pool.grow(got, trio.current_time()))
+                    # Granted without the budget running out: no decision (those still waiting keep theirs).
+                    woken = self._woken
+                    self._unrecorded = {t: about for t, about in self._unrecorded.items() if t in woken}
+                    if recalling != pool.recalled:  # a recall told before this worker could hear it
+                        self._recall(recalling)
                     self._settle()
         except LinkClosed:
             log.warning("the owner of the pool's budget is gone: no more pool bytes")
@@ -149,8 +173,20 @@ class LeasedPoolGate(PoolGate):
     def _collector(self) -> Collector:
         return _LeasedPoolCollector(self.pool)
 
+    def _record(self, decision: Decision, where: Where, size: int) -> None:
+        self._recorder.record(decision, where, size=size)
+        if self._window is not None:
+            self._window.on_pool(self.pool.used, waited=True)
+
+    def _record_unrecorded(self) -> None:
+        for decision, where, size in self._unrecorded.values():
+            self._record(decision, where, size)
+        self._unrecorded.clear()
+
     def _recall(self, recalled: bool) -> None:
         """The owner starts or ends a recall of unused leases (a tell from it)."""
+        if recalled:
+            self._record_unrecorded()  # they wait for a budget all leased
         self._wake(self.pool.recall(recalled, trio.current_time()))
         self._settle()
 

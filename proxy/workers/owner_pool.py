@@ -3,8 +3,9 @@ that leases ``queued.max.request.bytes`` to the workers (policies/pool_leases.py
 docs/workers.md, "The pool: leases").
 
 Messages (prefixed ``pool.``): a worker asks ``pool.ask(hold, want)`` and is answered with the
-bytes granted, at once while budget remains, or when bytes come back (an ask that waits is a
-task here, holding up no other message); it tells ``pool.give_back(size)``. The owner tells
+bytes granted (with whether it waited and whether a recall is on), at once while budget
+remains, or when bytes come back (an ask that waits is a task here, holding up no other
+message); it tells ``pool.give_back(size)``. The owner tells
 every worker ``pool.recall(True)`` when an ask must wait and ``pool.recall(False)`` when none
 waits any more. With the pool off (``queued.max.request.bytes <= 0``) nothing is leased and the
 workers never ask.
@@ -73,19 +74,23 @@ class PoolOwner:
 
     # -- handlers ----------------------------------------------------------------------
 
-    async def _ask(self, worker: int, hold: int, want: int) -> int:
+    async def _ask(self, worker: int, hold: int, want: int) -> tuple[int, bool, bool]:
+        """The bytes granted, whether the ask waited (the budget was all leased), and whether the
+        owner recalls now (the state as this answer leaves: a recall told before the worker could
+        hear it is not lost)."""
         assert self.book is not None
         ask = next(self._ask_ids)
         granted = self.book.ask(worker, ask, hold, want, time.monotonic())
         if granted is not None:
-            return granted
+            return granted, False, self._recalling
         send, receive = trio.open_memory_channel[int](1)
         self._answers[(worker, ask)] = send
         self._recall()
         try:
-            return await receive.receive()
+            granted = await receive.receive()
         except trio.EndOfChannel:  # the worker is gone: nobody reads this answer
-            return 0
+            granted = 0
+        return granted, True, self._recalling
 
     def _give_back(self, worker: int, size: int) -> None:
         assert self.book is not None

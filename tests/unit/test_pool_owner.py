@@ -41,6 +41,7 @@ class Worker:
     gate: LeasedPoolGate
     link: Link  # the worker's end
     scope: trio.CancelScope
+    metrics: Metrics
 
     def reserve(self, conn: str, size: int) -> tuple[bool, int]:
         """(granted now, ticket)."""
@@ -92,7 +93,7 @@ async def _worker(owner: PoolOwner, index: int, workers: int, cfg, task_status) 
                 nursery.start_soon(owner_end.run)
                 nursery.start_soon(worker_end.run)
                 nursery.start_soon(gate.run)
-                task_status.started(Worker(index, gate, worker_end, scope))
+                task_status.started(Worker(index, gate, worker_end, scope, metrics))
         finally:
             owner.worker_gone(index)
 
@@ -156,3 +157,25 @@ async def test_a_dead_workers_lease_returns_and_a_waiter_elsewhere_is_granted() 
             await c.gate.wait_for(ticket)
         assert owner.book is not None and owner.book.lease(0) == 0
         assert c.gate.pool.used == MIB
+
+
+def waits_recorded(worker: Worker) -> float:
+    """The WAIT decisions the worker recorded for the budget (kafka_admission_decisions_total)."""
+    labels = {"listener": "", "policy": "memory_pool", "action": "wait", "limit": "queued.max.request.bytes"}
+    return (
+        worker.metrics.registry.get_sample_value("kafka_admission_decisions_total", {**labels, "mode": "enforce"})
+        or 0.0
+    )
+
+
+async def test_a_wait_for_the_lease_alone_is_no_decision_a_wait_for_the_budget_is_one() -> None:
+    async with cluster(2, capacity=4 * MIB, max_request=MIB) as (_owner, (a, b)):
+        held = [await a.take(f"a{i}", MIB) for i in range(4)]  # each waited for a's lease to grow
+        assert waits_recorded(a) == 0
+        _, ticket = b.reserve("b", MIB)
+        await settled()
+        assert waits_recorded(b) == 1  # the budget is all leased: a wait, as in one process
+        a.release(held[0])
+        with trio.fail_after(5):
+            await b.gate.wait_for(ticket)
+        assert waits_recorded(a) + waits_recorded(b) == 1
