@@ -18,6 +18,7 @@ from policies.connections import BrokerQuotas
 from policies.group_size import GroupSizePolicy
 from policies.memory_pool import MemoryPool
 from policies.mode import Mode
+from policies.pool_leases import LeasedMemoryPool, lease_size
 from proxy.config.certificates import certificate_files, export_certificate_expiry
 from proxy.config.model import Config, ConfigError, load_config
 from proxy.evidence.audit import AuditSink
@@ -33,7 +34,7 @@ from proxy.serve.admin import AdminServer
 from proxy.serve.connection_gate import ConnectionGate
 from proxy.serve.file_watch import FileWatcher
 from proxy.serve.listener import ListenerRuntime
-from proxy.serve.pool_gate import PoolGate
+from proxy.serve.pool_gate import LeasedPoolGate, PoolGate
 from proxy.serve.runtime import Runtime
 from proxy.workers.worker_connections import SharedConnectionGate
 from proxy.workers.worker_groups import SharedGroups
@@ -192,17 +193,37 @@ class ProxyServer:
             if self.audit.keeps_evidence
             else None
         )
-        pool = PoolGate(
-            MemoryPool(
-                policies.queued_max_request_bytes,
-                policies.socket_request_max_bytes,
-                policies.queued_max_request_bytes_per_connection,
-                Mode(policies.mode_of(policies.memory_pool_mode)),
-            ),
-            metrics,
-            recorder,
-            self.window,
-        )
+        capacity, pool_mode = policies.queued_max_request_bytes, Mode(policies.mode_of(policies.memory_pool_mode))
+        self._leases: LeasedPoolGate | None = None
+        if shared is not None and capacity > 0:
+            # One budget across the workers: this worker's part of it is a lease from the owner.
+            leases = LeasedPoolGate(
+                LeasedMemoryPool(
+                    capacity,
+                    policies.socket_request_max_bytes,
+                    lease_size(capacity, shared.workers),
+                    policies.queued_max_request_bytes_per_connection,
+                    pool_mode,
+                ),
+                metrics,
+                recorder,
+                self.window,
+                shared.link,
+            )
+            pool: PoolGate = leases
+            self._leases = leases
+        else:
+            pool = PoolGate(
+                MemoryPool(
+                    capacity,
+                    policies.socket_request_max_bytes,
+                    policies.queued_max_request_bytes_per_connection,
+                    pool_mode,
+                ),
+                metrics,
+                recorder,
+                self.window,
+            )
         connections_mode = Mode(policies.mode_of(policies.connections_mode))
         protected = [lst.name for lst in config.listeners if lst.protected]
         gate: ConnectionGate
@@ -296,6 +317,8 @@ class ProxyServer:
                         nursery.start_soon(self._expire_groups, self.group_policy)
                     if self.window is not None:
                         nursery.start_soon(self._roll_windows)
+                    if self._leases is not None:
+                        nursery.start_soon(self._leases.run)  # asks the owner for pool bytes
                     for listener in self.listeners:
                         await nursery.start(listener.run)
                     if self.shared is not None:  # the supervisor serves the admin port and watches the files

@@ -16,6 +16,7 @@ from proxy.config.model import Config
 from proxy.workers.link import Handler, Link
 from proxy.workers.owner_connections import ConnectionOwner
 from proxy.workers.owner_groups import GroupOwner
+from proxy.workers.owner_pool import PoolOwner
 
 
 class SharedService(Protocol):
@@ -43,7 +44,7 @@ class SharedService(Protocol):
 
 
 # Every shared service, each built as ``Service(config)``: adding one is adding it here.
-SERVICES: tuple[Callable[[Config], SharedService], ...] = (ConnectionOwner, GroupOwner)
+SERVICES: tuple[Callable[[Config], SharedService], ...] = (ConnectionOwner, GroupOwner, PoolOwner)
 
 
 class Owner:
