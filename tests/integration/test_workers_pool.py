@@ -15,14 +15,17 @@ import json
 import os
 import select
 import signal
+import threading
 from typing import Any
 
 import pytest
 from kio.index import load_request_schema
 
+from tests.clients import create_topic, unique
 from tests.conftest import wait_until
+from tests.integration.test_memory_pool_through_proxy import big_batches
 from tests.raw_kafka import RawConnection, frame
-from tests.workers_util import client_address, start_workers, worker_of, worker_pids
+from tests.workers_util import client_address, served_by, start_workers, worker_of, worker_pids
 
 API_VERSIONS = 18
 KIB = 1024
@@ -169,3 +172,34 @@ def test_a_killed_workers_bytes_go_to_a_waiter_in_another_worker(tansu: Any, sta
         for conns in by_worker.values():
             for conn in conns:
                 conn.close()
+
+
+@pytest.mark.parametrize("workers", [2, 4])
+def test_producers_on_every_worker_all_deliver_within_one_pools_bound(
+    tansu: Any, start_proxy: Any, workers: int
+) -> None:
+    """Twenty confluent-kafka producers of ~900 KB batches through 2 or 4 workers, against a
+    budget of 2 MiB: every record is delivered, the budget ran out (waits were recorded) and
+    the bytes leased, hence admitted, never passed one MemoryPool's bound (2 MiB + 1 MiB - 1)."""
+    mib = 1024 * KIB
+    proxy = start_workers(
+        start_proxy,
+        tansu.bootstrap,
+        workers,
+        policies={"queued.max.request.bytes": 2 * mib, "socket.request.max.bytes": mib},
+    )
+    topic = unique("workers-pool")
+    create_topic(proxy.bootstrap, topic, partitions=4)
+    results: list[int] = []
+    threads = [
+        threading.Thread(target=big_batches, args=(proxy.bootstrap, topic, 30, 90_000, results)) for _ in range(20)
+    ]
+    for t in threads:
+        t.start()
+    for t in threads:
+        t.join(180)
+    assert results == [30] * 20
+    assert set(served_by(proxy).values()) == set(range(workers))  # the producers' connections on every worker
+    assert mib < proxy.metric("kafka_admission_memory_pool_leased_high_water_mark_bytes") <= 3 * mib - 1
+    assert pool_waits(proxy)  # the budget ran out: requests waited for it
+    wait_until(lambda: proxy.metric("kafka_admission_memory_pool_lease_asks_waiting") == 0)
