@@ -112,6 +112,7 @@ class LeasedPoolGate(PoolGate):
         self._link = link
         self._wanted = trio.Event()  # the lease may be short: the asking task looks
         self._unrecorded: dict[int, tuple[Decision, Where, int]] = {}  # WAITs for the lease alone, so far
+        self._recall_epoch = 0  # of the owner's latest news of its recall
         link.handlers["pool.recall"] = self._recall
 
     def reserve(self, conn_id: Hashable, size: int, now: float, where: Where) -> Admission:
@@ -139,6 +140,8 @@ class LeasedPoolGate(PoolGate):
             back = pool.give_back()
             if back:
                 self._link.tell("pool.give_back", back)
+            if pool.waiting and pool.wanted():  # a waiter its share held back may now need the owner
+                self._wanted.set()
 
     def reconfigure(self, max_request: int, mode: Mode) -> None:
         super().reconfigure(max_request, mode)
@@ -157,15 +160,14 @@ class LeasedPoolGate(PoolGate):
                 await self._wanted.wait()
                 self._wanted = trio.Event()
                 while hold := pool.wanted():
-                    got, waited, recalling = await link.ask("pool.ask", hold, pool.lease_size)
+                    got, waited, recalling, epoch = await link.ask("pool.ask", hold, pool.lease_size)
                     if waited:  # the budget was all leased: those requests waited for it
                         self._record_unrecorded()
                     self._wake(pool.grow(got, trio.current_time()))
                     # Granted without the budget running out: no decision (those still waiting keep theirs).
                     woken = self._woken
                     self._unrecorded = {t: about for t, about in self._unrecorded.items() if t in woken}
-                    if recalling != pool.recalled:  # a recall told before this worker could hear it
-                        self._recall(recalling)
+                    self._recall(recalling, epoch)  # a recall told before this worker could hear it
                     self._settle()
         except LinkClosed:
             log.warning("the owner of the pool's budget is gone: no more pool bytes")
@@ -183,8 +185,12 @@ class LeasedPoolGate(PoolGate):
             self._record(decision, where, size)
         self._unrecorded.clear()
 
-    def _recall(self, recalled: bool) -> None:
-        """The owner starts or ends a recall of unused leases (a tell from it)."""
+    def _recall(self, recalled: bool, epoch: int) -> None:
+        """The owner starts or ends a recall of unused leases (a tell from it, or in an answer):
+        news older than what the worker has heard is ignored."""
+        if epoch <= self._recall_epoch:
+            return
+        self._recall_epoch = epoch
         if recalled:
             self._record_unrecorded()  # they wait for a budget all leased
         self._wake(self.pool.recall(recalled, trio.current_time()))

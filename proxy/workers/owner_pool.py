@@ -6,8 +6,9 @@ Messages (prefixed ``pool.``): a worker asks ``pool.ask(hold, want)`` and is ans
 bytes granted (with whether it waited and whether a recall is on), at once while budget
 remains, or when bytes come back (an ask that waits is a task here, holding up no other
 message); it tells ``pool.give_back(size)``. The owner tells
-every worker ``pool.recall(True)`` when an ask must wait and ``pool.recall(False)`` when none
-waits any more. With the pool off (``queued.max.request.bytes <= 0``) nothing is leased and the
+every worker ``pool.recall(True, epoch)`` when an ask must wait and ``pool.recall(False, epoch)``
+when none waits any more; the epoch orders the news, which also reaches a worker in the
+answers to its asks. With the pool off (``queued.max.request.bytes <= 0``) nothing is leased and the
 workers never ask.
 """
 
@@ -40,6 +41,7 @@ class PoolOwner:
         self._answers: dict[tuple[int, int], trio.MemorySendChannel[int]] = {}  # asks waiting for bytes
         self._ask_ids = itertools.count(1)
         self._recalling = False
+        self._recall_epoch = 0  # counts the recall's changes: a worker applies only news newer than it has
 
     # -- the shared-service interface ----------------------------------------------
 
@@ -51,7 +53,7 @@ class PoolOwner:
     def attach(self, worker: int, link: Link) -> None:
         self._links[worker] = link
         if self._recalling:
-            link.tell(RECALL, True)
+            link.tell(RECALL, True, self._recall_epoch)
 
     def worker_gone(self, worker: int) -> dict[str, int]:
         """Its lease comes back (waiting asks of other workers are granted); its asks are dropped."""
@@ -74,15 +76,15 @@ class PoolOwner:
 
     # -- handlers ----------------------------------------------------------------------
 
-    async def _ask(self, worker: int, hold: int, want: int) -> tuple[int, bool, bool]:
-        """The bytes granted, whether the ask waited (the budget was all leased), and whether the
-        owner recalls now (the state as this answer leaves: a recall told before the worker could
-        hear it is not lost)."""
+    async def _ask(self, worker: int, hold: int, want: int) -> tuple[int, bool, bool, int]:
+        """The bytes granted, whether the ask waited (the budget was all leased), and the recall
+        as this answer leaves (whether the owner recalls, and its epoch): a recall told before
+        the worker could hear it is not lost."""
         assert self.book is not None
         ask = next(self._ask_ids)
         granted = self.book.ask(worker, ask, hold, want, time.monotonic())
         if granted is not None:
-            return granted, False, self._recalling
+            return granted, False, self._recalling, self._recall_epoch
         send, receive = trio.open_memory_channel[int](1)
         self._answers[(worker, ask)] = send
         self._recall()
@@ -90,7 +92,7 @@ class PoolOwner:
             granted = await receive.receive()
         except trio.EndOfChannel:  # the worker is gone: nobody reads this answer
             granted = 0
-        return granted, True, self._recalling
+        return granted, True, self._recalling, self._recall_epoch
 
     def _give_back(self, worker: int, size: int) -> None:
         assert self.book is not None
@@ -106,8 +108,9 @@ class PoolOwner:
         assert self.book is not None
         if self.book.recalling != self._recalling:
             self._recalling = self.book.recalling
+            self._recall_epoch += 1
             for link in self._links.values():
-                link.tell(RECALL, self._recalling)
+                link.tell(RECALL, self._recalling, self._recall_epoch)
 
 
 class LeaseCollector(Collector):

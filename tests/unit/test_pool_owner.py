@@ -62,8 +62,10 @@ class Worker:
 
 
 @asynccontextmanager
-async def cluster(workers: int, capacity: int, max_request: int) -> AsyncIterator[tuple[PoolOwner, list[Worker]]]:
-    cfg = config(capacity, max_request)
+async def cluster(
+    workers: int, capacity: int, max_request: int, **policies: object
+) -> AsyncIterator[tuple[PoolOwner, list[Worker]]]:
+    cfg = config(capacity, max_request, **policies)
     owner = PoolOwner(cfg)
     async with trio.open_nursery() as nursery:
         made = []
@@ -179,3 +181,36 @@ async def test_a_wait_for_the_lease_alone_is_no_decision_a_wait_for_the_budget_i
         with trio.fail_after(5):
             await b.gate.wait_for(ticket)
         assert waits_recorded(a) + waits_recorded(b) == 1
+
+
+async def test_a_waiter_its_share_held_back_asks_the_owner_once_its_connection_releases_during_a_recall() -> None:
+    share = {"queued.max.request.bytes.per.connection": MIB}
+    async with cluster(3, capacity=4 * MIB, max_request=MIB, **share) as (owner, (a, b, c)):
+        assert owner.book is not None
+        x = await a.take("x", MIB)
+        a.release(await a.take("y", 512 * KIB))  # a keeps 512 KiB unused
+        a.reserve("x", 512 * KIB)  # fits a's lease; x's share holds it back
+        await settled()
+        assert a.gate.pool.waiting == 1 and a.gate.pool.wanted() == 0
+        for i in range(3):
+            await b.take(f"b{i}", MIB)  # the last one over the budget (non-strict): 4.5 MiB leased
+        b.reserve("b3", MIB)
+        c.reserve("c0", MIB)
+        await settled()
+        assert owner.book.recalling and {worker for worker, _ in owner.book._queue} == {1, 2}
+        a.release(x)  # under the recall x's bytes go back; its waiter now needs the owner's bytes
+        await settled()
+        asking = [worker for worker, _ in owner.book._queue]
+        assert owner.book.recalling and len(asking) == 2  # one of b and c still waits: no news of the recall
+        assert asking[-1] == 0  # a asked for its waiter
+        assert a.gate.pool.waiting == 1
+
+
+async def test_news_of_the_recall_older_than_what_a_worker_heard_is_ignored() -> None:
+    # An answer read before a later tell may be handled after it: the epoch keeps the newer news.
+    async with cluster(2, capacity=4 * MIB, max_request=MIB) as (_owner, (a, _b)):
+        a.gate._recall(True, 2)
+        a.gate._recall(False, 1)
+        assert a.gate.pool.recalled
+        a.gate._recall(False, 3)
+        assert not a.gate.pool.recalled
