@@ -70,9 +70,11 @@ def waits_recorded(metrics: Metrics) -> float:
     return metrics.registry.get_sample_value("kafka_admission_decisions_total", {**labels, "mode": "enforce"}) or 0.0
 
 
-async def _load(gate: PoolGate, tasks: int, seconds: float, seed: int, counts: dict[str, float]) -> None:
-    """The tasks' loop for ``seconds`` after a short warm-up; counts (while ``counts["on"]``) and
-    this process's CPU over the timed run into ``counts``."""
+async def _load(
+    gate: PoolGate, tasks: int, seconds: float, seed: int, counts: dict[str, float], metrics: Metrics
+) -> None:
+    """The tasks' loop for ``seconds`` after a short warm-up; counts (while ``counts["on"]``),
+    the WAITs recorded and this process's CPU over the timed run into ``counts``."""
 
     async def task(rng: random.Random, n: int) -> None:
         conn = f"c{n}"
@@ -92,15 +94,16 @@ async def _load(gate: PoolGate, tasks: int, seconds: float, seed: int, counts: d
             nursery.start_soon(task, random.Random(seed * 1000 + n), n)
         await trio.sleep(0.3)
         counts["on"] = 1
-        cpu0 = cpu_seconds(os.getpid())
+        cpu0, recorded0 = cpu_seconds(os.getpid()), waits_recorded(metrics)
         await trio.sleep(seconds)
         counts["cpu"] = cpu_seconds(os.getpid()) - cpu0
+        counts["recorded"] = waits_recorded(metrics) - recorded0
         counts["on"] = 0
         nursery.cancel_scope.cancel()
 
 
 def _counts() -> dict[str, float]:
-    return {"on": 0, "requests": 0, "waited": 0, "asks": 0, "cpu": 0.0}
+    return {"on": 0, "requests": 0, "waited": 0, "asks": 0, "recorded": 0, "cpu": 0.0}
 
 
 def plain_worker(budget: int, tasks: int, seconds: float, out: Any) -> None:
@@ -110,8 +113,8 @@ def plain_worker(budget: int, tasks: int, seconds: float, out: Any) -> None:
         MemoryPool(budget, MAX_REQUEST), metrics, DecisionRecorder(metrics, AuditSink(cfg.audit, metrics)), None
     )
     counts = _counts()
-    trio.run(_load, gate, tasks, seconds, 0, counts)
-    out.put({**counts, "recorded": waits_recorded(metrics)})
+    trio.run(_load, gate, tasks, seconds, 0, counts, metrics)
+    out.put(counts)
 
 
 def lease_worker(
@@ -142,9 +145,9 @@ def lease_worker(
         async with trio.open_nursery() as nursery:
             nursery.start_soon(link.run)
             nursery.start_soon(gate.run)
-            await _load(gate, tasks, seconds, index + 1, counts)
+            await _load(gate, tasks, seconds, index + 1, counts, metrics)
             nursery.cancel_scope.cancel()
-        return {**counts, "recorded": waits_recorded(metrics)}
+        return counts
 
     out.put(trio.run(main))
 
