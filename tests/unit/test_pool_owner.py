@@ -214,3 +214,19 @@ async def test_news_of_the_recall_older_than_what_a_worker_heard_is_ignored() ->
         assert a.gate.pool.recalled
         a.gate._recall(False, 3)
         assert not a.gate.pool.recalled
+
+
+async def test_a_reload_to_observe_lets_a_waiter_go_and_the_worker_asks_for_what_it_took() -> None:
+    async with cluster(2, capacity=4 * MIB, max_request=MIB) as (owner, (a, b)):
+        assert owner.book is not None
+        for i in range(4):
+            await a.take(f"a{i}", MIB)  # the budget, all leased
+        _, ticket = b.reserve("b", MIB)
+        await settled()
+        assert b.gate.pool.waiting == 1
+        b.gate.reconfigure(MIB, Mode.OBSERVE)
+        with trio.fail_after(5):
+            await b.gate.wait_for(ticket)
+        assert b.gate.pool.used == MIB and b.gate.pool.lease == 0  # observe: granted beyond its lease
+        await settled()
+        assert owner.book.waiting == 1  # its ask for what it took waits for the budget, as before
