@@ -164,11 +164,10 @@ class LeasedPoolGate(PoolGate):
                     if waited:  # the budget was all leased: those requests waited for it
                         self._record_unrecorded()
                     self._wake(pool.grow(got, trio.current_time()))
-                    # Granted without the budget running out: no decision (those still waiting keep theirs).
-                    woken = self._woken
-                    self._unrecorded = {t: about for t, about in self._unrecorded.items() if t in woken}
+                    self._forget_granted()
                     self._recall(recalling, epoch)  # a recall told before this worker could hear it
                     self._settle()
+                self._forget_granted()  # also those a release let go before any ask
         except LinkClosed:
             log.warning("the owner of the pool's budget is gone: no more pool bytes")
 
@@ -179,6 +178,13 @@ class LeasedPoolGate(PoolGate):
         self._recorder.record(decision, where, size=size)
         if self._window is not None:
             self._window.on_pool(self.pool.used, waited=True)
+
+    def _forget_granted(self) -> None:
+        """Requests granted without the budget running out are no decision; those still waiting
+        keep theirs."""
+        if self._unrecorded:
+            woken = self._woken
+            self._unrecorded = {t: about for t, about in self._unrecorded.items() if t in woken}
 
     def _record_unrecorded(self) -> None:
         for decision, where, size in self._unrecorded.values():

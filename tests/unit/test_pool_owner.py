@@ -230,3 +230,16 @@ async def test_a_reload_to_observe_lets_a_waiter_go_and_the_worker_asks_for_what
         assert b.gate.pool.used == MIB and b.gate.pool.lease == 0  # observe: granted beyond its lease
         await settled()
         assert owner.book.waiting == 1  # its ask for what it took waits for the budget, as before
+
+
+async def test_a_wait_a_release_ends_before_any_ask_is_no_decision_and_is_forgotten() -> None:
+    async with cluster(2, capacity=4 * MIB, max_request=MIB) as (_owner, (a, _b)):
+        first = await a.take("a0", MIB)
+        await settled()
+        lease = a.gate.pool.lease
+        _, ticket = a.reserve("a1", lease - MIB + 1)  # one byte too many
+        a.release(first)  # before the asking task runs: granted from the lease
+        with trio.fail_after(5):
+            await a.gate.wait_for(ticket)
+        await settled()
+        assert waits_recorded(a) == 0 and not a.gate._unrecorded
