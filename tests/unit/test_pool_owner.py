@@ -3,10 +3,13 @@ PoolOwner and worker-side LeasedPoolGates, wired as the supervisor and the worke
 
 from __future__ import annotations
 
+import math
+import random
 from collections.abc import AsyncIterator
 from contextlib import asynccontextmanager
 from dataclasses import dataclass
 
+import pytest
 import trio
 import trio.testing
 
@@ -243,3 +246,51 @@ async def test_a_wait_a_release_ends_before_any_ask_is_no_decision_and_is_forgot
             await a.gate.wait_for(ticket)
         await settled()
         assert waits_recorded(a) == 0 and not a.gate._unrecorded
+
+
+def mixed_size(rng: random.Random) -> int:
+    """bench/pool_leases.py's mix: 60% 100 B-1 KiB, 30% 1-64 KiB, 10% 64 KiB-1 MiB."""
+    band = rng.random()
+    low, high = (100, KIB) if band < 0.6 else (KIB, 64 * KIB) if band < 0.9 else (64 * KIB, MIB)
+    return int(math.exp(rng.uniform(math.log(low), math.log(high))))
+
+
+@pytest.mark.parametrize("seed", range(4))
+async def test_a_tight_budget_under_a_mixed_load_never_stalls(seed: int) -> None:
+    """Four workers, 32 requests in flight each, a budget of two of the largest requests, until
+    every worker has completed 1,500: never are all tasks blocked while requests wait (a stall,
+    as when recalled workers kept the unused bytes their own waiters could not use)."""
+    async with cluster(4, capacity=2 * MIB, max_request=MIB) as (owner, workers):
+        done = [0] * len(workers)
+        finished = trio.Event()
+
+        async def requests(worker: Worker, rng: random.Random, n: int) -> None:
+            while True:
+                admission = worker.gate.reserve(f"c{n % 8}", mixed_size(rng), trio.current_time(), NOWHERE)
+                if admission.waits:
+                    await worker.gate.wait_for(admission.ticket)  # type: ignore[arg-type]
+                for _ in range(rng.randint(1, 8)):
+                    await trio.lowlevel.checkpoint()
+                worker.release(admission.ticket)  # type: ignore[arg-type]
+                done[worker.index] += 1
+                if min(done) >= 1500:
+                    finished.set()
+
+        async with trio.open_nursery() as nursery:
+            for worker in workers:
+                for n in range(32):
+                    nursery.start_soon(requests, worker, random.Random(seed * 10000 + worker.index * 100 + n), n)
+            with trio.move_on_after(60):
+                async with trio.open_nursery() as watch:
+                    watch.start_soon(lambda: _cancel_when(finished, watch.cancel_scope))
+                    await trio.testing.wait_all_tasks_blocked(0.05)  # only in a stall: requests always run
+                    watch.cancel_scope.cancel()
+            waiting = [w.gate.pool.waiting for w in workers]
+            nursery.cancel_scope.cancel()
+        assert finished.is_set(), f"stalled: {waiting} waiting, {done} done, {owner.book and owner.book.waiting} asks"
+        assert owner.book is not None and owner.book.peak_leased <= 3 * MIB - 1
+
+
+async def _cancel_when(event: trio.Event, scope: trio.CancelScope) -> None:
+    await event.wait()
+    scope.cancel()
