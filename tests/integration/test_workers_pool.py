@@ -16,12 +16,13 @@ import os
 import select
 import signal
 import threading
+import time
 from typing import Any
 
 import pytest
 from kio.index import load_request_schema
 
-from tests.clients import create_topic, unique
+from tests.clients import create_topic, produce, unique
 from tests.conftest import wait_until
 from tests.integration.test_memory_pool_through_proxy import big_batches
 from tests.raw_kafka import RawConnection, frame
@@ -203,3 +204,40 @@ def test_producers_on_every_worker_all_deliver_within_one_pools_bound(
     assert mib < proxy.metric("kafka_admission_memory_pool_leased_high_water_mark_bytes") <= 3 * mib - 1
     assert pool_waits(proxy)  # the budget ran out: requests waited for it
     wait_until(lambda: proxy.metric("kafka_admission_memory_pool_lease_asks_waiting") == 0)
+
+
+@pytest.mark.parametrize("workers", [2, 4])
+def test_300_slow_senders_across_workers_hold_the_budget_and_a_normal_client_is_served(
+    tansu: Any, start_proxy: Any, workers: int
+) -> None:
+    """Slow senders announce 1 MiB and send 60 bytes of it: two hold the 2 MiB budget, whichever
+    workers they landed on, every other waits (one ask per worker waits at the owner); when
+    request.body.timeout.ms ends them, a producer is served."""
+    mib = 1024 * KIB
+    proxy = start_workers(
+        start_proxy,
+        tansu.bootstrap,
+        workers,
+        policies={
+            "queued.max.request.bytes": 2 * mib,
+            "socket.request.max.bytes": mib,
+            "request.body.timeout.ms": 3000,
+        },
+    )
+    topic = unique("workers-slow")
+    create_topic(proxy.bootstrap, topic)
+    senders = [RawConnection(proxy.bootstrap) for _ in range(300)]
+    try:
+        for sock in senders:
+            sock.send(mib.to_bytes(4, "big") + b"\0\x00\0\x09" + b"\0" * 60)  # a Produce header's start
+        wait_until(lambda: proxy.metric("kafka_admission_memory_pool_lease_asks_waiting") == workers, timeout=20)
+        assert 2 * mib <= leased(proxy) <= 3 * mib - 1
+        assert set(served_by(proxy).values()) == set(range(workers))
+        wait_until(lambda: len(pool_waits(proxy)) >= 250, timeout=20)  # the audit names the waiting ones
+        started = time.monotonic()
+        assert produce(proxy.bootstrap, topic, 10) == 10  # served once the stalled requests time out
+        assert time.monotonic() - started < 30
+        assert proxy.metric("kafka_admission_memory_pool_lease_asks_waiting") == 0
+    finally:
+        for sock in senders:
+            sock.close()
