@@ -3,13 +3,12 @@ that leases ``queued.max.request.bytes`` to the workers (policies/pool_leases.py
 docs/workers.md, "The pool: leases").
 
 Messages (prefixed ``pool.``): a worker asks ``pool.ask(hold, want)`` and is answered with the
-bytes granted (with whether it waited and whether a recall is on), at once while budget
-remains, or when bytes come back (an ask that waits is a task here, holding up no other
-message); it tells ``pool.give_back(size)``. The owner tells
-every worker ``pool.recall(True, epoch)`` when an ask must wait and ``pool.recall(False, epoch)``
-when none waits any more; the epoch orders the news, which also reaches a worker in the
-answers to its asks. With the pool off (``queued.max.request.bytes <= 0``) nothing is leased and the
-workers never ask.
+bytes granted (with whether it waited and the recall's state), at once while budget remains,
+or when bytes come back (an ask that waits is a task here, holding up no other message); it
+tells ``pool.give_back(size)``. The owner tells every worker ``pool.recall(True, epoch)`` when
+an ask must wait and ``pool.recall(False, epoch)`` when none waits any more; the epoch orders
+the news, which also reaches a worker in the answers to its asks. With the pool off
+(``queued.max.request.bytes <= 0``) nothing is leased and the workers never ask.
 """
 
 from __future__ import annotations
@@ -36,6 +35,7 @@ class PoolOwner:
     def __init__(self, config: Config) -> None:
         policies = config.policies
         capacity = policies.queued_max_request_bytes
+        self._capacity = capacity
         self.book = LeaseBook(capacity, policies.socket_request_max_bytes) if capacity > 0 else None
         self._links: dict[int, Link] = {}
         self._answers: dict[tuple[int, int], trio.MemorySendChannel[int]] = {}  # asks waiting for bytes
@@ -72,7 +72,7 @@ class PoolOwner:
             self.book.reconfigure(config.policies.socket_request_max_bytes)
 
     def collectors(self) -> list[Collector]:
-        return [] if self.book is None else [LeaseCollector(self.book)]
+        return [LeaseCollector(self._capacity, self.book)]
 
     # -- handlers ----------------------------------------------------------------------
 
@@ -114,16 +114,20 @@ class PoolOwner:
 
 
 class LeaseCollector(Collector):
-    """The budget as the owner sees it, read at scrape time (from any thread: plain reads)."""
+    """The budget as the owner sees it, read at scrape time (from any thread: plain reads); with
+    the pool off, only its capacity (``queued.max.request.bytes``, <= 0)."""
 
-    def __init__(self, book: LeaseBook) -> None:
+    def __init__(self, capacity: int, book: LeaseBook | None) -> None:
+        self._capacity = capacity
         self._book = book
 
     def collect(self) -> Iterator[GaugeMetricFamily | CounterMetricFamily]:
-        book = self._book
         yield GaugeMetricFamily(
-            "kafka_admission_memory_pool_capacity_bytes", "queued.max.request.bytes", value=book.capacity
+            "kafka_admission_memory_pool_capacity_bytes", "queued.max.request.bytes", value=self._capacity
         )
+        book = self._book
+        if book is None:
+            return
         yield GaugeMetricFamily(
             "kafka_admission_memory_pool_leased_bytes",
             "Bytes of queued.max.request.bytes leased to the workers, in use or not (at most the budget "

@@ -294,3 +294,11 @@ async def test_a_tight_budget_under_a_mixed_load_never_stalls(seed: int) -> None
 async def _cancel_when(event: trio.Event, scope: trio.CancelScope) -> None:
     await event.wait()
     scope.cancel()
+
+
+def test_with_the_pool_off_nothing_is_leased_and_only_the_capacity_is_shown() -> None:
+    owner = PoolOwner(config(-1, MIB))
+    assert owner.book is None and owner.handlers(0) == {}
+    assert owner.worker_gone(0) == {"pool_bytes": 0}
+    families = [family for collector in owner.collectors() for family in collector.collect()]
+    assert [(f.name, f.samples[0].value) for f in families] == [("kafka_admission_memory_pool_capacity_bytes", -1)]
