@@ -190,7 +190,7 @@ class Supervisor:
             process.send_signal(signal.SIGTERM)
         try:
             async with trio.open_nursery() as nursery:
-                nursery.start_soon(link.run)
+                nursery.start_soon(self._serve_link, index, link, process)
                 await process.wait()
                 with trio.move_on_after(1.0):
                     await link.closed.wait()
@@ -202,6 +202,17 @@ class Supervisor:
                 process.kill()
         assert process.returncode is not None
         return process.returncode
+
+    @staticmethod
+    async def _serve_link(index: int, link: Link, process: trio.Process) -> None:
+        """A handler that fails on a worker's tell costs that worker (killed, its share released,
+        restarted), not the supervisor and every other worker with it."""
+        try:
+            await link.run()
+        except Exception:
+            log.exception("worker %d: handling its message failed; killing it", index)
+            if process.returncode is None:
+                process.kill()
 
     def _worker_ready(self, index: int, link: Link, generation: int) -> None:
         self._links[index] = link
