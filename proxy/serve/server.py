@@ -228,6 +228,8 @@ class ProxyServer:
         )
         if config.mode == "cluster":  # a bootstrap-port connection counts against the broker it reached, once known
             self.directory.on_placed(gate.broker_known)
+        if shared is not None:  # the supervisor passes them to every worker: each opens every node port
+            self.directory.on_learned(lambda brokers: shared.link.tell("worker.brokers", brokers))
         bootstrap = config.upstream.addresses()
         self.listeners = [
             ListenerRuntime(

@@ -57,6 +57,7 @@ async def serve_worker(config_path: str, index: int, workers: int, link_fd: int,
             server = ProxyServer(config, config_path, shared=WorkerLink(index, workers, link, generation))
             link.handlers["worker.reload"] = server.apply_generation
             link.handlers["worker.readiness"] = server.readiness_problems
+            link.handlers["worker.brokers"] = server.directory.learn
             await nursery.start(server.run)
             link.tell("worker.ready", server.runtime.generation.number)
             async for _ in signals:
