@@ -9,6 +9,7 @@ from collections import Counter
 from collections.abc import Callable
 from typing import Protocol
 
+import trio
 from prometheus_client.registry import Collector
 
 from proxy.config.model import Config
@@ -65,3 +66,12 @@ class Owner:
 
     def collectors(self) -> list[Collector]:
         return [collector for service in self.services for collector in service.collectors()]
+
+    async def run(self) -> None:
+        """Each service's own background work, if it has any (an ``async def run()``: e.g. group
+        session expiry on the owner's clock), for as long as the supervisor runs."""
+        async with trio.open_nursery() as nursery:
+            for service in self.services:
+                run = getattr(service, "run", None)
+                if run is not None:
+                    nursery.start_soon(run)

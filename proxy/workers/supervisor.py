@@ -87,6 +87,7 @@ class Supervisor:
         with trio.open_signal_receiver(signal.SIGTERM, signal.SIGINT, signal.SIGHUP) as signals:
             async with trio.open_nursery() as nursery:
                 self._nursery = nursery
+                nursery.start_soon(self.owner.run)
                 async with trio.open_nursery() as workers:
                     for index in range(self.workers):
                         workers.start_soon(self._keep_worker, index)
