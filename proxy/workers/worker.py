@@ -17,7 +17,9 @@ from dataclasses import dataclass
 
 import trio
 
+from proxy.cli import exit_status, prepare_serving_process
 from proxy.evidence.logs import setup_logging
+from proxy.serve.server import ProxyServer
 from proxy.workers.link import Link
 
 log = logging.getLogger("kafka_admission_proxy.worker")
@@ -47,8 +49,6 @@ class _WorkerField(logging.Filter):
 
 
 async def serve_worker(config_path: str, index: int, workers: int, link_fd: int, drain_timeout: float) -> None:
-    from proxy.serve.server import ProxyServer  # the server imports this module for WorkerLink
-
     link = Link(trio.SocketStream(trio.socket.from_stdlib_socket(socket.socket(fileno=link_fd))))
     with trio.open_signal_receiver(signal.SIGTERM) as signals:
         async with trio.open_nursery() as nursery:
@@ -73,8 +73,6 @@ async def _follow_supervisor(link: Link, scope: trio.CancelScope) -> None:
 
 
 def main(argv: list[str] | None = None) -> int:
-    from proxy.cli import exit_status, prepare_serving_process
-
     parser = argparse.ArgumentParser(prog="kafka-admission-proxy worker")
     parser.add_argument("--config", required=True)
     parser.add_argument("--index", type=int, required=True)
