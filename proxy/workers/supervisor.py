@@ -173,7 +173,8 @@ class Supervisor:
         exited and its end of the link is read to the last message)."""
         ours, theirs = socket.socketpair(socket.AF_UNIX, socket.SOCK_STREAM)
         link = Link(trio.SocketStream(trio.socket.from_stdlib_socket(ours)))
-        link.handlers["worker.hello"] = lambda: (self.generation, self.config)
+        # Its first message: the generation to serve (the one the others run, not the file's).
+        link.tell("worker.start", self.generation, self.config)
         link.handlers["worker.ready"] = lambda generation: self._worker_ready(index, link, generation)
         link.handlers["worker.brokers"] = lambda brokers: self._brokers_learned(index, brokers)
         self.owner.attach(index, link)
