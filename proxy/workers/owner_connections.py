@@ -186,7 +186,11 @@ class ConnectionOwner:
             while True:
                 async with self._deciding:
                     if broker == BOOTSTRAP and self.leases:
-                        await self._recall()  # decided with no slot out: exact counts
+                        with trio.move_on_at(deadline):
+                            await self._recall()  # decided with no slot out: exact counts
+                        if self.leases:  # a worker kept its slots (stopped): no exact count by the deadline
+                            refused = self._waited("a worker did not give its lent slots back")
+                            return OpenAnswer(False, refused, None, trio.current_time() - start, watch=self._watch)
                     need = quotas.room_needed(listener, ip, tls, broker)
                     idle = await self._activity([broker], need) if need else None
                     if self._gone.get(worker, 0) != gone:
@@ -209,14 +213,7 @@ class ConnectionOwner:
                 finally:
                     self._waiting -= 1
                     self._update_watch()
-                refused = Decision(
-                    Policy.CONNECTIONS,
-                    Action.REFUSE,
-                    Mode.ENFORCE,
-                    MAX_CONNECTIONS_WAIT_MS,
-                    f"waited {self.wait_seconds:g}s for a slot ({decision.reason})",
-                    limit=round(self.wait_seconds * 1000),
-                )
+                refused = self._waited(decision.reason)
                 return OpenAnswer(False, refused, first_wait, trio.current_time() - start, watch=self._watch)
         finally:
             self._in_turn[broker] -= 1
@@ -225,6 +222,16 @@ class ConnectionOwner:
         blocked = trio.current_time() - start if first_wait is not None else 0.0
         cell = (listener, tls, ip) if broker == BOOTSTRAP else None
         return self._answer(worker, conn_id, decision, first_wait, blocked, cell)
+
+    def _waited(self, why: str) -> Decision:
+        return Decision(
+            Policy.CONNECTIONS,
+            Action.REFUSE,
+            Mode.ENFORCE,
+            MAX_CONNECTIONS_WAIT_MS,
+            f"waited {self.wait_seconds:g}s for a slot ({why})",
+            limit=round(self.wait_seconds * 1000),
+        )
 
     def _answer(
         self,

@@ -421,3 +421,16 @@ async def test_a_reload_lowering_max_connections_takes_the_slots_back_and_closes
         _, ok = await w1.open()
         assert not ok  # at the lowered cap, with nothing idle: waited for a slot, refused
         await until(lambda: owner.quotas.counts().total == 2)
+
+
+async def test_a_stopped_worker_keeping_its_slots_makes_an_open_needing_them_wait_no_longer_than_the_wait() -> None:
+    async with shared(2, stalled=1, **{"max.connections": 3, "max.connections.wait.ms": 50}) as (owner, workers):
+        w0 = workers[0]
+        cell = (LISTENER, False, "10.0.0.1")
+        assert owner.leases.grant(1, cell, owner.quotas.rooms(LISTENER, "10.0.0.1", False), 2) == 2  # worker 1's
+        await w0.admitted()  # room for it beside the 2 slots out
+        _, ok = await w0.open()  # would take a slot's room: the slots must come back first; they do not
+        assert not ok
+        (refused,) = [d for d, _ in w0.recorder.decisions]
+        assert refused.limit_key == MAX_CONNECTIONS_WAIT_MS and "did not give its lent slots back" in refused.reason
+        assert owner.quotas.counts().total == 1
