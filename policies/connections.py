@@ -1233,11 +1233,13 @@ class SlotLeases:
         reserved = self._reserved
         return all(room - reserved.get(key, 0) >= 1 for key, room in rooms.items())
 
-    def grant(self, holder: int, cell: LeaseCell, rooms: Mapping[str, int], want: int) -> int:
-        """Lend ``holder`` up to ``want`` slots of ``cell`` (``rooms``: that cell's), as many as
-        every limit of the cell has room for beside the slots out; returns how many (maybe 0)."""
+    def grant(self, holder: int, cell: LeaseCell, rooms: Mapping[str, int], want: int, share: int = 1) -> int:
+        """Lend ``holder`` up to ``want`` slots of ``cell`` (``rooms``: that cell's), and at most
+        ``1 / share`` of the room every limit of the cell has beside the slots out (so holders
+        leave each other room near a limit); returns how many (maybe 0)."""
         reserved = self._reserved
-        n = min(want, *(room - reserved.get(key, 0) for key, room in rooms.items()))
+        free = min(room - reserved.get(key, 0) for key, room in rooms.items())
+        n = min(want, free // share)
         if n > 0:
             self._add(holder, cell, n)
         return max(n, 0)

@@ -266,7 +266,10 @@ class ConnectionOwner:
         if not self._lending or held > LEASE_SLOTS // 2 or self._recalling or self._in_turn.get(BOOTSTRAP):
             return
         listener, tls, ip = cell
-        n = leases.grant(worker, cell, self.quotas.rooms(listener, ip, tls), LEASE_SLOTS - held)
+        # At most a share of the free room each (half of it among all workers): near a limit the
+        # others' opens still fit beside the slots out, instead of calling them back.
+        share = 2 * max(1, len(self._links))
+        n = leases.grant(worker, cell, self.quotas.rooms(listener, ip, tls), LEASE_SLOTS - held, share)
         if n:
             self._tell(worker, "conn.lease", cell, n)
 

@@ -396,7 +396,7 @@ async def test_slots_never_pass_max_connections_per_ip_and_its_override_across_w
 
 
 async def test_a_dead_workers_slots_return_to_the_owner() -> None:
-    async with shared(2, **{"max.connections": 10}) as (owner, workers):
+    async with shared(2, **{"max.connections": 100}) as (owner, workers):
         w0, _ = workers
         await w0.admitted()
         assert owner.leases.held(0, (LISTENER, False, "10.0.0.1")) == LEASE_SLOTS
