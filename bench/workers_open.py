@@ -12,10 +12,14 @@ Each way runs in fresh processes: ``w1``, one worker process with its own quotas
 worker asking the owner process a question whose answer is None, with the open's arguments: the
 floor of any round trip to the owner on this machine at that moment (two process wake-ups);
 ``w1-owner``, one worker process asking an owner process (the supervisor's ConnectionOwner, built
-from the same config), so ``w1-owner - link`` is what the connection service adds to the link;
-``w2``, two worker processes opening at once against one owner process. A worker's link is read by
-an I/O driver, as in the proxy; ``link-task`` and ``w2-task`` read it with a task of its own (the
-link before it was served by the driver). Rounds alternate the ways
+from the same config) at every open (no slot lent), so ``w1-owner - link`` is what the connection
+service adds to the link;
+``w2``, two worker processes opening at once against one owner process: each admits from the slots
+the owner lends it (docs/workers.md), asking only for its first open; ``w2-ask``, the same with no
+slot lent (``ConnectionOwner._lending`` off), so every open asks the owner: what an open costs while
+the audit keeps evidence, or near a limit. A worker's link is read by an I/O driver, as in the proxy;
+``link-task`` and ``w2-task`` read it with a task of its own (the link before it was served by the
+driver). Rounds alternate the ways
 (``--rounds``), so each set is back to back. Reported: p50 / p99 of the open as the accept loop
 sees it (the wall time of ``admit``), and the p50 difference with ``w1``.
 
@@ -130,10 +134,11 @@ async def _worker(index: int, fd: int | None, opens: int, pause: float, ping: bo
     return took
 
 
-async def _owner(fds: list[int]) -> None:
+async def _owner(fds: list[int], lend: bool) -> None:
     from proxy.workers.owner_connections import ConnectionOwner
 
     owner = ConnectionOwner(_config())
+    owner._lending = lend
     async with trio.open_nursery() as nursery:
         for index, fd in enumerate(fds):
             link = Link(trio.SocketStream(trio.socket.from_stdlib_socket(socket.socket(fileno=fd))))
@@ -156,9 +161,10 @@ def _run_way(way: str, opens: int, pause_ms: float) -> list[float]:
         return [float(x) for x in json.loads(out.stdout)]
     if way == "link":
         common.append("--ping")
-    pairs = [socket.socketpair() for _ in range(2 if way == "w2" else 1)]
+    pairs = [socket.socketpair() for _ in range(2 if way.startswith("w2") else 1)]
     owner_fds = [a.fileno() for a, _ in pairs]
-    owner = subprocess.Popen([*me, "--as-owner", ",".join(map(str, owner_fds))], pass_fds=owner_fds)
+    no_slots = ["--no-slots"] if way in ("w1-owner", "w2-ask") else []
+    owner = subprocess.Popen([*me, "--as-owner", ",".join(map(str, owner_fds)), *no_slots], pass_fds=owner_fds)
     workers = [
         subprocess.Popen(
             [*me, "--as-worker", str(i), "--fd", str(b.fileno()), *common],
@@ -195,10 +201,13 @@ def main() -> None:
     parser.add_argument("--fd", type=int)
     parser.add_argument("--ping", action="store_true")
     parser.add_argument("--driver", action="store_true")
-    parser.add_argument("--ways", default="w1,link-task,link,w1-owner,w2-task,w2", help="comma-separated, in order")
+    parser.add_argument("--no-slots", action="store_true")
+    parser.add_argument(
+        "--ways", default="w1,link-task,link,w1-owner,w2-task,w2,w2-ask", help="comma-separated, in order"
+    )
     args = parser.parse_args()
     if args.as_owner is not None:
-        trio.run(_owner, [int(fd) for fd in args.as_owner.split(",")])
+        trio.run(_owner, [int(fd) for fd in args.as_owner.split(",")], not args.no_slots)
         return
     if args.as_worker is not None:
         took = trio.run(_worker, args.as_worker, args.fd, args.opens, args.pause_ms / 1000, args.ping, args.driver)
@@ -214,6 +223,8 @@ def main() -> None:
             print(f"{round_:5d}  {way:8s}  {_us(took, 0.5):6.1f}  {_us(took, 0.99):6.1f}", flush=True)
         if "w1" in p50s and "w2" in p50s:
             print(f"       added p50 (w2 - w1): {p50s['w2'][-1] - p50s['w1'][-1]:.1f} us", flush=True)
+        if "w1" in p50s and "w2-ask" in p50s:
+            print(f"       added p50 asking (w2-ask - w1): {p50s['w2-ask'][-1] - p50s['w1'][-1]:.1f} us", flush=True)
     if "w1" in p50s and "w2" in p50s:
         added = [b - a for a, b in zip(p50s["w1"], p50s["w2"], strict=True)]
         rounds = ", ".join(f"{x:.1f}" for x in added)
