@@ -31,6 +31,10 @@ round's ratio to direct (load that drifts between rounds hits a round's paths al
 Before round 1 every path runs each load for ``--warmup-path`` seconds at 16
 connections (Kroxylicious's JIT).
 
+With ``--middle-cpus LIST`` the middle runs on those CPUs (``taskset -c``) and the bench, its
+brokers and its clients on the others, so that the middle's cores are its own (issue 29's
+saturation figures: round trips per second per core of the middle).
+
     .venv/bin/python bench/concurrency.py                       # every default path, 3 rounds
     .venv/bin/python bench/concurrency.py --paths direct,floor,trio-epoll --connections 1,128 --rounds 2
 """
@@ -341,6 +345,17 @@ def tables(cells: dict[tuple[str, int, str], Cell], paths: list[str], connection
     return "\n".join(out)
 
 
+def pin_middle(cpus: str) -> list[str]:
+    """The command prefix that runs a middle on ``cpus``; this process (and so the brokers and
+    clients it starts) moves to the CPUs left."""
+    middle = {int(c) for c in cpus.split(",")}
+    rest = os.sched_getaffinity(0) - middle
+    if not middle <= os.sched_getaffinity(0) or not rest:
+        raise BenchError(f"--middle-cpus {cpus}: needs CPUs of {sorted(os.sched_getaffinity(0))}, leaving one")
+    os.sched_setaffinity(0, rest)
+    return ["taskset", "-c", cpus]
+
+
 def raise_fd_limit(connections: int, processes: int) -> None:
     """Enough descriptors for the clients and the middles (which inherit the limit): a middle
     holds two per connection."""
@@ -363,6 +378,11 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
     parser.add_argument("--warmup", type=float, default=0.3, help="unmeasured seconds before each measurement")
     parser.add_argument(
         "--warmup-path", type=float, default=3.0, help="seconds of each load per path at 16 connections before round 1"
+    )
+    parser.add_argument(
+        "--middle-cpus",
+        default=None,
+        help="CPUs of the middle (taskset -c), e.g. 2,3; the bench, brokers and clients get the rest",
     )
     parser.add_argument(
         "--client-processes",
@@ -422,7 +442,8 @@ def run(args: argparse.Namespace) -> int:
     )
     began = time.monotonic()
     cells = {(p, c, load): Cell() for p in paths for c in cs for load in LOADS}
-    with started(paths, record_size=args.record_size) as endpoints:
+    wrap = pin_middle(args.middle_cpus) if args.middle_cpus else None
+    with started(paths, wrap=wrap, record_size=args.record_size) as endpoints:
         for path in paths:
             check_answers(endpoints[path], frames)
             if args.warmup_path:

@@ -39,7 +39,7 @@ from collections.abc import Callable, Iterator
 from pathlib import Path
 from typing import Any
 
-from harness import BenchError, load_average
+from harness import BenchError, load_average, process_tree
 from proxy_vs_direct import _produce_all, _producer, middle_paths, round_trips, started
 
 DEFAULT_PATHS = "floor,epoll,trio-epoll,proxy-all"
@@ -68,6 +68,7 @@ def count_windows(name: str, args: argparse.Namespace, workdir: Path) -> list[fl
         "--tool=callgrind",
         "--instr-atstart=no",
         "--dump-instr=no",
+        "--trace-children=yes",  # a proxy with workers: N is a supervisor and its worker processes
         f"--callgrind-out-file={out}/callgrind.out.%p",
     ]
     payload = random.randbytes(1024)
@@ -76,20 +77,25 @@ def count_windows(name: str, args: argparse.Namespace, workdir: Path) -> list[fl
     with started([name], wrap=wrap) as endpoints:
         endpoint = endpoints[name]
         assert endpoint.middle is not None
-        pid = endpoint.middle.pid
         # one connection for all windows: its set-up (accept, ApiVersions, Metadata) is not counted
         with load(endpoint, payload, args) as run:
             run(args.warmup)
-            callgrind_control(pid, "--instr=on")
+            pids = process_tree(endpoint.middle.pid)  # every process of the middle, summed
+            for pid in pids:
+                callgrind_control(pid, "--instr=on")
             run(args.warmup)  # code paths instrumented once
             for window in range(args.windows):
-                callgrind_control(pid, "--zero")
+                for pid in pids:
+                    callgrind_control(pid, "--zero")
                 run(per)
-                callgrind_control(pid, f"--dump=window{window}")
-                dumps = sorted(out.glob("callgrind.out.*.*"), key=lambda p: p.stat().st_mtime)
-                if not dumps:
-                    raise BenchError(f"{name}: callgrind wrote no dump in {out}")
-                per_unit.append(instructions_in(dumps[-1]) / per)
+                total = 0
+                for pid in pids:
+                    callgrind_control(pid, f"--dump=window{window}")
+                    dumps = sorted(out.glob(f"callgrind.out.{pid}.*"), key=lambda p: p.stat().st_mtime)
+                    if not dumps:
+                        raise BenchError(f"{name}: callgrind wrote no dump of process {pid} in {out}")
+                    total += instructions_in(dumps[-1])
+                per_unit.append(total / per)
                 print(f"{name:<14} window {window + 1}: {per_unit[-1]:,.0f} instructions per {unit}", flush=True)
     return per_unit
 

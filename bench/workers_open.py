@@ -12,8 +12,14 @@ Each way runs in fresh processes: ``w1``, one worker process with its own quotas
 worker asking the owner process a question whose answer is None, with the open's arguments: the
 floor of any round trip to the owner on this machine at that moment (two process wake-ups);
 ``w1-owner``, one worker process asking an owner process (the supervisor's ConnectionOwner, built
-from the same config), so ``w1-owner - link`` is what the connection service adds to the link;
-``w2``, two worker processes opening at once against one owner process. Rounds alternate the ways
+from the same config) at every open (no slot lent), so ``w1-owner - link`` is what the connection
+service adds to the link;
+``w2``, two worker processes opening at once against one owner process: each admits from the slots
+the owner lends it (docs/workers.md), asking only for its first open; ``w2-ask``, the same with no
+slot lent (``ConnectionOwner._lending`` off), so every open asks the owner: what an open costs while
+the audit keeps evidence, or near a limit. A worker's link is read by an I/O driver, as in the proxy;
+``link-task`` and ``w2-task`` read it with a task of its own (the link before it was served by the
+driver). Rounds alternate the ways
 (``--rounds``), so each set is back to back. Reported: p50 / p99 of the open as the accept loop
 sees it (the wall time of ``admit``), and the p50 difference with ``w1``.
 
@@ -41,6 +47,7 @@ from proxy.evidence.audit import AuditSink
 from proxy.evidence.decisions import DecisionRecorder, Where
 from proxy.evidence.metrics import Metrics
 from proxy.serve.connection_gate import ConnectionGate
+from proxy.serve.driver import IODriver
 from proxy.workers.link import Link
 
 LISTENER = "external"
@@ -73,7 +80,7 @@ class _Conn:
         raise AssertionError("nothing is closed in this bench")
 
 
-async def _worker(index: int, fd: int | None, opens: int, pause: float, ping: bool) -> list[float]:
+async def _worker(index: int, fd: int | None, opens: int, pause: float, ping: bool, driven: bool) -> list[float]:
     from proxy.workers.worker_connections import SharedConnectionGate
 
     config = _config()
@@ -90,7 +97,12 @@ async def _worker(index: int, fd: int | None, opens: int, pause: float, ping: bo
             gate = ConnectionGate(quotas, metrics, recorder, p.max_connections_wait_ms, p.max_ssl_handshakes_per_turn)
         else:
             link = Link(trio.SocketStream(trio.socket.from_stdlib_socket(socket.socket(fileno=fd))))
-            nursery.start_soon(link.run)
+            if driven:  # read by an I/O driver, as a proxy worker's link is
+                driver = IODriver()
+                await nursery.start(driver.run)
+                nursery.start_soon(link.run, driver)
+            else:
+                nursery.start_soon(link.run)
             gate = SharedConnectionGate(
                 link,
                 p.connection_limits(),
@@ -122,10 +134,11 @@ async def _worker(index: int, fd: int | None, opens: int, pause: float, ping: bo
     return took
 
 
-async def _owner(fds: list[int]) -> None:
+async def _owner(fds: list[int], lend: bool) -> None:
     from proxy.workers.owner_connections import ConnectionOwner
 
     owner = ConnectionOwner(_config())
+    owner._lending = lend
     async with trio.open_nursery() as nursery:
         for index, fd in enumerate(fds):
             link = Link(trio.SocketStream(trio.socket.from_stdlib_socket(socket.socket(fileno=fd))))
@@ -139,14 +152,19 @@ async def _owner(fds: list[int]) -> None:
 def _run_way(way: str, opens: int, pause_ms: float) -> list[float]:
     me = [sys.executable, __file__]
     common = ["--opens", str(opens), "--pause-ms", str(pause_ms)]
+    if way.endswith("-task"):  # the worker's link read by a task of its own, not by an I/O driver
+        way = way.removesuffix("-task")
+    else:
+        common.append("--driver")
     if way == "w1":
         out = subprocess.run([*me, "--as-worker", "0", *common], check=True, capture_output=True, text=True)
         return [float(x) for x in json.loads(out.stdout)]
     if way == "link":
         common.append("--ping")
-    pairs = [socket.socketpair() for _ in range(2 if way == "w2" else 1)]
+    pairs = [socket.socketpair() for _ in range(2 if way.startswith("w2") else 1)]
     owner_fds = [a.fileno() for a, _ in pairs]
-    owner = subprocess.Popen([*me, "--as-owner", ",".join(map(str, owner_fds))], pass_fds=owner_fds)
+    no_slots = ["--no-slots"] if way in ("w1-owner", "w2-ask") else []
+    owner = subprocess.Popen([*me, "--as-owner", ",".join(map(str, owner_fds)), *no_slots], pass_fds=owner_fds)
     workers = [
         subprocess.Popen(
             [*me, "--as-worker", str(i), "--fd", str(b.fileno()), *common],
@@ -182,25 +200,37 @@ def main() -> None:
     parser.add_argument("--as-owner")
     parser.add_argument("--fd", type=int)
     parser.add_argument("--ping", action="store_true")
+    parser.add_argument("--driver", action="store_true")
+    parser.add_argument("--no-slots", action="store_true")
+    parser.add_argument(
+        "--ways", default="w1,link-task,link,w1-owner,w2-task,w2,w2-ask", help="comma-separated, in order"
+    )
     args = parser.parse_args()
     if args.as_owner is not None:
-        trio.run(_owner, [int(fd) for fd in args.as_owner.split(",")])
+        trio.run(_owner, [int(fd) for fd in args.as_owner.split(",")], not args.no_slots)
         return
     if args.as_worker is not None:
-        took = trio.run(_worker, args.as_worker, args.fd, args.opens, args.pause_ms / 1000, args.ping)
+        took = trio.run(_worker, args.as_worker, args.fd, args.opens, args.pause_ms / 1000, args.ping, args.driver)
         print(json.dumps(took[len(took) // 20 :]))  # the first 5% warm up
         return
     print(f"opens per worker {args.opens}, pause {args.pause_ms} ms, cpus {os.sched_getaffinity(0)}")
     print("round  way       p50_us  p99_us")
-    p50s: dict[str, list[float]] = {"w1": [], "link": [], "w1-owner": [], "w2": []}
+    p50s: dict[str, list[float]] = {way: [] for way in args.ways.split(",")}
     for round_ in range(args.rounds):
         for way in p50s:
             took = _run_way(way, args.opens, args.pause_ms)
             p50s[way].append(_us(took, 0.5))
             print(f"{round_:5d}  {way:8s}  {_us(took, 0.5):6.1f}  {_us(took, 0.99):6.1f}", flush=True)
-        print(f"       added p50 (w2 - w1): {p50s['w2'][-1] - p50s['w1'][-1]:.1f} us", flush=True)
-    added = [b - a for a, b in zip(p50s["w1"], p50s["w2"], strict=True)]
-    print(f"added p50 per round: {', '.join(f'{x:.1f}' for x in added)} us; median {statistics.median(added):.1f} us")
+        if "w1" in p50s and "w2" in p50s:
+            print(f"       added p50 (w2 - w1): {p50s['w2'][-1] - p50s['w1'][-1]:.1f} us", flush=True)
+        if "w1" in p50s and "w2-ask" in p50s:
+            print(f"       added p50 asking (w2-ask - w1): {p50s['w2-ask'][-1] - p50s['w1'][-1]:.1f} us", flush=True)
+    if "w1" in p50s and "w2" in p50s:
+        added = [b - a for a, b in zip(p50s["w1"], p50s["w2"], strict=True)]
+        rounds = ", ".join(f"{x:.1f}" for x in added)
+        print(f"added p50 per round: {rounds} us; median {statistics.median(added):.1f} us")
+    for way, values in p50s.items():
+        print(f"{way:9s} p50 median over rounds {statistics.median(values):6.1f} us")
 
 
 if __name__ == "__main__":

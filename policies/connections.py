@@ -552,6 +552,33 @@ class ConnectionQuotas:
             conn.seq = self._seq
             conn.idle[conn_id] = conn
 
+    # -- slots lent out (workers: a worker admits from its lease, see SlotLeases) --
+
+    def rooms(self, listener: str, ip: str, tls: bool) -> dict[str, int]:
+        """How many more connections of this kind each limit it counts against has room for:
+        ``limit - live`` for its listener's cap, ``max.connections`` and ``max.ssl.connections``
+        (those it counts against; a listener without a cap has INT_MAX), ``limit - count`` for its
+        IP's limit. Keyed as ``lease_keys`` names them. Changes nothing."""
+        protected = listener in self._protected
+        limit, _ = self._limits.per_ip_limit(ip)
+        rooms = {
+            _listener_lease_key(listener): self._limits.listener_limit(listener) - self._live_listener(listener),
+            _ip_lease_key(ip): limit - self._ip_count.get(ip, 0),
+        }
+        if not protected:
+            rooms[MAX_CONNECTIONS] = self._limits.max_connections - self._live_broker()
+            if tls:
+                rooms[MAX_SSL_CONNECTIONS] = self._limits.max_ssl_connections - self._live_ssl()
+        return rooms
+
+    def on_leased(self, conn_id: str, *, listener: str, ip: str, tls: bool, now: float) -> None:
+        """Count ``conn_id``, admitted elsewhere from a slot leased out of these quotas (its
+        admission was the None ``on_accept`` would have answered: SlotLeases keeps every limit
+        with room for every slot leased). Nothing is decided; it counts as an admitted one."""
+        if conn_id in self._conns:
+            raise ValueError(f"connection {conn_id!r} is already counted")
+        self._register(conn_id, listener, ip, tls, self._tick(now))
+
     def idle_lru(self, per_cell: int) -> list[tuple[str, float]]:
         """Up to ``per_cell`` idle, non-closing connections of each (listener, TLS) cell, least
         recently used first, with their last activity: what an owner syncs with (``sync_activity``)."""
@@ -1026,6 +1053,24 @@ class BrokerQuotas:
         for key, reported in by_pool.items():
             self._pools[key].sync_activity(reported)
 
+    def rooms(self, listener: str, ip: str, tls: bool, broker: BrokerKey = BOOTSTRAP) -> dict[str, int]:
+        """``ConnectionQuotas.rooms`` against broker ``broker``'s counts."""
+        pool = self._pools.get(broker)
+        return (pool if pool is not None else self._new_pool()).rooms(listener, ip, tls)
+
+    def on_leased(
+        self, conn_id: str, *, listener: str, ip: str, tls: bool, now: float, broker: BrokerKey = BOOTSTRAP
+    ) -> None:
+        """``ConnectionQuotas.on_leased`` in broker ``broker``'s pool."""
+        if conn_id in self._pool_of:
+            raise ValueError(f"connection {conn_id!r} is already counted")
+        pool = self._pools.get(broker)
+        if pool is None:
+            pool = self._pools[broker] = self._new_pool()
+        pool.on_leased(conn_id, listener=listener, ip=ip, tls=tls, now=now)
+        self._pool_of[conn_id] = pool
+        self._key_of[conn_id] = broker
+
     def idle_lru(self, per_cell: int, brokers: Iterable[BrokerKey] | None = None) -> list[tuple[str, float]]:
         """``ConnectionQuotas.idle_lru`` of the pools of ``brokers`` (every pool when None)."""
         keys = list(self._pools) if brokers is None else [b for b in brokers if b in self._pools]
@@ -1124,6 +1169,116 @@ class BrokerQuotas:
             if pool.over_cap:
                 closes.extend(pool.reclaim_excess())
         return closes
+
+
+# ---------------------------------------------------------------------------
+# Slots leased to workers
+
+LeaseCell = tuple[str, bool, str]  # (listener, tls, ip): the connections a lease's slots admit
+
+
+def _listener_lease_key(listener: str) -> str:
+    return f"listener {listener}"
+
+
+def _ip_lease_key(ip: str) -> str:
+    return f"ip {ip}"
+
+
+def lease_keys(cell: LeaseCell, protected: AbstractSet[str]) -> tuple[str, ...]:
+    """The limits a connection of ``cell`` counts against, named as ``ConnectionQuotas.rooms`` names them."""
+    listener, tls, ip = cell
+    if listener in protected:
+        return (_listener_lease_key(listener), _ip_lease_key(ip))
+    if tls:
+        return (_listener_lease_key(listener), _ip_lease_key(ip), MAX_CONNECTIONS, MAX_SSL_CONNECTIONS)
+    return (_listener_lease_key(listener), _ip_lease_key(ip), MAX_CONNECTIONS)
+
+
+class SlotLeases:
+    """Admission slots of one ConnectionQuotas lent to holders (workers), so that a holder admits a
+    connection of a cell (listener, TLS, IP) without asking, as long as it holds a slot of that cell.
+
+    The lender keeps one invariant: for every limit, ``live + slots leased that count against it <=
+    limit`` (per IP: ``count + slots of that IP <= limit``). A slot is granted only while every limit
+    of its cell has room for it beside all slots out (``grant``), and the lender admits a connection
+    itself only when that leaves room for all of them (``fits``); otherwise it first takes every slot
+    back (its holders drop them and say how many: ``give_back``) and decides with none out. So every
+    admission from a slot, counted by the lender when it is reported (``ConnectionQuotas.on_leased``,
+    ``used``), finds each of its limits with room: it is the None ``on_accept`` answers there, in the
+    order the lender learns of it. Closes only add room. Lowered limits (a reload) can leave slots
+    out over a limit: the lender takes them back and counts those used meanwhile as admitted before
+    the reload (their excess is closed as any lowered cap's). Only room is leased: a full cap's WAIT
+    and EVICT, and a per-IP REFUSE, are always decided by the lender.
+    """
+
+    def __init__(self, protected_listeners: Iterable[str] = ()) -> None:
+        self._protected = frozenset(protected_listeners)
+        self._held: dict[int, dict[LeaseCell, int]] = {}
+        self._reserved: dict[str, int] = {}  # limit key -> slots out that count against it
+
+    def held(self, holder: int, cell: LeaseCell) -> int:
+        return self._held.get(holder, {}).get(cell, 0)
+
+    def holders(self) -> list[int]:
+        """The holders with a slot out."""
+        return list(self._held)
+
+    def __bool__(self) -> bool:
+        return bool(self._held)
+
+    def fits(self, rooms: Mapping[str, int]) -> bool:
+        """Admitting one connection with these ``rooms`` (``ConnectionQuotas.rooms``) leaves every
+        limit room for all slots out."""
+        reserved = self._reserved
+        return all(room - reserved.get(key, 0) >= 1 for key, room in rooms.items())
+
+    def grant(self, holder: int, cell: LeaseCell, rooms: Mapping[str, int], want: int, share: int = 1) -> int:
+        """Lend ``holder`` up to ``want`` slots of ``cell`` (``rooms``: that cell's), and at most
+        ``1 / share`` of the room every limit of the cell has beside the slots out (so holders
+        leave each other room near a limit); returns how many (maybe 0)."""
+        reserved = self._reserved
+        free = min(room - reserved.get(key, 0) for key, room in rooms.items())
+        n = min(want, free // share)
+        if n > 0:
+            self._add(holder, cell, n)
+        return max(n, 0)
+
+    def used(self, holder: int, cell: LeaseCell) -> None:
+        """``holder`` admitted a connection from a slot of ``cell`` (count it: ``on_leased``)."""
+        self._add(holder, cell, -1)
+
+    def give_back(self, holder: int, cell: LeaseCell, n: int) -> None:
+        """``holder`` dropped ``n`` unused slots of ``cell`` (after every admission it reported)."""
+        self._add(holder, cell, -n)
+
+    def drop(self, holder: int) -> int:
+        """``holder`` is gone: its slots return; how many there were."""
+        cells = self._held.get(holder, {})
+        total = 0
+        for cell, n in list(cells.items()):
+            self._add(holder, cell, -n)
+            total += n
+        return total
+
+    def _add(self, holder: int, cell: LeaseCell, n: int) -> None:
+        cells = self._held.setdefault(holder, {})
+        left = cells.get(cell, 0) + n
+        if left < 0:
+            raise ValueError(f"holder {holder} holds {left - n} slots of {cell}, not {-n}")
+        if left:
+            cells[cell] = left
+        else:
+            cells.pop(cell, None)
+            if not cells:
+                del self._held[holder]
+        reserved = self._reserved
+        for key in lease_keys(cell, self._protected):
+            total = reserved.get(key, 0) + n
+            if total:
+                reserved[key] = total
+            else:
+                del reserved[key]
 
 
 def send_stall_timeout(connections_max_idle_ms: int) -> float:

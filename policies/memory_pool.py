@@ -309,29 +309,38 @@ class MemoryPool:
         """Why this request must wait (the pool is exhausted, or its connection's share), if it must."""
         if self._used >= self._capacity:
             key, limit = QUEUED_MAX_REQUEST_BYTES, self._capacity
-            reason = f"{key}={limit} exhausted ({self._used} bytes in use): a request of {size} bytes waits for memory"
+            return self._wait(
+                key,
+                f"{key}={limit} exhausted ({self._used} bytes in use): a request of {size} bytes waits for memory",
+                size,
+            )
+        return self._share_wait(conn_id, size)
+
+    def _share_wait(self, conn_id: Hashable, size: int) -> Decision | None:
+        """Why its connection's share (queued.max.request.bytes.per.connection) holds this request back, if it does."""
+        conn = self._conns.get(conn_id)
+        if conn is None:
+            return None
+        # Holding queued requests implies a share is set: with room in the pool only a share holds one back.
+        key, limit = QUEUED_MAX_REQUEST_BYTES_PER_CONNECTION, self._per_connection
+        if conn.queued:
+            reason = f"{key}={limit}: a request of {size} bytes waits behind its connection's earlier one"
+        elif self._over_share(conn, size):
+            reason = (
+                f"{key}={limit}: the connection holds {conn.held_bytes} bytes; a request of {size} bytes waits for them"
+            )
         else:
-            conn = self._conns.get(conn_id)
-            if conn is None:
-                return None
-            # Holding queued requests implies a share is set: with room in the pool only a share holds one back.
-            key, limit = QUEUED_MAX_REQUEST_BYTES_PER_CONNECTION, self._per_connection
-            if conn.queued:
-                reason = f"{key}={limit}: a request of {size} bytes waits behind its connection's earlier one"
-            elif self._over_share(conn, size):
-                reason = (
-                    f"{key}={limit}: the connection holds {conn.held_bytes} bytes; "
-                    f"a request of {size} bytes waits for them"
-                )
-            else:
-                return None
+            return None
+        return self._wait(key, reason, size)
+
+    def _wait(self, key: str, reason: str, size: int) -> Decision:
         return Decision(
             Policy.MEMORY_POOL,
             Action.WAIT,
             self._mode,
             key,
             reason,
-            limit=limit,
+            limit=self._capacity if key == QUEUED_MAX_REQUEST_BYTES else self._per_connection,
             subject={"size": size, "used": self._used, "capacity": self._capacity},
         )
 

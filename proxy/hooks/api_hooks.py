@@ -57,7 +57,8 @@ class ApiHook:
         return body
 
     def on_unanswered(self, request: Request) -> None:
-        """The connection ended before the response to this request (one it reads) came."""
+        """The connection ended before the response to this request (one it reads) came, or
+        another hook's enforced decision answered it in the broker's place."""
 
 
 EVERY_API = frozenset({-1})

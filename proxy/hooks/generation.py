@@ -25,7 +25,7 @@ from proxy.config.model import Config, Listener
 from proxy.evidence.decisions import DecisionRecorder
 from proxy.evidence.observation_window import ObservationWindow
 from proxy.hooks.api_hooks import EVERY_API, ApiHook, ApiVersionCaps, BrokerAddresses, IdentifierLengths
-from proxy.hooks.group_hook import GroupSizes
+from proxy.hooks.group_hook import GroupHookSource, GroupSizes
 from proxy.hooks.request import Request
 from proxy.links.brokers import BrokerDirectory
 from proxy.protocol import rewrite, wire
@@ -67,7 +67,7 @@ class Generation:
         number: int,
         config: Config,
         *,
-        groups: GroupSizePolicy,
+        groups: GroupSizePolicy | GroupHookSource,
         directory: BrokerDirectory,
         recorder: DecisionRecorder,
         window: ObservationWindow | None = None,
@@ -96,7 +96,8 @@ class Generation:
             or group_config.group_consumer_max_size < INT_MAX
             or group_config.join_rate_per_minute > 0
         ):
-            hooks.append(GroupSizes(groups, window))
+            # with workers, the hook of the owner's policy (proxy/workers/worker_groups.py)
+            hooks.append(GroupSizes(groups, window) if isinstance(groups, GroupSizePolicy) else groups.hook(window))
         self.rewrites = config.mode == "cluster"
         if self.rewrites:
             hooks.append(BrokerAddresses(directory, {lst.name: _address_of(lst) for lst in config.listeners}))
@@ -161,6 +162,11 @@ class Generation:
                 size=request.end - request.start,
             )
             if decision.enforced:
+                # Answered by the proxy, never forwarded: the other hooks let go of what they took
+                # for it (a group join admitted before, or by the owner in prepare).
+                for other in hooks:
+                    if other is not hook:
+                        other.on_unanswered(request)
                 return decision
         return None
 

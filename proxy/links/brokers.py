@@ -15,6 +15,7 @@ log = logging.getLogger("kafka_admission_proxy.brokers")
 
 OpenNodePort = Callable[[int], Awaitable[None]]
 Placed = Callable[[int, str], None]
+Learned = Callable[[list[BrokerAddress]], None]
 
 
 class BrokerDirectory:
@@ -25,6 +26,7 @@ class BrokerDirectory:
         self._via_bootstrap: set[int] = set()  # sole brokers whose advertised address is unreachable
         self._openers: list[OpenNodePort] = []
         self._placed: list[Placed] = []
+        self._learned: list[Learned] = []
 
     def on_new_node(self, open_node_port: OpenNodePort) -> None:
         self._openers.append(open_node_port)
@@ -33,6 +35,11 @@ class BrokerDirectory:
         """Call ``placed(node_id, broker_address)`` whenever a node is learned at an address only it
         advertises, before anything else runs (no await in between): BrokerQuotas.on_broker_known."""
         self._placed.append(placed)
+
+    def on_learned(self, learned: Learned) -> None:
+        """Call ``learned(brokers)`` with the nodes each ``learn`` found new or moved (with workers,
+        the supervisor passes them on, so every worker opens every node port)."""
+        self._learned.append(learned)
 
     def address_of(self, node_id: int) -> tuple[str, int] | None:
         return self._nodes.get(node_id)
@@ -67,11 +74,13 @@ class BrokerDirectory:
         return sorted(self._nodes)
 
     async def learn(self, brokers: Iterable[BrokerAddress]) -> None:
+        changed = []
         for broker in brokers:
             address = (broker.host, broker.port)
             known = self._nodes.get(broker.node_id)
             if known == address:
                 continue
+            changed.append(broker)
             self._nodes[broker.node_id] = address
             self._index()
             key = broker_address(*address)
@@ -87,6 +96,9 @@ class BrokerDirectory:
                     await open_node_port(broker.node_id)
             else:
                 log.info("broker moved", extra=where)
+        if changed:
+            for learned in self._learned:
+                learned(changed)
 
     def _index(self) -> None:
         at: dict[str, int | None] = {}

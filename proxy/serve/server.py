@@ -18,6 +18,7 @@ from policies.connections import BrokerQuotas
 from policies.group_size import GroupSizePolicy
 from policies.memory_pool import MemoryPool
 from policies.mode import Mode
+from policies.pool_leases import LeasedMemoryPool, lease_size
 from proxy.config.certificates import certificate_files, export_certificate_expiry
 from proxy.config.model import Config, ConfigError, load_config
 from proxy.evidence.audit import AuditSink
@@ -33,9 +34,10 @@ from proxy.serve.admin import AdminServer
 from proxy.serve.connection_gate import ConnectionGate
 from proxy.serve.file_watch import FileWatcher
 from proxy.serve.listener import ListenerRuntime
-from proxy.serve.pool_gate import PoolGate
+from proxy.serve.pool_gate import LeasedPoolGate, PoolGate
 from proxy.serve.runtime import Runtime
 from proxy.workers.worker_connections import SharedConnectionGate
+from proxy.workers.worker_groups import SharedGroups
 
 if TYPE_CHECKING:
     from proxy.workers.worker import WorkerLink
@@ -175,25 +177,53 @@ class ProxyServer:
         self.recorder = recorder = DecisionRecorder(metrics, self.audit)
         self.directory = BrokerDirectory(metrics)
         connector = UpstreamConnector(config.upstream.tls, upstream_context(config.upstream.tls), metrics, recorder)
-        self.groups = GroupSizePolicy(policies.group_size_config(), Mode(policies.mode_of(policies.group_size_mode)))
-        metrics.registry.register(GroupSizeCollector(self.groups))
+        # The group size policy: this process's own, or with workers the owner's (asked per join).
+        self.group_policy: GroupSizePolicy | None = None
+        self.groups: GroupSizePolicy | SharedGroups
+        if shared is None:
+            self.groups = self.group_policy = GroupSizePolicy(
+                policies.group_size_config(), Mode(policies.mode_of(policies.group_size_mode))
+            )
+            metrics.registry.register(GroupSizeCollector(self.group_policy))
+        else:
+            self.groups = SharedGroups(shared.link)  # the owner exports the group metrics
         # Observation windows are evidence for the report: kept when the audit writes files or a topic.
         self.window = (
             ObservationWindow(time.time(), pool_capacity_bytes=policies.queued_max_request_bytes)
             if self.audit.keeps_evidence
             else None
         )
-        pool = PoolGate(
-            MemoryPool(
-                policies.queued_max_request_bytes,
-                policies.socket_request_max_bytes,
-                policies.queued_max_request_bytes_per_connection,
-                Mode(policies.mode_of(policies.memory_pool_mode)),
-            ),
-            metrics,
-            recorder,
-            self.window,
-        )
+        capacity, pool_mode = policies.queued_max_request_bytes, Mode(policies.mode_of(policies.memory_pool_mode))
+        self._leases: LeasedPoolGate | None = None
+        if shared is not None and capacity > 0:
+            # One budget across the workers: this worker's part of it is a lease from the owner.
+            leases = LeasedPoolGate(
+                LeasedMemoryPool(
+                    capacity,
+                    policies.socket_request_max_bytes,
+                    lease_size(capacity, shared.workers),
+                    policies.queued_max_request_bytes_per_connection,
+                    pool_mode,
+                ),
+                metrics,
+                recorder,
+                self.window,
+                shared.link,
+            )
+            pool: PoolGate = leases
+            self._leases = leases
+        else:
+            pool = PoolGate(
+                MemoryPool(
+                    capacity,
+                    policies.socket_request_max_bytes,
+                    policies.queued_max_request_bytes_per_connection,
+                    pool_mode,
+                ),
+                metrics,
+                recorder,
+                self.window,
+            )
         connections_mode = Mode(policies.mode_of(policies.connections_mode))
         protected = [lst.name for lst in config.listeners if lst.protected]
         gate: ConnectionGate
@@ -228,6 +258,8 @@ class ProxyServer:
         )
         if config.mode == "cluster":  # a bootstrap-port connection counts against the broker it reached, once known
             self.directory.on_placed(gate.broker_known)
+        if shared is not None:  # the supervisor passes them to every worker: each opens every node port
+            self.directory.on_learned(lambda brokers: shared.link.tell("worker.brokers", brokers))
         bootstrap = config.upstream.addresses()
         self.listeners = [
             ListenerRuntime(
@@ -281,9 +313,12 @@ class ProxyServer:
                 async with trio.open_nursery() as nursery:
                     await nursery.start(self.runtime.driver.run)  # before any connection parks in it
                     nursery.start_soon(self.runtime.gate.reap_idle)
-                    nursery.start_soon(self._expire_groups)
+                    if self.group_policy is not None:  # with workers, the owner expires sessions
+                        nursery.start_soon(self._expire_groups, self.group_policy)
                     if self.window is not None:
                         nursery.start_soon(self._roll_windows)
+                    if self._leases is not None:
+                        nursery.start_soon(self._leases.run)  # asks the owner for pool bytes
                     for listener in self.listeners:
                         await nursery.start(listener.run)
                     if self.shared is not None:  # the supervisor serves the admin port and watches the files
@@ -338,11 +373,11 @@ class ProxyServer:
         self.window.on_pool(self.runtime.pool.pool.reset_window_high_water_mark(trio.current_time()))
         return self.window.roll(time.time())
 
-    async def _expire_groups(self) -> None:
+    async def _expire_groups(self, policy: GroupSizePolicy) -> None:
         """Session expiry and idle-group eviction: bounded memory, counts that follow the coordinator."""
         while True:
             await trio.sleep(_GROUP_EXPIRY_INTERVAL_S)
-            self.groups.expire(trio.current_time())
+            policy.expire(trio.current_time())
 
     def reload_file(self) -> ReloadOutcome:
         """SIGHUP, or a watched file changed: re-read the config file and apply it. A file
@@ -399,7 +434,10 @@ class ProxyServer:
         checked, upstream = tls_contexts(config)
         identity = runtime.connector.prepare_identity(config.upstream.tls)
         generation = self._generation(runtime.generation.number + 1 if number is None else number, config)
-        self.groups.reconfigure(policies.group_size_config(), Mode(policies.mode_of(policies.group_size_mode)))
+        if self.group_policy is not None:  # with workers, the owner reconfigured its policy first
+            self.group_policy.reconfigure(
+                policies.group_size_config(), Mode(policies.mode_of(policies.group_size_mode))
+            )
         runtime.pool.reconfigure(policies.socket_request_max_bytes, Mode(policies.mode_of(policies.memory_pool_mode)))
         runtime.gate.reconfigure(
             policies.connection_limits(),

@@ -18,12 +18,16 @@ import inspect
 import io
 import os
 import pickle
+import socket
 import struct
 from collections.abc import Awaitable, Callable, Mapping
 from types import MappingProxyType
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 import trio
+
+if TYPE_CHECKING:
+    from proxy.serve.driver import IODriver
 
 _HEADER = struct.Struct("!I")
 _REPLY = "reply"
@@ -31,6 +35,8 @@ _FAILED = "failed"
 _MAX_MESSAGE = 64 * 1024 * 1024
 
 Handler = Callable[..., Any]
+Message = tuple[str, int, tuple[Any, ...]]  # kind, ask id (0: a tell), args
+_ENDED = object()  # the driver's serve found the peer gone
 
 
 def _mappingproxy(items: dict[Any, Any]) -> MappingProxyType[Any, Any]:
@@ -132,12 +138,35 @@ class Link:
 
     # -- running -----------------------------------------------------------
 
-    async def run(self) -> None:
-        """Read and dispatch until the peer closes; then every pending ask raises LinkClosed."""
+    @staticmethod
+    def first_message(sock: socket.socket) -> tuple[str, tuple[Any, ...]]:
+        """Read one message from a blocking socket before the link runs (a worker's start:
+        the generation it is to serve), nothing after it."""
+
+        def exactly(n: int) -> bytes:
+            data = b""
+            while len(data) < n:
+                chunk = sock.recv(n - len(data))
+                if not chunk:
+                    raise LinkClosed("link closed before its first message")
+                data += chunk
+            return data
+
+        (size,) = _HEADER.unpack(exactly(_HEADER.size))
+        kind, _, args = pickle.loads(exactly(size))
+        return kind, args
+
+    async def run(self, driver: IODriver | None = None) -> None:
+        """Read and dispatch until the peer closes; then every pending ask raises LinkClosed.
+        With ``driver`` (a worker's: proxy/serve/driver.py) the socket is read within the
+        driver's pass, so an answer wakes only the task that asked, not a reader task first."""
         try:
             async with trio.open_nursery() as nursery:
                 nursery.start_soon(self._write, nursery.cancel_scope)
-                await self._read(nursery)
+                if driver is not None and self._fd is not None:
+                    await self._read_in_driver(nursery, driver, self._fd)
+                else:
+                    await self._read(nursery)
                 nursery.cancel_scope.cancel()
         finally:
             self.closed.set()
@@ -164,14 +193,7 @@ class Link:
     async def _read(self, nursery: trio.Nursery) -> None:
         buffer = bytearray()
         while True:
-            while len(buffer) >= _HEADER.size:
-                (size,) = _HEADER.unpack_from(buffer)
-                if size > _MAX_MESSAGE:
-                    raise ValueError(f"link message of {size} bytes (at most {_MAX_MESSAGE})")
-                if len(buffer) < _HEADER.size + size:
-                    break
-                kind, ask_id, args = pickle.loads(buffer[_HEADER.size : _HEADER.size + size])
-                del buffer[: _HEADER.size + size]
+            for kind, ask_id, args in _messages(buffer):
                 self._dispatch(nursery, kind, ask_id, args)
             try:
                 data = await self._stream.receive_some(65536)
@@ -180,6 +202,38 @@ class Link:
             if not data:
                 return
             buffer += data
+
+    async def _read_in_driver(self, nursery: trio.Nursery, driver: IODriver, fd: int) -> None:
+        """Answers to this side's asks are handed to their askers within the driver's pass.
+        Anything else that came (a tell, an ask of a handler here) wakes this task, which
+        dispatches all that came in order, as ``_read`` does: handlers run in a task, and
+        never after an answer that came behind them."""
+        buffer = bytearray()
+
+        def serve(now: float, started: float) -> object:
+            try:
+                data = os.read(fd, 65536)
+            except BlockingIOError:
+                return None
+            except OSError:
+                return _ENDED
+            if not data:
+                return _ENDED
+            buffer.extend(data)
+            messages = _messages(buffer)
+            if any(kind not in (_REPLY, _FAILED) for kind, _, _ in messages):
+                return messages
+            for kind, ask_id, args in messages:
+                self._dispatch(nursery, kind, ask_id, args)
+            return None
+
+        while True:
+            handed = await driver.park(fd, serve)
+            if handed is _ENDED:
+                return
+            assert isinstance(handed, list)
+            for kind, ask_id, args in handed:
+                self._dispatch(nursery, kind, ask_id, args)
 
     def _dispatch(self, nursery: trio.Nursery, kind: str, ask_id: int, args: tuple[Any, ...]) -> None:
         if kind in (_REPLY, _FAILED):
@@ -214,3 +268,17 @@ class Link:
             return
         if ask_id:
             self._queue(_REPLY, 0, (ask_id, value))
+
+
+def _messages(buffer: bytearray) -> list[Message]:
+    """The whole messages at the start of ``buffer``, taken out of it."""
+    messages = []
+    while len(buffer) >= _HEADER.size:
+        (size,) = _HEADER.unpack_from(buffer)
+        if size > _MAX_MESSAGE:
+            raise ValueError(f"link message of {size} bytes (at most {_MAX_MESSAGE})")
+        if len(buffer) < _HEADER.size + size:
+            break
+        messages.append(pickle.loads(buffer[_HEADER.size : _HEADER.size + size]))
+        del buffer[: _HEADER.size + size]
+    return messages

@@ -9,11 +9,14 @@ from collections import Counter
 from collections.abc import Callable
 from typing import Protocol
 
+import trio
 from prometheus_client.registry import Collector
 
 from proxy.config.model import Config
 from proxy.workers.link import Handler, Link
 from proxy.workers.owner_connections import ConnectionOwner
+from proxy.workers.owner_groups import GroupOwner
+from proxy.workers.owner_pool import PoolOwner
 
 
 class SharedService(Protocol):
@@ -41,7 +44,7 @@ class SharedService(Protocol):
 
 
 # Every shared service, each built as ``Service(config)``: adding one is adding it here.
-SERVICES: tuple[Callable[[Config], SharedService], ...] = (ConnectionOwner,)
+SERVICES: tuple[Callable[[Config], SharedService], ...] = (ConnectionOwner, GroupOwner, PoolOwner)
 
 
 class Owner:
@@ -65,3 +68,12 @@ class Owner:
 
     def collectors(self) -> list[Collector]:
         return [collector for service in self.services for collector in service.collectors()]
+
+    async def run(self) -> None:
+        """Each service's own background work, if it has any (an ``async def run()``: e.g. group
+        session expiry on the owner's clock), for as long as the supervisor runs."""
+        async with trio.open_nursery() as nursery:
+            for service in self.services:
+                run = getattr(service, "run", None)
+                if run is not None:
+                    nursery.start_soon(run)

@@ -7,7 +7,10 @@ only when a decision needs it: when a cap is full (an eviction, or a wait) and
 when a cap is over its limit after a reload, it asks every worker for its least
 recently used idle connections (``conn.idle``, times on ``time.monotonic()``,
 the one clock all processes share) and syncs its quotas with them
-(``sync_activity``) before deciding. The design: docs/workers.md.
+(``sync_activity``) before deciding. Most opens do not ask at all: the owner lends each worker
+slots of room under every limit (``SlotLeases``) and the worker admits from them, telling the owner
+each admission (``conn.opened``); the owner takes the slots back (``conn.recall``) before it decides
+an open that would leave a slot without room. The design: docs/workers.md.
 """
 
 from __future__ import annotations
@@ -20,7 +23,7 @@ from typing import Any, NamedTuple
 import trio
 from prometheus_client.registry import Collector
 
-from policies.connections import BOOTSTRAP, BrokerKey, BrokerQuotas, ConnectionLimits
+from policies.connections import BOOTSTRAP, BrokerKey, BrokerQuotas, ConnectionLimits, LeaseCell, SlotLeases
 from policies.decision import Action, Decision, Policy
 from policies.mode import Mode
 from policies.properties import MAX_CONNECTIONS_WAIT_MS
@@ -31,6 +34,10 @@ from proxy.workers.link import Handler, Link, LinkClosed, RemoteError
 # How long an activity round waits for the workers' answers (each answers from memory, at once):
 # one that did not answer by then (stopped, or stuck) offers no idle connection this round.
 ROUND_TIMEOUT_S = 1.0
+# The most slots of one cell (listener, TLS, IP) a worker holds: topped up when half are used, so
+# a worker opening connections one after another almost never asks. Near a limit fewer are lent,
+# and the slots out are taken back before the owner decides an open they would leave without room.
+LEASE_SLOTS = 8
 
 
 class OpenAnswer(NamedTuple):
@@ -50,6 +57,12 @@ class OpenAnswer(NamedTuple):
     blocked: float = 0.0
     counts: tuple[int | None, int | None, int, int | None] | None = None
     watch: bool = False
+
+
+def lends_slots(config: Config) -> bool:
+    """Whether workers admit from leased slots: not when the audit keeps evidence, whose connection
+    events carry the counts each limit compared at the open (only the owner knows them then)."""
+    return config.audit.path is None and config.audit.topic is None
 
 
 def owner_limits(limits: ConnectionLimits) -> ConnectionLimits:
@@ -79,6 +92,12 @@ class ConnectionOwner:
         self._reclaiming = False
         self._reclaim_again = False
         self._relimit = False  # limits changed: the next round closes (or, observing, reports) the excess
+        # Slots of the BOOTSTRAP pool lent to workers (sidecar mode's one pool; moves only leave it,
+        # so they only add room). Node pools are not lent: a move into one could take its room.
+        self.leases = SlotLeases(lst.name for lst in config.listeners if lst.protected)
+        self._lending = lends_slots(config)
+        self._recalling = 0  # recalls under way: no slot is lent meanwhile
+        self._returned = trio.Event()  # set (and replaced) when a worker gave slots back
 
     # -- the contract -----------------------------------------------------------------------
 
@@ -90,6 +109,8 @@ class ConnectionOwner:
             "conn.broker_known": self.broker_known,
             "conn.turned_idle": self.turned_idle,
             "conn.reclaim": self.reclaim,
+            "conn.opened": lambda *args: self.opened(worker, *args),
+            "conn.returned": lambda returned: self.returned(worker, returned),
         }
 
     def attach(self, worker: int, link: Link) -> None:
@@ -101,6 +122,9 @@ class ConnectionOwner:
         """Its connections are closed: each stops counting, and waiting opens are woken."""
         self._gone[worker] = self._gone.get(worker, 0) + 1
         self._links.pop(worker, None)
+        self.leases.drop(worker)
+        self._returned.set()
+        self._returned = trio.Event()
         held = [conn_id for conn_id, holder in self._holder.items() if holder == worker]
         for conn_id in held:
             del self._holder[conn_id]
@@ -117,6 +141,11 @@ class ConnectionOwner:
         quotas = self.quotas
         quotas.mode = Mode(policies.mode_of(policies.connections_mode))
         self.wait_seconds = policies.max_connections_wait_ms / 1000
+        self._lending = lends_slots(config)
+        # Slots lent under the old limits are taken back; those used meanwhile count as admitted
+        # before the reload (each worker's reload asks for the excess round after it gave them back).
+        for holder in self.leases.holders():
+            self._tell(holder, "conn.recall")
         quotas.sync_activity({})  # no activity known: update_limits names no victim
         quotas.update_limits(owner_limits(policies.connection_limits()), time.monotonic())
         self._relimit = True
@@ -135,9 +164,13 @@ class ConnectionOwner:
         no cap is full (nothing to close: no activity needed) and no earlier open of that broker's
         pool waits; otherwise in turn, after an activity round (see the module docstring)."""
         quotas = self.quotas
-        if not self._in_turn.get(broker) and not quotas.room_needed(listener, ip, tls, broker):
+        if (
+            not self._in_turn.get(broker)
+            and not quotas.room_needed(listener, ip, tls, broker)
+            and (broker != BOOTSTRAP or not self.leases or self.leases.fits(quotas.rooms(listener, ip, tls)))
+        ):
             decision = quotas.on_accept(conn_id, listener=listener, ip=ip, tls=tls, now=time.monotonic(), broker=broker)
-            return self._answer(worker, conn_id, decision)
+            return self._answer(worker, conn_id, decision, cell=(listener, tls, ip) if broker == BOOTSTRAP else None)
         return self._open_in_turn(worker, conn_id, listener, ip, tls, broker)
 
     async def _open_in_turn(
@@ -152,6 +185,12 @@ class ConnectionOwner:
         try:
             while True:
                 async with self._deciding:
+                    if broker == BOOTSTRAP and self.leases:
+                        with trio.move_on_at(deadline):
+                            await self._recall()  # decided with no slot out: exact counts
+                        if self.leases:  # a worker kept its slots (stopped): no exact count by the deadline
+                            refused = self._waited("a worker did not give its lent slots back")
+                            return OpenAnswer(False, refused, None, trio.current_time() - start, watch=self._watch)
                     need = quotas.room_needed(listener, ip, tls, broker)
                     idle = await self._activity([broker], need) if need else None
                     if self._gone.get(worker, 0) != gone:
@@ -174,24 +213,34 @@ class ConnectionOwner:
                 finally:
                     self._waiting -= 1
                     self._update_watch()
-                refused = Decision(
-                    Policy.CONNECTIONS,
-                    Action.REFUSE,
-                    Mode.ENFORCE,
-                    MAX_CONNECTIONS_WAIT_MS,
-                    f"waited {self.wait_seconds:g}s for a slot ({decision.reason})",
-                    limit=round(self.wait_seconds * 1000),
-                )
+                refused = self._waited(decision.reason)
                 return OpenAnswer(False, refused, first_wait, trio.current_time() - start, watch=self._watch)
         finally:
             self._in_turn[broker] -= 1
             if not self._in_turn[broker]:
                 del self._in_turn[broker]
         blocked = trio.current_time() - start if first_wait is not None else 0.0
-        return self._answer(worker, conn_id, decision, first_wait, blocked)
+        cell = (listener, tls, ip) if broker == BOOTSTRAP else None
+        return self._answer(worker, conn_id, decision, first_wait, blocked, cell)
+
+    def _waited(self, why: str) -> Decision:
+        return Decision(
+            Policy.CONNECTIONS,
+            Action.REFUSE,
+            Mode.ENFORCE,
+            MAX_CONNECTIONS_WAIT_MS,
+            f"waited {self.wait_seconds:g}s for a slot ({why})",
+            limit=round(self.wait_seconds * 1000),
+        )
 
     def _answer(
-        self, worker: int, conn_id: str, decision: Decision | None, waited: Decision | None = None, blocked: float = 0.0
+        self,
+        worker: int,
+        conn_id: str,
+        decision: Decision | None,
+        waited: Decision | None = None,
+        blocked: float = 0.0,
+        cell: LeaseCell | None = None,
     ) -> OpenAnswer:
         quotas = self.quotas
         if conn_id not in quotas:
@@ -199,10 +248,65 @@ class ConnectionOwner:
         self._holder[conn_id] = worker
         if decision is not None and decision.enforced and decision.action is Action.EVICT:
             self._tell_holders(decision.victims, decision)
+        if decision is None and cell is not None:
+            self._lend(worker, cell)  # told before the answer: the worker has the slots when it reads it
         counts = quotas.open_counts(conn_id)
         return OpenAnswer(
             True, decision, waited, blocked, (counts.broker, counts.ssl, counts.ip, counts.node_id), self._watch
         )
+
+    # -- slots lent to workers --------------------------------------------------------------------
+
+    def _lend(self, worker: int, cell: LeaseCell) -> None:
+        """Top worker ``worker``'s slots of ``cell`` up to LEASE_SLOTS when half are used, as far
+        as every limit of the cell has room beside the slots out; none while an open of the BOOTSTRAP
+        pool is decided in turn or slots are being taken back."""
+        leases = self.leases
+        held = leases.held(worker, cell)
+        if not self._lending or held > LEASE_SLOTS // 2 or self._recalling or self._in_turn.get(BOOTSTRAP):
+            return
+        listener, tls, ip = cell
+        # At most a share of the free room each (half of it among all workers): near a limit the
+        # others' opens still fit beside the slots out, instead of calling them back.
+        share = 2 * max(1, len(self._links))
+        n = leases.grant(worker, cell, self.quotas.rooms(listener, ip, tls), LEASE_SLOTS - held, share)
+        if n:
+            self._tell(worker, "conn.lease", cell, n)
+
+    def opened(self, worker: int, conn_id: str, listener: str, ip: str, tls: bool) -> None:
+        """Worker ``worker`` admitted ``conn_id`` from a slot of its lease: counted from now on."""
+        cell = (listener, tls, ip)
+        self.leases.used(worker, cell)
+        self.quotas.on_leased(conn_id, listener=listener, ip=ip, tls=tls, now=time.monotonic())
+        self._holder[conn_id] = worker
+        if self.quotas.over_cap:  # admitted before a reload that lowered a cap reached its worker
+            self._update_watch()
+        else:
+            self._lend(worker, cell)
+
+    def returned(self, worker: int, returned: list[tuple[LeaseCell, int]]) -> None:
+        """Worker ``worker`` dropped these unused slots (after telling every admission from them)."""
+        for cell, n in returned:
+            self.leases.give_back(worker, cell, n)
+        self._returned.set()
+        self._returned = trio.Event()
+
+    async def _recall(self) -> None:
+        """Take every slot out back: each holder drops its slots and says how many, after telling
+        the admissions it made from them; a worker that dies gives its slots back too."""
+        self._recalling += 1
+        try:
+            for holder in self.leases.holders():
+                self._tell(holder, "conn.recall")
+            while self.leases:
+                await self._returned.wait()
+        finally:
+            self._recalling -= 1
+
+    def _tell(self, worker: int, kind: str, *args: object) -> None:
+        link = self._links.get(worker)
+        if link is not None:
+            link.tell(kind, *args)
 
     async def _activity(self, brokers: list[BrokerKey], per_cell: int) -> dict[str, float]:
         """Every worker's ``per_cell`` least recently used idle connections of each cell of these

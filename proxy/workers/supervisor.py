@@ -19,6 +19,7 @@ from prometheus_client import Counter
 from proxy.config.certificates import certificate_files, export_certificate_expiry
 from proxy.config.model import Config, ConfigError, load_config
 from proxy.evidence.metrics import Metrics
+from proxy.protocol.rewrite import BrokerAddress
 from proxy.serve.admin import AdminServer
 from proxy.serve.file_watch import FileWatcher
 from proxy.serve.server import READY_PROBE_TIMEOUT_S, announce_readiness, reload_plan, tls_contexts
@@ -72,6 +73,7 @@ class Supervisor:
         self.exit_code = 0
         self.admin_port: int | None = None
         self._links: dict[int, Link] = {}  # the workers that are serving
+        self._brokers: dict[int, BrokerAddress] = {}  # what the workers learned: each opens every node port
         self._processes: dict[int, trio.Process] = {}
         self._all_ready = trio.Event()  # every worker served once: the proxy has started
         self._stop = trio.Event()
@@ -88,6 +90,7 @@ class Supervisor:
         with trio.open_signal_receiver(signal.SIGTERM, signal.SIGINT, signal.SIGHUP) as signals, self.metric_files:
             async with trio.open_nursery() as nursery:
                 self._nursery = nursery
+                nursery.start_soon(self.owner.run)
                 async with trio.open_nursery() as workers:
                     for index in range(self.workers):
                         workers.start_soon(self._keep_worker, index)
@@ -179,8 +182,10 @@ class Supervisor:
         exited and its end of the link is read to the last message)."""
         ours, theirs = socket.socketpair(socket.AF_UNIX, socket.SOCK_STREAM)
         link = Link(trio.SocketStream(trio.socket.from_stdlib_socket(ours)))
-        link.handlers["worker.hello"] = lambda: (self.generation, self.config)
+        # Its first message: the generation to serve (the one the others run, not the file's).
+        link.tell("worker.start", self.generation, self.config)
         link.handlers["worker.ready"] = lambda generation: self._worker_ready(index, link, generation)
+        link.handlers["worker.brokers"] = lambda brokers: self._brokers_learned(index, brokers)
         self.owner.attach(index, link)
         command = [
             sys.executable,
@@ -199,7 +204,7 @@ class Supervisor:
             process.send_signal(signal.SIGTERM)
         try:
             async with trio.open_nursery() as nursery:
-                nursery.start_soon(link.run)
+                nursery.start_soon(self._serve_link, index, link, process)
                 await process.wait()
                 with trio.move_on_after(1.0):
                     await link.closed.wait()
@@ -213,14 +218,38 @@ class Supervisor:
         self.metric_files.process_gone(process.pid)  # its live gauges (connections open) end with it
         return process.returncode
 
+    @staticmethod
+    async def _serve_link(index: int, link: Link, process: trio.Process) -> None:
+        """A handler that fails on a worker's tell costs that worker (killed, its share released,
+        restarted), not the supervisor and every other worker with it."""
+        try:
+            await link.run()
+        except Exception:
+            log.exception("worker %d: handling its message failed; killing it", index)
+            if process.returncode is None:
+                process.kill()
+
     def _worker_ready(self, index: int, link: Link, generation: int) -> None:
         self._links[index] = link
         log.info("worker %d serving", index, extra={"pid": self._processes[index].pid, "generation": generation})
+        if self._brokers:  # a restarted worker opens the node ports at once, not at a client's next Metadata
+            link.tell("worker.brokers", list(self._brokers.values()))
         if generation != self.generation:  # it started from a generation a reload has replaced since
             assert self._nursery is not None
             self._nursery.start_soon(self._catch_up, index)
         if len(self._links) == self.workers:
             self._all_ready.set()
+
+    def _brokers_learned(self, index: int, brokers: list[BrokerAddress]) -> None:
+        """A worker learned brokers from a response: the others learn them too (what they knew
+        already they skip; an echo changes nothing here, so it ends)."""
+        new = [broker for broker in brokers if self._brokers.get(broker.node_id) != broker]
+        for broker in new:
+            self._brokers[broker.node_id] = broker
+        if new:
+            for other, link in self._links.items():
+                if other != index:
+                    link.tell("worker.brokers", new)
 
     async def _catch_up(self, index: int) -> None:
         async with self._reloading:  # the generation it is told is the one the others run

@@ -17,7 +17,10 @@ from dataclasses import dataclass
 
 import trio
 
+from proxy.cli import exit_status, prepare_serving_process
 from proxy.evidence.logs import setup_logging
+from proxy.serve.driver import IODriver
+from proxy.serve.server import ProxyServer
 from proxy.workers.link import Link
 from proxy.workers.metrics import flush_periodically, serve_flush
 
@@ -48,18 +51,21 @@ class _WorkerField(logging.Filter):
 
 
 async def serve_worker(config_path: str, index: int, workers: int, link_fd: int, drain_timeout: float) -> None:
-    from proxy.serve.server import ProxyServer  # the server imports this module for WorkerLink
-
-    link = Link(trio.SocketStream(trio.socket.from_stdlib_socket(socket.socket(fileno=link_fd))))
+    supervisor = socket.socket(fileno=link_fd)
+    kind, (generation, config) = Link.first_message(supervisor)  # before anything else: nothing is lost
+    assert kind == "worker.start", kind
+    link = Link(trio.SocketStream(trio.socket.from_stdlib_socket(supervisor)))
+    server = ProxyServer(config, config_path, shared=WorkerLink(index, workers, link, generation))
+    link.handlers["worker.reload"] = server.apply_generation
+    link.handlers["worker.readiness"] = server.readiness_problems
+    link.handlers["worker.brokers"] = server.directory.learn
+    serve_flush(link, server.metrics)
     with trio.open_signal_receiver(signal.SIGTERM) as signals:
         async with trio.open_nursery() as nursery:
-            nursery.start_soon(_follow_supervisor, link, nursery.cancel_scope)
-            generation, config = await link.ask("worker.hello")
-            server = ProxyServer(config, config_path, shared=WorkerLink(index, workers, link, generation))
-            link.handlers["worker.reload"] = server.apply_generation
-            link.handlers["worker.readiness"] = server.readiness_problems
-            serve_flush(link, server.metrics)
             await nursery.start(server.run)
+            # Read by the server's I/O driver (running now): an answer from the owner wakes only
+            # the task that asked (docs/workers.md). Asks made before this wait in the socket.
+            nursery.start_soon(_follow_supervisor, link, server.runtime.driver, nursery.cancel_scope)
             nursery.start_soon(flush_periodically, server.metrics)
             link.tell("worker.ready", server.runtime.generation.number)
             async for _ in signals:
@@ -69,15 +75,13 @@ async def serve_worker(config_path: str, index: int, workers: int, link_fd: int,
             nursery.cancel_scope.cancel()
 
 
-async def _follow_supervisor(link: Link, scope: trio.CancelScope) -> None:
-    await link.run()
+async def _follow_supervisor(link: Link, driver: IODriver, scope: trio.CancelScope) -> None:
+    await link.run(driver)
     log.error("the supervisor is gone; worker exiting")
     scope.cancel()
 
 
 def main(argv: list[str] | None = None) -> int:
-    from proxy.cli import exit_status, prepare_serving_process
-
     parser = argparse.ArgumentParser(prog="kafka-admission-proxy worker")
     parser.add_argument("--config", required=True)
     parser.add_argument("--index", type=int, required=True)

@@ -9,6 +9,12 @@ only when a cap is full or over its limit (``conn.idle``), and names the
 connections to close (``conn.close``): this gate closes each at once if it is
 still idle, or as soon as its requests are answered (a connection with a request
 in flight is never closed to make room).
+
+Most opens ask nothing: the owner lends this worker slots of room under every limit of a cell
+(listener, TLS, client IP; ``conn.lease``), and an open of a cell it holds a slot of is admitted
+here and told (``conn.opened``). The owner takes the slots back (``conn.recall``) before it decides
+an open they would leave without room: the slots are dropped and their number told
+(``conn.returned``), after every admission from them.
 """
 
 from __future__ import annotations
@@ -19,7 +25,7 @@ from dataclasses import replace
 import trio
 
 from policies.api_keys import INT_MAX
-from policies.connections import BOOTSTRAP, BrokerKey, BrokerQuotas, ConnectionLimits, OpenCounts
+from policies.connections import BOOTSTRAP, BrokerKey, BrokerQuotas, ConnectionLimits, LeaseCell, OpenCounts
 from policies.decision import Action, Decision
 from policies.mode import Mode
 from proxy.evidence.decisions import DecisionRecorder, Where
@@ -58,18 +64,32 @@ class SharedConnectionGate(ConnectionGate):
         self._link = link
         self._watch = False  # the owner wants to hear when a connection turns idle
         self._deferred: dict[str, Decision] = {}  # named to close while busy: closed once idle
+        self._slots: dict[LeaseCell, int] = {}  # slots lent by the owner, per (listener, TLS, IP)
         link.handlers.update(
             {
                 "conn.idle": self._idle,
                 "conn.close": self._close_named,
                 "conn.moved": self.quotas.follow_move,
                 "conn.watch": self._set_watch,
+                "conn.lease": self._lent,
+                "conn.recall": self._recall,
             }
         )
 
     # -- at accept ------------------------------------------------------------------------
 
     async def admit(self, conn: Closable, broker: BrokerKey = BOOTSTRAP) -> bool:
+        if broker == BOOTSTRAP and self._slots:
+            cell = (conn.listener, conn.tls, conn.peer_ip)
+            left = self._slots.get(cell, 0)
+            if left:  # a slot of the owner's: every limit had room for it (None, as the owner answers)
+                if left == 1:
+                    del self._slots[cell]
+                else:
+                    self._slots[cell] = left - 1
+                self._link.tell("conn.opened", conn.conn_id, conn.listener, conn.peer_ip, conn.tls)
+                self._counted(conn, broker, None)
+                return True
         answer: OpenAnswer = await self._link.ask(
             "conn.open", conn.conn_id, conn.listener, conn.peer_ip, conn.tls, broker
         )
@@ -81,13 +101,17 @@ class SharedConnectionGate(ConnectionGate):
             self._recorder.record(answer.decision, conn.where)
         if not answer.admitted:
             return False
+        self._counted(conn, broker, None if answer.counts is None else OpenCounts(*answer.counts))
+        return True
+
+    def _counted(self, conn: Closable, broker: BrokerKey, counts: OpenCounts | None) -> None:
+        """Admitted: counted here for its activity (the caps are the owner's)."""
         self.quotas.on_accept(
             conn.conn_id, listener=conn.listener, ip=conn.peer_ip, tls=conn.tls, now=trio.current_time(), broker=broker
         )
         self._open[conn.conn_id] = conn
-        conn.open_counts = None if answer.counts is None else OpenCounts(*answer.counts)
+        conn.open_counts = counts  # None from a slot: the owner lends none while the audit keeps evidence
         self._rearm_reaper()  # a new connection is idle until its first request
-        return True
 
     def reached(self, conn_id: str, address: str, broker: int | None) -> None:
         self._link.tell("conn.reached", conn_id, address, broker)
@@ -148,3 +172,11 @@ class SharedConnectionGate(ConnectionGate):
 
     def _set_watch(self, watch: bool) -> None:
         self._watch = watch
+
+    def _lent(self, cell: LeaseCell, n: int) -> None:
+        self._slots[cell] = self._slots.get(cell, 0) + n
+
+    def _recall(self) -> None:
+        """The owner takes its slots back: dropped, and how many told (after every ``conn.opened``)."""
+        returned, self._slots = list(self._slots.items()), {}
+        self._link.tell("conn.returned", returned)

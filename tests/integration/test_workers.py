@@ -8,6 +8,7 @@ own log (tests/workers_util.py)."""
 from __future__ import annotations
 
 import os
+import re
 import signal
 import time
 import uuid
@@ -17,12 +18,13 @@ from typing import Any
 
 import pytest
 
+from demo.tansu import TansuBroker
 from tests.audit_files import assert_valid, audit_files, read_events
 from tests.clients import create_topic, unique
 from tests.conftest import wait_until
 from tests.faults import ProducerTraffic, assert_exactly_once, consumed_values
 from tests.integration.test_graceful_shutdown import refuses_connections, topic_id
-from tests.raw_kafka import RawConnection, api_versions_frame, fetch_frame
+from tests.raw_kafka import RawConnection, api_versions_frame, fetch_frame, metadata_frame
 from tests.workers_util import client_address, served_by, start_workers, worker_of, worker_pids
 
 API_VERSIONS = 18
@@ -224,3 +226,32 @@ def test_a_worker_that_keeps_dying_is_restarted_after_a_growing_pause(tansu: Any
         wait_until(lambda pid=pid: worker_pids(proxy)[0] != pid, timeout=15)
     assert proxy.metric("kafka_admission_worker_restarts_total", worker="1") == 0
     assert proxy.get("/readyz")[0] == 200
+
+
+def test_every_worker_opens_the_node_port_of_a_broker_one_worker_learned(tansu: Any, start_proxy: Any) -> None:
+    """Cluster mode: a Metadata answer through one worker opens the broker's node port in every
+    worker (so the kernel spreads node-port connections over all of them), and a restarted worker
+    opens it at once, without waiting for a client's Metadata through it."""
+    proxy = start_workers(start_proxy, tansu.bootstrap, 2)
+    node_port = int(proxy.config["listeners"][0]["node_port_base"]) + TansuBroker.NODE_ID
+    opened = re.compile(rf"listening listener=external bind=127\.0\.0\.1:{node_port} .*worker=(\d+)")
+
+    def openings() -> Counter[int]:
+        return Counter(int(worker) for worker in opened.findall(proxy.log()))
+
+    with RawConnection(proxy.bootstrap) as conn:
+        conn.send(metadata_frame(1))
+        assert conn.read_response(3, 12).header.correlation_id == 1
+    wait_until(lambda: openings() == Counter({0: 1, 1: 1}))
+    pid = worker_pids(proxy)[0]
+    os.kill(pid, signal.SIGKILL)
+    wait_until(lambda: worker_pids(proxy)[0] != pid, timeout=15)
+    wait_until(lambda: openings() == Counter({0: 2, 1: 1}))
+    conns = [RawConnection(f"127.0.0.1:{node_port}") for _ in range(16)]
+    try:
+        for i, conn in enumerate(conns):
+            assert round_trip(conn, i) == 0
+        assert {worker_of(proxy, conn) for conn in conns} == {0, 1}
+    finally:
+        for conn in conns:
+            conn.close()

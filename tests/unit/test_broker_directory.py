@@ -48,3 +48,15 @@ def test_placing_a_node_is_told_before_its_ports_open_and_only_for_an_address_it
     trio.run(directory.learn, [BrokerAddress(1, "Kafka-0", 9092), BrokerAddress(2, "kafka-0", 9092)])
     assert events == [(1, "kafka-0:9092"), "port 1", "port 2"]  # 2 shares 1's address: neither is it
     assert directory.node_at("kafka-0", 9092) is None
+
+
+def test_what_a_learn_found_new_or_moved_is_told_once_and_nothing_else() -> None:
+    directory = BrokerDirectory(Metrics())
+    told: list[list[BrokerAddress]] = []
+    directory.on_learned(told.append)
+    first, second = BrokerAddress(1, "kafka-0", 9092), BrokerAddress(2, "kafka-1", 9092)
+    trio.run(directory.learn, [first, second])
+    trio.run(directory.learn, [first, second])  # known: nothing to tell (an echo from another worker ends here)
+    moved = BrokerAddress(2, "kafka-1", 9093)
+    trio.run(directory.learn, [first, moved])
+    assert told == [[first, second], [moved]]

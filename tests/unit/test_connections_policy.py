@@ -18,7 +18,9 @@ from policies.connections import (
     ConnectionLimits,
     ConnectionQuotas,
     OpenCounts,
+    SlotLeases,
     bootstrap_broker,
+    lease_keys,
     listener_max_connections_key,
 )
 from policies.decision import Action, Decision, Policy
@@ -1554,3 +1556,138 @@ def test_follow_move_counts_the_connections_in_the_brokers_pool_as_they_were() -
     assert q.idle_lru(5, [7]) == [("a", 1.0)]
     q.follow_move(["a"], 7)  # already there
     assert q.counts_by_broker()[7].total == 2
+
+
+# ---------------------------------------------------------------------------
+# Slots leased to workers (issue 29): a worker admits from its lease without asking the owner
+
+_CELLS = [(TLS, True, "10.0.0.1"), (TLS, True, "10.0.0.2"), (PLAIN, False, "10.0.0.1"), (INTERNAL, False, "10.0.0.2")]
+
+_LEASE_OPS = st.lists(
+    st.one_of(
+        st.tuples(st.just("grant"), st.integers(0, 1), st.integers(0, 3), st.integers(1, 4)),
+        st.tuples(st.just("local"), st.integers(0, 1), st.integers(0, 3), st.none()),
+        st.tuples(st.just("deliver"), st.integers(0, 1), st.none(), st.none()),
+        st.tuples(st.just("open"), st.integers(0, 1), st.integers(0, 3), st.none()),
+        st.tuples(st.just("request"), st.integers(0, 30), st.none(), st.none()),
+        st.tuples(st.just("response"), st.integers(0, 30), st.none(), st.none()),
+        st.tuples(st.just("close"), st.integers(0, 30), st.none(), st.none()),
+    ),
+    max_size=80,
+)
+
+
+@settings(max_examples=400, deadline=None, suppress_health_check=[HealthCheck.too_slow])
+@given(ops=_LEASE_OPS, caps=st.tuples(st.integers(1, 6), st.integers(0, 6), st.integers(1, 6), st.integers(0, 4)))
+def test_admissions_from_leased_slots_and_the_owners_own_decide_as_one_process(
+    ops: list[tuple[str, int, int | None, int | None]], caps: tuple[int, int, int, int]
+) -> None:
+    """Two workers admit from slots the owner leased them, reporting each admission later (a
+    message in flight, delivered in order); the owner decides every other open itself, taking every
+    slot back first when admitting would leave a leased slot without room. In the order the owner
+    learns of them, every admission is the one one ConnectionQuotas makes (a leased one: None),
+    every eviction closes the same connections, and the counts are the same."""
+    max_conns, max_ssl, listener_max, override = caps
+    limits = ConnectionLimits(
+        max_connections=max_conns,
+        max_ssl_connections=max_ssl,
+        listener_max_connections={TLS: listener_max},
+        max_connections_per_ip=3,
+        max_connections_per_ip_overrides={"10.0.0.2": override},
+        connections_max_idle_ms=-1,
+    )
+    protected = (INTERNAL,)
+    one = ConnectionQuotas(limits, protected_listeners=protected)
+    owner = ConnectionQuotas(limits, protected_listeners=protected)
+    leases = SlotLeases(protected)
+    slots: list[dict[tuple[str, bool, str], int]] = [{}, {}]  # what each worker holds
+    outbox: list[list[tuple[str, str, tuple[str, bool, str], int]]] = [[], []]  # its messages in flight
+    made = 0
+    now = 0.0
+
+    def deliver(h: int) -> None:
+        kind, conn_id, cell, n = outbox[h].pop(0)
+        listener, tls, ip = cell
+        if kind == "opened":
+            assert one.on_accept(conn_id, listener=listener, ip=ip, tls=tls, now=now) is None
+            owner.on_leased(conn_id, listener=listener, ip=ip, tls=tls, now=now)
+            leases.used(h, cell)
+        else:
+            leases.give_back(h, cell, n)
+
+    def close(conn_ids: tuple[str, ...]) -> None:
+        for conn_id in conn_ids:
+            one.on_closed(conn_id)
+            owner.on_closed(conn_id)
+
+    for op, a, b, c in ops:
+        now += 1.0
+        if op == "grant":
+            assert b is not None and c is not None
+            listener, tls, ip = cell = _CELLS[b]
+            n = leases.grant(a, cell, owner.rooms(listener, ip, tls), c)
+            slots[a][cell] = slots[a].get(cell, 0) + n
+        elif op == "local":
+            assert b is not None
+            cell = _CELLS[b]
+            if slots[a].get(cell, 0):
+                slots[a][cell] -= 1
+                outbox[a].append(("opened", f"c{made}", cell, 1))
+                made += 1
+        elif op == "deliver":
+            if outbox[a]:
+                deliver(a)
+        elif op == "open":
+            assert b is not None
+            listener, tls, ip = _CELLS[b]
+            if not leases.fits(owner.rooms(listener, ip, tls)):
+                for h in (0, 1):  # the recall: each worker drops its slots and says so, after its reports
+                    outbox[h].extend(("returned", "", cell, n) for cell, n in slots[h].items() if n)
+                    slots[h] = {}
+                    while outbox[h]:
+                        deliver(h)
+                assert not leases
+            conn_id, made = f"c{made}", made + 1
+            expected = one.on_accept(conn_id, listener=listener, ip=ip, tls=tls, now=now)
+            assert owner.on_accept(conn_id, listener=listener, ip=ip, tls=tls, now=now) == expected
+            if expected is not None and expected.action is Action.EVICT:
+                close(expected.victims)
+        elif op in ("request", "response"):
+            conn_id = f"c{a}"
+            if conn_id in owner and not owner.is_closing(conn_id):
+                for q in (one, owner):
+                    (q.on_request if op == "request" else q.on_response)(conn_id, now)
+        elif f"c{a}" in owner:
+            close((f"c{a}",))
+        assert owner.counts() == one.counts()
+        for h in (0, 1):  # the owner counts what each worker holds, plus what it reported in flight
+            in_flight = [m for m in outbox[h] if m[0] == "opened"]
+            for cell in _CELLS:
+                told = sum(1 for m in in_flight if m[2] == cell)
+                assert leases.held(h, cell) == slots[h].get(cell, 0) + told
+        for listener, tls, ip in _CELLS:  # every slot out has room under every limit of its cell
+            rooms = owner.rooms(listener, ip, tls)
+            for key, room in rooms.items():
+                out = sum(
+                    leases.held(h, cell)
+                    for h in (0, 1)
+                    for cell in _CELLS
+                    if key in lease_keys(cell, frozenset(protected))
+                )
+                assert room - out >= 0, (key, room, out)
+
+
+def test_no_slot_is_leased_beyond_the_room_of_any_limit_of_its_cell() -> None:
+    q = quotas(protected=(INTERNAL,), max_connections=5, max_ssl_connections=2, max_connections_per_ip=4)
+    leases = SlotLeases([INTERNAL])
+    accept(q, "a", listener=TLS)
+    tls_cell, plain_cell = (TLS, True, "10.0.0.1"), (PLAIN, False, "10.0.0.1")
+    assert leases.grant(0, tls_cell, q.rooms(TLS, "10.0.0.1", True), 8) == 1  # max.ssl.connections: 2 - 1
+    assert leases.grant(1, tls_cell, q.rooms(TLS, "10.0.0.1", True), 8) == 0
+    assert leases.grant(1, plain_cell, q.rooms(PLAIN, "10.0.0.1", False), 8) == 2  # per IP: 4 - 1 - 1
+    assert leases.fits(q.rooms(PLAIN, "10.0.0.9", False))  # another IP: max.connections 5 - 1 - 3
+    assert not leases.fits(q.rooms(PLAIN, "10.0.0.1", False))  # its IP has no room beside the slots out
+    assert leases.drop(1) == 2 and leases.fits(q.rooms(PLAIN, "10.0.0.1", False))
+    leases.used(0, tls_cell)
+    q.on_leased("b", listener=TLS, ip="10.0.0.1", tls=True, now=1.0)
+    assert leases.holders() == [] and q.rooms(TLS, "10.0.0.1", True)[MAX_SSL_CONNECTIONS] == 0

@@ -7,6 +7,7 @@ from __future__ import annotations
 from collections.abc import AsyncIterator, Callable
 from contextlib import asynccontextmanager
 from dataclasses import dataclass, field
+from typing import Any
 
 import trio
 
@@ -20,7 +21,7 @@ from proxy.evidence.audit import AuditSink
 from proxy.evidence.decisions import NOWHERE, DecisionRecorder, Where
 from proxy.evidence.metrics import Metrics
 from proxy.workers.link import Link
-from proxy.workers.owner_connections import ConnectionOwner
+from proxy.workers.owner_connections import LEASE_SLOTS, ConnectionOwner
 from proxy.workers.worker_connections import SharedConnectionGate
 
 LISTENER = "external"
@@ -328,3 +329,108 @@ async def test_a_worker_that_does_not_answer_the_activity_round_holds_no_evictio
         _, ok = await w0.open(tls=True)  # the round waits for worker 1 at most ROUND_TIMEOUT_S
         assert ok
         assert idle.closing is not None and idle.closing.cause is CloseCause.EVICTED
+
+
+# -- slots lent to workers: opens admitted without asking the owner --------------------------------
+
+
+def count_asks(worker: Worker) -> list[str]:
+    """The kinds this worker asks the owner from now on (its real link's ask, counted)."""
+    link = worker.gate._link
+    asked: list[str] = []
+    ask = link.ask
+
+    async def counted(kind: str, *args: Any) -> Any:
+        asked.append(kind)
+        return await ask(kind, *args)
+
+    link.ask = counted  # type: ignore[method-assign]
+    return asked
+
+
+async def test_opens_with_room_under_every_limit_are_admitted_from_the_workers_slots_without_asking() -> None:
+    async with shared(2) as (owner, workers):
+        w0, w1 = workers
+        asked = count_asks(w0)
+        conns: list[Conn] = []
+        for n in range(1, 3 * LEASE_SLOTS + 1):  # opens coming apart: the owner counted each before the next
+            conns.append(await w0.admitted())
+            await until(lambda: owner.quotas.counts().total == n)  # noqa: B023
+        assert asked == ["conn.open"]  # the first asks; the owner lends slots with its answer and tops them up
+        assert {owner._holder[c.conn_id] for c in conns} == {0}
+        assert all(c.open_counts is None for c in conns[1:])  # counts come with an answer only
+        assert owner.leases.held(0, (LISTENER, False, "10.0.0.1")) > LEASE_SLOTS // 2
+        other = count_asks(w1)
+        await w1.admitted(ip="10.0.0.2")  # slots are per cell: another IP, or worker, asks first
+        assert other == ["conn.open"]
+        for conn in conns:
+            conn.close_now(Closing(CloseCause.CLIENT_CLOSED))
+        await until(lambda: owner.quotas.counts().total == 1)
+
+
+async def test_near_max_connections_the_slots_are_taken_back_and_every_open_over_it_is_refused() -> None:
+    async with shared(2, **{"max.connections": 12, "max.connections.wait.ms": 30}) as (owner, workers):
+        results: list[bool] = []
+        for n in range(20):  # one after another, alternating: each worker uses the slots it was lent
+            conn, ok = await workers[n % 2].open()
+            if ok:
+                workers[n % 2].gate.on_request(conn.conn_id, trio.current_time())  # busy: nothing to evict
+            results.append(ok)
+        assert results == [True] * 12 + [False] * 8
+        await until(lambda: owner.quotas.counts().total == 12)
+        assert not owner.leases  # none lent at the cap
+        refusals = [d for w in workers for d, _ in w.recorder.decisions if d.action is Action.REFUSE]
+        assert len(refusals) == 8 and {d.limit_key for d in refusals} == {MAX_CONNECTIONS_WAIT_MS}
+
+
+async def test_slots_never_pass_max_connections_per_ip_and_its_override_across_workers() -> None:
+    policies = {"max.connections.per.ip": 10, "max.connections.per.ip.overrides": "10.0.0.9:13"}
+    async with shared(2, **policies) as (owner, workers):
+        results: dict[str, list[bool]] = {"10.0.0.1": [], "10.0.0.9": []}
+        for n in range(40):
+            ip = "10.0.0.1" if n % 4 < 2 else "10.0.0.9"
+            results[ip].append((await workers[n % 2].open(ip=ip))[1])
+        assert results["10.0.0.1"] == [True] * 10 + [False] * 10
+        assert results["10.0.0.9"] == [True] * 13 + [False] * 7
+        await until(lambda: owner.quotas.counts().total == 23)
+
+
+async def test_a_dead_workers_slots_return_to_the_owner() -> None:
+    async with shared(2, **{"max.connections": 100}) as (owner, workers):
+        w0, _ = workers
+        await w0.admitted()
+        assert owner.leases.held(0, (LISTENER, False, "10.0.0.1")) == LEASE_SLOTS
+        assert owner.worker_gone(0) == {"connections": 1}
+        assert not owner.leases
+
+
+async def test_a_reload_lowering_max_connections_takes_the_slots_back_and_closes_the_excess() -> None:
+    async with shared(2, **{"max.connections": 20}) as (owner, workers):
+        w0, w1 = workers
+        conns = [await w0.admitted() for _ in range(4)]
+        assert owner.leases
+        lowered = config_of(**{"max.connections": 2, "max.connections.wait.ms": 30})
+        owner.reconfigure(lowered)
+        await until(lambda: not owner.leases)  # each holder dropped its slots and said so
+        for worker in workers:
+            worker.reload(lowered)
+        await until(lambda: sum(c.closing is not None for c in conns) == 2)
+        assert [c.closing is not None for c in conns] == [True, True, False, False]  # LRU first
+        for conn in conns[2:]:
+            w0.gate.on_request(conn.conn_id, trio.current_time())
+        _, ok = await w1.open()
+        assert not ok  # at the lowered cap, with nothing idle: waited for a slot, refused
+        await until(lambda: owner.quotas.counts().total == 2)
+
+
+async def test_a_stopped_worker_keeping_its_slots_makes_an_open_needing_them_wait_no_longer_than_the_wait() -> None:
+    async with shared(2, stalled=1, **{"max.connections": 3, "max.connections.wait.ms": 50}) as (owner, workers):
+        w0 = workers[0]
+        cell = (LISTENER, False, "10.0.0.1")
+        assert owner.leases.grant(1, cell, owner.quotas.rooms(LISTENER, "10.0.0.1", False), 2) == 2  # worker 1's
+        await w0.admitted()  # room for it beside the 2 slots out
+        _, ok = await w0.open()  # would take a slot's room: the slots must come back first; they do not
+        assert not ok
+        (refused,) = [d for d, _ in w0.recorder.decisions]
+        assert refused.limit_key == MAX_CONNECTIONS_WAIT_MS and "did not give its lent slots back" in refused.reason
+        assert owner.quotas.counts().total == 1

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import socket
 from types import MappingProxyType
 
 import pytest
@@ -9,6 +10,7 @@ import trio
 
 from policies.decision import Action, Decision, Policy
 from policies.mode import Mode
+from proxy.serve.driver import IODriver
 from proxy.workers.link import Link, LinkClosed, RemoteError
 
 
@@ -133,3 +135,49 @@ async def test_a_decision_crosses_the_link_with_its_mappings_read_only() -> None
         assert answer == refusal
         assert isinstance(answer.element_errors, MappingProxyType) and isinstance(answer.subject, MappingProxyType)
         nursery.cancel_scope.cancel()
+
+
+async def test_a_link_read_by_the_io_driver_answers_asks_and_keeps_the_order_of_tells() -> None:
+    """A worker's link is read within its I/O driver's pass: answers go straight to the asking
+    task; tells and asks of its own handlers run in the link's task, in the order they came."""
+    owner, worker = Link.pair()
+    driver = IODriver()
+    seen: list[object] = []
+    owner.handlers["open"] = lambda conn_id: f"admit {conn_id}"
+    worker.handlers["close"] = seen.append
+    worker.handlers["idle"] = lambda: len(seen)
+    async with trio.open_nursery() as nursery:
+        await nursery.start(driver.run)
+        nursery.start_soon(owner.run)
+        nursery.start_soon(worker.run, driver)
+        assert [await worker.ask("open", f"c{i}") for i in range(3)] == ["admit c0", "admit c1", "admit c2"]
+        owner.tell("close", "c1")
+        owner.tell("close", "c2")
+        assert await owner.ask("idle") == 2  # asked of the worker: after both tells, in order
+        assert seen == ["c1", "c2"]
+        assert driver.passes > 0  # read in the driver's passes, not by a task of its own
+        nursery.cancel_scope.cancel()
+
+
+async def test_a_link_read_by_the_io_driver_ends_when_the_peer_closes() -> None:
+    owner, worker = Link.pair()
+    driver = IODriver()
+    async with trio.open_nursery() as nursery:
+        await nursery.start(driver.run)
+        nursery.start_soon(worker.run, driver)
+        await owner._stream.aclose()  # the supervisor's end goes away
+        with trio.fail_after(5):
+            await worker.closed.wait()
+        with pytest.raises(LinkClosed):
+            await worker.ask("open", "c1")
+        nursery.cancel_scope.cancel()
+
+
+def test_the_first_message_is_read_alone_before_the_link_runs() -> None:
+    a, b = socket.socketpair()
+    with a, b:
+        sender = Link(trio.SocketStream(trio.socket.from_stdlib_socket(a)))
+        sender.tell("worker.start", 3, {"config": True})
+        sender.tell("worker.reload", 4, {"config": False})  # stays in the socket for the link
+        assert Link.first_message(b) == ("worker.start", (3, {"config": True}))
+        assert b.recv(4) != b""  # the next message was not taken with it
