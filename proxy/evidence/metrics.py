@@ -240,14 +240,23 @@ class Metrics:
         else:
             self._files.queues[sink] = depth
 
-    def watch_live_sum(self, name: str, help_text: str, label: str, read: Callable[[], dict[str, float]]) -> None:
-        """A gauge of state each process keeps (``label`` value to value, from ``read()``): one
-        process reads it when scraped; with workers each flush sets it (a value gone since is set
-        to 0) and the scrape sums the live processes'."""
+    def watch_gauge(
+        self,
+        name: str,
+        help_text: str,
+        read: Callable[[], float | dict[str, float]],
+        *,
+        label: str | None = None,
+        combine: Literal["livesum", "livemax"] = "livesum",
+    ) -> None:
+        """A gauge of state this process keeps, from ``read()`` (a value, or with ``label`` one per
+        label value): one process reads it when scraped; with workers each flush sets it (a label
+        value gone since is set to 0) and the scrape combines the live processes' (``combine``)."""
+        watched = _Watched(name, help_text, read, label, combine)
         if self._files is None:
-            self.registry.register(_ReadAtScrape(name, help_text, label, read))
+            self.registry.register(watched)
         else:
-            self._files.live_sums.append(_LiveSum(name, help_text, label, read))
+            self._files.watched.append(watched)
 
     def flush(self) -> None:
         """With workers: fold this process's traffic since the last flush, its trio tasks and
@@ -365,33 +374,47 @@ class _Flushed:
         self.latency_sum = 0.0
 
 
-class _ReadAtScrape(Collector):
-    def __init__(self, name: str, help_text: str, label: str, read: Callable[[], dict[str, float]]) -> None:
-        self._family = (name, help_text, label)
+class _Watched(Collector):
+    """A gauge read from a process's state: by ``collect`` when one process is scraped, or written
+    to the multiprocess files by ``flush`` (the Gauge is made at the first flush)."""
+
+    def __init__(
+        self,
+        name: str,
+        help_text: str,
+        read: Callable[[], float | dict[str, float]],
+        label: str | None,
+        combine: Literal["livesum", "livemax"],
+    ) -> None:
+        self._family = (name, help_text, label, combine)
         self._read = read
-
-    def collect(self) -> Iterator[GaugeMetricFamily]:
-        name, help_text, label = self._family
-        family = GaugeMetricFamily(name, help_text, labels=(label,))
-        for key, value in self._read().items():
-            family.add_metric((key,), value)
-        yield family
-
-
-class _LiveSum:
-    """A livesum gauge with one label, set from a read of the worker's state at each flush."""
-
-    def __init__(self, name: str, help_text: str, label: str, read: Callable[[], dict[str, float]]) -> None:
-        self._gauge = Gauge(name, help_text, (label,), registry=None, multiprocess_mode="livesum")
-        self._read = read
+        self._gauge: Gauge | None = None
         self._set: set[str] = set()
 
+    def _values(self) -> dict[str, float]:
+        value = self._read()
+        return value if isinstance(value, dict) else {"": value}
+
+    def collect(self) -> Iterator[GaugeMetricFamily]:
+        name, help_text, label, _ = self._family
+        family = GaugeMetricFamily(name, help_text, labels=() if label is None else (label,))
+        for key, value in self._values().items():
+            family.add_metric(() if label is None else (key,), value)
+        yield family
+
     def flush(self) -> None:
-        values = self._read()
+        name, help_text, label, combine = self._family
+        if self._gauge is None:
+            labels = () if label is None else (label,)
+            self._gauge = Gauge(name, help_text, labels, registry=None, multiprocess_mode=combine)
+        gauge, values = self._gauge, self._values()
+        if label is None:
+            gauge.set(values[""])
+            return
         for gone in self._set - values.keys():
-            self._gauge.labels(gone).set(0)
+            gauge.labels(gone).set(0)
         for key, value in values.items():
-            self._gauge.labels(key).set(value)
+            gauge.labels(key).set(value)
         self._set = set(values)
 
 
@@ -413,7 +436,7 @@ class _FileExport:
         self._cpu = Counter("process_cpu_seconds", "Total user and system CPU time spent in seconds.", registry=None)
         self._cpu_flushed = 0.0
         self.queues: dict[str, Callable[[], int]] = {}
-        self.live_sums: list[_LiveSum] = []
+        self.watched: list[_Watched] = []
         self._flushed: dict[str, _Flushed] = {}
 
     def flush(self, traffic: dict[str, TrafficStats], queue_gauge: Gauge) -> None:
@@ -458,5 +481,5 @@ class _FileExport:
             gauge.set(value)
         for sink, depth in self.queues.items():
             queue_gauge.labels(sink).set(depth())
-        for live_sum in self.live_sums:
-            live_sum.flush()
+        for watched in self.watched:
+            watched.flush()

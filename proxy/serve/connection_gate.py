@@ -83,7 +83,7 @@ class ConnectionGate:
         if counts_collector:  # with workers the owner's quotas count (proxy/workers/owner_connections.py)
             metrics.registry.register(CountsCollector(quotas))
         else:  # but only each worker sees its requests in flight: summed over the workers at a flush
-            metrics.watch_live_sum(*_BUSY, "broker", lambda: busy_by_broker(quotas))
+            metrics.watch_gauge(*_BUSY, lambda: busy_by_broker(quotas), label="broker")
 
     # -- at accept ------------------------------------------------------------------------
 

@@ -37,7 +37,7 @@ class PoolGate:
         self._recorder = recorder
         self._window = window
         self._woken: dict[int, trio.Event] = {}
-        metrics.registry.register(self._collector())
+        self._export(metrics)
 
     def reserve(self, conn_id: Hashable, size: int, now: float, where: Where) -> Admission:
         """The pool's admission of ``size`` bytes (a decision other than None is recorded); when it
@@ -77,9 +77,9 @@ class PoolGate:
         """The connection is gone: its bytes return, its waits are dropped."""
         self._wake(self.pool.cancel(conn_id, trio.current_time()))
 
-    def _collector(self) -> Collector:
-        """The pool state /metrics shows."""
-        return _PoolCollector(self.pool)
+    def _export(self, metrics: Metrics) -> None:
+        """The pool state /metrics shows, read when scraped."""
+        metrics.registry.register(_PoolCollector(self.pool))
 
     def _wake(self, granted: list[int]) -> None:
         for ticket in granted:
@@ -171,8 +171,28 @@ class LeasedPoolGate(PoolGate):
         except LinkClosed:
             log.warning("the owner of the pool's budget is gone: no more pool bytes")
 
-    def _collector(self) -> Collector:
-        return _LeasedPoolCollector(self.pool)
+    def _export(self, metrics: Metrics) -> None:
+        """A worker's part of the pool (the budget, the leases and the depleted time are the
+        owner's: proxy/workers/owner_pool.py), written to the metric files at each flush: used,
+        lease and waiting add up across the workers."""
+        pool = self.pool
+        metrics.watch_gauge(
+            "kafka_admission_memory_pool_used_bytes", "Bytes of requests read and not yet answered", lambda: pool.used
+        )
+        metrics.watch_gauge(
+            "kafka_admission_memory_pool_lease_bytes",
+            "Bytes of queued.max.request.bytes the workers hold from the owner, in use or not",
+            lambda: pool.lease,
+        )
+        metrics.watch_gauge(
+            "kafka_admission_memory_pool_high_water_mark_bytes",
+            "Most bytes ever in use in one worker",
+            lambda: pool.high_water_mark,
+            combine="livemax",
+        )
+        metrics.watch_gauge(
+            "kafka_admission_memory_pool_waiting_requests", "Requests waiting for memory", lambda: pool.waiting
+        )
 
     def _record(self, decision: Decision, where: Where, size: int) -> None:
         self._recorder.record(decision, where, size=size)
@@ -244,31 +264,4 @@ class _PoolCollector(Collector):
             "kafka_admission_memory_pool_depleted_seconds",
             "Time the pool had nothing left (Kafka's MemoryPoolDepletedTimeTotal)",
             value=pool.depleted_seconds(now),
-        )
-
-
-class _LeasedPoolCollector(Collector):
-    """A worker's part of the pool; the budget, the leases and the depleted time are the
-    owner's (proxy/workers/owner_pool.py). Across workers: used, lease and waiting add up."""
-
-    def __init__(self, pool: LeasedMemoryPool) -> None:
-        self._pool = pool
-
-    def collect(self) -> Iterator[GaugeMetricFamily]:
-        pool = self._pool
-        yield GaugeMetricFamily(
-            "kafka_admission_memory_pool_used_bytes", "Bytes of requests read and not yet answered", value=pool.used
-        )
-        yield GaugeMetricFamily(
-            "kafka_admission_memory_pool_lease_bytes",
-            "Bytes of queued.max.request.bytes this worker holds from the owner, in use or not",
-            value=pool.lease,
-        )
-        yield GaugeMetricFamily(
-            "kafka_admission_memory_pool_high_water_mark_bytes",
-            "Most bytes ever in use in this worker",
-            value=pool.high_water_mark,
-        )
-        yield GaugeMetricFamily(
-            "kafka_admission_memory_pool_waiting_requests", "Requests waiting for memory", value=pool.waiting
         )
