@@ -37,7 +37,7 @@ from policies.properties import (
     SOCKET_REQUEST_MAX_BYTES,
 )
 
-from .events import SECTIONS, Evidence
+from .events import SECTIONS, Evidence, proxy_of
 from .limits import IDENTIFIER_KEYS
 
 __all__ = [
@@ -227,7 +227,7 @@ def measure_coverage(evidence: Evidence) -> Coverage:
     row to group by, 0.9-1.0 s)."""
     rows = (
         evidence.windows(*SECTIONS)
-        .groupBy("instance", "section", "window_start", "group_kind", "tls")
+        .groupBy(proxy_of().alias("instance"), "section", "window_start", "group_kind", "tls")
         .agg(F.max("window_seconds").alias("seconds"))
         .collect()
     )

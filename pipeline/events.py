@@ -49,6 +49,7 @@ __all__ = [
     "between",
     "find_inputs",
     "local_frame",
+    "proxy_of",
     "read_evidence",
     "relabelled",
     "write_parquet",
@@ -74,6 +75,7 @@ EVENT_SCHEMA = _schema(
     ("type", _S),
     ("ts", _D),
     ("instance", _S),
+    ("proxy", _S),  # workers: N: a worker's events name their proxy (its instance is <proxy>-w<index>)
     # decision
     ("policy", _S),
     ("mode", _S),
@@ -174,6 +176,13 @@ _ENUMS = {
 }
 # The rules above as data, for the Spark tasks that convert JSON lines (pipeline.json_lines)
 CONTRACT = json_lines.Contract(SCHEMA_VERSION, ("ts", "instance"), _REQUIRED, _ENUMS, SECTIONS)
+
+
+def proxy_of() -> Column:
+    """The proxy an event is of: ``proxy`` on a worker's events (``workers: N``: each worker is an
+    audit instance of its own, ``<proxy>-w<index>``), else its ``instance``. The report counts,
+    covers and peaks per proxy, so a proxy with N workers is one proxy, not N."""
+    return F.coalesce(F.col("proxy"), F.col("instance"))
 
 
 class EventsPathError(ValueError):
@@ -348,7 +357,7 @@ class Evidence:
         counted by a query of its own, the bulk windows by :attr:`bulk_counts` on its way (10 million
         events from JSON lines: counting every line per file and kind as it was parsed was 14 s of the
         read; per file alone, under 1 s)."""
-        tally = self.rest.groupBy("type", "section", "instance").agg(*_tally())
+        tally = self.rest.groupBy("type", "section", proxy_of().alias("instance")).agg(*_tally())
         return Overview.of(tally.collect()).merged(Overview.of(self.bulk_counts))
 
     @cached_property
@@ -376,7 +385,7 @@ class Evidence:
         sizes = (
             self.windows("client_api")
             .groupBy(
-                "instance",
+                proxy_of().alias("instance"),
                 size_bucket(F.col("max_request_bytes")).alias("rq"),
                 size_bucket(F.col("max_response_bytes")).alias("rs"),
             )
@@ -385,7 +394,7 @@ class Evidence:
         )
         lengths = (
             self.windows("identifier")
-            .groupBy("instance", "identifier_kind", "max_length")
+            .groupBy(proxy_of().alias("instance"), "identifier_kind", "max_length")
             .agg(*tally)
             .select(*section("identifier"), "*", none.alias("rq"), none.alias("rs"))
         )

@@ -46,7 +46,7 @@ from policies.properties import (
     SOCKET_REQUEST_MAX_BYTES,
 )
 
-from .events import Evidence, local_frame, union_all
+from .events import Evidence, local_frame, proxy_of, union_all
 from .limits import IDENTIFIER_KEYS, KAFKA_DEFAULTS, LIMITS, identifier_limit_key
 from .traffic import bucket, client_host
 
@@ -210,7 +210,7 @@ def _window_observations(evidence: Evidence, opens: DataFrame, smallest: dict[st
     if per_proxy:
         open_at_once = (
             evidence.windows("connections")
-            .groupBy("instance", "window_start")
+            .groupBy(proxy_of().alias("instance"), "window_start")
             .agg(F.sum("max_open").alias("all"), F.sum(F.when(F.col("tls"), F.col("max_open"))).alias("tls"))
             .select(start, "instance", "all", "tls")
         )

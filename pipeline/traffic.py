@@ -24,7 +24,7 @@ from pyspark.sql import functions as F
 from pyspark.sql.types import LongType, StringType, StructField, StructType
 
 from .coverage import Coverage, measure_coverage
-from .events import Evidence, Overview, local_frame
+from .events import Evidence, Overview, local_frame, proxy_of
 from .limits import limit_key_of, normalized_kind
 
 __all__ = ["Peak", "Traffic", "bucket", "client_host", "measure_traffic", "open_connections"]
@@ -321,7 +321,7 @@ def _peak_per_ip(opens: DataFrame) -> dict[str, Any]:
 def _connections(evidence: Evidence, step: Callable[[], int]) -> dict[str, Any]:
     per_window = (
         evidence.windows("connections")
-        .groupBy("instance", "window_start", F.coalesce(F.col("tls"), F.lit(False)).alias("tls"))
+        .groupBy(proxy_of().alias("instance"), "window_start", F.coalesce(F.col("tls"), F.lit(False)).alias("tls"))
         .agg(F.sum("max_open").alias("open"))
         .cache()
     )

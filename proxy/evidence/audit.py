@@ -53,8 +53,13 @@ class AuditSink:
     queue and writer thread: a stalled disk does not hold up the topic, nor a down broker
     the files."""
 
-    def __init__(self, settings: Audit, metrics: Metrics, upstream: Upstream | None = None) -> None:
+    def __init__(
+        self, settings: Audit, metrics: Metrics, upstream: Upstream | None = None, proxy: str | None = None
+    ) -> None:
         self.instance = settings.instance
+        # With workers: N, the whole proxy's instance (the supervisor's), stamped beside each
+        # worker's own so the report counts the workers as one proxy (docs/workers.md).
+        self.proxy = proxy
         # Connection lifecycle and observation windows go to files and the topic only: into the
         # log they would be a line per connection. Decisions go wherever the audit goes.
         self.keeps_evidence = settings.path is not None or settings.topic is not None
@@ -73,8 +78,8 @@ class AuditSink:
 
     def record(self, event: dict[str, Any]) -> None:
         """Queue one v2 event (``type`` and that kind's fields) for every sink; never blocks,
-        never raises on disk or broker trouble. Stamps ``schema_version``, ``instance``, and
-        ``ts`` unless set."""
+        never raises on disk or broker trouble. Stamps ``schema_version``, ``instance`` (and
+        ``proxy`` when set), and ``ts`` unless set."""
         if self._closed:
             for lane in self._lanes:
                 lane.dropped.inc()
@@ -82,6 +87,8 @@ class AuditSink:
         stamped = {"schema_version": SCHEMA_VERSION, **event}
         stamped["schema_version"] = SCHEMA_VERSION
         stamped["instance"] = self.instance
+        if self.proxy is not None:
+            stamped["proxy"] = self.proxy
         if "ts" not in stamped:
             stamped["ts"] = time.time()
         for lane in self._lanes:

@@ -26,6 +26,9 @@ Wiring, for the request path:
   per request that waited or would have waited. ``pool_capacity_bytes`` is
   ``queued.max.request.bytes`` (-1: off); set it again on reload.
 - ``on_connection_open(listener, tls)`` / ``on_connection_close(listener, tls)``.
+- ``sections``: the sections ``roll`` writes. With ``workers: N`` each worker writes all but
+  ``connections``, and the supervisor only ``connections``, counted by the owner of the
+  connection limits: the whole proxy's peak, which no sum of the workers' peaks gives.
 - ``roll(now)`` every window: the finished window's rows (``type: window``,
   without ``ts``/``instance``/``schema_version``, which ``AuditSink.record``
   stamps), and a new window begins at ``now``.
@@ -39,6 +42,7 @@ from typing import Any, Generic, TypeVar
 
 from policies.identifier_limits import IDENTIFIER_KEPT, java_length
 
+SECTIONS = frozenset({"client_api", "group", "identifier", "pool", "connections"})
 DEFAULT_MAX_KEYS = 10_000
 # All sections' keys of one window: ample for 10k keys a section of ordinary ids (a key of
 # three ~60-character strings is charged ~450 bytes, an identifier key ~1.7 KB).
@@ -53,6 +57,13 @@ _K = TypeVar("_K", bound=tuple[str | None, ...])
 # Slot layouts (lists of ints: cheaper to update in place than objects with attributes).
 _REQUESTS, _BYTES_IN, _BYTES_OUT, _MAX_REQUEST, _MAX_RESPONSE = range(5)
 _OPEN, _MAX_OPEN, _OPENED, _CLOSED = range(4)
+
+
+def window_edge(now: float, seconds: float) -> float:
+    """The last edge of the window grid (multiples of ``seconds`` of Unix time) at or before ``now``.
+    With ``workers: N`` every process of one proxy rolls its windows on this grid, so their rows of
+    one window share its ``window_start`` and the report counts one window of one proxy."""
+    return now - now % seconds
 
 
 class _KeyBytes:
@@ -111,8 +122,10 @@ class ObservationWindow:
         pool_capacity_bytes: int = -1,
         max_keys: int = DEFAULT_MAX_KEYS,
         max_key_bytes: int = DEFAULT_MAX_KEY_BYTES,
+        sections: frozenset[str] = SECTIONS,
     ) -> None:
         self.pool_capacity_bytes = pool_capacity_bytes
+        self.sections = sections
         self._max_keys = max_keys
         self._max_key_bytes = max_key_bytes
         self._pool_in_flight = 0
@@ -194,69 +207,76 @@ class ObservationWindow:
     def roll(self, now: float) -> list[dict[str, Any]]:
         """The rows of the window that ends at ``now``; a new window starts at ``now``."""
         start, seconds = self._start, max(now - self._start, 0.0)
-        rows = self._client_api.rows(
-            lambda key, slot: {
-                "type": "window",
-                "section": "client_api",
-                "window_start": start,
-                "window_seconds": seconds,
-                "listener": key[0],
-                "client_id": key[1],
-                "api": key[2],
-                "requests": slot[_REQUESTS],
-                "bytes_in": slot[_BYTES_IN],
-                "bytes_out": slot[_BYTES_OUT],
-                "max_request_bytes": slot[_MAX_REQUEST],
-                "max_response_bytes": slot[_MAX_RESPONSE],
-            }
-        )
-        rows += self._groups.rows(
-            lambda key, slot: {
-                "type": "window",
-                "section": "group",
-                "window_start": start,
-                "window_seconds": seconds,
-                "group_id": key[0],
-                "group_kind": key[1],
-                "max_members": slot[0],
-            }
-        )
-        rows += self._identifiers.rows(
-            lambda key, slot: {
-                "type": "window",
-                "section": "identifier",
-                "window_start": start,
-                "window_seconds": seconds,
-                "identifier_kind": key[0],
-                "client_id": key[1],
-                "max_length": slot[0],
-                "identifier": slot[1],
-            }
-        )
-        rows.append(
-            {
-                "type": "window",
-                "section": "pool",
-                "window_start": start,
-                "window_seconds": seconds,
-                "capacity_bytes": self.pool_capacity_bytes,
-                "high_water_mark_bytes": self._pool_high_water_mark,
-                "waits": self._pool_waits,
-            }
-        )
-        rows += [
-            {
-                "type": "window",
-                "section": "connections",
-                "window_start": start,
-                "window_seconds": seconds,
-                "listener": listener,
-                "tls": tls,
-                "max_open": slot[_MAX_OPEN],
-                "opened": slot[_OPENED],
-                "closed": slot[_CLOSED],
-            }
-            for (listener, tls), slot in self._connections.items()
-        ]
+        rows: list[dict[str, Any]] = []
+        wanted = self.sections
+        if "client_api" in wanted:
+            rows += self._client_api.rows(
+                lambda key, slot: {
+                    "type": "window",
+                    "section": "client_api",
+                    "window_start": start,
+                    "window_seconds": seconds,
+                    "listener": key[0],
+                    "client_id": key[1],
+                    "api": key[2],
+                    "requests": slot[_REQUESTS],
+                    "bytes_in": slot[_BYTES_IN],
+                    "bytes_out": slot[_BYTES_OUT],
+                    "max_request_bytes": slot[_MAX_REQUEST],
+                    "max_response_bytes": slot[_MAX_RESPONSE],
+                }
+            )
+        if "group" in wanted:
+            rows += self._groups.rows(
+                lambda key, slot: {
+                    "type": "window",
+                    "section": "group",
+                    "window_start": start,
+                    "window_seconds": seconds,
+                    "group_id": key[0],
+                    "group_kind": key[1],
+                    "max_members": slot[0],
+                }
+            )
+        if "identifier" in wanted:
+            rows += self._identifiers.rows(
+                lambda key, slot: {
+                    "type": "window",
+                    "section": "identifier",
+                    "window_start": start,
+                    "window_seconds": seconds,
+                    "identifier_kind": key[0],
+                    "client_id": key[1],
+                    "max_length": slot[0],
+                    "identifier": slot[1],
+                }
+            )
+        if "pool" in wanted:
+            rows.append(
+                {
+                    "type": "window",
+                    "section": "pool",
+                    "window_start": start,
+                    "window_seconds": seconds,
+                    "capacity_bytes": self.pool_capacity_bytes,
+                    "high_water_mark_bytes": self._pool_high_water_mark,
+                    "waits": self._pool_waits,
+                }
+            )
+        if "connections" in wanted:
+            rows += [
+                {
+                    "type": "window",
+                    "section": "connections",
+                    "window_start": start,
+                    "window_seconds": seconds,
+                    "listener": listener,
+                    "tls": tls,
+                    "max_open": slot[_MAX_OPEN],
+                    "opened": slot[_OPENED],
+                    "closed": slot[_CLOSED],
+                }
+                for (listener, tls), slot in self._connections.items()
+            ]
         self._begin(now)
         return rows

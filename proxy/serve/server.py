@@ -24,7 +24,7 @@ from proxy.config.model import Config, ConfigError, load_config
 from proxy.evidence.audit import AuditSink
 from proxy.evidence.decisions import DecisionRecorder
 from proxy.evidence.metrics import Metrics
-from proxy.evidence.observation_window import ObservationWindow
+from proxy.evidence.observation_window import SECTIONS, ObservationWindow, window_edge
 from proxy.hooks.generation import Generation
 from proxy.hooks.group_hook import GroupSizeCollector
 from proxy.links.brokers import BrokerDirectory
@@ -36,6 +36,7 @@ from proxy.serve.file_watch import FileWatcher
 from proxy.serve.listener import ListenerRuntime
 from proxy.serve.pool_gate import LeasedPoolGate, PoolGate
 from proxy.serve.runtime import Runtime
+from proxy.workers.proxy_windows import PROXY_SECTIONS, roll_on_grid
 from proxy.workers.worker_connections import SharedConnectionGate
 from proxy.workers.worker_groups import SharedGroups
 
@@ -160,6 +161,10 @@ def tls_contexts(config: Config) -> tuple[list[ssl.SSLContext | None], ssl.SSLCo
     return listeners, upstream_context(config.upstream.tls)
 
 
+# A worker's observation windows: the connections section is the supervisor's (docs/workers.md).
+WORKER_SECTIONS = SECTIONS - PROXY_SECTIONS
+
+
 class ProxyServer:
     def __init__(self, config: Config, config_path: str | None = None, shared: WorkerLink | None = None) -> None:
         """``shared``: this process is one of ``workers: N`` (proxy/workers/): the supervisor
@@ -171,9 +176,11 @@ class ProxyServer:
         policies = config.policies
         self.metrics = metrics = Metrics("single" if shared is None else "worker")
         audit = config.audit
+        proxy: str | None = None
         if shared is not None:  # each worker is an audit instance of its own: its files, their seq, its events
-            audit = audit.model_copy(update={"instance_id": f"{audit.instance}-w{shared.index}"})
-        self.audit = AuditSink(audit, metrics, config.upstream)
+            proxy = audit.instance  # ... and each event names the whole proxy too
+            audit = audit.model_copy(update={"instance_id": f"{proxy}-w{shared.index}"})
+        self.audit = AuditSink(audit, metrics, config.upstream, proxy)
         self.recorder = recorder = DecisionRecorder(metrics, self.audit)
         self.directory = BrokerDirectory(metrics)
         connector = UpstreamConnector(config.upstream.tls, upstream_context(config.upstream.tls), metrics, recorder)
@@ -188,8 +195,18 @@ class ProxyServer:
         else:
             self.groups = SharedGroups(shared.link)  # the owner exports the group metrics
         # Observation windows are evidence for the report: kept when the audit writes files or a topic.
+        # With workers, the connections section is the supervisor's (the whole proxy's counts), and
+        # every process rolls on one grid of window edges.
         self.window = (
-            ObservationWindow(time.time(), pool_capacity_bytes=policies.queued_max_request_bytes)
+            (
+                ObservationWindow(time.time(), pool_capacity_bytes=policies.queued_max_request_bytes)
+                if shared is None
+                else ObservationWindow(
+                    window_edge(time.time(), config.audit.window.seconds),
+                    pool_capacity_bytes=policies.queued_max_request_bytes,
+                    sections=WORKER_SECTIONS,
+                )
+            )
             if self.audit.keeps_evidence
             else None
         )
@@ -360,6 +377,10 @@ class ProxyServer:
     async def _roll_windows(self) -> None:
         """Every audit.window.seconds, the finished observation window becomes audit rows
         (recorded in slices, so a window of many keys does not hold up the requests)."""
+        if self.shared is not None:  # on the edges every process of the proxy rolls on
+            assert self.window is not None
+            await roll_on_grid(self.window, self.config.audit.window.seconds, self._finished_window, self.audit)
+            return
         while True:
             await trio.sleep(self.config.audit.window.seconds)
             rows = self._finished_window()
@@ -368,10 +389,10 @@ class ProxyServer:
                     self.audit.record(row)
                 await trio.lowlevel.checkpoint()
 
-    def _finished_window(self) -> list[dict[str, object]]:
+    def _finished_window(self, edge: float | None = None) -> list[dict[str, object]]:
         assert self.window is not None
         self.window.on_pool(self.runtime.pool.pool.reset_window_high_water_mark(trio.current_time()))
-        return self.window.roll(time.time())
+        return self.window.roll(time.time() if edge is None else edge)
 
     async def _expire_groups(self, policy: GroupSizePolicy) -> None:
         """Session expiry and idle-group eviction: bounded memory, counts that follow the coordinator."""

@@ -28,6 +28,7 @@ from policies.decision import Action, Decision, Policy
 from policies.mode import Mode
 from policies.properties import MAX_CONNECTIONS_WAIT_MS
 from proxy.config.model import Config
+from proxy.evidence.observation_window import ObservationWindow
 from proxy.serve.connection_gate import CountsCollector
 from proxy.workers.link import Handler, Link, LinkClosed, RemoteError
 
@@ -98,6 +99,10 @@ class ConnectionOwner:
         self._lending = lends_slots(config)
         self._recalling = 0  # recalls under way: no slot is lent meanwhile
         self._returned = trio.Event()  # set (and replaced) when a worker gave slots back
+        # The proxy's connections window (proxy/workers/proxy_windows.py), when the audit keeps
+        # evidence: each connection counted here is observed there, as one process observes it.
+        self.window: ObservationWindow | None = None
+        self._observed: dict[str, tuple[str, bool]] = {}  # conn_id -> (listener, TLS), in the window
 
     # -- the contract -----------------------------------------------------------------------
 
@@ -129,6 +134,7 @@ class ConnectionOwner:
         for conn_id in held:
             del self._holder[conn_id]
             self.quotas.on_closed(conn_id)
+            self._observe_close(conn_id)
         self._wake()
         self._update_watch()
         return {"connections": len(held)}
@@ -170,7 +176,8 @@ class ConnectionOwner:
             and (broker != BOOTSTRAP or not self.leases or self.leases.fits(quotas.rooms(listener, ip, tls)))
         ):
             decision = quotas.on_accept(conn_id, listener=listener, ip=ip, tls=tls, now=time.monotonic(), broker=broker)
-            return self._answer(worker, conn_id, decision, cell=(listener, tls, ip) if broker == BOOTSTRAP else None)
+            cell = (listener, tls, ip) if broker == BOOTSTRAP else None
+            return self._answer(worker, conn_id, listener, tls, decision, cell=cell)
         return self._open_in_turn(worker, conn_id, listener, ip, tls, broker)
 
     async def _open_in_turn(
@@ -221,7 +228,7 @@ class ConnectionOwner:
                 del self._in_turn[broker]
         blocked = trio.current_time() - start if first_wait is not None else 0.0
         cell = (listener, tls, ip) if broker == BOOTSTRAP else None
-        return self._answer(worker, conn_id, decision, first_wait, blocked, cell)
+        return self._answer(worker, conn_id, listener, tls, decision, first_wait, blocked, cell)
 
     def _waited(self, why: str) -> Decision:
         return Decision(
@@ -237,6 +244,8 @@ class ConnectionOwner:
         self,
         worker: int,
         conn_id: str,
+        listener: str,
+        tls: bool,
         decision: Decision | None,
         waited: Decision | None = None,
         blocked: float = 0.0,
@@ -246,6 +255,7 @@ class ConnectionOwner:
         if conn_id not in quotas:
             return OpenAnswer(False, decision, waited, blocked, watch=self._watch)
         self._holder[conn_id] = worker
+        self._observe_open(conn_id, listener, tls)
         if decision is not None and decision.enforced and decision.action is Action.EVICT:
             self._tell_holders(decision.victims, decision)
         if decision is None and cell is not None:
@@ -254,6 +264,16 @@ class ConnectionOwner:
         return OpenAnswer(
             True, decision, waited, blocked, (counts.broker, counts.ssl, counts.ip, counts.node_id), self._watch
         )
+
+    def _observe_open(self, conn_id: str, listener: str, tls: bool) -> None:
+        if self.window is not None:
+            self.window.on_connection_open(listener, tls)
+            self._observed[conn_id] = (listener, tls)
+
+    def _observe_close(self, conn_id: str) -> None:
+        kind = self._observed.pop(conn_id, None)
+        if self.window is not None and kind is not None:
+            self.window.on_connection_close(*kind)
 
     # -- slots lent to workers --------------------------------------------------------------------
 
@@ -279,6 +299,7 @@ class ConnectionOwner:
         self.leases.used(worker, cell)
         self.quotas.on_leased(conn_id, listener=listener, ip=ip, tls=tls, now=time.monotonic())
         self._holder[conn_id] = worker
+        self._observe_open(conn_id, listener, tls)
         if self.quotas.over_cap:  # admitted before a reload that lowered a cap reached its worker
             self._update_watch()
         else:
@@ -332,6 +353,7 @@ class ConnectionOwner:
             return
         del self._holder[conn_id]
         self.quotas.on_closed(conn_id)
+        self._observe_close(conn_id)
         self._wake()
         if self._watch and not self.quotas.over_cap:
             self._update_watch()

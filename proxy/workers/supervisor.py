@@ -26,6 +26,8 @@ from proxy.serve.server import READY_PROBE_TIMEOUT_S, announce_readiness, reload
 from proxy.workers.link import Link, LinkClosed, RemoteError
 from proxy.workers.metrics import MetricsFiles, WholeProxyMetrics, flush_workers
 from proxy.workers.owner import Owner
+from proxy.workers.owner_connections import ConnectionOwner
+from proxy.workers.proxy_windows import ProxyWindows
 
 log = logging.getLogger("kafka_admission_proxy.supervisor")
 
@@ -70,6 +72,14 @@ class Supervisor:
             ("what",),
             registry=self.metrics.registry,
         )
+        # The whole proxy's evidence, under its own audit instance: what the owner counts across
+        # the workers (the connections open at once), which no worker's windows can say.
+        self.windows: ProxyWindows | None = None
+        if config.audit.path is not None or config.audit.topic is not None:
+            self.windows = ProxyWindows(config, self.metrics)
+            for service in self.owner.services:
+                if isinstance(service, ConnectionOwner):
+                    service.window = self.windows.window
         self.exit_code = 0
         self.admin_port: int | None = None
         self._links: dict[int, Link] = {}  # the workers that are serving
@@ -91,6 +101,8 @@ class Supervisor:
             async with trio.open_nursery() as nursery:
                 self._nursery = nursery
                 nursery.start_soon(self.owner.run)
+                if self.windows is not None:
+                    nursery.start_soon(self.windows.run)
                 async with trio.open_nursery() as workers:
                     for index in range(self.workers):
                         workers.start_soon(self._keep_worker, index)
@@ -103,6 +115,8 @@ class Supervisor:
                         self.shutdown(workers.cancel_scope)
                         break
                 nursery.cancel_scope.cancel()
+        if self.windows is not None:  # after the workers: their last closes are counted
+            self.windows.close()
         return self.exit_code
 
     async def _serve_once_started(self) -> None:

@@ -50,7 +50,9 @@ def test_connection_opens_carry_what_the_connection_limits_counted(tansu, start_
     host, port = proxy.bootstrap.rsplit(":", 1)
 
     def opens() -> list[dict[str, Any]]:
-        return [e for e in read_events(audit) if e["type"] == "connection" and e["event"] == "open"]
+        # by time: with workers: 2 the opens are in two workers' files (read one instance after the other)
+        found = [e for e in read_events(audit) if e["type"] == "connection" and e["event"] == "open"]
+        return sorted(found, key=lambda e: e["ts"])
 
     held = []
     for n in range(1, 4):  # one at a time, so the proxy admits them in this order

@@ -10,7 +10,7 @@ from typing import Any
 from proxy.config.model import Audit
 from proxy.evidence.audit import AuditSink
 from proxy.evidence.metrics import Metrics
-from proxy.evidence.observation_window import ObservationWindow
+from proxy.evidence.observation_window import SECTIONS, ObservationWindow, window_edge
 from tests.audit_files import assert_valid, read_events
 
 T0 = 1_780_000_000.0
@@ -187,3 +187,15 @@ def test_open_connections_and_pool_bytes_carry_into_the_next_window() -> None:
 def test_an_empty_window_is_one_pool_row() -> None:
     rows = ObservationWindow(T0).roll(T0 + 60)
     assert [r["section"] for r in rows] == ["pool"]
+
+
+def test_a_workers_window_leaves_the_connections_to_the_supervisor_on_one_grid_of_edges() -> None:
+    worker = ObservationWindow(window_edge(1_000_017.5, 60), sections=SECTIONS - {"connections"})
+    worker.on_connection_open("plain", False)
+    worker.on_request("plain", "app", "fetch", 100)
+    rows = worker.roll(window_edge(1_000_020.2, 60))
+    assert {r["section"] for r in rows} == {"client_api", "pool"}
+    assert {(r["window_start"], r["window_seconds"]) for r in rows} == {(999_960.0, 60.0)}
+    supervisor = ObservationWindow(999_960.0, sections=frozenset({"connections"}))
+    supervisor.on_connection_open("plain", False)
+    assert [r["section"] for r in supervisor.roll(1_000_020.0)] == ["connections"]

@@ -20,8 +20,10 @@ from proxy.config.model import Config, parse_config
 from proxy.evidence.audit import AuditSink
 from proxy.evidence.decisions import NOWHERE, DecisionRecorder, Where
 from proxy.evidence.metrics import Metrics
+from proxy.evidence.observation_window import ObservationWindow
 from proxy.workers.link import Link
 from proxy.workers.owner_connections import LEASE_SLOTS, ConnectionOwner
+from proxy.workers.proxy_windows import PROXY_SECTIONS
 from proxy.workers.worker_connections import SharedConnectionGate
 
 LISTENER = "external"
@@ -434,3 +436,26 @@ async def test_a_stopped_worker_keeping_its_slots_makes_an_open_needing_them_wai
         (refused,) = [d for d, _ in w0.recorder.decisions]
         assert refused.limit_key == MAX_CONNECTIONS_WAIT_MS and "did not give its lent slots back" in refused.reason
         assert owner.quotas.counts().total == 1
+
+
+# -- the whole proxy's connections window (proxy/workers/proxy_windows.py) ---------------------------
+
+
+async def test_the_owners_window_counts_every_workers_connections_as_one_proxy() -> None:
+    """The supervisor's connections window is fed by the owner's counts: the peak of the sum over
+    the workers (asked opens and opens from lent slots alike), closes and a dead worker's share."""
+    async with shared(2) as (owner, workers):
+        owner.window = window = ObservationWindow(0.0, sections=PROXY_SECTIONS)
+        w0, w1 = workers
+        held = [await w0.admitted() for _ in range(3)] + [await w1.admitted(ip="10.0.0.2") for _ in range(2)]
+        await until(lambda: owner.quotas.counts().total == 5)
+        for conn in held[:2]:
+            conn.close_now(Closing(CloseCause.CLIENT_CLOSED))
+        await until(lambda: owner.quotas.counts().total == 3)
+        (row,) = window.roll(60.0)
+        assert (row["section"], row["max_open"], row["opened"], row["closed"]) == ("connections", 5, 5, 2)
+        assert owner.worker_gone(1) == {"connections": 2}
+        (row,) = window.roll(120.0)
+        assert (row["window_start"], row["max_open"], row["opened"], row["closed"]) == (60.0, 3, 0, 2)
+        (row,) = window.roll(180.0)
+        assert row["max_open"] == 1  # w0's one left open
