@@ -111,17 +111,40 @@ class FaultyApacheKafka(_BrokerFaults, ApacheKafkaBroker):
         self.launch()
 
 
+def process_tree(pid: int) -> list[int]:
+    """``pid`` and its descendants (a proxy with ``workers: N`` is a supervisor and its
+    workers), from the parent ids in /proc."""
+    parents: dict[int, int] = {}
+    for entry in Path("/proc").iterdir():
+        if entry.name.isdigit():
+            try:
+                stat = (entry / "stat").read_text()
+            except OSError:
+                continue  # exited meanwhile
+            parents[int(entry.name)] = int(stat.rsplit(")", 1)[1].split()[1])
+    tree = [pid]
+    for parent in tree:
+        tree.extend(child for child, ppid in parents.items() if ppid == parent)
+    return tree
+
+
 def sockets_to(pid: int, port: int) -> int:
-    """TCP sockets process ``pid`` holds whose remote port is ``port`` (any state: one in
-    CLOSE_WAIT that nobody closes is a leak too), read from /proc as ``ss -tnp`` would."""
+    """TCP sockets process ``pid`` and its descendants (a proxy's workers) hold whose remote
+    port is ``port`` (any state: one in CLOSE_WAIT that nobody closes is a leak too), read
+    from /proc as ``ss -tnp`` would."""
     inodes = set()
-    for fd in Path(f"/proc/{pid}/fd").iterdir():
+    for held_by in process_tree(pid):
         try:
-            target = os.readlink(fd)
+            fds = list(Path(f"/proc/{held_by}/fd").iterdir())
         except OSError:
-            continue  # closed meanwhile
-        if target.startswith("socket:["):
-            inodes.add(target[8:-1])
+            continue  # exited meanwhile
+        for fd in fds:
+            try:
+                target = os.readlink(fd)
+            except OSError:
+                continue  # closed meanwhile
+            if target.startswith("socket:["):
+                inodes.add(target[8:-1])
     held = 0
     for table in ("tcp", "tcp6"):
         for line in Path(f"/proc/{pid}/net/{table}").read_text().splitlines()[1:]:
