@@ -47,7 +47,8 @@ class OpenAnswer(NamedTuple):
     ``decision``: the decision to record (None: admitted with nothing to say; EVICT: admitted, the
     victims' holders were told to close them; an enforced REFUSE: refused, per IP or after waiting
     ``max.connections.wait.ms``). ``waited``: the first WAIT, when the open had to wait for a slot
-    (``blocked`` seconds). ``counts``: what the limits counted once it was admitted (OpenCounts'
+    (``blocked`` seconds; the worker recorded it when told ``conn.waiting``, as the wait began).
+    ``counts``: what the limits counted once it was admitted (OpenCounts'
     fields: a named tuple of plain values pickles in a third of the time a dataclass does). ``watch``:
     whether the owner wants to hear when a connection turns idle (``conn.watch`` tells the changes;
     a worker whose gate was not built yet when one was told learns it here)."""
@@ -211,6 +212,9 @@ class ConnectionOwner:
                     break
                 if first_wait is None:
                     first_wait = decision
+                    # Recorded by the worker now, as one process records a wait when it starts (not
+                    # when the open is at last admitted or refused): the link keeps it before the answer.
+                    self._tell(worker, "conn.waiting", conn_id, decision)
                 self._waiting += 1
                 self._update_watch()
                 try:

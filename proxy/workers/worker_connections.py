@@ -65,6 +65,7 @@ class SharedConnectionGate(ConnectionGate):
         self._watch = False  # the owner wants to hear when a connection turns idle
         self._deferred: dict[str, Decision] = {}  # named to close while busy: closed once idle
         self._slots: dict[LeaseCell, int] = {}  # slots lent by the owner, per (listener, TLS, IP)
+        self._asking: dict[str, Closable] = {}  # opens asked of the owner, not answered yet
         link.handlers.update(
             {
                 "conn.idle": self._idle,
@@ -73,6 +74,7 @@ class SharedConnectionGate(ConnectionGate):
                 "conn.watch": self._set_watch,
                 "conn.lease": self._lent,
                 "conn.recall": self._recall,
+                "conn.waiting": self._waiting,
             }
         )
 
@@ -90,12 +92,15 @@ class SharedConnectionGate(ConnectionGate):
                 self._link.tell("conn.opened", conn.conn_id, conn.listener, conn.peer_ip, conn.tls)
                 self._counted(conn, broker, None)
                 return True
-        answer: OpenAnswer = await self._link.ask(
-            "conn.open", conn.conn_id, conn.listener, conn.peer_ip, conn.tls, broker
-        )
+        self._asking[conn.conn_id] = conn
+        try:
+            answer: OpenAnswer = await self._link.ask(
+                "conn.open", conn.conn_id, conn.listener, conn.peer_ip, conn.tls, broker
+            )
+        finally:
+            del self._asking[conn.conn_id]
         self._watch = answer.watch
-        if answer.waited is not None:
-            self._recorder.record(answer.waited, conn.where)
+        if answer.waited is not None:  # recorded when it began (conn.waiting)
             self._metrics.acceptor_blocked.labels(conn.listener).inc(answer.blocked)
         if answer.decision is not None:
             self._recorder.record(answer.decision, conn.where)
@@ -169,6 +174,11 @@ class SharedConnectionGate(ConnectionGate):
                 self._deferred[conn_id] = decision
             else:
                 self._close(conn_id, decision)
+
+    def _waiting(self, conn_id: str, decision: Decision) -> None:
+        """The owner made this open wait for a slot: recorded now, as one process records it."""
+        conn = self._asking.get(conn_id)
+        self._recorder.record(decision, conn.where if conn is not None else Where())
 
     def _set_watch(self, watch: bool) -> None:
         self._watch = watch

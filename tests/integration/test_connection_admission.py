@@ -703,6 +703,13 @@ def _hold_mock(sockets: list[KafkaSocket], address: str, count: int) -> list[Kaf
     return held
 
 
+def _audit_opens(audit: Any) -> list[tuple[int | None, int]]:
+    """(node_id, open_connections) of each connection's open event, by time: with workers the
+    events are in each worker's files, read one instance after the other."""
+    events = [e for e in read_events(audit) if e["type"] == "connection" and e["event"] == "open"]
+    return [(e.get("node_id"), e["open_connections"]) for e in sorted(events, key=lambda e: e["ts"])]
+
+
 def _established_to(port: int) -> int:
     """Established TCP connections on this host whose remote end is 127.0.0.1:``port``."""
     count = 0
@@ -743,8 +750,7 @@ def test_cluster_mode_counts_max_connections_per_upstream_broker(
     assert closings(proxy) == 1
 
     def opens() -> list[tuple[int | None, int]]:
-        events = [e for e in read_events(audit) if e["type"] == "connection" and e["event"] == "open"]
-        return [(e.get("node_id"), e["open_connections"]) for e in events]
+        return _audit_opens(audit)
 
     # the bootstrap connection that learned the brokers, then 1, 1, 2, 2, and node 1's third
     # (2 again: the one it evicted has given up its slot)
@@ -795,8 +801,7 @@ def test_cluster_mode_counts_a_bootstrap_port_connection_against_the_broker_it_r
     assert wait_until(lambda: counted() == {"1": 2, "2": 0, "3": 0, "bootstrap": 0}), counted()
 
     def opens() -> list[tuple[int | None, int]]:
-        events = [e for e in read_events(audit) if e["type"] == "connection" and e["event"] == "open"]
-        return [(e.get("node_id"), e["open_connections"]) for e in events]
+        return _audit_opens(audit)
 
     # the connection that learned the brokers (in the bootstrap pool: no broker known yet), node 1's
     # two, then the bootstrap-port one, counted by broker 1 (2: the one it evicted gave up its slot)
