@@ -212,6 +212,12 @@ class ProxyProcess:
             0.0,
         )
 
+    def audit_instances(self, instance_id: str) -> set[str]:
+        """The audit instances of this proxy: ``instance_id`` itself, and with ``workers: N``
+        each worker's ``<instance_id>-w<i>`` as well (docs/workers.md)."""
+        workers = int(self.config.get("workers", 1))
+        return {instance_id} | ({f"{instance_id}-w{w}" for w in range(workers)} if workers > 1 else set())
+
     def reloads(self) -> dict[str, float]:
         """``kafka_admission_config_reloads_total`` by outcome."""
         return {labels["outcome"]: value for labels, value in self.samples("kafka_admission_config_reloads_total")}

@@ -20,6 +20,7 @@ from demo.tansu import TansuBroker, free_port
 from tests.audit_files import assert_valid
 from tests.clients import create_topic, produce, unique
 from tests.conftest import wait_until
+from tests.workers_util import worker_pids
 
 LONG_ID = "c" * 250  # over KIP-1233's default 249: one identifier_limits decision per request
 
@@ -76,15 +77,21 @@ def test_the_topic_sink_produces_valid_v2_events_keyed_by_the_instance(tansu, st
     assert proxy.returncode == 0, proxy.log()
 
     # Everything queued was delivered at stop: as many decisions in the topic as decided.
+    # With workers, each instance's events are in order in its key's partition, not across them.
+    instances = proxy.audit_instances("proxy-topic-1")
+
     def decisions_and_last_window(events: list[dict[str, Any]]) -> bool:
         decisions = [e for e in events if e["type"] == "decision"]
-        return len(decisions) >= decided and events[-1]["type"] == "window"  # the last, partial window
+        last = {e["instance"]: e["type"] for e in events}  # each instance's last, partial window
+        return len(decisions) >= decided and last.keys() == instances and set(last.values()) == {"window"}
 
     records = read_topic(tansu.bootstrap, topic, decisions_and_last_window)
     events = [value for _, value in records]
-    assert {key for key, _ in records} == {b"proxy-topic-1"}
     assert_valid(events)
-    assert {e["instance"] for e in events} == {"proxy-topic-1"}
+    # Keyed by the instance that made each event: with workers, the supervisor's windows
+    # are the proxy's instance and each worker's events its own <instance>-w<i>.
+    assert all(key == value["instance"].encode() for key, value in records)
+    assert {e["instance"] for e in events} == instances
     decisions = [e for e in events if e["type"] == "decision"]
     assert len(decisions) == decided > 0
     assert all(d["policy"] == "identifier_limits" and d["client_id"] == LONG_ID for d in decisions)
@@ -96,6 +103,11 @@ def _rss_bytes(pid: int) -> int:
         if line.startswith("VmRSS:"):
             return int(line.split()[1]) * 1024
     raise AssertionError("no VmRSS")
+
+
+def _proxy_rss_bytes(proxy: Any) -> int:
+    """The proxy's resident memory: with workers, the supervisor's and every worker's."""
+    return sum(_rss_bytes(pid) for pid in (proxy.process.pid, *worker_pids(proxy).values()))
 
 
 def _churn(bootstrap: str, count: int) -> None:
@@ -110,7 +122,7 @@ def test_with_the_audit_broker_down_the_proxy_forwards_drops_and_counts_then_del
 ) -> None:
     """Two brokers: the upstream (the session's Tansu) and the audit topic's own, stopped
     and started again on the same port. Sizes: queue_events 2000, librdkafka's buffer
-    2000 messages: each flood of 3000 connections makes 6000 events, far over both."""
+    2000 messages: each flood of 3000 connections (per worker) makes 6000 events, far over both."""
     audit_broker = TansuBroker(port=free_port()).start()
     try:
         topic = unique("audit-down")
@@ -125,6 +137,10 @@ def test_with_the_audit_broker_down_the_proxy_forwards_drops_and_counts_then_del
                 "producer": {"queue.buffering.max.messages": 2000, "message.timeout.ms": 5000},
             },
         )
+        # With workers the connections are spread over them, each an instance with its own queue
+        # and producer buffer: each flood is as many connections per worker.
+        instances = proxy.audit_instances("proxy-down")
+        serving = max(1, len(instances) - 1)  # the supervisor serves no connection
         target = unique("traffic")
         create_topic(proxy.bootstrap, target)
         assert produce(proxy.bootstrap, target, 2, **{"client.id": LONG_ID}) == 2
@@ -136,19 +152,22 @@ def test_with_the_audit_broker_down_the_proxy_forwards_drops_and_counts_then_del
         started = time.monotonic()
         assert produce(proxy.bootstrap, target, 5, **{"client.id": LONG_ID}) == 5
         forward_s = time.monotonic() - started
-        _churn(proxy.bootstrap, 3000)
+        _churn(proxy.bootstrap, 3000 * serving)
         wait_until(lambda: proxy.metric("kafka_admission_audit_events_dropped_total", sink="topic") > 1000, timeout=30)
-        rss_after_first = _rss_bytes(proxy.process.pid)
-        _churn(proxy.bootstrap, 3000)
+        rss_after_first = _proxy_rss_bytes(proxy)
+        _churn(proxy.bootstrap, 3000 * serving)
         # Bounded: the queue and librdkafka's buffer are full after the first flood; the second
         # one's 6000 events are dropped, not held (6000 events held would be several MB;
-        # measured: 16 KiB of growth on 85 MB).
+        # measured: 16 KiB of growth on 85 MB). Each serving instance holds at most 4000.
         wait_until(
-            lambda: proxy.metric("kafka_admission_audit_events_dropped_total", sink="topic") >= 12000 - 4000 - 200
+            lambda: (
+                proxy.metric("kafka_admission_audit_events_dropped_total", sink="topic")
+                >= serving * (12000 - 4000) - 200
+            )
         )
-        grown = _rss_bytes(proxy.process.pid) - rss_after_first
-        assert grown < 2_000_000, f"RSS grew {grown} bytes over 6000 dropped events"
-        assert proxy.metric("kafka_admission_audit_queue_events", sink="topic") <= 2000
+        grown = _proxy_rss_bytes(proxy) - rss_after_first
+        assert grown < 2_000_000, f"RSS grew {grown} bytes over {6000 * serving} dropped events"
+        assert proxy.metric("kafka_admission_audit_queue_events", sink="topic") <= 2000 * len(instances)
         # Said at a limited rate: a few lines, not one per event or reconnect.
         log = proxy.log()
         assert "audit topic" in log and log.count("audit topic") < 50, log[-3000:]
@@ -170,7 +189,8 @@ def test_with_the_audit_broker_down_the_proxy_forwards_drops_and_counts_then_del
         records = read_topic(
             audit_broker.bootstrap, topic, lambda events: any(e.get("client_id") == "after-" + LONG_ID for e in events)
         )
-        assert {k for k, _ in records} == {b"proxy-down"}
+        assert all(k == v["instance"].encode() for k, v in records)
+        assert {v["instance"] for _, v in records} <= instances
         assert_valid([v for _, v in records])
     finally:
         audit_broker.stop()

@@ -15,6 +15,7 @@ from tests.conftest import wait_until
 from tests.integration.test_bad_input import rss_kib
 from tests.raw_kafka import RawConnection, api_versions_frame
 from tests.stalled_fs import StalledFilesystem
+from tests.workers_util import worker_pids
 
 QUEUE_EVENTS = 2000
 LONG_CLIENT_ID = "flood-" + "x" * 244  # 250 characters: one over KIP-1233's 249
@@ -36,6 +37,12 @@ def _flood(address: str, requests: int) -> int:
     return answered
 
 
+def _rss_kib(proxy: Any) -> int:
+    """The proxy's resident memory: with workers, the supervisor's and every worker's."""
+    assert proxy.process is not None
+    return sum(rss_kib(pid) for pid in (proxy.process.pid, *worker_pids(proxy).values()))
+
+
 def test_a_stalled_audit_disk_costs_dropped_events_not_forwarding_or_memory(
     tansu: Any, start_proxy: Any, tmp_path: Path
 ) -> None:
@@ -46,8 +53,8 @@ def test_a_stalled_audit_disk_costs_dropped_events_not_forwarding_or_memory(
             policies={"resource.identifier.limit.enable": True, "resource.identifier.limit.mode": "observe"},
             audit={"path": str(audit), "instance_id": "pressed", "queue_events": QUEUE_EVENTS},
         )
-        assert proxy.process is not None
-        pid = proxy.process.pid
+        # Each audit instance (with workers: the supervisor and each worker) has its own queue.
+        queue_bound = QUEUE_EVENTS * len(proxy.audit_instances("pressed"))
         assert _flood(proxy.bootstrap, 50) == 50  # the disk answers: written, nothing dropped
         wait_until(lambda: proxy.metric("kafka_admission_audit_events_total", type="decision") >= 50)
         assert proxy.metric("kafka_admission_audit_events_dropped_total") == 0
@@ -55,16 +62,16 @@ def test_a_stalled_audit_disk_costs_dropped_events_not_forwarding_or_memory(
         disk.stall()
         _flood(proxy.bootstrap, 10)  # the writer's next write blocks in the kernel
         wait_until(lambda: disk.writes_held >= 1, timeout=10)
-        rss_before = rss_kib(pid)
+        rss_before = _rss_kib(proxy)
         started = time.monotonic()
         total = 20 * QUEUE_EVENTS
         assert _flood(proxy.bootstrap, total) == total  # every request forwarded and answered
         flood_seconds = time.monotonic() - started
         dropped = proxy.metric("kafka_admission_audit_events_dropped_total")
         queued = proxy.metric("kafka_admission_audit_queue_events")
-        grown_kib = rss_kib(pid) - rss_before
-        # The queue holds at most its bound; every decision beyond it was counted as dropped.
-        assert queued <= QUEUE_EVENTS
+        grown_kib = _rss_kib(proxy) - rss_before
+        # The queues hold at most their bound; every decision beyond the flooded worker's was counted as dropped.
+        assert queued <= queue_bound
         assert dropped >= total - QUEUE_EVENTS - BATCH, (dropped, total)
         # 40,000 decisions held in memory would be tens of MB; the bound is the queue's 2,000.
         assert grown_kib < 20 * 1024, f"RSS grew {grown_kib} KiB during the flood"
