@@ -41,7 +41,7 @@ from proxy.workers.worker_connections import SharedConnectionGate
 from proxy.workers.worker_groups import SharedGroups
 
 if TYPE_CHECKING:
-    from proxy.workers.worker import WorkerLink
+    from proxy.workers.link import WorkerLink
 
 log = logging.getLogger("kafka_admission_proxy.server")
 

@@ -21,6 +21,7 @@ import pickle
 import socket
 import struct
 from collections.abc import Awaitable, Callable, Mapping
+from dataclasses import dataclass
 from types import MappingProxyType
 from typing import TYPE_CHECKING, Any
 
@@ -282,3 +283,14 @@ def _messages(buffer: bytearray) -> list[Message]:
         messages.append(pickle.loads(buffer[_HEADER.size : _HEADER.size + size]))
         del buffer[: _HEADER.size + size]
     return messages
+
+
+@dataclass(frozen=True, slots=True)
+class WorkerLink:
+    """What makes a ProxyServer one worker of several: its index (0..workers-1), the link to
+    the supervisor (the owner of the shared limits), and the generation it starts with."""
+
+    index: int
+    workers: int
+    link: Link
+    generation: int = 1

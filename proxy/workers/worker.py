@@ -13,7 +13,6 @@ import logging
 import signal
 import socket
 import sys
-from dataclasses import dataclass
 
 import trio
 
@@ -21,21 +20,10 @@ from proxy.cli import exit_status, prepare_serving_process
 from proxy.evidence.logs import setup_logging
 from proxy.serve.driver import IODriver
 from proxy.serve.server import ProxyServer
-from proxy.workers.link import Link
+from proxy.workers.link import Link, WorkerLink
 from proxy.workers.metrics import flush_periodically, serve_flush
 
 log = logging.getLogger("kafka_admission_proxy.worker")
-
-
-@dataclass(frozen=True, slots=True)
-class WorkerLink:
-    """What makes a ProxyServer one worker of several: its index (0..workers-1), the link to
-    the supervisor (the owner of the shared limits), and the generation it starts with."""
-
-    index: int
-    workers: int
-    link: Link
-    generation: int = 1
 
 
 class _WorkerField(logging.Filter):
