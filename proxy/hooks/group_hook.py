@@ -16,6 +16,7 @@ from __future__ import annotations
 import datetime
 import hashlib
 import logging
+from abc import ABC, abstractmethod
 from collections.abc import Iterable, Iterator
 from typing import Any, Protocol
 
@@ -134,7 +135,7 @@ class GroupHookSource(Protocol):
     def hook(self, window: ObservationWindow | None) -> ApiHook: ...
 
 
-class GroupTraffic(ApiHook):
+class GroupTraffic(ApiHook, ABC):
     """The group APIs' requests and responses read into the policy's facts; how a join is
     decided (and how a tracked group's size is read) is the subclass's."""
 
@@ -149,13 +150,13 @@ class GroupTraffic(ApiHook):
     def reads_response(self, api_key: int, api_version: int) -> bool:
         return api_key in GROUP_APIS
 
+    @abstractmethod
     def on_join(self, request: Request) -> Decision | None:
         """The decision on a join (JoinGroup, or ConsumerGroupHeartbeat with epoch 0); sets ``request.ticket``."""
-        raise NotImplementedError
 
+    @abstractmethod
     async def group_view(self, group_id: str) -> GroupView | None:
         """The policy's view of a group after a join's answer (the observation windows' group sizes)."""
-        raise NotImplementedError
 
     def on_request(self, request: Request) -> Decision | None:
         api, body = request.api_key, request.body
