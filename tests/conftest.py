@@ -69,11 +69,27 @@ def pytest_collection_modifyitems(config: pytest.Config, items: list[pytest.Item
     tests' (``make demo``'s test is one of them). In two workers at once, one demo held 29092 while
     the test that holds it itself to see the demo refuse it found it taken, then free for the demo."""
     groups = {"spark": "spark", "apache_kafka": "apache_kafka", "demo_ports": "spark"}
+    if config.getoption("--proxy-workers") > 1:
+        items[:] = _with_generated_workers(config, items)
     for item in items:
         for marker, group in groups.items():
             if item.get_closest_marker(marker) is not None:
                 item.add_marker(pytest.mark.xdist_group(group))
                 break
+
+
+def _with_generated_workers(config: pytest.Config, items: list[pytest.Item]) -> list[pytest.Item]:
+    """``--proxy-workers=N`` runs again only the tests it changes: those that start a proxy
+    through ``start_proxy`` with the config it generates. The others (no proxy of
+    ``start_proxy``'s, or a test module of the workers' own, whose configs choose ``workers``)
+    would run exactly as in the default run; they are deselected, and pytest says how many."""
+    kept, dropped = [], []
+    for item in items:
+        own = item.path.name.startswith("test_worker")
+        (dropped if own or "start_proxy" not in getattr(item, "fixturenames", ()) else kept).append(item)
+    if dropped:
+        config.hook.pytest_deselected(items=dropped)
+    return kept
 
 
 @pytest.fixture(scope="session", autouse=True)

@@ -201,10 +201,19 @@ class LeasedPoolGate(PoolGate):
 
     def _forget_granted(self) -> None:
         """Requests granted without the budget running out are no decision; those still waiting
-        keep theirs."""
+        keep theirs. Observe mode grants at once, past the lease: there the lease covers the oldest
+        requests, and the newest ones it does not cover (the debt) keep theirs, as one process
+        records a would-be wait for each request the budget had no room for."""
         if self._unrecorded:
-            woken = self._woken
-            self._unrecorded = {t: about for t, about in self._unrecorded.items() if t in woken}
+            woken, debt = self._woken, self.pool.used - self.pool.lease
+            kept: dict[int, tuple[Decision, Where, int]] = {}
+            for ticket, about in reversed(self._unrecorded.items()):
+                if ticket in woken:
+                    kept[ticket] = about
+                elif debt > 0:
+                    kept[ticket] = about
+                    debt -= about[2]
+            self._unrecorded = dict(reversed(kept.items()))
 
     def _record_unrecorded(self) -> None:
         for decision, where, size in self._unrecorded.values():

@@ -53,9 +53,9 @@ def hold(conn: RawConnection) -> None:
     conn.send(request_of_x_bytes(0)[:64])
 
 
-def pool_waits(proxy: Any) -> dict[str, str]:
-    """Client address -> connection id of every enforced WAIT on the budget, from the audit (its
-    events are log lines here: no audit.path)."""
+def pool_waits(proxy: Any, mode: str = "enforce") -> dict[str, str]:
+    """Client address -> connection id of every WAIT on the budget (enforced, or in observe mode
+    would-be), from the audit (its events are log lines here: no audit.path)."""
     found = {}
     decoder = json.JSONDecoder()
     for line in proxy.log().splitlines():
@@ -67,7 +67,7 @@ def pool_waits(proxy: Any) -> dict[str, str]:
             "memory_pool",
             "wait",
             "queued.max.request.bytes",
-            "enforce",
+            mode,
         ):
             found[event["client_address"]] = event["conn_id"]
     return found
@@ -141,6 +141,40 @@ def test_the_budget_holds_across_workers_and_a_waiter_resumes_when_another_worke
         wait_until(lambda: proxy.metric("kafka_admission_memory_pool_lease_asks_waiting") == 0)
         assert leased(proxy) <= BUDGET + X - 1
         assert proxy.metric("kafka_admission_memory_pool_depleted_seconds_total") > 0
+    finally:
+        for conns in by_worker.values():
+            for conn in conns:
+                conn.close()
+
+
+@pytest.mark.parametrize("workers", [2, 4])
+def test_observe_mode_records_a_would_be_wait_for_exactly_each_request_over_the_budget(
+    tansu: Any, start_proxy: Any, workers: int
+) -> None:
+    """memory.pool.mode: observe. Six requests of X against a budget of 4 X, sent at once on six
+    connections of one worker: each is granted at once (the worker runs past its lease while it
+    asks the owner for more), and the two the budget has no room for are recorded as would-be
+    WAITs, as one process records them: not none (the lease's asks answered), not six."""
+    proxy = start_workers(start_proxy, tansu.bootstrap, workers, policies={**POLICIES, "memory.pool.mode": "observe"})
+    by_worker = connections_by_worker(proxy, workers, 1)
+    for _ in range(120):  # five more in worker 1
+        if len(by_worker[1]) == 6:
+            break
+        conn = RawConnection(proxy.bootstrap)
+        (by_worker[1] if worker_of(proxy, conn) == 1 else by_worker[0]).append(conn)
+    try:
+        assert len(by_worker[1]) == 6
+        start = request_of_x_bytes(0)[:64]
+        for conn in by_worker[1]:  # back to back: the worker reads them before its first ask is answered
+            conn.send(start)
+        wait_until(lambda: leased(proxy) == BUDGET)
+        wait_until(lambda: len(pool_waits(proxy, "observe")) >= 2)
+        time.sleep(0.5)  # a third would-be WAIT, had one been recorded, is in the log by now
+        waits = pool_waits(proxy, "observe")
+        assert len(waits) == 2, waits
+        assert all(conn_id.startswith("w1:") for conn_id in waits.values())
+        assert proxy.metric("kafka_admission_memory_pool_waiting_requests") == 0  # nobody waits in observe mode
+        assert pool_waits(proxy) == {}  # and nothing was enforced
     finally:
         for conns in by_worker.values():
             for conn in conns:
