@@ -131,10 +131,12 @@ def test_half_open_clients_are_closed_by_connections_max_idle_ms(tansu: Any, sta
     connections.max.idle.ms, with their broker connections."""
     proxy = start_proxy(tansu.bootstrap, policies={"connections.max.idle.ms": 4000})
     pid = proxy.process.pid
-    clients = [StoppedClient(proxy.bootstrap, "idle")]
+    # The unread client first: it stops once the proxy stops reading it (1-2 s, more on a loaded
+    # machine), which must not use up the idle one's connections.max.idle.ms before the counts below.
+    clients = [StoppedClient(proxy.bootstrap, "unread")]
     try:
-        clients.append(StoppedClient(proxy.bootstrap, "unread"))  # stops once the proxy stops reading it (1-2 s)
-        assert clients[1].sent > 1000  # it got ahead of the proxy, which stopped reading it
+        assert clients[0].sent > 1000  # it got ahead of the proxy, which stopped reading it
+        clients.append(StoppedClient(proxy.bootstrap, "idle"))
         assert proxy.metric("kafka_admission_connections_active") == 2
         assert sockets_to(pid, tansu.port) == 2
         started = time.monotonic()
