@@ -363,6 +363,8 @@ class ProxyServer:
                         await nursery.start(self._watcher.run)
                     task_status.started(self)
             finally:
+                if self._leases is not None:  # every connection has ended: the lease goes back to the owner
+                    self._leases.close()
                 if self.window is not None:
                     for row in self._finished_window():  # the last, partial window
                         self.audit.record(row)
