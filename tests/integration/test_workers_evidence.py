@@ -33,24 +33,34 @@ def open_at_once(events: list[dict[str, Any]]) -> dict[tuple[str, float], int]:
     return dict(peaks)
 
 
+def start_with_audit(start_proxy: Any, tansu: Any, audit: Path) -> Any:
+    """Two workers, audit files of instance ``px`` in ``audit``, windows of a second."""
+    return start_workers(
+        start_proxy, tansu.bootstrap, 2, audit={"path": str(audit), "instance_id": "px", "window": {"seconds": 1}}
+    )
+
+
+def drained_events(proxy: Any, audit: Path) -> list[dict[str, Any]]:
+    """SIGTERM: the proxy drains and exits 0; then its finished audit events, checked against the schema."""
+    proxy.signal(signal.SIGTERM)
+    assert proxy.wait(timeout=15) == 0
+    events = read_events(audit, finished_only=True)
+    assert_valid(events)
+    return events
+
+
 def test_the_connection_peak_of_two_workers_is_the_whole_proxys_written_under_its_own_instance(
     tansu: Any, start_proxy: Any, tmp_path: Path
 ) -> None:
     audit = tmp_path / "audit"
-    proxy = start_workers(
-        start_proxy, tansu.bootstrap, 2, audit={"path": str(audit), "instance_id": "px", "window": {"seconds": 1}}
-    )
+    proxy = start_with_audit(start_proxy, tansu, audit)
     by_worker = connections_on_every_worker(proxy, 2, 10)  # both workers hold some of the 10
     try:
         # A window that ends with all 10 open says 10 for the proxy (each later one too: they stay open).
         wait_until(lambda: 10 in open_at_once(read_events(audit)).values(), timeout=15)
     finally:
         close_all(by_worker)
-    proxy.signal(signal.SIGTERM)
-    assert proxy.wait(timeout=15) == 0
-
-    events = read_events(audit, finished_only=True)
-    assert_valid(events)
+    events = drained_events(proxy, audit)
     peaks = open_at_once(events)
     assert {instance for instance, _ in peaks} == {"px"}, "a worker wrote connections windows of its own"
     assert max(peaks.values()) == 10
@@ -81,9 +91,7 @@ def test_the_pool_high_water_mark_of_two_workers_is_the_whole_proxys_written_und
     figure at the edge, the supervisor writes the sum), and no worker writes a pool row, whose
     most would be one worker's share."""
     audit = tmp_path / "audit"
-    proxy = start_workers(
-        start_proxy, tansu.bootstrap, 2, audit={"path": str(audit), "instance_id": "px", "window": {"seconds": 1}}
-    )
+    proxy = start_with_audit(start_proxy, tansu, audit)
     topic = unique("empty")
     create_topic(proxy.bootstrap, topic)
     by_worker = connections_on_every_worker(proxy, 2, 8)
@@ -97,11 +105,7 @@ def test_the_pool_high_water_mark_of_two_workers_is_the_whole_proxys_written_und
         wait_until(lambda: parked in [e["high_water_mark_bytes"] for e in pool_rows(read_events(audit))], timeout=15)
     finally:
         close_all(by_worker)
-    proxy.signal(signal.SIGTERM)
-    assert proxy.wait(timeout=15) == 0
-
-    events = read_events(audit, finished_only=True)
-    assert_valid(events)
+    events = drained_events(proxy, audit)
     rows = pool_rows(events)
     assert {e["instance"] for e in rows} == {"px"}, "a worker wrote pool windows of its own"
     assert max(e["high_water_mark_bytes"] for e in rows) == parked
