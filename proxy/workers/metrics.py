@@ -103,7 +103,7 @@ class MetricsFiles:
             mark_process_dead(pid, self.path)  # type: ignore[no-untyped-call]
             for path in glob.glob(os.path.join(self.path, f"*_{pid}.db")):
                 prefix = os.path.basename(path)[: -len(f"_{pid}.db")]
-                if prefix not in ("gauge_all", "gauge_liveall"):
+                if prefix != "gauge_all":  # live ones are gone (mark_process_dead)
                     self._fold(prefix, path)
 
     def _fold(self, prefix: str, dead: str) -> None:
@@ -118,6 +118,8 @@ class MetricsFiles:
                 continue
             for key, value, timestamp, _ in MmapedDict.read_all_values_from_file(path):  # type: ignore[no-untyped-call]
                 folded[key] = combine(folded[key], (value, timestamp)) if key in folded else (value, timestamp)
+        if os.path.exists(kept + ".new"):  # MmapedDict would carry on from it
+            os.remove(kept + ".new")
         written = MmapedDict(kept + ".new")  # type: ignore[no-untyped-call]
         try:
             for key, (value, timestamp) in folded.items():
