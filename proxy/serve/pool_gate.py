@@ -151,6 +151,12 @@ class LeasedPoolGate(PoolGate):
         super().cancel(conn_id)
         self._settle()
 
+    def close(self) -> None:
+        """The worker is exiting, its requests ended: it gives all its lease back, as while the
+        owner recalls, so the owner's book has it from the worker, not from the release at its death."""
+        self._wake(self.pool.recall(True, trio.current_time()))
+        self._settle()
+
     async def run(self) -> None:
         """Ask the owner for the lease the worker must hold, one ask at a time, while it is short.
         Ends when the owner is gone (the worker then ends too)."""

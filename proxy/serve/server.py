@@ -36,7 +36,7 @@ from proxy.serve.file_watch import FileWatcher
 from proxy.serve.listener import ListenerRuntime
 from proxy.serve.pool_gate import LeasedPoolGate, PoolGate
 from proxy.serve.runtime import Runtime
-from proxy.workers.proxy_windows import PROXY_SECTIONS, roll_on_grid
+from proxy.workers.proxy_windows import PROXY_SECTIONS, roll_on_grid, tell_rows
 from proxy.workers.worker_connections import SharedConnectionGate
 from proxy.workers.worker_groups import SharedGroups
 
@@ -363,6 +363,8 @@ class ProxyServer:
                         await nursery.start(self._watcher.run)
                     task_status.started(self)
             finally:
+                if self._leases is not None:  # every connection has ended: the lease goes back to the owner
+                    self._leases.close()
                 if self.window is not None:
                     for row in self._finished_window():  # the last, partial window
                         self.audit.record(row)
@@ -392,7 +394,8 @@ class ProxyServer:
     def _finished_window(self, edge: float | None = None) -> list[dict[str, object]]:
         assert self.window is not None
         self.window.on_pool(self.runtime.pool.pool.reset_window_high_water_mark(trio.current_time()))
-        return self.window.roll(time.time() if edge is None else edge)
+        rows = self.window.roll(time.time() if edge is None else edge)
+        return rows if self.shared is None else tell_rows(self.shared.link, rows)  # the pool's is the proxy's
 
     async def _expire_groups(self, policy: GroupSizePolicy) -> None:
         """Session expiry and idle-group eviction: bounded memory, counts that follow the coordinator."""

@@ -73,6 +73,7 @@ class Link:
         self._next_ask = 1
         self.closed = trio.Event()
         self._sending = False  # the writer task is in send_all: a frame queued now must wait its turn
+        self._sent = trio.Event()  # set when the writer has sent all that was queued, or the link closed
         self._fd = stream.socket.fileno() if isinstance(stream, trio.SocketStream) else None
         self._pickled = io.BytesIO()  # one pickler per link, reused: a third of a new one's cost
         self._pickler = pickle.Pickler(self._pickled, protocol=pickle.HIGHEST_PROTOCOL)
@@ -110,6 +111,13 @@ class Link:
         if not ok:
             raise RemoteError(value)
         return value
+
+    async def sent(self) -> None:
+        """Return once every message queued so far is written to the socket, or the link is
+        closed: a worker's last tells before it exits (``run``'s writer sends them)."""
+        while (self._out or self._sending) and not self.closed.is_set():
+            self._sent = trio.Event()
+            await self._sent.wait()
 
     def _queue(self, kind: str, ask_id: int, args: tuple[Any, ...]) -> None:
         if self.closed.is_set():
@@ -171,6 +179,7 @@ class Link:
                 nursery.cancel_scope.cancel()
         finally:
             self.closed.set()
+            self._sent.set()
             for send in self._asks.values():
                 send.close()
             self._asks.clear()
@@ -188,6 +197,7 @@ class Link:
                         await self._stream.send_all(data)
                     finally:
                         self._sending = False
+                self._sent.set()
         except (trio.BrokenResourceError, trio.ClosedResourceError):
             scope.cancel()
 

@@ -15,11 +15,13 @@ import logging
 import os
 import shutil
 import tempfile
+import threading
 from collections.abc import Awaitable, Callable, Iterable, Iterator, Sequence
 
 import trio
 from prometheus_client import generate_latest, values
 from prometheus_client.metrics_core import Metric
+from prometheus_client.mmap_dict import MmapedDict
 from prometheus_client.multiprocess import MultiProcessCollector, mark_process_dead
 from prometheus_client.registry import Collector
 
@@ -36,6 +38,25 @@ FLUSH_INTERVAL_S = 5.0
 # A scrape waits at most this long for the workers' flushes: a stuck worker delays the
 # scrape, it does not fail it (its last flushed values are served).
 FLUSH_WAIT_S = 1.0
+# The process part of the files that keep every dead process's values, folded: counters
+# and histograms stay in the sums, and the directory holds the live processes' files and
+# these, however often workers die. Never a pid, which is a number.
+FOLDED = "dead"
+
+
+# How a dead process's values fold into the kept ones, by the file's prefix (its type,
+# and a gauge's multiprocess_mode); every other prefix adds (counters, histograms'
+# buckets and sums, summaries, ``sum`` gauges). ``live*`` gauges are removed
+# (mark_process_dead), never folded; ``all`` keeps a series per pid, so its files stay.
+def _add(kept: tuple[float, float], dead: tuple[float, float]) -> tuple[float, float]:
+    return kept[0] + dead[0], 0.0
+
+
+_FOLD: dict[str, Callable[[tuple[float, float], tuple[float, float]], tuple[float, float]]] = {
+    "gauge_max": max,
+    "gauge_min": min,
+    "gauge_mostrecent": lambda kept, dead: max(kept, dead, key=lambda value: value[1]),  # (value, timestamp)
+}
 
 
 class MetricsFiles:
@@ -49,6 +70,9 @@ class MetricsFiles:
     def __init__(self, path: str, temporary: bool) -> None:
         self.path = path
         self._temporary = temporary
+        # A fold replaces files a scrape reads (both run in threads): a scrape sees each dead
+        # process's values once, before the fold or after it, so no counter dips or doubles.
+        self._lock = threading.Lock()
 
     @classmethod
     def open(cls, configured: str | None = None) -> MetricsFiles:
@@ -70,14 +94,46 @@ class MetricsFiles:
             values.ValueClass = values.MultiProcessValue()  # type: ignore[no-untyped-call]
 
     def process_gone(self, pid: int) -> None:
-        """A worker process ended: its live gauges (connections open, ...) stop counting;
-        its counters stay in the sums, as a counter never goes down."""
-        mark_process_dead(pid, self.path)  # type: ignore[no-untyped-call]
+        """A worker process ended: its live gauges (connections open, ...) stop counting
+        (``mark_process_dead``, which removes only those files); the rest of its files are
+        folded into the kept ones (``FOLDED``), so its counters stay in the sums, as a
+        counter never goes down, and a crash loop does not grow the directory and each
+        scrape's reading without bound. Reads and writes files: run it in a thread."""
+        with self._lock:
+            mark_process_dead(pid, self.path)  # type: ignore[no-untyped-call]
+            for path in glob.glob(os.path.join(self.path, f"*_{pid}.db")):
+                prefix = os.path.basename(path)[: -len(f"_{pid}.db")]
+                if prefix != "gauge_all":  # live ones are gone (mark_process_dead)
+                    self._fold(prefix, path)
+
+    def _fold(self, prefix: str, dead: str) -> None:
+        """Add ``dead``'s values to those kept in ``<prefix>_dead.db`` (MmapedDict's format: the
+        keys name the metric, sample and labels, the same in every process), written whole to a
+        new file that replaces it, then remove ``dead``."""
+        combine = _FOLD.get(prefix, _add)
+        kept = os.path.join(self.path, f"{prefix}_{FOLDED}.db")
+        folded: dict[str, tuple[float, float]] = {}
+        for path in (kept, dead):
+            if not os.path.exists(path):
+                continue
+            for key, value, timestamp, _ in MmapedDict.read_all_values_from_file(path):  # type: ignore[no-untyped-call]
+                folded[key] = combine(folded[key], (value, timestamp)) if key in folded else (value, timestamp)
+        if os.path.exists(kept + ".new"):  # MmapedDict would carry on from it
+            os.remove(kept + ".new")
+        written = MmapedDict(kept + ".new")  # type: ignore[no-untyped-call]
+        try:
+            for key, (value, timestamp) in folded.items():
+                written.write_value(key, value, timestamp)  # type: ignore[no-untyped-call]
+        finally:
+            written.close()  # type: ignore[no-untyped-call]
+        os.replace(kept + ".new", kept)
+        os.remove(dead)
 
     def collect(self) -> list[Metric]:
         """Every process's metrics, merged (reads the files: run it in a thread)."""
         collector = MultiProcessCollector(None, self.path)  # type: ignore[no-untyped-call]
-        return list(collector.collect())  # type: ignore[no-untyped-call]
+        with self._lock:
+            return list(collector.collect())  # type: ignore[no-untyped-call]
 
     def __enter__(self) -> MetricsFiles:
         return self
@@ -92,7 +148,7 @@ class MetricsFiles:
             self._remove_files()
 
     def _remove_files(self) -> None:
-        for path in glob.glob(os.path.join(self.path, "*.db")):
+        for path in glob.glob(os.path.join(self.path, "*.db")) + glob.glob(os.path.join(self.path, "*.db.new")):
             os.remove(path)
 
 

@@ -27,7 +27,7 @@ from proxy.workers.link import Link, LinkClosed, RemoteError
 from proxy.workers.metrics import MetricsFiles, WholeProxyMetrics, flush_workers
 from proxy.workers.owner import Owner
 from proxy.workers.owner_connections import ConnectionOwner
-from proxy.workers.proxy_windows import ProxyWindows
+from proxy.workers.proxy_windows import WINDOW_ROWS, ProxyWindows
 
 log = logging.getLogger("kafka_admission_proxy.supervisor")
 
@@ -200,6 +200,8 @@ class Supervisor:
         link.tell("worker.start", self.generation, self.config)
         link.handlers["worker.ready"] = lambda generation: self._worker_ready(index, link, generation)
         link.handlers["worker.brokers"] = lambda brokers: self._brokers_learned(index, brokers)
+        if self.windows is not None:
+            link.handlers[WINDOW_ROWS] = self.windows.told
         self.owner.attach(index, link)
         command = [
             sys.executable,
@@ -229,7 +231,8 @@ class Supervisor:
             if process.returncode is None:  # cancelled: the drain took too long, or the start failed
                 process.kill()
         assert process.returncode is not None
-        self.metric_files.process_gone(process.pid)  # its live gauges (connections open) end with it
+        # Its live gauges (connections open) end with it; its counters are folded into the kept files.
+        await trio.to_thread.run_sync(self.metric_files.process_gone, process.pid)
         return process.returncode
 
     @staticmethod

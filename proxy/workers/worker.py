@@ -25,6 +25,10 @@ from proxy.workers.metrics import flush_periodically, serve_flush
 
 log = logging.getLogger("kafka_admission_proxy.worker")
 
+# How long an exiting worker waits for its last tells to be sent (a supervisor that reads
+# nothing holds up no exit: it releases what the worker held when it sees it gone).
+LAST_TELLS_S = 2.0
+
 
 class _WorkerField(logging.Filter):
     """Every log line of a worker names it (``worker=<index>``)."""
@@ -50,16 +54,22 @@ async def serve_worker(config_path: str, index: int, workers: int, link_fd: int,
     serve_flush(link, server.metrics)
     with trio.open_signal_receiver(signal.SIGTERM) as signals:
         async with trio.open_nursery() as nursery:
-            await nursery.start(server.run)
-            # Read by the server's I/O driver (running now): an answer from the owner wakes only
-            # the task that asked (docs/workers.md). Asks made before this wait in the socket.
-            nursery.start_soon(_follow_supervisor, link, server.runtime.driver, nursery.cancel_scope)
-            nursery.start_soon(flush_periodically, server.metrics)
-            link.tell("worker.ready", server.runtime.generation.number)
-            async for _ in signals:
-                await server.shutdown(drain_timeout)
-                server.metrics.flush()  # what the drained requests added
-                break
+            async with trio.open_nursery() as serving:
+                await serving.start(server.run)
+                # Read by the server's I/O driver (running now): an answer from the owner wakes only
+                # the task that asked (docs/workers.md). Asks made before this wait in the socket.
+                nursery.start_soon(_follow_supervisor, link, server.runtime.driver, nursery.cancel_scope)
+                nursery.start_soon(flush_periodically, server.metrics)
+                link.tell("worker.ready", server.runtime.generation.number)
+                async for _ in signals:
+                    await server.shutdown(drain_timeout)
+                    break
+            # The server has ended: every connection's end is told (its close, its pool bytes, its
+            # group join), and the lease given back. Those tells reach the owner before the worker
+            # exits, so its counts come from the worker, not from the release at its death.
+            server.metrics.flush()  # what the drained requests added
+            with trio.move_on_after(LAST_TELLS_S):
+                await link.sent()
             nursery.cancel_scope.cancel()
 
 

@@ -113,7 +113,7 @@ async def test_one_scrape_sums_the_workers_flushed_on_ask_and_a_dead_workers_liv
             workers[1].process.send_signal(signal.SIGKILL)
             await workers[1].link.closed.wait()
             assert await trio.to_thread.run_sync(workers[1].process.wait) == -signal.SIGKILL
-            files.process_gone(workers[1].process.pid)
+            await trio.to_thread.run_sync(files.process_gone, workers[1].process.pid)
             live = [workers[0]]
             seen = await scrape()
             assert seen[("kafka_admission_connections_active", ACTIVE)] == 2  # its connections are gone
@@ -258,3 +258,56 @@ def test_requests_in_flight_are_counted_busy_over_every_worker(tansu: Any, start
     finally:
         for conn in conns:
             conn.close()
+
+
+def monotonic_samples(text: str) -> dict[tuple[str, tuple[tuple[str, str], ...]], float]:
+    """The samples that must never go down: counters' and histograms' (not ``_created``)."""
+    return {
+        (s.name, tuple(sorted(s.labels.items()))): s.value
+        for f in text_string_to_metric_families(text)
+        if f.type in ("counter", "histogram")
+        for s in f.samples
+        if not s.name.endswith("_created")
+    }
+
+
+def test_a_worker_killed_again_and_again_leaves_no_files_behind_and_no_counter_goes_down(
+    tansu: Any, start_proxy: Any, tmp_path: Path
+) -> None:
+    """A crash loop: worker 0 is SIGKILLed three times. Its live gauges leave /metrics with it
+    (mark_process_dead); its other files are folded into the kept ``*_dead.db`` ones, so the
+    directory holds the live processes' files and those, the same kept files after the third
+    death as after the first, and no counter or histogram sample scraped ever goes down."""
+    directory = tmp_path / "metrics"
+    proxy = start_workers(start_proxy, tansu.bootstrap, 2, command_prefix=["env", f"{ENV}={directory}"])
+    by_worker = connections_on_every_worker(proxy, 2, 8)
+    survivor = by_worker[1]
+    try:
+        status, text = proxy.get("/metrics")
+        assert status == 200
+        last = monotonic_samples(text)
+        kept: list[list[str]] = []
+        for death in (1, 2, 3):
+            pid = worker_pids(proxy)[0]
+            os.kill(pid, signal.SIGKILL)
+            wait_until(lambda pid=pid: worker_pids(proxy)[0] != pid, timeout=20)  # restarted (after a growing pause)
+            for i, conn in enumerate(survivor):
+                assert round_trip(conn, 100 * death + i) == 0  # the counters keep counting meanwhile
+            status, text = proxy.get("/metrics")
+            assert status == 200
+            seen = monotonic_samples(text)
+            went_down = {key: (value, seen.get(key)) for key, value in last.items() if seen.get(key, -1) < value}
+            assert not went_down, f"after death {death}: {went_down}"
+            last = seen
+            assert seen[("kafka_admission_worker_restarts_total", (("worker", "0"),))] == death
+            assert metric(samples(text), "kafka_admission_connections_active") == len(survivor)
+            names = os.listdir(directory)
+            live = {str(proxy.process.pid), *map(str, worker_pids(proxy).values())}  # type: ignore[union-attr]
+            owners = {name.rsplit("_", 1)[1].removesuffix(".db") for name in names}
+            assert owners <= live | {"dead"}, f"files of a dead process after death {death}: {sorted(names)}"
+            assert "counter_dead.db" in names
+            kept.append(sorted(name for name in names if name.endswith("_dead.db")))
+        assert kept[2] == kept[0], kept  # bounded: one kept file per type, however many deaths
+        assert metric(samples(text), "kafka_admission_requests_total", api="api_versions") >= 8 + 3 * len(survivor)
+    finally:
+        close_all(by_worker)

@@ -174,6 +174,42 @@ def test_sigterm_drains_every_worker_and_exits_0(tansu: Any, start_proxy: Any) -
         assert f"draining in-flight requests worker={worker}" in proxy.log()
 
 
+def test_a_worker_drained_by_sigterm_tells_the_owner_what_it_held_before_it_exits(tansu: Any, start_proxy: Any) -> None:
+    """SIGTERM to one worker (not to the proxy): it drains, and closes the connections whose
+    Fetches are still parked at the drain timeout. Their closes, their pool bytes and its lease
+    reach the owner as the worker's own tells before it exits, so the supervisor has nothing
+    left to release when it sees it gone, and the counts are the other worker's connections."""
+    proxy = start_workers(
+        start_proxy,
+        tansu.bootstrap,
+        2,
+        extra_args=["--drain-timeout", "1"],
+        policies={"queued.max.request.bytes": 1 << 20, "socket.request.max.bytes": 1 << 20},
+    )
+    topic = f"empty-{uuid.uuid4().hex[:8]}"
+    create_topic(proxy.bootstrap, topic)
+    by_worker = connections_on_every_worker(proxy, 2, 16)
+    victim, survivor = 0, 1
+    try:
+        for i, conn in enumerate(by_worker[victim]):
+            conn.send(fetch_frame(70 + i, topic_id(conn, topic), max_wait_ms=10000))
+        wait_until(lambda: proxy.metric("kafka_admission_connections_counted_busy") == len(by_worker[victim]))
+        os.kill(worker_pids(proxy)[victim], signal.SIGTERM)
+        wait_until(lambda: proxy.metric("kafka_admission_worker_restarts_total", worker=str(victim)) == 1, timeout=15)
+        assert f"worker {victim} exited with status 0; restarting it" in proxy.log()
+        assert "drain time over; closing" in proxy.log()  # the busy connections were closed by the drain's end
+        for conn in by_worker[victim]:
+            assert conn.closed_by_peer()
+        released = {labels["what"]: value for labels, value in proxy.samples("kafka_admission_worker_released_total")}
+        assert released == {"connections": 0, "pool_bytes": 0, "group_joins": 0}
+        assert proxy.metric("kafka_admission_connections_counted") == len(by_worker[survivor])
+        assert proxy.metric("kafka_admission_memory_pool_leased_bytes") == proxy.metric(
+            "kafka_admission_memory_pool_lease_bytes"
+        )  # the owner's book: the leases the live workers hold, nothing of the drained one
+    finally:
+        close_all(by_worker)
+
+
 def test_each_worker_writes_audit_files_of_its_own_and_its_connection_ids_name_it(
     tansu: Any, start_proxy: Any, tmp_path: Path
 ) -> None:

@@ -24,18 +24,20 @@ STARTS = (0.0, 60.0, 120.0)
 
 
 def workers_proxy(proxy: str, peaks: tuple[int, ...]) -> list[dict[str, Any]]:
-    """What ``workers: 2`` writes: the supervisor's connections windows (the owner's counts), and
-    each worker's traffic and pool windows and a decision of its own, naming the proxy."""
+    """What ``workers: 2`` writes: the supervisor's connections windows (the owner's counts) and
+    pool windows (the workers' figures summed), and each worker's traffic windows, naming the proxy."""
     events = [
         {**window("connections", start, listener="plain", tls=False, max_open=peak), "instance": proxy}
         for start, peak in zip(STARTS, peaks, strict=True)
     ]
+    for start in STARTS:
+        pool = window("pool", start, capacity_bytes=-1, high_water_mark_bytes=2000 + int(start), waits=0)
+        events.append({**pool, "instance": proxy})
     for w in (0, 1):
         worker = {"instance": f"{proxy}-w{w}", "proxy": proxy}
         for start in STARTS:
             api = {"client_id": "app", "api": "fetch", "requests": 5, "max_request_bytes": 100 + w}
             events.append({**window("client_api", start, **api, max_response_bytes=900), **worker})
-            events.append({**window("pool", start, capacity_bytes=-1, high_water_mark_bytes=1000, waits=0), **worker})
     return events
 
 
@@ -67,6 +69,8 @@ def test_a_proxy_with_two_workers_is_one_proxy_with_one_connection_peak(spark: A
     assert traffic.peak_connections is not None
     assert (traffic.peak_connections.value, traffic.peak_connections.where) == (12, "px")
     assert traffic.largest_requests[0]["bytes"] == 101
+    assert traffic.pool_peak is not None
+    assert (traffic.pool_peak.value, traffic.pool_peak.where) == (2120, "px")  # the proxy's figure, as written
 
     recs = {r.key: r for r in recommend(traffic, 20.0, min_windows=6)}
     assert recs[MAX_CONNECTIONS].limit == with_headroom(12, 20.0)

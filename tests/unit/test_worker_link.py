@@ -58,6 +58,25 @@ async def test_an_async_handler_does_not_hold_up_other_messages() -> None:
         nursery.cancel_scope.cancel()
 
 
+async def test_tells_queued_beyond_what_the_socket_takes_are_all_sent_before_sent_returns() -> None:
+    """A worker's last tells before it exits: more than the socket takes at once wait in the
+    link's queue; once ``sent`` returns, ending the link loses none of them."""
+    worker, owner = Link.pair()
+    seen: list[int] = []
+    owner.handlers["closed"] = lambda n, _padding: seen.append(n)
+    padding = b"x" * 4096
+    async with trio.open_nursery() as nursery:
+        nursery.start_soon(owner.run)
+        async with trio.open_nursery() as sending:
+            sending.start_soon(worker.run)
+            for n in range(1000):  # 4 MB: the socket pair's buffers take far less
+                worker.tell("closed", n, padding)
+            await worker.sent()
+            sending.cancel_scope.cancel()  # the worker's link ends, its socket closed
+        await owner.closed.wait()  # read to the end
+    assert seen == list(range(1000))
+
+
 async def test_a_raising_handler_is_a_remote_error_and_an_unknown_kind_too() -> None:
     owner, worker = Link.pair()
 
