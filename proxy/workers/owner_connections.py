@@ -10,24 +10,29 @@ the one clock all processes share) and syncs its quotas with them
 (``sync_activity``) before deciding. Most opens do not ask at all: the owner lends each worker
 slots of room under every limit (``SlotLeases``) and the worker admits from them, telling the owner
 each admission (``conn.opened``); the owner takes the slots back (``conn.recall``) before it decides
-an open that would leave a slot without room. The design: docs/workers.md.
+an open that would leave a slot without room. When the audit keeps evidence, the owner writes each
+connection's ``open`` event as it counts it, with the counts its limits compare (only it knows
+them), under the proxy's own instance. The design: docs/workers.md.
 """
 
 from __future__ import annotations
 
 import time
-from collections.abc import Coroutine, Iterable
+from collections.abc import Coroutine, Iterable, Iterator
 from dataclasses import replace
 from typing import Any, NamedTuple
 
 import trio
+from prometheus_client.core import CounterMetricFamily
 from prometheus_client.registry import Collector
 
 from policies.connections import BOOTSTRAP, BrokerKey, BrokerQuotas, ConnectionLimits, LeaseCell, SlotLeases
 from policies.decision import Action, Decision, Policy
 from policies.mode import Mode
 from policies.properties import MAX_CONNECTIONS_WAIT_MS
-from proxy.config.model import Config
+from proxy.config.model import PASSTHROUGH, Config
+from proxy.evidence.audit import AuditSink
+from proxy.evidence.lifecycle import record_lifecycle
 from proxy.evidence.observation_window import ObservationWindow
 from proxy.serve.connection_gate import CountsCollector
 from proxy.workers.link import Handler, Link, LinkClosed, RemoteError
@@ -48,23 +53,15 @@ class OpenAnswer(NamedTuple):
     victims' holders were told to close them; an enforced REFUSE: refused, per IP or after waiting
     ``max.connections.wait.ms``). ``waited``: the first WAIT, when the open had to wait for a slot
     (``blocked`` seconds; the worker recorded it when told ``conn.waiting``, as the wait began).
-    ``counts``: what the limits counted once it was admitted (OpenCounts'
-    fields: a named tuple of plain values pickles in a third of the time a dataclass does). ``watch``:
-    whether the owner wants to hear when a connection turns idle (``conn.watch`` tells the changes;
-    a worker whose gate was not built yet when one was told learns it here)."""
+    ``watch``: whether the owner wants to hear when a connection turns idle (``conn.watch`` tells
+    the changes; a worker whose gate was not built yet when one was told learns it here). A named
+    tuple of plain values: it pickles in a third of the time a dataclass does."""
 
     admitted: bool
     decision: Decision | None
     waited: Decision | None = None
     blocked: float = 0.0
-    counts: tuple[int | None, int | None, int, int | None] | None = None
     watch: bool = False
-
-
-def lends_slots(config: Config) -> bool:
-    """Whether workers admit from leased slots: not when the audit keeps evidence, whose connection
-    events carry the counts each limit compared at the open (only the owner knows them then)."""
-    return config.audit.path is None and config.audit.topic is None
 
 
 def owner_limits(limits: ConnectionLimits) -> ConnectionLimits:
@@ -97,13 +94,16 @@ class ConnectionOwner:
         # Slots of the BOOTSTRAP pool lent to workers (sidecar mode's one pool; moves only leave it,
         # so they only add room). Node pools are not lent: a move into one could take its room.
         self.leases = SlotLeases(lst.name for lst in config.listeners if lst.protected)
-        self._lending = lends_slots(config)
         self._recalling = 0  # recalls under way: no slot is lent meanwhile
         self._returned = trio.Event()  # set (and replaced) when a worker gave slots back
-        # The proxy's connections window (proxy/workers/proxy_windows.py), when the audit keeps
-        # evidence: each connection counted here is observed there, as one process observes it.
+        # The proxy's evidence (proxy/workers/proxy_windows.py), when the audit keeps it: each
+        # connection counted here is observed in the connections window and its open event written
+        # with the counts of that moment, as one process writes it.
         self.window: ObservationWindow | None = None
+        self.audit: AuditSink | None = None
         self._observed: dict[str, tuple[str, bool]] = {}  # conn_id -> (listener, TLS), in the window
+        self._passthrough = frozenset(lst.name for lst in config.listeners if lst.tls == PASSTHROUGH)
+        self.opens = {"slot": 0, "asked": 0}  # opens admitted from a lent slot, and opens asked
 
     # -- the contract -----------------------------------------------------------------------
 
@@ -148,7 +148,6 @@ class ConnectionOwner:
         quotas = self.quotas
         quotas.mode = Mode(policies.mode_of(policies.connections_mode))
         self.wait_seconds = policies.max_connections_wait_ms / 1000
-        self._lending = lends_slots(config)
         # Slots lent under the old limits are taken back; those used meanwhile count as admitted
         # before the reload (each worker's reload asks for the excess round after it gave them back).
         for holder in self.leases.holders():
@@ -160,16 +159,18 @@ class ConnectionOwner:
         self._update_watch()
 
     def collectors(self) -> list[Collector]:
-        return [CountsCollector(self.quotas, busy=False)]
+        return [CountsCollector(self.quotas, busy=False), OpensCollector(self.opens)]
 
     # -- opens ---------------------------------------------------------------------------------
 
     def open(
-        self, worker: int, conn_id: str, listener: str, ip: str, tls: bool, broker: BrokerKey = BOOTSTRAP
+        self, worker: int, conn_id: str, listener: str, peer: str, ip: str, tls: bool, broker: BrokerKey = BOOTSTRAP
     ) -> OpenAnswer | Coroutine[Any, Any, OpenAnswer]:
-        """``BrokerQuotas.on_accept`` for worker ``worker``'s new connection. Answered at once when
-        no cap is full (nothing to close: no activity needed) and no earlier open of that broker's
-        pool waits; otherwise in turn, after an activity round (see the module docstring)."""
+        """``BrokerQuotas.on_accept`` for worker ``worker``'s new connection (``peer``: the client's
+        address, for its open event). Answered at once when no cap is full (nothing to close: no
+        activity needed) and no earlier open of that broker's pool waits; otherwise in turn, after
+        an activity round (see the module docstring)."""
+        self.opens["asked"] += 1
         quotas = self.quotas
         if (
             not self._in_turn.get(broker)
@@ -178,11 +179,11 @@ class ConnectionOwner:
         ):
             decision = quotas.on_accept(conn_id, listener=listener, ip=ip, tls=tls, now=time.monotonic(), broker=broker)
             cell = (listener, tls, ip) if broker == BOOTSTRAP else None
-            return self._answer(worker, conn_id, listener, tls, decision, cell=cell)
-        return self._open_in_turn(worker, conn_id, listener, ip, tls, broker)
+            return self._answer(worker, conn_id, listener, peer, tls, decision, cell=cell)
+        return self._open_in_turn(worker, conn_id, listener, peer, ip, tls, broker)
 
     async def _open_in_turn(
-        self, worker: int, conn_id: str, listener: str, ip: str, tls: bool, broker: BrokerKey
+        self, worker: int, conn_id: str, listener: str, peer: str, ip: str, tls: bool, broker: BrokerKey
     ) -> OpenAnswer:
         quotas = self.quotas
         gone = self._gone.get(worker, 0)
@@ -232,7 +233,7 @@ class ConnectionOwner:
                 del self._in_turn[broker]
         blocked = trio.current_time() - start if first_wait is not None else 0.0
         cell = (listener, tls, ip) if broker == BOOTSTRAP else None
-        return self._answer(worker, conn_id, listener, tls, decision, first_wait, blocked, cell)
+        return self._answer(worker, conn_id, listener, peer, tls, decision, first_wait, blocked, cell)
 
     def _waited(self, why: str) -> Decision:
         return Decision(
@@ -249,6 +250,7 @@ class ConnectionOwner:
         worker: int,
         conn_id: str,
         listener: str,
+        peer: str,
         tls: bool,
         decision: Decision | None,
         waited: Decision | None = None,
@@ -259,20 +261,33 @@ class ConnectionOwner:
         if conn_id not in quotas:
             return OpenAnswer(False, decision, waited, blocked, watch=self._watch)
         self._holder[conn_id] = worker
-        self._observe_open(conn_id, listener, tls)
+        self._observe_open(conn_id, listener, peer, tls)
         if decision is not None and decision.enforced and decision.action is Action.EVICT:
             self._tell_holders(decision.victims, decision)
         if decision is None and cell is not None:
             self._lend(worker, cell)  # told before the answer: the worker has the slots when it reads it
-        counts = quotas.open_counts(conn_id)
-        return OpenAnswer(
-            True, decision, waited, blocked, (counts.broker, counts.ssl, counts.ip, counts.node_id), self._watch
-        )
+        return OpenAnswer(True, decision, waited, blocked, self._watch)
 
-    def _observe_open(self, conn_id: str, listener: str, tls: bool) -> None:
+    def _observe_open(self, conn_id: str, listener: str, peer: str, tls: bool, ts: float | None = None) -> None:
+        """A connection counted: in the proxy's window, and its open event with the counts its
+        limits compare now, itself included (only the owner knows them across the workers)."""
         if self.window is not None:
             self.window.on_connection_open(listener, tls)
             self._observed[conn_id] = (listener, tls)
+        if self.audit is not None:
+            record_lifecycle(
+                self.audit,
+                None,
+                "open",
+                conn_id=conn_id,
+                listener=listener,
+                peer=peer,
+                tls=tls,
+                counts=self.quotas.open_counts(conn_id),
+                closed={},
+                passthrough=listener in self._passthrough,
+                ts=ts,
+            )
 
     def _observe_close(self, conn_id: str) -> None:
         kind = self._observed.pop(conn_id, None)
@@ -287,7 +302,7 @@ class ConnectionOwner:
         pool is decided in turn or slots are being taken back."""
         leases = self.leases
         held = leases.held(worker, cell)
-        if not self._lending or held > LEASE_SLOTS // 2 or self._recalling or self._in_turn.get(BOOTSTRAP):
+        if held > LEASE_SLOTS // 2 or self._recalling or self._in_turn.get(BOOTSTRAP):
             return
         listener, tls, ip = cell
         # At most a share of the free room each (half of it among all workers): near a limit the
@@ -297,13 +312,16 @@ class ConnectionOwner:
         if n:
             self._tell(worker, "conn.lease", cell, n)
 
-    def opened(self, worker: int, conn_id: str, listener: str, ip: str, tls: bool) -> None:
-        """Worker ``worker`` admitted ``conn_id`` from a slot of its lease: counted from now on."""
+    def opened(self, worker: int, conn_id: str, listener: str, peer: str, ip: str, tls: bool, ts: float) -> None:
+        """Worker ``worker`` admitted ``conn_id`` from a slot of its lease at ``ts`` (Unix time):
+        counted from now on, its open event written with the counts after counting it (the ones
+        one process records, in the order the owner learns of the admissions)."""
+        self.opens["slot"] += 1
         cell = (listener, tls, ip)
         self.leases.used(worker, cell)
         self.quotas.on_leased(conn_id, listener=listener, ip=ip, tls=tls, now=time.monotonic())
         self._holder[conn_id] = worker
-        self._observe_open(conn_id, listener, tls)
+        self._observe_open(conn_id, listener, peer, tls, ts)
         if self.quotas.over_cap:  # admitted before a reload that lowered a cap reached its worker
             self._update_watch()
         else:
@@ -453,3 +471,21 @@ class ConnectionOwner:
             self._watch = watch
             for link in self._links.values():
                 link.tell("conn.watch", watch)
+
+
+class OpensCollector(Collector):
+    """How the workers' connection opens were admitted: from a slot the owner lent (nothing asked),
+    or asked of the owner (a worker's first open of a cell, near a limit, node ports)."""
+
+    def __init__(self, opens: dict[str, int]) -> None:
+        self._opens = opens
+
+    def collect(self) -> Iterator[CounterMetricFamily]:
+        family = CounterMetricFamily(
+            "kafka_admission_worker_connection_opens",
+            "Connection opens with workers, by how: admitted from a slot the owner lent the worker, or asked",
+            labels=["how"],
+        )
+        for how, n in self._opens.items():
+            family.add_metric([how], n)
+        yield family

@@ -3,8 +3,10 @@ what only the owner of a shared limit knows is observed there and written by the
 under the proxy's own audit instance, as one process writes it. Today that is the
 ``connections`` section: the connections open at once across every worker (a peak of a sum,
 which no sum of the workers' peaks gives), counted by ``ConnectionOwner`` as it admits and
-closes them. Each worker writes the rest under ``<instance>-w<index>``, its events naming
-the proxy (``proxy``), and every process rolls its windows on one grid of edges."""
+closes them; each connection's ``open`` event is written there too, with the counts the owner's
+limits compared (proxy/workers/owner_connections.py). Each worker writes the rest under
+``<instance>-w<index>``, its events naming the proxy (``proxy``), and every process rolls its
+windows on one grid of edges."""
 
 from __future__ import annotations
 

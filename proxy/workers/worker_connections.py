@@ -1,7 +1,8 @@
 """A worker's connection gate when the limits are shared (issue 29): the owner
 (proxy/workers/owner_connections.py) counts and decides every open; this gate
 asks it (``conn.open``), records what it decided (one audit event, one metric,
-as one process does) and tells it each close. What happens per request stays
+as one process does) and tells it each close. The connection's ``open`` event is the owner's to
+write (proxy/evidence/lifecycle.py): it alone knows the counts the limits compared. What happens per request stays
 here, in a local :class:`policies.connections.BrokerQuotas` whose caps are off
 (it decides no cap): activity, LRU order, and idle expiry
 (``connections.max.idle.ms`` is per connection). The owner reads that activity
@@ -25,7 +26,7 @@ from dataclasses import replace
 import trio
 
 from policies.api_keys import INT_MAX
-from policies.connections import BOOTSTRAP, BrokerKey, BrokerQuotas, ConnectionLimits, LeaseCell, OpenCounts
+from policies.connections import BOOTSTRAP, BrokerKey, BrokerQuotas, ConnectionLimits, LeaseCell
 from policies.decision import Action, Decision
 from policies.mode import Mode
 from proxy.evidence.decisions import DecisionRecorder, Where
@@ -89,13 +90,14 @@ class SharedConnectionGate(ConnectionGate):
                     del self._slots[cell]
                 else:
                     self._slots[cell] = left - 1
-                self._link.tell("conn.opened", conn.conn_id, conn.listener, conn.peer_ip, conn.tls)
-                self._counted(conn, broker, None)
+                peer = conn.where.client_address
+                self._link.tell("conn.opened", conn.conn_id, conn.listener, peer, conn.peer_ip, conn.tls, time.time())
+                self._counted(conn, broker)
                 return True
         self._asking[conn.conn_id] = conn
         try:
             answer: OpenAnswer = await self._link.ask(
-                "conn.open", conn.conn_id, conn.listener, conn.peer_ip, conn.tls, broker
+                "conn.open", conn.conn_id, conn.listener, conn.where.client_address, conn.peer_ip, conn.tls, broker
             )
         finally:
             del self._asking[conn.conn_id]
@@ -106,16 +108,16 @@ class SharedConnectionGate(ConnectionGate):
             self._recorder.record(answer.decision, conn.where)
         if not answer.admitted:
             return False
-        self._counted(conn, broker, None if answer.counts is None else OpenCounts(*answer.counts))
+        self._counted(conn, broker)
         return True
 
-    def _counted(self, conn: Closable, broker: BrokerKey, counts: OpenCounts | None) -> None:
-        """Admitted: counted here for its activity (the caps are the owner's)."""
+    def _counted(self, conn: Closable, broker: BrokerKey) -> None:
+        """Admitted: counted here for its activity (the caps, and the counts its open event carries,
+        are the owner's)."""
         self.quotas.on_accept(
             conn.conn_id, listener=conn.listener, ip=conn.peer_ip, tls=conn.tls, now=trio.current_time(), broker=broker
         )
         self._open[conn.conn_id] = conn
-        conn.open_counts = counts  # None from a slot: the owner lends none while the audit keeps evidence
         self._rearm_reaper()  # a new connection is idle until its first request
 
     def reached(self, conn_id: str, address: str, broker: int | None) -> None:

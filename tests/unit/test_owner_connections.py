@@ -12,13 +12,14 @@ from typing import Any
 import trio
 
 from policies.close_cause import CloseCause, Closing
-from policies.connections import OpenCounts
+from policies.connections import BrokerQuotas, OpenCounts
 from policies.decision import Action, Decision, Policy
 from policies.mode import Mode
 from policies.properties import MAX_CONNECTIONS, MAX_CONNECTIONS_PER_IP, MAX_CONNECTIONS_WAIT_MS, MAX_SSL_CONNECTIONS
 from proxy.config.model import Config, parse_config
 from proxy.evidence.audit import AuditSink
 from proxy.evidence.decisions import NOWHERE, DecisionRecorder, Where
+from proxy.evidence.lifecycle import record_lifecycle
 from proxy.evidence.metrics import Metrics
 from proxy.evidence.observation_window import ObservationWindow
 from proxy.workers.link import Link
@@ -49,6 +50,21 @@ class Recorder(DecisionRecorder):
         super().record(decision, where)
 
 
+class AuditEvents(AuditSink):
+    """An audit that keeps evidence, its events kept in a list (as ``record`` stamps them)."""
+
+    def __init__(self, config: Config, proxy: str | None = None) -> None:
+        super().__init__(config.audit, Metrics(), proxy=proxy)
+        self.keeps_evidence = True
+        self.events: list[dict[str, Any]] = []
+
+    def record(self, event: dict[str, Any]) -> None:
+        self.events.append({"instance": self.instance, **({"proxy": self.proxy} if self.proxy else {}), **event})
+
+    def opens(self) -> list[dict[str, Any]]:
+        return [e for e in self.events if e["type"] == "connection" and e["event"] == "open"]
+
+
 @dataclass
 class Conn:
     """A client connection as the gate sees it: closing it ends it (the listener's on_closed)."""
@@ -64,7 +80,9 @@ class Conn:
 
     @property
     def where(self) -> Where:
-        return Where(self.listener, self.peer_ip, self.conn_id, self.tls)
+        return Where(
+            self.listener, f"{self.peer_ip}:{40000 + int(self.conn_id.rsplit('-', 1)[1])}", self.conn_id, self.tls
+        )
 
     def close_now(self, closing: Closing) -> None:
         self.closing = closing
@@ -211,7 +229,7 @@ async def test_a_tls_open_over_max_ssl_connections_evicts_the_lru_idle_tls_conne
         assert newer.closing is None and plain_oldest.closing is None
         (evict,) = [d for d, where in w0.recorder.decisions if where.conn_id == incoming.conn_id]
         assert evict.action is Action.EVICT and evict.victims == (oldest.conn_id,)
-        assert incoming.open_counts is not None and incoming.open_counts.ssl == 2
+        assert owner.quotas.open_counts(incoming.conn_id).ssl == 2  # the victim no longer counts
         await until(lambda: owner.quotas.counts().ssl == 2)
 
 
@@ -359,8 +377,8 @@ async def test_opens_with_room_under_every_limit_are_admitted_from_the_workers_s
             conns.append(await w0.admitted())
             await until(lambda: owner.quotas.counts().total == n)  # noqa: B023
         assert asked == ["conn.open"]  # the first asks; the owner lends slots with its answer and tops them up
+        assert owner.opens == {"asked": 1, "slot": 3 * LEASE_SLOTS - 1}
         assert {owner._holder[c.conn_id] for c in conns} == {0}
-        assert all(c.open_counts is None for c in conns[1:])  # counts come with an answer only
         assert owner.leases.held(0, (LISTENER, False, "10.0.0.1")) > LEASE_SLOTS // 2
         other = count_asks(w1)
         await w1.admitted(ip="10.0.0.2")  # slots are per cell: another IP, or worker, asks first
@@ -436,6 +454,65 @@ async def test_a_stopped_worker_keeping_its_slots_makes_an_open_needing_them_wai
         (refused,) = [d for d, _ in w0.recorder.decisions]
         assert refused.limit_key == MAX_CONNECTIONS_WAIT_MS and "did not give its lent slots back" in refused.reason
         assert owner.quotas.counts().total == 1
+
+
+# -- the open events: written by the owner, with its counts ------------------------------------------
+
+
+async def test_with_the_audit_on_opens_from_slots_carry_the_counts_one_process_records() -> None:
+    """The owner writes each open event as it counts the connection (asked, or told from a slot),
+    with the counts after counting it: the counts one ConnectionQuotas records for the same opens
+    and closes in the same order, while nearly every open is admitted from a slot."""
+    policies = {"max.connections": 60, "max.ssl.connections": 40, "max.connections.per.ip": 25}
+    async with shared(2, **policies) as (owner, workers):
+        owner.audit = audit = AuditEvents(config_of(**policies))
+        alone = BrokerQuotas(config_of(**policies).policies.connection_limits())
+        expected: list[tuple[str, int | None, int | None, int]] = []
+        held: list[Conn] = []
+        for n in range(40):  # opens one after another (each counted before the next), some closes
+            worker, tls, ip = workers[n % 2], n % 3 == 0, f"10.0.0.{n % 4}"
+            conn = await worker.admitted(tls=tls, ip=ip)
+            await until(lambda: conn.conn_id in owner._holder)  # noqa: B023
+            assert alone.on_accept(conn.conn_id, listener=LISTENER, ip=ip, tls=tls, now=float(n)) is None
+            counts = alone.open_counts(conn.conn_id)
+            expected.append((conn.conn_id, counts.broker, counts.ssl, counts.ip))
+            held.append(conn)
+            if n % 5 == 4:
+                gone = held.pop(n % len(held))
+                gone.close_now(Closing(CloseCause.CLIENT_CLOSED))
+                alone.on_closed(gone.conn_id)
+                await until(lambda: gone.conn_id not in owner._holder)  # noqa: B023
+        opens = audit.opens()
+        assert [
+            (e["conn_id"], *(e[k] for k in ("open_connections", "open_ssl_connections", "open_ip_connections")))
+            for e in opens
+        ] == expected
+        assert owner.opens["slot"] >= 30  # most came from slots: each worker asks its first open of a cell
+        conns = {c.conn_id: c for c in held}
+        for e in opens:
+            assert "proxy" not in e  # the proxy's own instance, as one process writes it
+            if e["conn_id"] in conns:
+                assert e["client_address"] == conns[e["conn_id"]].where.client_address
+                assert e["tls"] is conns[e["conn_id"]].tls and e["listener"] == LISTENER
+
+
+def test_a_workers_connection_writes_its_close_and_leaves_its_open_to_the_owner() -> None:
+    config = config_of()
+    for proxy, kinds in ((None, ["open", "close"]), ("px", ["close"])):
+        audit = AuditEvents(config, proxy=proxy)
+        for event in ("open", "close"):
+            record_lifecycle(
+                audit,
+                None,
+                event,
+                conn_id="c1",
+                listener=LISTENER,
+                peer="10.0.0.1:5",
+                tls=False,
+                counts=None,
+                closed={},
+            )
+        assert [e["event"] for e in audit.events] == kinds
 
 
 # -- the whole proxy's connections window (proxy/workers/proxy_windows.py) ---------------------------
