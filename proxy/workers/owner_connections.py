@@ -509,7 +509,7 @@ class ConnectionOwner:
 
 class OpensCollector(Collector):
     """How the workers' connection opens were admitted: from a slot the owner lent (nothing asked),
-    or asked of the owner (a worker's first open of a cell, near a limit, node ports)."""
+    or asked of the owner (a worker's first open of a cell, near a limit)."""
 
     def __init__(self, opens: dict[str, int]) -> None:
         self._opens = opens
