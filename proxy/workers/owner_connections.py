@@ -8,9 +8,10 @@ when a cap is over its limit after a reload, it asks every worker for its least
 recently used idle connections (``conn.idle``, times on ``time.monotonic()``,
 the one clock all processes share) and syncs its quotas with them
 (``sync_activity``) before deciding. Most opens do not ask at all: the owner lends each worker
-slots of room under every limit (``SlotLeases``) and the worker admits from them, telling the owner
-each admission (``conn.opened``); the owner takes the slots back (``conn.recall``) before it decides
-an open that would leave a slot without room. When the audit keeps evidence, the owner writes each
+slots of room under every limit of each broker's pool (``SlotLeases``) and the worker admits from
+them, telling the owner each admission (``conn.opened``); the owner takes a pool's slots back
+(``conn.recall``) before it decides an open that would leave a slot without room, and before it
+moves connections into a node's pool that counts none. When the audit keeps evidence, the owner writes each
 connection's ``open`` event as it counts it, with the counts its limits compare (only it knows
 them), under the proxy's own instance. The design: docs/workers.md.
 """
@@ -397,7 +398,7 @@ class ConnectionOwner:
         """A BOOTSTRAP-pool connection connected to ``address``: BrokerQuotas.on_reached, the move
         (if any) followed by its holder, whose local LRU lists must name the same pools. A move into
         a node's pool with slots out would take their room: applied once they are back (``_moved_later``)."""
-        if broker is not None and self._move_waits(broker):
+        if broker is not None and self.quotas.broker_of(conn_id) == BOOTSTRAP and self._move_waits(broker):
             return self._moved_later(broker, self.reached, conn_id, address, broker)
         if self.quotas.on_reached(conn_id, address, broker) and broker is not None:
             self._follow_moves([conn_id], broker)
