@@ -23,7 +23,7 @@ from proxy.evidence.lifecycle import record_lifecycle
 from proxy.evidence.metrics import Metrics
 from proxy.evidence.observation_window import ObservationWindow
 from proxy.workers.link import Link
-from proxy.workers.owner_connections import LEASE_SLOTS, ConnectionOwner
+from proxy.workers.owner_connections import LEASE_SLOTS, ConnectionOwner, OpenAnswer
 from proxy.workers.proxy_windows import PROXY_SECTIONS
 from proxy.workers.worker_connections import SharedConnectionGate
 
@@ -616,3 +616,23 @@ async def test_the_owners_window_counts_every_workers_connections_as_one_proxy()
         assert (row["window_start"], row["max_open"], row["opened"], row["closed"]) == (60.0, 3, 0, 2)
         (row,) = window.roll(180.0)
         assert row["max_open"] == 1  # w0's one left open
+
+
+def test_the_owners_open_event_of_a_passthrough_listener_says_passthrough() -> None:
+    config = parse_config(
+        {
+            "upstream": {"bootstrap_servers": ["127.0.0.1:9092"]},
+            "listeners": [
+                {"name": LISTENER, "bind": "127.0.0.1:1"},
+                {"name": "mtls", "bind": "127.0.0.1:2", "tls": "passthrough", "passthrough_brokers": {0: "b0:9093"}},
+            ],
+        }
+    )
+    owner = ConnectionOwner(config)
+    owner.audit = audit = AuditEvents(config)
+    for conn_id, listener, tls in (("w0:mtls-p1", "mtls", True), (f"w0:{LISTENER}-1", LISTENER, False)):
+        answer = owner.open(0, conn_id, listener, "10.0.0.1:5000", "10.0.0.1", tls)
+        assert isinstance(answer, OpenAnswer) and answer.admitted
+    passthrough, plain = audit.opens()
+    assert (passthrough["conn_id"], passthrough.get("passthrough"), passthrough["tls"]) == ("w0:mtls-p1", True, True)
+    assert "passthrough" not in plain and plain["client_address"] == "10.0.0.1:5000"
