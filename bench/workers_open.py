@@ -16,14 +16,18 @@ from the same config) at every open (no slot lent), so ``w1-owner - link`` is wh
 service adds to the link;
 ``w2``, two worker processes opening at once against one owner process: each admits from the slots
 the owner lends it (docs/workers.md), asking only for its first open; ``w2-ask``, the same with no
-slot lent (``ConnectionOwner._lending`` off), so every open asks the owner: what an open costs while
-the audit keeps evidence, or near a limit. A worker's link is read by an I/O driver, as in the proxy;
+slot lent (``LEASE_SLOTS`` 0 in the owner), so every open asks the owner: what an open costs near a
+limit. With ``--audit DIR`` the audit keeps evidence (files in DIR, removed after each way) and the
+open measured is the accept loop's admit and then the connection's ``open`` event
+(``record_lifecycle``, the first thing a connection does): one process writes it itself; with
+workers the owner writes it, as it counts the open. A worker's link is read by an I/O driver, as in the proxy;
 ``link-task`` and ``w2-task`` read it with a task of its own (the link before it was served by the
 driver). Rounds alternate the ways
 (``--rounds``), so each set is back to back. Reported: p50 / p99 of the open as the accept loop
 sees it (the wall time of ``admit``), and the p50 difference with ``w1``.
 
     .venv/bin/python bench/workers_open.py --rounds 3 --opens 2000
+    .venv/bin/python bench/workers_open.py --rounds 3 --opens 2000 --ways w1,w2 --audit /tmp/bench-audit
 """
 
 from __future__ import annotations
@@ -31,6 +35,7 @@ from __future__ import annotations
 import argparse
 import json
 import os
+import shutil
 import socket
 import statistics
 import subprocess
@@ -45,6 +50,7 @@ from policies.mode import Mode
 from proxy.config.model import Config, parse_config
 from proxy.evidence.audit import AuditSink
 from proxy.evidence.decisions import DecisionRecorder, Where
+from proxy.evidence.lifecycle import record_lifecycle
 from proxy.evidence.metrics import Metrics
 from proxy.serve.connection_gate import ConnectionGate
 from proxy.serve.driver import IODriver
@@ -54,14 +60,24 @@ LISTENER = "external"
 _STANDING = 100  # connections each worker holds open while it measures
 
 
-def _config() -> Config:
+def _config(audit: str | None = None) -> Config:
     return parse_config(
         {
             "upstream": {"bootstrap_servers": ["127.0.0.1:9092"]},
             "listeners": [{"name": LISTENER, "bind": "127.0.0.1:1"}],
             "policies": {"max.connections": 100000, "max.ssl.connections": 100000},
+            "audit": {"path": audit, "instance_id": "bench"},
         }
     )
+
+
+def _audit(config: Config, metrics: Metrics, worker: int | None) -> AuditSink:
+    """The audit sink a process of the proxy builds (proxy/serve/server.py): with workers, each
+    worker is the instance ``bench-w<i>`` naming its proxy; one process, and the owner, ``bench``."""
+    if worker is None:
+        return AuditSink(config.audit, metrics)
+    settings = config.audit.model_copy(update={"instance_id": f"bench-w{worker}"})
+    return AuditSink(settings, metrics, proxy=config.audit.instance)
 
 
 @dataclass
@@ -80,13 +96,16 @@ class _Conn:
         raise AssertionError("nothing is closed in this bench")
 
 
-async def _worker(index: int, fd: int | None, opens: int, pause: float, ping: bool, driven: bool) -> list[float]:
+async def _worker(
+    index: int, fd: int | None, opens: int, pause: float, ping: bool, driven: bool, audit_dir: str | None
+) -> list[float]:
     from proxy.workers.worker_connections import SharedConnectionGate
 
-    config = _config()
+    config = _config(audit_dir)
     p = config.policies
     metrics = Metrics()
-    recorder = DecisionRecorder(metrics, AuditSink(config.audit, metrics))
+    audit = _audit(config, metrics, None if fd is None else index)
+    recorder = DecisionRecorder(metrics, audit)
     mode = Mode(p.mode_of(p.connections_mode))
     async with trio.open_nursery() as nursery:
         gate: ConnectionGate
@@ -126,19 +145,35 @@ async def _worker(index: int, fd: int | None, opens: int, pause: float, ping: bo
                 continue
             start = time.perf_counter()
             admitted = await gate.admit(conn)
+            record_lifecycle(  # what the connection does first (proxy/serve/connection.py)
+                audit,
+                None,
+                "open",
+                conn_id=conn.conn_id,
+                listener=LISTENER,
+                peer=conn.peer_ip,
+                tls=False,
+                counts=conn.open_counts,
+                closed={},
+            )
             took.append(time.perf_counter() - start)
             assert admitted
             gate.on_closed(conn)  # type: ignore[arg-type]
             await trio.sleep(pause)
         nursery.cancel_scope.cancel()
+    audit.close()
     return took
 
 
-async def _owner(fds: list[int], lend: bool) -> None:
-    from proxy.workers.owner_connections import ConnectionOwner
+async def _owner(fds: list[int], lend: bool, audit_dir: str | None) -> None:
+    from proxy.workers import owner_connections
 
-    owner = ConnectionOwner(_config())
-    owner._lending = lend
+    if not lend:
+        owner_connections.LEASE_SLOTS = 0  # no slot lent: every open asks
+    config = _config(audit_dir)
+    owner = owner_connections.ConnectionOwner(config)
+    if audit_dir is not None:  # as the supervisor gives it the proxy's sink (proxy/workers/supervisor.py)
+        owner.audit = _audit(config, Metrics(), None)
     async with trio.open_nursery() as nursery:
         for index, fd in enumerate(fds):
             link = Link(trio.SocketStream(trio.socket.from_stdlib_socket(socket.socket(fileno=fd))))
@@ -149,9 +184,12 @@ async def _owner(fds: list[int], lend: bool) -> None:
         await trio.sleep_forever()
 
 
-def _run_way(way: str, opens: int, pause_ms: float) -> list[float]:
+def _run_way(way: str, opens: int, pause_ms: float, audit_dir: str | None) -> list[float]:
     me = [sys.executable, __file__]
     common = ["--opens", str(opens), "--pause-ms", str(pause_ms)]
+    if audit_dir is not None:
+        shutil.rmtree(audit_dir, ignore_errors=True)
+        common += ["--audit", audit_dir]
     if way.endswith("-task"):  # the worker's link read by a task of its own, not by an I/O driver
         way = way.removesuffix("-task")
     else:
@@ -164,7 +202,8 @@ def _run_way(way: str, opens: int, pause_ms: float) -> list[float]:
     pairs = [socket.socketpair() for _ in range(2 if way.startswith("w2") else 1)]
     owner_fds = [a.fileno() for a, _ in pairs]
     no_slots = ["--no-slots"] if way in ("w1-owner", "w2-ask") else []
-    owner = subprocess.Popen([*me, "--as-owner", ",".join(map(str, owner_fds)), *no_slots], pass_fds=owner_fds)
+    audit = ["--audit", audit_dir] if audit_dir is not None else []
+    owner = subprocess.Popen([*me, "--as-owner", ",".join(map(str, owner_fds)), *no_slots, *audit], pass_fds=owner_fds)
     workers = [
         subprocess.Popen(
             [*me, "--as-worker", str(i), "--fd", str(b.fileno()), *common],
@@ -202,23 +241,27 @@ def main() -> None:
     parser.add_argument("--ping", action="store_true")
     parser.add_argument("--driver", action="store_true")
     parser.add_argument("--no-slots", action="store_true")
+    parser.add_argument("--audit", help="the audit keeps evidence: its files in this directory (emptied per way)")
     parser.add_argument(
         "--ways", default="w1,link-task,link,w1-owner,w2-task,w2,w2-ask", help="comma-separated, in order"
     )
     args = parser.parse_args()
     if args.as_owner is not None:
-        trio.run(_owner, [int(fd) for fd in args.as_owner.split(",")], not args.no_slots)
+        trio.run(_owner, [int(fd) for fd in args.as_owner.split(",")], not args.no_slots, args.audit)
         return
     if args.as_worker is not None:
-        took = trio.run(_worker, args.as_worker, args.fd, args.opens, args.pause_ms / 1000, args.ping, args.driver)
+        took = trio.run(
+            _worker, args.as_worker, args.fd, args.opens, args.pause_ms / 1000, args.ping, args.driver, args.audit
+        )
         print(json.dumps(took[len(took) // 20 :]))  # the first 5% warm up
         return
-    print(f"opens per worker {args.opens}, pause {args.pause_ms} ms, cpus {os.sched_getaffinity(0)}")
+    audit = f", audit files in {args.audit}" if args.audit else ", no audit"
+    print(f"opens per worker {args.opens}, pause {args.pause_ms} ms, cpus {os.sched_getaffinity(0)}{audit}")
     print("round  way       p50_us  p99_us")
     p50s: dict[str, list[float]] = {way: [] for way in args.ways.split(",")}
     for round_ in range(args.rounds):
         for way in p50s:
-            took = _run_way(way, args.opens, args.pause_ms)
+            took = _run_way(way, args.opens, args.pause_ms, args.audit)
             p50s[way].append(_us(took, 0.5))
             print(f"{round_:5d}  {way:8s}  {_us(took, 0.5):6.1f}  {_us(took, 0.99):6.1f}", flush=True)
         if "w1" in p50s and "w2" in p50s:

@@ -347,9 +347,11 @@ def hits(spark: SparkSession, evidence: Evidence, opens: DataFrame, candidates: 
         chosen["origin"],
         *[observations[c] for c in (*_OBSERVATION, "conn_id")],
     )
-    # Connection opens carry no client id: their close event names it.
+    # Connection opens carry no client id: their close event names it. Per proxy: with workers: N the
+    # owner writes the opens under the proxy's instance, each worker its closes (conn ids are unique
+    # across a proxy's workers).
     closes = evidence.connections.filter(F.col("event") == "close").select(
-        "instance", "conn_id", F.col("client_id").alias("closed_client_id")
+        proxy_of().alias("instance"), "conn_id", F.col("client_id").alias("closed_client_id")
     )
     named = (
         matched.filter(F.col("evidence") == "connection")

@@ -119,9 +119,11 @@ def open_connections(connections: DataFrame) -> DataFrame:
     proxy's connection limits counted as they admitted it, itself included: ``open_connections``
     (``max.connections``), ``open_ssl_connections`` (``max.ssl.connections``, TLS only) and
     ``open_ip_connections`` (``max.connections.per.ip``). Opens written before proxies recorded
-    the counts have them null: no limit is judged on those (``_peak_per_ip`` counts them)."""
+    the counts have them null: no limit is judged on those (``_peak_per_ip`` counts them). ``instance``
+    is the proxy's (``proxy_of``): with workers: N the owner writes the opens (files of an older
+    version: each worker, naming the proxy)."""
     return connections.filter(F.col("event") == "open").select(
-        "instance",
+        proxy_of().alias("instance"),
         "ts",
         "conn_id",
         "listener",

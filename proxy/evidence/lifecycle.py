@@ -1,6 +1,9 @@
 """A connection's open and close as evidence, in one shape for every kind of connection
 (terminating or ``tls: passthrough``): the observation window's connection counts and, when
-the audit keeps evidence (files or a topic), one ``connection`` event each."""
+the audit keeps evidence (files or a topic), one ``connection`` event each. With ``workers: N``
+the owner of the connection limits writes each ``open`` (proxy/workers/owner_connections.py):
+its counts are the owner's, known there when it counts the connection, and a worker admits
+most connections from slots without asking (docs/workers.md)."""
 
 from __future__ import annotations
 
@@ -27,17 +30,19 @@ def record_lifecycle(
     closed: Mapping[str, object],
     closing: Closing | None = None,
     passthrough: bool = False,
+    ts: float | None = None,
 ) -> None:
     """``event`` is "open" or "close"; ``closed`` holds the close event's own fields, and
     ``closing`` why it closed (its ``reason``: the label the metrics count it under; None:
-    the client closed)."""
+    the client closed). ``ts``: when it happened, if not now (an open the owner writes after
+    the worker admitted it from a slot)."""
     if window is not None:
         if event == "open":
             window.on_connection_open(listener, tls)
         else:
             window.on_connection_close(listener, tls)
-    if not audit.keeps_evidence:
-        return
+    if not audit.keeps_evidence or (event == "open" and audit.proxy is not None):
+        return  # a worker's sink (it names its proxy): the owner writes the opens
     record: dict[str, object] = {
         "type": "connection",
         "event": event,
@@ -48,6 +53,8 @@ def record_lifecycle(
     }
     if passthrough:
         record["passthrough"] = True
+    if ts is not None:
+        record["ts"] = ts
     if event == "open" and counts is not None:
         # the counts the connection limits compared at its admission (the report's connection impact)
         record.update(open_connections=counts.broker, open_ssl_connections=counts.ssl, open_ip_connections=counts.ip)

@@ -8,26 +8,32 @@ when a cap is over its limit after a reload, it asks every worker for its least
 recently used idle connections (``conn.idle``, times on ``time.monotonic()``,
 the one clock all processes share) and syncs its quotas with them
 (``sync_activity``) before deciding. Most opens do not ask at all: the owner lends each worker
-slots of room under every limit (``SlotLeases``) and the worker admits from them, telling the owner
-each admission (``conn.opened``); the owner takes the slots back (``conn.recall``) before it decides
-an open that would leave a slot without room. The design: docs/workers.md.
+slots of room under every limit of each broker's pool (``SlotLeases``) and the worker admits from
+them, telling the owner each admission (``conn.opened``); the owner takes a pool's slots back
+(``conn.recall``) before it decides an open that would leave a slot without room, and before it
+moves connections into a node's pool that counts none. When the audit keeps evidence, the owner writes each
+connection's ``open`` event as it counts it, with the counts its limits compare (only it knows
+them), under the proxy's own instance. The design: docs/workers.md.
 """
 
 from __future__ import annotations
 
 import time
-from collections.abc import Coroutine, Iterable
+from collections.abc import Coroutine, Iterable, Iterator
 from dataclasses import replace
 from typing import Any, NamedTuple
 
 import trio
+from prometheus_client.core import CounterMetricFamily
 from prometheus_client.registry import Collector
 
 from policies.connections import BOOTSTRAP, BrokerKey, BrokerQuotas, ConnectionLimits, LeaseCell, SlotLeases
 from policies.decision import Action, Decision, Policy
 from policies.mode import Mode
 from policies.properties import MAX_CONNECTIONS_WAIT_MS
-from proxy.config.model import Config
+from proxy.config.model import PASSTHROUGH, Config
+from proxy.evidence.audit import AuditSink
+from proxy.evidence.lifecycle import record_lifecycle
 from proxy.evidence.observation_window import ObservationWindow
 from proxy.serve.connection_gate import CountsCollector
 from proxy.workers.link import Handler, Link, LinkClosed, RemoteError
@@ -48,23 +54,15 @@ class OpenAnswer(NamedTuple):
     victims' holders were told to close them; an enforced REFUSE: refused, per IP or after waiting
     ``max.connections.wait.ms``). ``waited``: the first WAIT, when the open had to wait for a slot
     (``blocked`` seconds; the worker recorded it when told ``conn.waiting``, as the wait began).
-    ``counts``: what the limits counted once it was admitted (OpenCounts'
-    fields: a named tuple of plain values pickles in a third of the time a dataclass does). ``watch``:
-    whether the owner wants to hear when a connection turns idle (``conn.watch`` tells the changes;
-    a worker whose gate was not built yet when one was told learns it here)."""
+    ``watch``: whether the owner wants to hear when a connection turns idle (``conn.watch`` tells
+    the changes; a worker whose gate was not built yet when one was told learns it here). A named
+    tuple of plain values: it pickles in a third of the time a dataclass does."""
 
     admitted: bool
     decision: Decision | None
     waited: Decision | None = None
     blocked: float = 0.0
-    counts: tuple[int | None, int | None, int, int | None] | None = None
     watch: bool = False
-
-
-def lends_slots(config: Config) -> bool:
-    """Whether workers admit from leased slots: not when the audit keeps evidence, whose connection
-    events carry the counts each limit compared at the open (only the owner knows them then)."""
-    return config.audit.path is None and config.audit.topic is None
 
 
 def owner_limits(limits: ConnectionLimits) -> ConnectionLimits:
@@ -94,16 +92,21 @@ class ConnectionOwner:
         self._reclaiming = False
         self._reclaim_again = False
         self._relimit = False  # limits changed: the next round closes (or, observing, reports) the excess
-        # Slots of the BOOTSTRAP pool lent to workers (sidecar mode's one pool; moves only leave it,
-        # so they only add room). Node pools are not lent: a move into one could take its room.
-        self.leases = SlotLeases(lst.name for lst in config.listeners if lst.protected)
-        self._lending = lends_slots(config)
-        self._recalling = 0  # recalls under way: no slot is lent meanwhile
+        # Slots lent to workers, per broker's pool (sidecar mode: the BOOTSTRAP pool alone). A move of
+        # BOOTSTRAP-pool connections into a node's pool, made only while that node counts none, waits
+        # for that node's slots to come back first (``reached``): it could take their room.
+        self._protected = [lst.name for lst in config.listeners if lst.protected]
+        self.leases: dict[BrokerKey, SlotLeases] = {}
+        self._recalling: dict[BrokerKey, int] = {}  # recalls under way, per pool: none of its slots is lent meanwhile
         self._returned = trio.Event()  # set (and replaced) when a worker gave slots back
-        # The proxy's connections window (proxy/workers/proxy_windows.py), when the audit keeps
-        # evidence: each connection counted here is observed there, as one process observes it.
+        # The proxy's evidence (proxy/workers/proxy_windows.py), when the audit keeps it: each
+        # connection counted here is observed in the connections window and its open event written
+        # with the counts of that moment, as one process writes it.
         self.window: ObservationWindow | None = None
+        self.audit: AuditSink | None = None
         self._observed: dict[str, tuple[str, bool]] = {}  # conn_id -> (listener, TLS), in the window
+        self._passthrough = frozenset(lst.name for lst in config.listeners if lst.tls == PASSTHROUGH)
+        self.opens = {"slot": 0, "asked": 0}  # opens admitted from a lent slot, and opens asked
 
     # -- the contract -----------------------------------------------------------------------
 
@@ -116,7 +119,7 @@ class ConnectionOwner:
             "conn.turned_idle": self.turned_idle,
             "conn.reclaim": self.reclaim,
             "conn.opened": lambda *args: self.opened(worker, *args),
-            "conn.returned": lambda returned: self.returned(worker, returned),
+            "conn.returned": lambda broker, returned: self.returned(worker, broker, returned),
         }
 
     def attach(self, worker: int, link: Link) -> None:
@@ -128,7 +131,8 @@ class ConnectionOwner:
         """Its connections are closed: each stops counting, and waiting opens are woken."""
         self._gone[worker] = self._gone.get(worker, 0) + 1
         self._links.pop(worker, None)
-        self.leases.drop(worker)
+        for leases in self.leases.values():
+            leases.drop(worker)
         self._returned.set()
         self._returned = trio.Event()
         held = [conn_id for conn_id, holder in self._holder.items() if holder == worker]
@@ -148,11 +152,11 @@ class ConnectionOwner:
         quotas = self.quotas
         quotas.mode = Mode(policies.mode_of(policies.connections_mode))
         self.wait_seconds = policies.max_connections_wait_ms / 1000
-        self._lending = lends_slots(config)
         # Slots lent under the old limits are taken back; those used meanwhile count as admitted
         # before the reload (each worker's reload asks for the excess round after it gave them back).
-        for holder in self.leases.holders():
-            self._tell(holder, "conn.recall")
+        for broker, leases in self.leases.items():
+            for holder in leases.holders():
+                self._tell(holder, "conn.recall", broker)
         quotas.sync_activity({})  # no activity known: update_limits names no victim
         quotas.update_limits(owner_limits(policies.connection_limits()), time.monotonic())
         self._relimit = True
@@ -160,29 +164,31 @@ class ConnectionOwner:
         self._update_watch()
 
     def collectors(self) -> list[Collector]:
-        return [CountsCollector(self.quotas, busy=False)]
+        return [CountsCollector(self.quotas, busy=False), OpensCollector(self.opens)]
 
     # -- opens ---------------------------------------------------------------------------------
 
     def open(
-        self, worker: int, conn_id: str, listener: str, ip: str, tls: bool, broker: BrokerKey = BOOTSTRAP
+        self, worker: int, conn_id: str, listener: str, peer: str, ip: str, tls: bool, broker: BrokerKey = BOOTSTRAP
     ) -> OpenAnswer | Coroutine[Any, Any, OpenAnswer]:
-        """``BrokerQuotas.on_accept`` for worker ``worker``'s new connection. Answered at once when
-        no cap is full (nothing to close: no activity needed) and no earlier open of that broker's
-        pool waits; otherwise in turn, after an activity round (see the module docstring)."""
+        """``BrokerQuotas.on_accept`` for worker ``worker``'s new connection (``peer``: the client's
+        address, for its open event). Answered at once when no cap is full (nothing to close: no
+        activity needed) and no earlier open of that broker's pool waits; otherwise in turn, after
+        an activity round (see the module docstring)."""
+        self.opens["asked"] += 1
         quotas = self.quotas
+        leases = self.leases.get(broker)
         if (
             not self._in_turn.get(broker)
             and not quotas.room_needed(listener, ip, tls, broker)
-            and (broker != BOOTSTRAP or not self.leases or self.leases.fits(quotas.rooms(listener, ip, tls)))
+            and (not leases or leases.fits(quotas.rooms(listener, ip, tls, broker)))
         ):
             decision = quotas.on_accept(conn_id, listener=listener, ip=ip, tls=tls, now=time.monotonic(), broker=broker)
-            cell = (listener, tls, ip) if broker == BOOTSTRAP else None
-            return self._answer(worker, conn_id, listener, tls, decision, cell=cell)
-        return self._open_in_turn(worker, conn_id, listener, ip, tls, broker)
+            return self._answer(worker, conn_id, listener, peer, ip, tls, broker, decision)
+        return self._open_in_turn(worker, conn_id, listener, peer, ip, tls, broker)
 
     async def _open_in_turn(
-        self, worker: int, conn_id: str, listener: str, ip: str, tls: bool, broker: BrokerKey
+        self, worker: int, conn_id: str, listener: str, peer: str, ip: str, tls: bool, broker: BrokerKey
     ) -> OpenAnswer:
         quotas = self.quotas
         gone = self._gone.get(worker, 0)
@@ -193,10 +199,10 @@ class ConnectionOwner:
         try:
             while True:
                 async with self._deciding:
-                    if broker == BOOTSTRAP and self.leases:
+                    if self.leases.get(broker):
                         with trio.move_on_at(deadline):
-                            await self._recall()  # decided with no slot out: exact counts
-                        if self.leases:  # a worker kept its slots (stopped): no exact count by the deadline
+                            await self._recall(broker)  # decided with no slot out: exact counts
+                        if self.leases.get(broker):  # a worker kept its slots (stopped): no exact count by the deadline
                             refused = self._waited("a worker did not give its lent slots back")
                             return OpenAnswer(False, refused, None, trio.current_time() - start, watch=self._watch)
                     need = quotas.room_needed(listener, ip, tls, broker)
@@ -231,8 +237,7 @@ class ConnectionOwner:
             if not self._in_turn[broker]:
                 del self._in_turn[broker]
         blocked = trio.current_time() - start if first_wait is not None else 0.0
-        cell = (listener, tls, ip) if broker == BOOTSTRAP else None
-        return self._answer(worker, conn_id, listener, tls, decision, first_wait, blocked, cell)
+        return self._answer(worker, conn_id, listener, peer, ip, tls, broker, decision, first_wait, blocked)
 
     def _waited(self, why: str) -> Decision:
         return Decision(
@@ -249,30 +254,45 @@ class ConnectionOwner:
         worker: int,
         conn_id: str,
         listener: str,
+        peer: str,
+        ip: str,
         tls: bool,
+        broker: BrokerKey,
         decision: Decision | None,
         waited: Decision | None = None,
         blocked: float = 0.0,
-        cell: LeaseCell | None = None,
     ) -> OpenAnswer:
         quotas = self.quotas
         if conn_id not in quotas:
             return OpenAnswer(False, decision, waited, blocked, watch=self._watch)
         self._holder[conn_id] = worker
-        self._observe_open(conn_id, listener, tls)
+        self._observe_open(conn_id, listener, peer, tls)
         if decision is not None and decision.enforced and decision.action is Action.EVICT:
             self._tell_holders(decision.victims, decision)
-        if decision is None and cell is not None:
-            self._lend(worker, cell)  # told before the answer: the worker has the slots when it reads it
-        counts = quotas.open_counts(conn_id)
-        return OpenAnswer(
-            True, decision, waited, blocked, (counts.broker, counts.ssl, counts.ip, counts.node_id), self._watch
-        )
+        if decision is None:
+            self._lend(worker, broker, (listener, tls, ip))  # told before the answer: the worker has them then
+        return OpenAnswer(True, decision, waited, blocked, self._watch)
 
-    def _observe_open(self, conn_id: str, listener: str, tls: bool) -> None:
+    def _observe_open(self, conn_id: str, listener: str, peer: str, tls: bool, ts: float | None = None) -> None:
+        """A connection counted: in the proxy's window, and its open event with the counts its
+        limits compare now, itself included (only the owner knows them across the workers)."""
         if self.window is not None:
             self.window.on_connection_open(listener, tls)
             self._observed[conn_id] = (listener, tls)
+        if self.audit is not None:
+            record_lifecycle(
+                self.audit,
+                None,
+                "open",
+                conn_id=conn_id,
+                listener=listener,
+                peer=peer,
+                tls=tls,
+                counts=self.quotas.open_counts(conn_id),
+                closed={},
+                passthrough=listener in self._passthrough,
+                ts=ts,
+            )
 
     def _observe_close(self, conn_id: str) -> None:
         kind = self._observed.pop(conn_id, None)
@@ -281,52 +301,64 @@ class ConnectionOwner:
 
     # -- slots lent to workers --------------------------------------------------------------------
 
-    def _lend(self, worker: int, cell: LeaseCell) -> None:
-        """Top worker ``worker``'s slots of ``cell`` up to LEASE_SLOTS when half are used, as far
-        as every limit of the cell has room beside the slots out; none while an open of the BOOTSTRAP
-        pool is decided in turn or slots are being taken back."""
-        leases = self.leases
+    def _lend(self, worker: int, broker: BrokerKey, cell: LeaseCell) -> None:
+        """Top worker ``worker``'s slots of ``cell`` of broker ``broker``'s pool up to LEASE_SLOTS
+        when half are used, as far as every limit of the cell has room beside the slots out; none
+        while an open of that pool is decided in turn or its slots are being taken back."""
+        leases = self.leases.get(broker)
+        if leases is None:
+            leases = self.leases[broker] = SlotLeases(self._protected)
         held = leases.held(worker, cell)
-        if not self._lending or held > LEASE_SLOTS // 2 or self._recalling or self._in_turn.get(BOOTSTRAP):
+        if held > LEASE_SLOTS // 2 or self._recalling.get(broker) or self._in_turn.get(broker):
             return
         listener, tls, ip = cell
         # At most a share of the free room each (half of it among all workers): near a limit the
         # others' opens still fit beside the slots out, instead of calling them back.
         share = 2 * max(1, len(self._links))
-        n = leases.grant(worker, cell, self.quotas.rooms(listener, ip, tls), LEASE_SLOTS - held, share)
+        n = leases.grant(worker, cell, self.quotas.rooms(listener, ip, tls, broker), LEASE_SLOTS - held, share)
         if n:
-            self._tell(worker, "conn.lease", cell, n)
+            self._tell(worker, "conn.lease", broker, cell, n)
 
-    def opened(self, worker: int, conn_id: str, listener: str, ip: str, tls: bool) -> None:
-        """Worker ``worker`` admitted ``conn_id`` from a slot of its lease: counted from now on."""
+    def opened(
+        self, worker: int, conn_id: str, listener: str, peer: str, ip: str, tls: bool, ts: float, broker: BrokerKey
+    ) -> None:
+        """Worker ``worker`` admitted ``conn_id`` from a slot of its lease of broker ``broker``'s pool
+        at ``ts`` (Unix time): counted from now on, its open event written with the counts after
+        counting it (the ones one process records, in the order the owner learns of the admissions)."""
+        self.opens["slot"] += 1
         cell = (listener, tls, ip)
-        self.leases.used(worker, cell)
-        self.quotas.on_leased(conn_id, listener=listener, ip=ip, tls=tls, now=time.monotonic())
+        self.leases[broker].used(worker, cell)
+        self.quotas.on_leased(conn_id, listener=listener, ip=ip, tls=tls, now=time.monotonic(), broker=broker)
         self._holder[conn_id] = worker
-        self._observe_open(conn_id, listener, tls)
+        self._observe_open(conn_id, listener, peer, tls, ts)
         if self.quotas.over_cap:  # admitted before a reload that lowered a cap reached its worker
             self._update_watch()
         else:
-            self._lend(worker, cell)
+            self._lend(worker, broker, cell)
 
-    def returned(self, worker: int, returned: list[tuple[LeaseCell, int]]) -> None:
-        """Worker ``worker`` dropped these unused slots (after telling every admission from them)."""
+    def returned(self, worker: int, broker: BrokerKey, returned: list[tuple[LeaseCell, int]]) -> None:
+        """Worker ``worker`` dropped these unused slots of broker ``broker``'s pool (after telling
+        every admission from them)."""
         for cell, n in returned:
-            self.leases.give_back(worker, cell, n)
+            self.leases[broker].give_back(worker, cell, n)
         self._returned.set()
         self._returned = trio.Event()
 
-    async def _recall(self) -> None:
-        """Take every slot out back: each holder drops its slots and says how many, after telling
-        the admissions it made from them; a worker that dies gives its slots back too."""
-        self._recalling += 1
+    async def _recall(self, broker: BrokerKey) -> None:
+        """Take every slot of broker ``broker``'s pool back: each holder drops its slots and says
+        how many, after telling the admissions it made from them; a worker that dies gives its slots
+        back too."""
+        self._recalling[broker] = self._recalling.get(broker, 0) + 1
         try:
-            for holder in self.leases.holders():
-                self._tell(holder, "conn.recall")
-            while self.leases:
+            leases = self.leases.get(broker)
+            for holder in leases.holders() if leases else []:
+                self._tell(holder, "conn.recall", broker)
+            while self.leases.get(broker):
                 await self._returned.wait()
         finally:
-            self._recalling -= 1
+            self._recalling[broker] -= 1
+            if not self._recalling[broker]:
+                del self._recalling[broker]
 
     def _tell(self, worker: int, kind: str, *args: object) -> None:
         link = self._links.get(worker)
@@ -362,18 +394,39 @@ class ConnectionOwner:
         if self._watch and not self.quotas.over_cap:
             self._update_watch()
 
-    def reached(self, conn_id: str, address: str, broker: int | None) -> None:
+    def reached(self, conn_id: str, address: str, broker: int | None) -> Coroutine[Any, Any, None] | None:
         """A BOOTSTRAP-pool connection connected to ``address``: BrokerQuotas.on_reached, the move
-        (if any) followed by its holder, whose local LRU lists must name the same pools."""
+        (if any) followed by its holder, whose local LRU lists must name the same pools. A move into
+        a node's pool with slots out would take their room: applied once they are back (``_moved_later``)."""
+        if broker is not None and self.quotas.broker_of(conn_id) == BOOTSTRAP and self._move_waits(broker):
+            return self._moved_later(broker, self.reached, conn_id, address, broker)
         if self.quotas.on_reached(conn_id, address, broker) and broker is not None:
             self._follow_moves([conn_id], broker)
+        return None
 
-    def broker_known(self, broker: int, address: str) -> None:
-        """BrokerQuotas.on_broker_known (every worker learns each broker: the first tell moves)."""
+    def _move_waits(self, broker: int) -> bool:
+        """A move into ``broker``'s pool would be made now (it counts no connection), and workers
+        hold slots of it: admissions from them may be on their way, and each took room the move would
+        take."""
+        return bool(self.leases.get(broker)) and broker not in self.quotas.counts_by_broker()
+
+    async def _moved_later(self, broker: int, handle: Any, *args: Any) -> None:
+        """``handle(*args)`` once every slot of ``broker``'s pool is back (none is lent meanwhile),
+        the admissions made from them counted first: the move rule then sees what one process would
+        see with the tell arriving after them (they count: no move; none: the move, exact)."""
+        await self._recall(broker)
+        handle(*args)
+
+    def broker_known(self, broker: int, address: str) -> Coroutine[Any, Any, None] | None:
+        """BrokerQuotas.on_broker_known (every worker learns each broker: the first tell moves); as
+        ``reached``, after that node's slots are back when workers hold some."""
+        if self._move_waits(broker):
+            return self._moved_later(broker, self.broker_known, broker, address)
         quotas = self.quotas
         waiting = [conn_id for conn_id in self._holder if quotas.broker_of(conn_id) == BOOTSTRAP]
         if quotas.on_broker_known(broker, address):
             self._follow_moves([c for c in waiting if quotas.broker_of(c) == broker], broker)
+        return None
 
     def _follow_moves(self, conn_ids: Iterable[str], broker: int) -> None:
         by_holder: dict[int, list[str]] = {}
@@ -453,3 +506,21 @@ class ConnectionOwner:
             self._watch = watch
             for link in self._links.values():
                 link.tell("conn.watch", watch)
+
+
+class OpensCollector(Collector):
+    """How the workers' connection opens were admitted: from a slot the owner lent (nothing asked),
+    or asked of the owner (a worker's first open of a cell, near a limit)."""
+
+    def __init__(self, opens: dict[str, int]) -> None:
+        self._opens = opens
+
+    def collect(self) -> Iterator[CounterMetricFamily]:
+        family = CounterMetricFamily(
+            "kafka_admission_worker_connection_opens",
+            "Connection opens with workers, by how: admitted from a slot the owner lent the worker, or asked",
+            labels=["how"],
+        )
+        for how, n in self._opens.items():
+            family.add_metric([how], n)
+        yield family

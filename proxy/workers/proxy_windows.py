@@ -2,11 +2,13 @@
 what is one figure of the whole proxy is written by the supervisor under the proxy's own
 audit instance, as one process writes it. The ``connections`` section: the connections open
 at once across every worker (a peak of a sum, which no sum of the workers' peaks gives),
-counted by ``ConnectionOwner`` as it admits and closes them. The ``pool`` section: each worker
-tells its own window's row at each edge (``tell_rows``), and the supervisor writes their sum,
-an upper bound of the proxy's bytes in flight at once (a sum of peaks), where the most of
-them was a floor. Each worker writes the rest under ``<instance>-w<index>``, its events
-naming the proxy (``proxy``), and every process rolls its windows on one grid of edges."""
+counted by ``ConnectionOwner`` as it admits and closes them; each connection's ``open`` event
+is written there too, with the counts the owner's limits compared
+(proxy/workers/owner_connections.py). The ``pool`` section: each worker tells its own window's
+row at each edge (``tell_rows``), and the supervisor writes their sum, an upper bound of the
+proxy's bytes in flight at once (a sum of peaks), where the most of them was a floor. Each
+worker writes the rest under ``<instance>-w<index>``, its events naming the proxy (``proxy``),
+and every process rolls its windows on one grid of edges."""
 
 from __future__ import annotations
 

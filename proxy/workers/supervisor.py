@@ -80,6 +80,7 @@ class Supervisor:
             for service in self.owner.services:
                 if isinstance(service, ConnectionOwner):
                     service.window = self.windows.window
+                    service.audit = self.windows.audit  # the open events: their counts are the owner's
         self.exit_code = 0
         self.admin_port: int | None = None
         self._links: dict[int, Link] = {}  # the workers that are serving

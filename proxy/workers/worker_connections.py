@@ -1,7 +1,8 @@
 """A worker's connection gate when the limits are shared (issue 29): the owner
 (proxy/workers/owner_connections.py) counts and decides every open; this gate
 asks it (``conn.open``), records what it decided (one audit event, one metric,
-as one process does) and tells it each close. What happens per request stays
+as one process does) and tells it each close. The connection's ``open`` event is the owner's to
+write (proxy/evidence/lifecycle.py): it alone knows the counts the limits compared. What happens per request stays
 here, in a local :class:`policies.connections.BrokerQuotas` whose caps are off
 (it decides no cap): activity, LRU order, and idle expiry
 (``connections.max.idle.ms`` is per connection). The owner reads that activity
@@ -11,10 +12,10 @@ still idle, or as soon as its requests are answered (a connection with a request
 in flight is never closed to make room).
 
 Most opens ask nothing: the owner lends this worker slots of room under every limit of a cell
-(listener, TLS, client IP; ``conn.lease``), and an open of a cell it holds a slot of is admitted
-here and told (``conn.opened``). The owner takes the slots back (``conn.recall``) before it decides
-an open they would leave without room: the slots are dropped and their number told
-(``conn.returned``), after every admission from them.
+(listener, TLS, client IP) of a broker's pool (``conn.lease``), and an open of a cell it holds a slot
+of is admitted here and told (``conn.opened``). The owner takes a pool's slots back (``conn.recall``)
+before it decides an open they would leave without room, or moves connections into that pool: the
+slots are dropped and their number told (``conn.returned``), after every admission from them.
 """
 
 from __future__ import annotations
@@ -25,7 +26,7 @@ from dataclasses import replace
 import trio
 
 from policies.api_keys import INT_MAX
-from policies.connections import BOOTSTRAP, BrokerKey, BrokerQuotas, ConnectionLimits, LeaseCell, OpenCounts
+from policies.connections import BOOTSTRAP, BrokerKey, BrokerQuotas, ConnectionLimits, LeaseCell
 from policies.decision import Action, Decision
 from policies.mode import Mode
 from proxy.evidence.decisions import DecisionRecorder, Where
@@ -64,7 +65,7 @@ class SharedConnectionGate(ConnectionGate):
         self._link = link
         self._watch = False  # the owner wants to hear when a connection turns idle
         self._deferred: dict[str, Decision] = {}  # named to close while busy: closed once idle
-        self._slots: dict[LeaseCell, int] = {}  # slots lent by the owner, per (listener, TLS, IP)
+        self._slots: dict[tuple[BrokerKey, LeaseCell], int] = {}  # slots lent by the owner, per pool and cell
         self._asking: dict[str, Closable] = {}  # opens asked of the owner, not answered yet
         link.handlers.update(
             {
@@ -81,21 +82,22 @@ class SharedConnectionGate(ConnectionGate):
     # -- at accept ------------------------------------------------------------------------
 
     async def admit(self, conn: Closable, broker: BrokerKey = BOOTSTRAP) -> bool:
-        if broker == BOOTSTRAP and self._slots:
-            cell = (conn.listener, conn.tls, conn.peer_ip)
-            left = self._slots.get(cell, 0)
+        if self._slots:
+            key = (broker, (conn.listener, conn.tls, conn.peer_ip))
+            left = self._slots.get(key, 0)
             if left:  # a slot of the owner's: every limit had room for it (None, as the owner answers)
                 if left == 1:
-                    del self._slots[cell]
+                    del self._slots[key]
                 else:
-                    self._slots[cell] = left - 1
-                self._link.tell("conn.opened", conn.conn_id, conn.listener, conn.peer_ip, conn.tls)
-                self._counted(conn, broker, None)
+                    self._slots[key] = left - 1
+                peer, ip = conn.where.client_address, conn.peer_ip
+                self._link.tell("conn.opened", conn.conn_id, conn.listener, peer, ip, conn.tls, time.time(), broker)
+                self._counted(conn, broker)
                 return True
         self._asking[conn.conn_id] = conn
         try:
             answer: OpenAnswer = await self._link.ask(
-                "conn.open", conn.conn_id, conn.listener, conn.peer_ip, conn.tls, broker
+                "conn.open", conn.conn_id, conn.listener, conn.where.client_address, conn.peer_ip, conn.tls, broker
             )
         finally:
             del self._asking[conn.conn_id]
@@ -106,16 +108,16 @@ class SharedConnectionGate(ConnectionGate):
             self._recorder.record(answer.decision, conn.where)
         if not answer.admitted:
             return False
-        self._counted(conn, broker, None if answer.counts is None else OpenCounts(*answer.counts))
+        self._counted(conn, broker)
         return True
 
-    def _counted(self, conn: Closable, broker: BrokerKey, counts: OpenCounts | None) -> None:
-        """Admitted: counted here for its activity (the caps are the owner's)."""
+    def _counted(self, conn: Closable, broker: BrokerKey) -> None:
+        """Admitted: counted here for its activity (the caps, and the counts its open event carries,
+        are the owner's)."""
         self.quotas.on_accept(
             conn.conn_id, listener=conn.listener, ip=conn.peer_ip, tls=conn.tls, now=trio.current_time(), broker=broker
         )
         self._open[conn.conn_id] = conn
-        conn.open_counts = counts  # None from a slot: the owner lends none while the audit keeps evidence
         self._rearm_reaper()  # a new connection is idle until its first request
 
     def reached(self, conn_id: str, address: str, broker: int | None) -> None:
@@ -183,10 +185,14 @@ class SharedConnectionGate(ConnectionGate):
     def _set_watch(self, watch: bool) -> None:
         self._watch = watch
 
-    def _lent(self, cell: LeaseCell, n: int) -> None:
-        self._slots[cell] = self._slots.get(cell, 0) + n
+    def _lent(self, broker: BrokerKey, cell: LeaseCell, n: int) -> None:
+        key = (broker, cell)
+        self._slots[key] = self._slots.get(key, 0) + n
 
-    def _recall(self) -> None:
-        """The owner takes its slots back: dropped, and how many told (after every ``conn.opened``)."""
-        returned, self._slots = list(self._slots.items()), {}
-        self._link.tell("conn.returned", returned)
+    def _recall(self, broker: BrokerKey) -> None:
+        """The owner takes its slots of broker ``broker``'s pool back: dropped, and how many told
+        (after every ``conn.opened``)."""
+        returned = [(cell, n) for (b, cell), n in self._slots.items() if b == broker]
+        for cell, _ in returned:
+            del self._slots[(broker, cell)]
+        self._link.tell("conn.returned", broker, returned)

@@ -215,7 +215,8 @@ def test_each_worker_writes_audit_files_of_its_own_and_its_connection_ids_name_i
 ) -> None:
     """Two workers sharing one audit directory each write as an instance of their own
     (``<instance>-w<i>``), so neither finishes, numbers or deletes the other's files; the
-    connection events say which worker held each connection."""
+    connection ids say which worker held each connection. Each open event is the owner's, with
+    its counts, under the proxy's instance; each close is its worker's."""
     audit = tmp_path / "audit"
     proxy = start_workers(start_proxy, tansu.bootstrap, 2, audit={"path": str(audit), "instance_id": "px"})
     by_worker = connections_on_every_worker(proxy, 2, 16)
@@ -225,9 +226,12 @@ def test_each_worker_writes_audit_files_of_its_own_and_its_connection_ids_name_i
     events = read_events(audit, finished_only=True)
     assert_valid(events)
     opens = [e for e in events if e["type"] == "connection" and e["event"] == "open"]
-    assert len(opens) == 16
-    assert Counter(e["instance"] for e in opens) == Counter({f"px-w{w}": len(conns) for w, conns in by_worker.items()})
-    assert all(e["conn_id"].startswith(f"w{e['instance'][-1]}:") for e in opens)
+    closes = [e for e in events if e["type"] == "connection" and e["event"] == "close"]
+    assert len(opens) == len(closes) == 16
+    assert {e["instance"] for e in opens} == {"px"}
+    assert Counter(e["conn_id"][:3] for e in opens) == Counter({f"w{w}:": len(conns) for w, conns in by_worker.items()})
+    assert Counter(e["instance"] for e in closes) == Counter({f"px-w{w}": len(c) for w, c in by_worker.items()})
+    assert all(e["conn_id"].startswith(f"w{e['instance'][-1]}:") for e in closes)
     # ... beside the supervisor's, the proxy's own (its connections windows: test_workers_evidence.py)
     instances = {re.sub(r"-\d{8}T\d{6}Z-\d{6,}\.jsonl$", "", path.name) for path in audit_files(audit)}
     assert instances == {"px", "px-w0", "px-w1"}

@@ -9,26 +9,31 @@ worker's own log line, tests/workers_util.py), so the spread is seen, not assume
 A cap is set to the count of connections the test opened until every worker held one (a reload,
 which the supervisor applies to the owner and then to every worker), so the connections that
 fill it are spread over every worker whatever the kernel's hash did. Sidecar mode: one pool of
-counts (cluster mode counts per upstream broker, BrokerQuotas, which tests/unit covers).
+counts; cluster mode counts per upstream broker (BrokerQuotas; its moves with slots out:
+tests/unit/test_owner_connections.py), here a node port's connections admitted from slots.
 """
 
 from __future__ import annotations
 
 import os
+import re
 import select
 import signal
+from collections import Counter
+from pathlib import Path
 from typing import Any
 
 import pytest
 
 from demo.tansu import TansuBroker
 from policies.api_keys import API_VERSIONS
+from tests.audit_files import read_events
 from tests.clients import create_topic, unique
 from tests.conftest import wait_until
 from tests.integration.test_connection_admission import KafkaSocket, closed, tls_listener
 from tests.integration.test_connection_admission import sockets as sockets  # a fixture
-from tests.raw_kafka import api_versions_frame
-from tests.workers_util import start_workers, worker_of, worker_pids
+from tests.raw_kafka import api_versions_frame, metadata_frame
+from tests.workers_util import client_address, start_workers, worker_of, worker_pids
 
 MAX_CONNECTIONS = "max.connections"
 MAX_SSL = "max.ssl.connections"
@@ -262,3 +267,59 @@ def test_a_reload_lowering_max_connections_closes_the_lru_idle_excess_in_every_w
         conn.api_versions()  # the more recently used stay served
     assert closed(rest) == []
     wait_until(lambda: counted(proxy) == len(rest))
+
+
+def test_node_port_opens_are_admitted_from_slots_and_the_nodes_per_ip_limit_refuses_exactly_the_one_over(
+    tansu: TansuBroker, start_proxy: Any, sockets: list[KafkaSocket], tmp_path: Path
+) -> None:
+    """Cluster mode, workers: 2, the audit on: connections to a node port, one after another, are
+    admitted mostly from the slots the owner lends each worker for that node's pool; the node's
+    max.connections.per.ip refuses exactly the one over it; each open event carries the node's
+    counts, as one process records them ((n, None, n), node_id)."""
+    limit = 20
+    audit = tmp_path / "audit"
+    proxy = start_workers(
+        start_proxy, tansu.bootstrap, 2, policies={MAX_PER_IP: limit}, audit={"path": str(audit), "instance_id": "px"}
+    )
+    node = f"127.0.0.1:{int(proxy.config['listeners'][0]['node_port_base']) + TansuBroker.NODE_ID}"
+    opened = re.compile(rf"listening listener=external bind={re.escape(node)} .*worker=(\d+)")
+    learn = KafkaSocket(proxy.bootstrap)  # the brokers are learned from Metadata: every worker opens the node port
+    sockets.append(learn)
+    learn.send(metadata_frame(1))
+    wait_until(lambda: Counter(int(w) for w in opened.findall(proxy.log())) == Counter({0: 1, 1: 1}))
+    learn.close()
+    wait_until(lambda: counted(proxy) == 0)
+
+    held: dict[KafkaSocket, int] = {}
+    addresses = []
+    for n in range(1, limit + 1):
+        conn = KafkaSocket(node)
+        sockets.append(conn)
+        conn.api_versions()
+        held[conn] = worker_of(proxy, conn)
+        addresses.append(client_address(conn))
+        wait_until(
+            lambda n=n: proxy.metric("kafka_admission_connections_counted", broker=str(TansuBroker.NODE_ID)) == n
+        )
+    assert set(held.values()) == {0, 1}, held  # 2^-19 that the kernel put all 20 on one worker
+    over = KafkaSocket(node)
+    sockets.append(over)
+    over.send(api_versions_frame(1))
+    assert over.wait_closed(timeout=5), f"connection {limit + 1} from one address to the node port was served"
+    assert closed(list(held)) == []
+    slot = proxy.metric("kafka_admission_worker_connection_opens_total", how="slot")
+    asked = proxy.metric("kafka_admission_worker_connection_opens_total", how="asked")
+    print(f"node port opens: {slot:g} from slots, {asked:g} asked")
+    assert slot > asked, (slot, asked)  # asked: the Metadata connection, each worker's first, the refused one
+    for conn in sockets:
+        conn.close()
+    proxy.signal(signal.SIGTERM)
+    assert proxy.wait(timeout=15) == 0
+    opens = [e for e in read_events(audit, finished_only=True) if e["type"] == "connection" and e["event"] == "open"]
+    by_address = {e["client_address"]: e for e in opens if e.get("node_id") == TansuBroker.NODE_ID}
+    assert len(by_address) == limit
+    counts = [
+        tuple(by_address[a][k] for k in ("open_connections", "open_ssl_connections", "open_ip_connections"))
+        for a in addresses
+    ]
+    assert counts == [(n, None, n) for n in range(1, limit + 1)]  # in the order they were opened

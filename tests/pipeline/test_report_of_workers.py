@@ -11,9 +11,10 @@ from pathlib import Path
 from typing import Any
 
 import pytest
-from conftest import window
+from conftest import connection, counted, evidence_of, window
 
 from pipeline.events import find_inputs, read_evidence
+from pipeline.impact import hits, parse_candidate, subjects
 from pipeline.recommend import recommend, with_headroom
 from pipeline.traffic import measure_traffic, open_connections
 from policies.properties import MAX_CONNECTIONS, SOCKET_REQUEST_MAX_BYTES
@@ -78,3 +79,37 @@ def test_a_proxy_with_two_workers_is_one_proxy_with_one_connection_peak(spark: A
     thin = {r.key: r for r in recommend(traffic, 20.0, min_windows=7)}
     assert thin[MAX_CONNECTIONS].limit is None
     assert thin[SOCKET_REQUEST_MAX_BYTES].limit is None
+
+
+def test_the_connection_impact_of_two_workers_is_one_processs_for_the_same_opens(spark: Any) -> None:
+    """With workers: N the owner writes each open under the proxy's instance with the counts it
+    compared, and the worker holding the connection writes its close (with the client id) under
+    its own instance: the connection impact names the same proxy, hosts and client ids as the
+    events of one process with the same opens."""
+    opens = [  # (worker, n, address, counts: max.connections, max.ssl.connections, per IP)
+        (0, 1, "10.0.0.1:5001", counted(1, 1, 1)),
+        (1, 1, "10.0.0.2:5002", counted(2, 2, 1)),
+        (0, 2, "10.0.0.1:5003", counted(3, 3, 2)),
+    ]
+    one: list[dict[str, Any]] = []
+    two: list[dict[str, Any]] = []
+    for k, (worker, n, address, counts) in enumerate(opens):
+        client = {"client_id": f"app-{k}"}
+        alone = f"tls-{k + 1}"
+        one.append({**connection("open", k, alone, address, True, **counts), "instance": "px"})
+        one.append({**connection("close", 10 + k, alone, address, True, **client), "instance": "px"})
+        conn_id = f"w{worker}:tls-{n}"
+        two.append({**connection("open", k, conn_id, address, True, **counts), "instance": "px"})
+        closed = {"instance": f"px-w{worker}", "proxy": "px"}
+        two.append({**connection("close", 10 + k, conn_id, address, True, **client), **closed})
+
+    def impact(events: list[dict[str, Any]]) -> set[tuple[Any, ...]]:
+        evidence = evidence_of(spark, events)
+        candidates = [parse_candidate(c) for c in ("max.ssl.connections=1", "max.connections.per.ip=1")]
+        found = subjects(hits(spark, evidence, open_connections(evidence.connections), candidates))
+        return {(r["candidate"], r["evidence"], r["subject_kind"], r["subject"]) for r in found.collect()}
+
+    single = impact(one)
+    assert impact(two) == single
+    assert ("max.ssl.connections=1", "connection", "client_id", "app-1") in single  # named by its close
+    assert ("max.connections.per.ip=1", "connection", "instance", "px") in single

@@ -12,17 +12,18 @@ from typing import Any
 import trio
 
 from policies.close_cause import CloseCause, Closing
-from policies.connections import OpenCounts
+from policies.connections import BOOTSTRAP, BrokerKey, BrokerQuotas, OpenCounts, SlotLeases
 from policies.decision import Action, Decision, Policy
 from policies.mode import Mode
 from policies.properties import MAX_CONNECTIONS, MAX_CONNECTIONS_PER_IP, MAX_CONNECTIONS_WAIT_MS, MAX_SSL_CONNECTIONS
 from proxy.config.model import Config, parse_config
 from proxy.evidence.audit import AuditSink
 from proxy.evidence.decisions import NOWHERE, DecisionRecorder, Where
+from proxy.evidence.lifecycle import record_lifecycle
 from proxy.evidence.metrics import Metrics
 from proxy.evidence.observation_window import ObservationWindow
 from proxy.workers.link import Link
-from proxy.workers.owner_connections import LEASE_SLOTS, ConnectionOwner
+from proxy.workers.owner_connections import LEASE_SLOTS, ConnectionOwner, OpenAnswer
 from proxy.workers.proxy_windows import PROXY_SECTIONS
 from proxy.workers.worker_connections import SharedConnectionGate
 
@@ -49,6 +50,21 @@ class Recorder(DecisionRecorder):
         super().record(decision, where)
 
 
+class AuditEvents(AuditSink):
+    """An audit that keeps evidence, its events kept in a list (as ``record`` stamps them)."""
+
+    def __init__(self, config: Config, proxy: str | None = None) -> None:
+        super().__init__(config.audit, Metrics(), proxy=proxy)
+        self.keeps_evidence = True
+        self.events: list[dict[str, Any]] = []
+
+    def record(self, event: dict[str, Any]) -> None:
+        self.events.append({"instance": self.instance, **({"proxy": self.proxy} if self.proxy else {}), **event})
+
+    def opens(self) -> list[dict[str, Any]]:
+        return [e for e in self.events if e["type"] == "connection" and e["event"] == "open"]
+
+
 @dataclass
 class Conn:
     """A client connection as the gate sees it: closing it ends it (the listener's on_closed)."""
@@ -64,7 +80,9 @@ class Conn:
 
     @property
     def where(self) -> Where:
-        return Where(self.listener, self.peer_ip, self.conn_id, self.tls)
+        return Where(
+            self.listener, f"{self.peer_ip}:{40000 + int(self.conn_id.rsplit('-', 1)[1])}", self.conn_id, self.tls
+        )
 
     def close_now(self, closing: Closing) -> None:
         self.closing = closing
@@ -79,13 +97,17 @@ class Worker:
     recorder: Recorder
     made: int = 0
 
-    async def open(self, *, tls: bool = False, ip: str = "10.0.0.1") -> tuple[Conn, bool]:
+    async def open(
+        self, *, tls: bool = False, ip: str = "10.0.0.1", broker: BrokerKey = BOOTSTRAP
+    ) -> tuple[Conn, bool]:
         self.made += 1
         conn = Conn(f"w{self.index}:{LISTENER}-{self.made}", tls, ip, self)
-        return conn, await self.gate.admit(conn)
+        return conn, await self.gate.admit(conn, broker)
 
-    async def admitted(self, *, tls: bool = False, ip: str = "10.0.0.1", busy: bool = False) -> Conn:
-        conn, ok = await self.open(tls=tls, ip=ip)
+    async def admitted(
+        self, *, tls: bool = False, ip: str = "10.0.0.1", busy: bool = False, broker: BrokerKey = BOOTSTRAP
+    ) -> Conn:
+        conn, ok = await self.open(tls=tls, ip=ip, broker=broker)
         assert ok, f"{conn.conn_id} was refused"
         if busy:  # before any other task runs: no activity round sees it idle first
             self.gate.on_request(conn.conn_id, trio.current_time())
@@ -211,7 +233,7 @@ async def test_a_tls_open_over_max_ssl_connections_evicts_the_lru_idle_tls_conne
         assert newer.closing is None and plain_oldest.closing is None
         (evict,) = [d for d, where in w0.recorder.decisions if where.conn_id == incoming.conn_id]
         assert evict.action is Action.EVICT and evict.victims == (oldest.conn_id,)
-        assert incoming.open_counts is not None and incoming.open_counts.ssl == 2
+        assert owner.quotas.open_counts(incoming.conn_id).ssl == 2  # the victim no longer counts
         await until(lambda: owner.quotas.counts().ssl == 2)
 
 
@@ -336,6 +358,11 @@ async def test_a_worker_that_does_not_answer_the_activity_round_holds_no_evictio
 # -- slots lent to workers: opens admitted without asking the owner --------------------------------
 
 
+def lent(owner: ConnectionOwner) -> bool:
+    """Whether any worker holds a slot of any pool."""
+    return any(owner.leases.values())
+
+
 def count_asks(worker: Worker) -> list[str]:
     """The kinds this worker asks the owner from now on (its real link's ask, counted)."""
     link = worker.gate._link
@@ -359,9 +386,9 @@ async def test_opens_with_room_under_every_limit_are_admitted_from_the_workers_s
             conns.append(await w0.admitted())
             await until(lambda: owner.quotas.counts().total == n)  # noqa: B023
         assert asked == ["conn.open"]  # the first asks; the owner lends slots with its answer and tops them up
+        assert owner.opens == {"asked": 1, "slot": 3 * LEASE_SLOTS - 1}
         assert {owner._holder[c.conn_id] for c in conns} == {0}
-        assert all(c.open_counts is None for c in conns[1:])  # counts come with an answer only
-        assert owner.leases.held(0, (LISTENER, False, "10.0.0.1")) > LEASE_SLOTS // 2
+        assert owner.leases[BOOTSTRAP].held(0, (LISTENER, False, "10.0.0.1")) > LEASE_SLOTS // 2
         other = count_asks(w1)
         await w1.admitted(ip="10.0.0.2")  # slots are per cell: another IP, or worker, asks first
         assert other == ["conn.open"]
@@ -380,7 +407,7 @@ async def test_near_max_connections_the_slots_are_taken_back_and_every_open_over
             results.append(ok)
         assert results == [True] * 12 + [False] * 8
         await until(lambda: owner.quotas.counts().total == 12)
-        assert not owner.leases  # none lent at the cap
+        assert not lent(owner)  # none lent at the cap
         refusals = [d for w in workers for d, _ in w.recorder.decisions if d.action is Action.REFUSE]
         assert len(refusals) == 8 and {d.limit_key for d in refusals} == {MAX_CONNECTIONS_WAIT_MS}
 
@@ -401,19 +428,19 @@ async def test_a_dead_workers_slots_return_to_the_owner() -> None:
     async with shared(2, **{"max.connections": 100}) as (owner, workers):
         w0, _ = workers
         await w0.admitted()
-        assert owner.leases.held(0, (LISTENER, False, "10.0.0.1")) == LEASE_SLOTS
+        assert owner.leases[BOOTSTRAP].held(0, (LISTENER, False, "10.0.0.1")) == LEASE_SLOTS
         assert owner.worker_gone(0) == {"connections": 1}
-        assert not owner.leases
+        assert not lent(owner)
 
 
 async def test_a_reload_lowering_max_connections_takes_the_slots_back_and_closes_the_excess() -> None:
     async with shared(2, **{"max.connections": 20}) as (owner, workers):
         w0, w1 = workers
         conns = [await w0.admitted() for _ in range(4)]
-        assert owner.leases
+        assert lent(owner)
         lowered = config_of(**{"max.connections": 2, "max.connections.wait.ms": 30})
         owner.reconfigure(lowered)
-        await until(lambda: not owner.leases)  # each holder dropped its slots and said so
+        await until(lambda: not lent(owner))  # each holder dropped its slots and said so
         for worker in workers:
             worker.reload(lowered)
         await until(lambda: sum(c.closing is not None for c in conns) == 2)
@@ -429,13 +456,143 @@ async def test_a_stopped_worker_keeping_its_slots_makes_an_open_needing_them_wai
     async with shared(2, stalled=1, **{"max.connections": 3, "max.connections.wait.ms": 50}) as (owner, workers):
         w0 = workers[0]
         cell = (LISTENER, False, "10.0.0.1")
-        assert owner.leases.grant(1, cell, owner.quotas.rooms(LISTENER, "10.0.0.1", False), 2) == 2  # worker 1's
+        leases = owner.leases[BOOTSTRAP] = SlotLeases()
+        assert leases.grant(1, cell, owner.quotas.rooms(LISTENER, "10.0.0.1", False), 2) == 2  # worker 1's
         await w0.admitted()  # room for it beside the 2 slots out
         _, ok = await w0.open()  # would take a slot's room: the slots must come back first; they do not
         assert not ok
         (refused,) = [d for d, _ in w0.recorder.decisions]
         assert refused.limit_key == MAX_CONNECTIONS_WAIT_MS and "did not give its lent slots back" in refused.reason
         assert owner.quotas.counts().total == 1
+
+
+# -- slots of node pools (cluster mode: each broker counts its own) ----------------------------------
+
+
+async def test_opens_to_a_node_are_admitted_from_slots_and_each_broker_caps_its_own() -> None:
+    async with shared(2, **{"max.connections": 10, "max.connections.wait.ms": 30}) as (owner, workers):
+        for node in (1, 2):
+            results = []
+            for n in range(14):  # one after another, alternating workers; busy: nothing to evict
+                conn, ok = await workers[n % 2].open(broker=node)
+                if ok:
+                    workers[n % 2].gate.on_request(conn.conn_id, trio.current_time())
+                    await until(lambda: conn.conn_id in owner._holder)  # noqa: B023
+                    assert owner.quotas.open_counts(conn.conn_id).node_id == node
+                results.append(ok)
+            assert results == [True] * 10 + [False] * 4
+        assert owner.opens["slot"] >= 4, owner.opens  # each worker asks its first open of each node
+        counts = owner.quotas.counts_by_broker()
+        assert {broker: c.total for broker, c in counts.items()} == {1: 10, 2: 10}
+
+
+async def test_a_move_into_a_node_that_counts_none_waits_for_its_slots_so_its_cap_holds() -> None:
+    """A node whose last connection closed while a worker holds slots of it: BOOTSTRAP-pool
+    connections that reached it move there (it counts none), but only once those slots are back, so
+    the move cannot take the room they reserved: with max.connections 20 and 19 moved, the worker's
+    next opens to that node ask, and exactly one more is admitted."""
+    policies = {"max.connections": 20, "max.connections.wait.ms": 30}
+    async with shared(2, **policies) as (owner, workers):
+        w0, w1 = workers
+        first = await w1.admitted(broker=1)
+        first.close_now(Closing(CloseCause.CLIENT_CLOSED))
+        await until(lambda: 1 not in owner.quotas.counts_by_broker())
+        assert owner.leases[1].held(1, (LISTENER, False, "10.0.0.1")) > 0  # node 1 counts none; slots out
+        waiting = [await w0.admitted(busy=True) for _ in range(19)]  # the BOOTSTRAP pool
+        for conn in waiting:
+            w0.gate.reached(conn.conn_id, "node1:9092", None)  # its broker is not known yet
+        w0.gate.broker_known(1, "node1:9092")  # now it is: they move to node 1
+        await until(lambda: all(owner.quotas.broker_of(c.conn_id) == 1 for c in waiting))
+        assert not owner.leases[1]  # taken back before the move
+        assert all(w0.gate.quotas.broker_of(c.conn_id) == 1 for c in waiting)  # the holder followed it
+        results = []
+        for _ in range(3):
+            conn, ok = await w1.open(broker=1)
+            if ok:
+                w1.gate.on_request(conn.conn_id, trio.current_time())
+            results.append(ok)
+        assert results == [True, False, False]
+        await until(lambda: owner.quotas.counts_by_broker()[1].total == 20)
+
+
+async def test_an_admission_from_a_nodes_slot_before_a_move_is_counted_first_as_one_process_counts_it() -> None:
+    """The admission told from a slot reaches the owner before that worker gives the slot back, so
+    the node counts it when the move is decided: no move, as one ConnectionQuotas fed the same facts
+    in that order decides."""
+    async with shared(2, **{"max.connections": 20}) as (owner, workers):
+        w0, w1 = workers
+        first = await w1.admitted(broker=1)
+        first.close_now(Closing(CloseCause.CLIENT_CLOSED))
+        await until(lambda: 1 not in owner.quotas.counts_by_broker())
+        bootstrap = await w0.admitted()
+        w0.gate.reached(bootstrap.conn_id, "node1:9092", 1)  # would move: node 1 counts none
+        from_slot = await w1.admitted(broker=1)  # told at once, with no ask (before or after the recall)
+        await until(lambda: from_slot.conn_id in owner._holder and not owner._recalling)
+        assert owner.quotas.broker_of(bootstrap.conn_id) == BOOTSTRAP
+        assert owner.quotas.open_counts(from_slot.conn_id) == OpenCounts(1, None, 1, 1)
+        alone = BrokerQuotas(config_of(**{"max.connections": 20}).policies.connection_limits())
+        alone.on_accept(bootstrap.conn_id, listener=LISTENER, ip="10.0.0.1", tls=False, now=0.0)
+        alone.on_accept(from_slot.conn_id, listener=LISTENER, ip="10.0.0.1", tls=False, now=0.0, broker=1)
+        assert not alone.on_reached(bootstrap.conn_id, "node1:9092", 1)
+
+
+# -- the open events: written by the owner, with its counts ------------------------------------------
+
+
+async def test_with_the_audit_on_opens_from_slots_carry_the_counts_one_process_records() -> None:
+    """The owner writes each open event as it counts the connection (asked, or told from a slot),
+    with the counts after counting it: the counts one ConnectionQuotas records for the same opens
+    and closes in the same order, while nearly every open is admitted from a slot."""
+    policies = {"max.connections": 60, "max.ssl.connections": 40, "max.connections.per.ip": 25}
+    async with shared(2, **policies) as (owner, workers):
+        owner.audit = audit = AuditEvents(config_of(**policies))
+        alone = BrokerQuotas(config_of(**policies).policies.connection_limits())
+        expected: list[tuple[str, int | None, int | None, int]] = []
+        held: list[Conn] = []
+        for n in range(40):  # opens one after another (each counted before the next), some closes
+            worker, tls, ip = workers[n % 2], n % 3 == 0, f"10.0.0.{n % 4}"
+            conn = await worker.admitted(tls=tls, ip=ip)
+            await until(lambda: conn.conn_id in owner._holder)  # noqa: B023
+            assert alone.on_accept(conn.conn_id, listener=LISTENER, ip=ip, tls=tls, now=float(n)) is None
+            counts = alone.open_counts(conn.conn_id)
+            expected.append((conn.conn_id, counts.broker, counts.ssl, counts.ip))
+            held.append(conn)
+            if n % 5 == 4:
+                gone = held.pop(n % len(held))
+                gone.close_now(Closing(CloseCause.CLIENT_CLOSED))
+                alone.on_closed(gone.conn_id)
+                await until(lambda: gone.conn_id not in owner._holder)  # noqa: B023
+        opens = audit.opens()
+        assert [
+            (e["conn_id"], *(e[k] for k in ("open_connections", "open_ssl_connections", "open_ip_connections")))
+            for e in opens
+        ] == expected
+        assert owner.opens["slot"] >= 30  # most came from slots: each worker asks its first open of a cell
+        conns = {c.conn_id: c for c in held}
+        for e in opens:
+            assert "proxy" not in e  # the proxy's own instance, as one process writes it
+            if e["conn_id"] in conns:
+                assert e["client_address"] == conns[e["conn_id"]].where.client_address
+                assert e["tls"] is conns[e["conn_id"]].tls and e["listener"] == LISTENER
+
+
+def test_a_workers_connection_writes_its_close_and_leaves_its_open_to_the_owner() -> None:
+    config = config_of()
+    for proxy, kinds in ((None, ["open", "close"]), ("px", ["close"])):
+        audit = AuditEvents(config, proxy=proxy)
+        for event in ("open", "close"):
+            record_lifecycle(
+                audit,
+                None,
+                event,
+                conn_id="c1",
+                listener=LISTENER,
+                peer="10.0.0.1:5",
+                tls=False,
+                counts=None,
+                closed={},
+            )
+        assert [e["event"] for e in audit.events] == kinds
 
 
 # -- the whole proxy's connections window (proxy/workers/proxy_windows.py) ---------------------------
@@ -459,3 +616,23 @@ async def test_the_owners_window_counts_every_workers_connections_as_one_proxy()
         assert (row["window_start"], row["max_open"], row["opened"], row["closed"]) == (60.0, 3, 0, 2)
         (row,) = window.roll(180.0)
         assert row["max_open"] == 1  # w0's one left open
+
+
+def test_the_owners_open_event_of_a_passthrough_listener_says_passthrough() -> None:
+    config = parse_config(
+        {
+            "upstream": {"bootstrap_servers": ["127.0.0.1:9092"]},
+            "listeners": [
+                {"name": LISTENER, "bind": "127.0.0.1:1"},
+                {"name": "mtls", "bind": "127.0.0.1:2", "tls": "passthrough", "passthrough_brokers": {0: "b0:9093"}},
+            ],
+        }
+    )
+    owner = ConnectionOwner(config)
+    owner.audit = audit = AuditEvents(config)
+    for conn_id, listener, tls in (("w0:mtls-p1", "mtls", True), (f"w0:{LISTENER}-1", LISTENER, False)):
+        answer = owner.open(0, conn_id, listener, "10.0.0.1:5000", "10.0.0.1", tls)
+        assert isinstance(answer, OpenAnswer) and answer.admitted
+    passthrough, plain = audit.opens()
+    assert (passthrough["conn_id"], passthrough.get("passthrough"), passthrough["tls"]) == ("w0:mtls-p1", True, True)
+    assert "passthrough" not in plain and plain["client_address"] == "10.0.0.1:5000"
