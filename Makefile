@@ -83,15 +83,18 @@ test: $(BIN)/.installed test-tools deploy-tools apache-kafka spark-kafka
 	$(BIN)/ruff format --check .
 	$(BIN)/mypy policies proxy pipeline demo
 	$(BIN)/pytest -n 2 --dist loadgroup  # two workers; Spark's and Apache Kafka's tests each in one (tests/conftest.py)
+	$(WORKERS_PASS)
 
 # The generated parts of docs/: the config reference from the config model, the metrics reference
 # from a proxy's registry (tests/unit/test_docs.py fails while they are stale).
 docs: $(BIN)/.installed
 	$(BIN)/python tools/gen_docs.py
 
-# The integration tests a second time, every proxy they start with `workers: 2` (issue 29).
+# The integration tests a second time, every proxy they start with `workers: 2` (issue 29); part
+# of `make test`. Only the tests the option changes run again (tests/conftest.py).
+WORKERS_PASS = $(BIN)/pytest -n 2 --dist loadgroup tests/integration --proxy-workers=2
 test-workers: $(BIN)/.installed test-tools
-	$(BIN)/pytest tests/integration --proxy-workers=2
+	$(WORKERS_PASS)
 
 # Only the tests against Apache Kafka itself (tests/apache_kafka).
 test-apache-kafka: $(BIN)/.installed apache-kafka
