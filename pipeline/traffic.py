@@ -530,10 +530,12 @@ def measure_traffic(evidence: Evidence, opens: DataFrame, threads: int = 3) -> T
         return evidence.overview.bucket_seconds
 
     # The bulk windows' counts first (the longest query; the overview, the size and identifier parts
-    # wait for them); then the parts that need only the time buckets, which ask for them at their
-    # last query: their other queries run meanwhile, not after.
+    # wait for them) and the coverage beside them (a scan of every window: run last, it was the step's
+    # tail, 10 million events); then the parts that need only the time buckets, which ask for them at
+    # their last query: their other queries run meanwhile, not after.
     parts: list[Callable[[], dict[str, Any]]] = [
         lambda: _size_histograms(evidence),
+        lambda: {"coverage": measure_coverage(evidence)},
         lambda: {"overview": evidence.overview},
         lambda: _peak_per_ip(opens),
         lambda: _connections(evidence, step),
@@ -542,7 +544,6 @@ def measure_traffic(evidence: Evidence, opens: DataFrame, threads: int = 3) -> T
         lambda: {"decisions": _decisions(evidence)},
         lambda: _largest_sizes(evidence),
         lambda: _identifiers(evidence),
-        lambda: {"coverage": measure_coverage(evidence)},
     ]
     with ThreadPoolExecutor(threads, thread_name_prefix="traffic") as pool:
         measured = list(pool.map(lambda part: part(), parts))
