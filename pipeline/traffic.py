@@ -308,16 +308,29 @@ def _pool(evidence: Evidence, step: Callable[[], int]) -> dict[str, Any]:
 
 
 def _peak_per_ip(opens: DataFrame) -> dict[str, Any]:
-    """The most connections open at once from one client host, and how many opens carry no counts."""
-    where = F.concat_ws(" on ", "host", "instance")
-    first = _largest_first(F.col("open_ip_connections"), F.col("ts"), where)
-    per_ip = opens.agg(
+    """The most connections open at once from one client host, and how many opens carry no counts.
+    Numbers first, then the host and time among the opens at that peak: naming the host of every open
+    (its address cut, joined to the proxy's name, in a struct to order by) was most of the query (10 million
+    events, 592,000 opens: 0.9 s of JVM CPU, warm; the two queries 0.3-0.4 s)."""
+    counts = opens.agg(
         F.max("open_ip_connections").alias("v"),
-        F.min_by(where, first).alias("w"),
-        F.min_by("ts", first).alias("t"),
         F.count_if(F.col("open_ip_connections").isNull()).alias("uncounted"),
     ).collect()[0]
-    return {"peak_per_ip": _peak(per_ip, "v", "w", "t"), "uncounted_opens": _int(per_ip["uncounted"])}
+    peak = None
+    if counts["v"] is not None:
+        where = F.concat_ws(" on ", "host", "instance")
+        first = _largest_first(F.col("open_ip_connections"), F.col("ts"), where)
+        at = (
+            opens.filter(F.col("open_ip_connections") == counts["v"])
+            .agg(
+                F.max("open_ip_connections").alias("v"),
+                F.min_by(where, first).alias("w"),
+                F.min_by("ts", first).alias("t"),
+            )
+            .collect()[0]
+        )
+        peak = _peak(at, "v", "w", "t")
+    return {"peak_per_ip": peak, "uncounted_opens": _int(counts["uncounted"])}
 
 
 def _connections(evidence: Evidence, step: Callable[[], int]) -> dict[str, Any]:
@@ -519,10 +532,12 @@ def measure_traffic(evidence: Evidence, opens: DataFrame, threads: int = 3) -> T
         return evidence.overview.bucket_seconds
 
     # The bulk windows' counts first (the longest query; the overview, the size and identifier parts
-    # wait for them); then the parts that need only the time buckets, which ask for them at their
-    # last query: their other queries run meanwhile, not after.
+    # wait for them) and the coverage beside them (a scan of every window: run last, it was the step's
+    # tail, 10 million events); then the parts that need only the time buckets, which ask for them at
+    # their last query: their other queries run meanwhile, not after.
     parts: list[Callable[[], dict[str, Any]]] = [
         lambda: _size_histograms(evidence),
+        lambda: {"coverage": measure_coverage(evidence)},
         lambda: {"overview": evidence.overview},
         lambda: _peak_per_ip(opens),
         lambda: _connections(evidence, step),
@@ -531,7 +546,6 @@ def measure_traffic(evidence: Evidence, opens: DataFrame, threads: int = 3) -> T
         lambda: {"decisions": _decisions(evidence)},
         lambda: _largest_sizes(evidence),
         lambda: _identifiers(evidence),
-        lambda: {"coverage": measure_coverage(evidence)},
     ]
     with ThreadPoolExecutor(threads, thread_name_prefix="traffic") as pool:
         measured = list(pool.map(lambda part: part(), parts))
