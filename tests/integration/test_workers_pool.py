@@ -104,6 +104,16 @@ def connections_by_worker(proxy: Any, workers: int, each: int) -> dict[int, list
     return by_worker
 
 
+def fill_worker_1(proxy: Any, by_worker: dict[int, list[RawConnection]], count: int) -> None:
+    """More connections until worker 1 has ``count`` (the others' kept in ``by_worker[0]``, to close)."""
+    for _ in range(30 * count):
+        if len(by_worker[1]) == count:
+            break
+        conn = RawConnection(proxy.bootstrap)
+        (by_worker[1] if worker_of(proxy, conn) == 1 else by_worker[0]).append(conn)
+    assert len(by_worker[1]) == count
+
+
 @pytest.mark.parametrize("workers", [2, 4])
 def test_the_budget_holds_across_workers_and_a_waiter_resumes_when_another_worker_releases(
     tansu: Any, start_proxy: Any, workers: int
@@ -157,13 +167,8 @@ def test_observe_mode_records_a_would_be_wait_for_exactly_each_request_over_the_
     WAITs, as one process records them: not none (the lease's asks answered), not six."""
     proxy = start_workers(start_proxy, tansu.bootstrap, workers, policies={**POLICIES, "memory.pool.mode": "observe"})
     by_worker = connections_by_worker(proxy, workers, 1)
-    for _ in range(120):  # five more in worker 1
-        if len(by_worker[1]) == 6:
-            break
-        conn = RawConnection(proxy.bootstrap)
-        (by_worker[1] if worker_of(proxy, conn) == 1 else by_worker[0]).append(conn)
     try:
-        assert len(by_worker[1]) == 6
+        fill_worker_1(proxy, by_worker, 6)
         start = request_of_x_bytes(0)[:64]
         for conn in by_worker[1]:  # back to back: the worker reads them before its first ask is answered
             conn.send(start)
@@ -185,13 +190,8 @@ def test_observe_mode_records_a_would_be_wait_for_exactly_each_request_over_the_
 def test_a_killed_workers_bytes_go_to_a_waiter_in_another_worker(tansu: Any, start_proxy: Any, workers: int) -> None:
     proxy = start_workers(start_proxy, tansu.bootstrap, workers, policies=POLICIES)
     by_worker = connections_by_worker(proxy, workers, 1)
-    for _ in range(60):  # three more in worker 1: it holds the whole budget
-        if len(by_worker[1]) == 4:
-            break
-        conn = RawConnection(proxy.bootstrap)
-        (by_worker[1] if worker_of(proxy, conn) == 1 else by_worker[0]).append(conn)
     try:
-        assert len(by_worker[1]) == 4
+        fill_worker_1(proxy, by_worker, 4)  # it holds the whole budget
         for k, conn in enumerate(by_worker[1], 1):
             hold(conn)
             wait_until(lambda k=k: leased(proxy) == k * X)
