@@ -151,7 +151,11 @@ def _class_archive_options(archive: Path) -> str:
 # and 10 million from JSON lines (49.9-53.5 s vs 56.6-61.5 s, back to back).
 # Larger inputs, not measured, keep the JVM's default tiered compilation.
 SHORT_JOB_BYTES = 640 * 1024 * 1024
-_QUICK_JIT = "-XX:TieredStopAtLevel=1"
+# C1 alone gets a 48 MB code cache, not tiered compilation's 240 MB. A long session compiles every
+# query's generated code into it (the tests' one session, ~70 reports: full, then "Out of space in
+# CodeCache for adapters", a VirtualMachineError that ends the JVM); the size is reserved address
+# space, not memory taken.
+_QUICK_JIT = "-XX:TieredStopAtLevel=1 -XX:ReservedCodeCacheSize=240m"
 # A report is a batch job: throughput, not pause times. The JDK's default collector (G1) costs every
 # reference store a write barrier, which C1's code runs out of line (10 million events from Parquet,
 # 4 pairs back to back: 26.0-29.5 s with the parallel collector against 29.0-33.4 s with G1).
