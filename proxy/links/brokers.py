@@ -1,6 +1,7 @@
 """Which broker each node id is, as learned from the responses that name brokers
 (Metadata, FindCoordinator, DescribeCluster, NodeEndpoints). Learning a node
-opens its port on every listener before any client hears of it."""
+opens its port on every listener before any client hears of it; with workers, every
+worker knows it before any client hears of it (``on_learned``)."""
 
 from __future__ import annotations
 
@@ -15,7 +16,7 @@ log = logging.getLogger("kafka_admission_proxy.brokers")
 
 OpenNodePort = Callable[[int], Awaitable[None]]
 Placed = Callable[[int, str], None]
-Learned = Callable[[list[BrokerAddress]], None]
+Learned = Callable[[list[BrokerAddress]], Awaitable[None]]
 
 
 class BrokerDirectory:
@@ -27,6 +28,7 @@ class BrokerDirectory:
         self._openers: list[OpenNodePort] = []
         self._placed: list[Placed] = []
         self._learned: list[Learned] = []
+        self._shared: dict[int, BrokerAddress] = {}  # passed to every ``on_learned`` and awaited
 
     def on_new_node(self, open_node_port: OpenNodePort) -> None:
         self._openers.append(open_node_port)
@@ -37,8 +39,11 @@ class BrokerDirectory:
         self._placed.append(placed)
 
     def on_learned(self, learned: Learned) -> None:
-        """Call ``learned(brokers)`` with the nodes each ``learn`` found new or moved (with workers,
-        the supervisor passes them on, so every worker opens every node port)."""
+        """Await ``learned(brokers)`` with the nodes of a response not passed to it yet (new or moved,
+        or known only from ``learn(told=True)``) before the response goes on. With workers the
+        supervisor passes them on and answers once every worker knows them: a client that hears of
+        a broker then opens no bootstrap-port connection that a worker counts as to no known broker
+        (BrokerQuotas' BOOTSTRAP pool, which that broker's caps do not count)."""
         self._learned.append(learned)
 
     def address_of(self, node_id: int) -> tuple[str, int] | None:
@@ -73,14 +78,15 @@ class BrokerDirectory:
     def node_ids(self) -> list[int]:
         return sorted(self._nodes)
 
-    async def learn(self, brokers: Iterable[BrokerAddress]) -> None:
-        changed = []
+    async def learn(self, brokers: Iterable[BrokerAddress], *, told: bool = False) -> None:
+        """Learn the brokers a response names, or (``told``) that another worker learned: those are
+        being passed to every worker already, so not to ``on_learned``."""
+        brokers = list(brokers)
         for broker in brokers:
             address = (broker.host, broker.port)
             known = self._nodes.get(broker.node_id)
             if known == address:
                 continue
-            changed.append(broker)
             self._nodes[broker.node_id] = address
             self._index()
             key = broker_address(*address)
@@ -96,9 +102,15 @@ class BrokerDirectory:
                     await open_node_port(broker.node_id)
             else:
                 log.info("broker moved", extra=where)
-        if changed:
+        if told or not self._learned:
+            return
+        shared = self._shared
+        unshared = list({b.node_id: b for b in brokers if shared.get(b.node_id) != b}.values())
+        if unshared:
             for learned in self._learned:
-                learned(changed)
+                await learned(unshared)
+            for broker in unshared:
+                shared[broker.node_id] = broker
 
     def _index(self) -> None:
         at: dict[str, int | None] = {}

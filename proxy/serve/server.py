@@ -37,6 +37,7 @@ from proxy.serve.listener import ListenerRuntime
 from proxy.serve.pool_gate import LeasedPoolGate, PoolGate
 from proxy.serve.runtime import Runtime
 from proxy.workers.proxy_windows import PROXY_SECTIONS, roll_on_grid, tell_rows
+from proxy.workers.shared_brokers import share_brokers
 from proxy.workers.worker_connections import SharedConnectionGate
 from proxy.workers.worker_groups import SharedGroups
 
@@ -275,8 +276,8 @@ class ProxyServer:
         )
         if config.mode == "cluster":  # a bootstrap-port connection counts against the broker it reached, once known
             self.directory.on_placed(gate.broker_known)
-        if shared is not None:  # the supervisor passes them to every worker: each opens every node port
-            self.directory.on_learned(lambda brokers: shared.link.tell("worker.brokers", brokers))
+        if shared is not None:  # every worker knows each broker (opens its node port) before a client hears of it
+            share_brokers(self.directory, shared.link)
         bootstrap = config.upstream.addresses()
         self.listeners = [
             ListenerRuntime(

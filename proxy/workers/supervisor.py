@@ -19,7 +19,6 @@ from prometheus_client import Counter
 from proxy.config.certificates import certificate_files, export_certificate_expiry
 from proxy.config.model import Config, ConfigError, load_config
 from proxy.evidence.metrics import Metrics
-from proxy.protocol.rewrite import BrokerAddress
 from proxy.serve.admin import AdminServer
 from proxy.serve.file_watch import FileWatcher
 from proxy.serve.server import READY_PROBE_TIMEOUT_S, announce_readiness, reload_plan, tls_contexts
@@ -28,6 +27,7 @@ from proxy.workers.metrics import MetricsFiles, WholeProxyMetrics, flush_workers
 from proxy.workers.owner import Owner
 from proxy.workers.owner_connections import ConnectionOwner
 from proxy.workers.proxy_windows import WINDOW_ROWS, ProxyWindows
+from proxy.workers.shared_brokers import SharedBrokers
 
 log = logging.getLogger("kafka_admission_proxy.supervisor")
 
@@ -84,7 +84,7 @@ class Supervisor:
         self.exit_code = 0
         self.admin_port: int | None = None
         self._links: dict[int, Link] = {}  # the workers that are serving
-        self._brokers: dict[int, BrokerAddress] = {}  # what the workers learned: each opens every node port
+        self.brokers = SharedBrokers()  # what the workers learned: each opens every node port
         self._processes: dict[int, trio.Process] = {}
         self._all_ready = trio.Event()  # every worker served once: the proxy has started
         self._stop = trio.Event()
@@ -200,7 +200,9 @@ class Supervisor:
         # Its first message: the generation to serve (the one the others run, not the file's).
         link.tell("worker.start", self.generation, self.config)
         link.handlers["worker.ready"] = lambda generation: self._worker_ready(index, link, generation)
-        link.handlers["worker.brokers"] = lambda brokers: self._brokers_learned(index, brokers)
+        link.handlers["worker.brokers"] = lambda brokers: self.brokers.learned(
+            {other: each for other, each in self._links.items() if other != index}, brokers
+        )
         if self.windows is not None:
             link.handlers[WINDOW_ROWS] = self.windows.told
         self.owner.attach(index, link)
@@ -250,24 +252,13 @@ class Supervisor:
     def _worker_ready(self, index: int, link: Link, generation: int) -> None:
         self._links[index] = link
         log.info("worker %d serving", index, extra={"pid": self._processes[index].pid, "generation": generation})
-        if self._brokers:  # a restarted worker opens the node ports at once, not at a client's next Metadata
-            link.tell("worker.brokers", list(self._brokers.values()))
+        if self.brokers.known:  # a restarted worker opens the node ports at once, not at a client's next Metadata
+            link.tell("worker.brokers", list(self.brokers.known.values()))
         if generation != self.generation:  # it started from a generation a reload has replaced since
             assert self._nursery is not None
             self._nursery.start_soon(self._catch_up, index)
         if len(self._links) == self.workers:
             self._all_ready.set()
-
-    def _brokers_learned(self, index: int, brokers: list[BrokerAddress]) -> None:
-        """A worker learned brokers from a response: the others learn them too (what they knew
-        already they skip; an echo changes nothing here, so it ends)."""
-        new = [broker for broker in brokers if self._brokers.get(broker.node_id) != broker]
-        for broker in new:
-            self._brokers[broker.node_id] = broker
-        if new:
-            for other, link in self._links.items():
-                if other != index:
-                    link.tell("worker.brokers", new)
 
     async def _catch_up(self, index: int) -> None:
         async with self._reloading:  # the generation it is told is the one the others run

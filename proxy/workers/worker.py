@@ -50,7 +50,6 @@ async def serve_worker(config_path: str, index: int, workers: int, link_fd: int,
     server = ProxyServer(config, config_path, shared=WorkerLink(index, workers, link, generation))
     link.handlers["worker.reload"] = server.apply_generation
     link.handlers["worker.readiness"] = server.readiness_problems
-    link.handlers["worker.brokers"] = server.directory.learn
     serve_flush(link, server.metrics)
     with trio.open_signal_receiver(signal.SIGTERM) as signals:
         async with trio.open_nursery() as nursery:

@@ -53,7 +53,11 @@ def test_placing_a_node_is_told_before_its_ports_open_and_only_for_an_address_it
 def test_what_a_learn_found_new_or_moved_is_told_once_and_nothing_else() -> None:
     directory = BrokerDirectory(Metrics())
     told: list[list[BrokerAddress]] = []
-    directory.on_learned(told.append)
+
+    async def learned(brokers: list[BrokerAddress]) -> None:
+        told.append(brokers)
+
+    directory.on_learned(learned)
     first, second = BrokerAddress(1, "kafka-0", 9092), BrokerAddress(2, "kafka-1", 9092)
     trio.run(directory.learn, [first, second])
     trio.run(directory.learn, [first, second])  # known: nothing to tell (an echo from another worker ends here)
