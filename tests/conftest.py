@@ -22,7 +22,7 @@ import trustme
 import yaml
 from prometheus_client.parser import text_string_to_metric_families
 
-from demo.tansu import TansuBroker, free_port, stop_process, wait_for_port
+from demo.tansu import TansuBroker, stop_process, wait_for_port
 from tests.kubelet import ConfigMapDir
 
 ROOT = Path(__file__).resolve().parent.parent
@@ -139,6 +139,12 @@ def free_node_port_base(node_ids: list[int]) -> int:
             for s in socks:
                 s.close()
     raise RuntimeError("no free node port range")
+
+
+def free_listen_port() -> int:
+    """A free port for a proxy's listener or admin port, below the ephemeral range for the same reason
+    (a bootstrap port from ``bind(0)`` was taken by an outgoing connection before the proxy bound it)."""
+    return free_node_port_base([0])
 
 
 @dataclass
@@ -295,14 +301,14 @@ def start_proxy(tmp_path: Path, request: pytest.FixtureRequest) -> Iterator[Any]
         if listeners is None:
             listeners = [{"name": "external"}]
         for lst in listeners:
-            lst.setdefault("bind", f"127.0.0.1:{free_port()}")
+            lst.setdefault("bind", f"127.0.0.1:{free_listen_port()}")
             lst.setdefault("node_port_base", free_node_port_base(list(node_ids)))
         if workers > 1:
             sections.setdefault("workers", workers)
         config: dict[str, Any] = {
             "upstream": {"bootstrap_servers": servers},
             "listeners": listeners,
-            "admin": {"bind": f"127.0.0.1:{free_port()}"},
+            "admin": {"bind": f"127.0.0.1:{free_listen_port()}"},
             **sections,
         }
         n = len(started)
