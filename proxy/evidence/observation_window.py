@@ -207,15 +207,16 @@ class ObservationWindow:
     def roll(self, now: float) -> list[dict[str, Any]]:
         """The rows of the window that ends at ``now``; a new window starts at ``now``."""
         start, seconds = self._start, max(now - self._start, 0.0)
+
+        def head(section: str) -> dict[str, Any]:
+            return {"type": "window", "section": section, "window_start": start, "window_seconds": seconds}
+
         rows: list[dict[str, Any]] = []
         wanted = self.sections
         if "client_api" in wanted:
             rows += self._client_api.rows(
                 lambda key, slot: {
-                    "type": "window",
-                    "section": "client_api",
-                    "window_start": start,
-                    "window_seconds": seconds,
+                    **head("client_api"),
                     "listener": key[0],
                     "client_id": key[1],
                     "api": key[2],
@@ -229,10 +230,7 @@ class ObservationWindow:
         if "group" in wanted:
             rows += self._groups.rows(
                 lambda key, slot: {
-                    "type": "window",
-                    "section": "group",
-                    "window_start": start,
-                    "window_seconds": seconds,
+                    **head("group"),
                     "group_id": key[0],
                     "group_kind": key[1],
                     "max_members": slot[0],
@@ -241,10 +239,7 @@ class ObservationWindow:
         if "identifier" in wanted:
             rows += self._identifiers.rows(
                 lambda key, slot: {
-                    "type": "window",
-                    "section": "identifier",
-                    "window_start": start,
-                    "window_seconds": seconds,
+                    **head("identifier"),
                     "identifier_kind": key[0],
                     "client_id": key[1],
                     "max_length": slot[0],
@@ -254,10 +249,7 @@ class ObservationWindow:
         if "pool" in wanted:
             rows.append(
                 {
-                    "type": "window",
-                    "section": "pool",
-                    "window_start": start,
-                    "window_seconds": seconds,
+                    **head("pool"),
                     "capacity_bytes": self.pool_capacity_bytes,
                     "high_water_mark_bytes": self._pool_high_water_mark,
                     "waits": self._pool_waits,
@@ -266,10 +258,7 @@ class ObservationWindow:
         if "connections" in wanted:
             rows += [
                 {
-                    "type": "window",
-                    "section": "connections",
-                    "window_start": start,
-                    "window_seconds": seconds,
+                    **head("connections"),
                     "listener": listener,
                     "tls": tls,
                     "max_open": slot[_MAX_OPEN],
