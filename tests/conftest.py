@@ -117,21 +117,42 @@ def _ephemeral_ports_start() -> int:
         return 32768
 
 
+# Ports this test process handed out: a port is free when checked, but a proxy binds its node
+# ports seconds later, so none is handed out twice. Each pytest-xdist worker picks from its own
+# slice of the range: a free check cannot see a port that another worker's proxy has not bound
+# yet, and with workers both proxies would bind it (SO_REUSEPORT) and share its clients.
+_HANDED_OUT: set[int] = set()
+
+
+def _port_range() -> tuple[int, int]:
+    """This test process's slice of [10000, the ephemeral range's start)."""
+    top = _ephemeral_ports_start() - 1
+    worker = os.environ.get("PYTEST_XDIST_WORKER", "")
+    count = int(os.environ.get("PYTEST_XDIST_WORKER_COUNT", "1"))
+    index = int(worker[2:]) if worker.startswith("gw") and worker[2:].isdigit() else 0
+    size = (top - 10000) // max(count, 1)
+    return 10000 + index * size, 10000 + (index + 1) * size - 1
+
+
 def free_node_port_base(node_ids: list[int]) -> int:
     """A base such that base + every node id is a free port, below the ephemeral range. The proxy
     opens a broker's port when it learns of the broker, seconds after this check: a port in the
     ephemeral range could meanwhile be taken as the local port of any outgoing connection (it was,
     once, under two test workers: "cannot listen on 127.0.0.1:33992: Address already in use")."""
-    highest = _ephemeral_ports_start() - 1 - max(node_ids, default=0)
+    lowest, highest = _port_range()
+    highest -= max(node_ids, default=0)
     for _ in range(200):
-        base = random.randint(10000, highest)
+        base = random.randint(lowest, highest)
         ports = [base + n for n in node_ids]
+        if _HANDED_OUT.intersection(ports):
+            continue
         try:
             socks = []
             for port in ports:
                 s = socket.socket()
                 socks.append(s)
                 s.bind(("127.0.0.1", port))
+            _HANDED_OUT.update(ports)
             return base
         except OSError:
             continue

@@ -21,6 +21,7 @@ from proxy.config.model import Config, ConfigError, load_config
 from proxy.evidence.metrics import Metrics
 from proxy.serve.admin import AdminServer
 from proxy.serve.file_watch import FileWatcher
+from proxy.serve.listener import check_port_unshared
 from proxy.serve.server import READY_PROBE_TIMEOUT_S, announce_readiness, reload_plan, tls_contexts
 from proxy.workers.link import Link, LinkClosed, RemoteError
 from proxy.workers.metrics import MetricsFiles, WholeProxyMetrics, flush_workers
@@ -98,6 +99,8 @@ class Supervisor:
         """Run until SIGTERM or SIGINT has drained every worker (0), or until a worker fails
         to start (its exit status: a port that cannot be bound is the operator's to fix)."""
         _warn_without_migration()
+        for listener in self.config.listeners:  # before any worker joins a port with SO_REUSEPORT
+            check_port_unshared(f"listener {listener.name}", *listener.bind_address)
         with trio.open_signal_receiver(signal.SIGTERM, signal.SIGINT, signal.SIGHUP) as signals, self.metric_files:
             async with trio.open_nursery() as nursery:
                 self._nursery = nursery

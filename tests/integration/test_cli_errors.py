@@ -79,6 +79,21 @@ def test_the_admin_port_in_use_is_named(tmp_path: Path) -> None:
     )
 
 
+def test_workers_on_a_port_another_proxys_workers_serve_say_it_is_in_use(tmp_path: Path, start_proxy) -> None:  # type: ignore[no-untyped-def]
+    # Workers bind with SO_REUSEPORT, which would join the first proxy's workers on the port
+    # (the kernel then spreads clients over both proxies, with no error): the supervisor's plain
+    # bind before its workers start refuses, as one process does.
+    first = start_proxy("127.0.0.1:9", workers=2)
+    port = int(first.bootstrap.rsplit(":", 1)[1])
+    config = write_config(tmp_path, port, free_port())
+    config.write_text(config.read_text() + "workers: 2\n")
+    result = cli("run", "--config", str(config), timeout=30)
+    assert_one_clear_line(
+        result, f"kafka-admission-proxy: listener external: cannot listen on 127.0.0.1:{port}: Address already in use"
+    )
+    assert first.process is not None and first.process.poll() is None
+
+
 @pytest.mark.demo_ports
 def test_the_demo_with_its_listener_port_in_use_says_so() -> None:
     # The demo's sample config binds fixed ports (29092, admin 9464): hold the first.
