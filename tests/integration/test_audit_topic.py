@@ -9,6 +9,7 @@ from __future__ import annotations
 import json
 import socket
 import time
+from collections import Counter
 from collections.abc import Callable
 from pathlib import Path
 from typing import Any
@@ -37,7 +38,10 @@ def read_topic(
         records: list[tuple[bytes | None, dict[str, Any]]] = []
         deadline = time.monotonic() + timeout
         while not until([v for _, v in records]):
-            assert time.monotonic() < deadline, f"{len(records)} records read in {timeout}s: {records[-3:]}"
+            assert time.monotonic() < deadline, (
+                f"{len(records)} records read in {timeout}s, by instance and type: "
+                f"{sorted(Counter((v['instance'], v['type']) for _, v in records).items())}; the last: {records[-3:]}"
+            )
             message = consumer.poll(0.2)
             if message is not None and message.error() is None:
                 records.append((message.key(), json.loads(message.value() or b"")))
@@ -77,13 +81,14 @@ def test_the_topic_sink_produces_valid_v2_events_keyed_by_the_instance(tansu, st
     assert proxy.returncode == 0, proxy.log()
 
     # Everything queued was delivered at stop: as many decisions in the topic as decided.
-    # With workers, each instance's events are in order in its key's partition, not across them.
+    # With workers, each instance's events are in order in its key's partition, not across them;
+    # a worker the kernel gave no connection has no event at all (windows carry only traffic).
     instances = proxy.audit_instances("proxy-topic-1")
 
     def decisions_and_last_window(events: list[dict[str, Any]]) -> bool:
         decisions = [e for e in events if e["type"] == "decision"]
         last = {e["instance"]: e["type"] for e in events}  # each instance's last, partial window
-        return len(decisions) >= decided and last.keys() == instances and set(last.values()) == {"window"}
+        return len(decisions) >= decided and "proxy-topic-1" in last and set(last.values()) == {"window"}
 
     records = read_topic(tansu.bootstrap, topic, decisions_and_last_window)
     events = [value for _, value in records]
@@ -91,10 +96,13 @@ def test_the_topic_sink_produces_valid_v2_events_keyed_by_the_instance(tansu, st
     # Keyed by the instance that made each event: with workers, the supervisor's windows
     # are the proxy's instance and each worker's events its own <instance>-w<i>.
     assert all(key == value["instance"].encode() for key, value in records)
-    assert {e["instance"] for e in events} == instances
+    wrote = {e["instance"] for e in events}
+    assert "proxy-topic-1" in wrote and wrote <= instances
     decisions = [e for e in events if e["type"] == "decision"]
     assert len(decisions) == decided > 0
     assert all(d["policy"] == "identifier_limits" and d["client_id"] == LONG_ID for d in decisions)
+    workers = instances - {"proxy-topic-1"}  # with workers, decisions are the workers' own events
+    assert {d["instance"] for d in decisions} <= (workers or instances)
     assert {e["type"] for e in events} == {"decision", "connection", "window"}
 
 
