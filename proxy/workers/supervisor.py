@@ -200,8 +200,9 @@ class Supervisor:
         exited and its end of the link is read to the last message)."""
         ours, theirs = socket.socketpair(socket.AF_UNIX, socket.SOCK_STREAM)
         link = Link(trio.SocketStream(trio.socket.from_stdlib_socket(ours)))
-        # Its first message: the generation to serve (the one the others run, not the file's).
-        link.tell("worker.start", self.generation, self.config)
+        # Its first message: the generation to serve (the one the others run, not the file's), and
+        # the brokers known, whose node ports it opens before it accepts a bootstrap-port client.
+        link.tell("worker.start", self.generation, self.config, list(self.brokers.known.values()))
         link.handlers["worker.ready"] = lambda generation: self._worker_ready(index, link, generation)
         link.handlers["worker.brokers"] = lambda brokers: self.brokers.learned(
             {other: each for other, each in self._links.items() if other != index}, brokers
@@ -255,7 +256,7 @@ class Supervisor:
     def _worker_ready(self, index: int, link: Link, generation: int) -> None:
         self._links[index] = link
         log.info("worker %d serving", index, extra={"pid": self._processes[index].pid, "generation": generation})
-        if self.brokers.known:  # a restarted worker opens the node ports at once, not at a client's next Metadata
+        if self.brokers.known:  # and those learned since its start, which no spread told it
             link.tell("worker.brokers", list(self.brokers.known.values()))
         if generation != self.generation:  # it started from a generation a reload has replaced since
             assert self._nursery is not None

@@ -289,6 +289,9 @@ def test_every_worker_opens_the_node_port_of_a_broker_one_worker_learned(tansu: 
     os.kill(pid, signal.SIGKILL)
     wait_until(lambda: worker_pids(proxy)[0] != pid, timeout=15)
     wait_until(lambda: openings() == Counter({0: 2, 1: 1}))
+    # It opened the node port as it started (told the brokers in worker.start), not once it served.
+    restarted = proxy.log().split("worker 0 exited with status -9", 1)[1]
+    assert re.search(rf"bind=127\.0\.0\.1:{node_port} .*worker=0\n(.*\n)*.*worker started worker=0", restarted)
     conns = [RawConnection(f"127.0.0.1:{node_port}") for _ in range(16)]
     try:
         for i, conn in enumerate(conns):

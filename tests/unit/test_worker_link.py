@@ -196,7 +196,7 @@ def test_the_first_message_is_read_alone_before_the_link_runs() -> None:
     a, b = socket.socketpair()
     with a, b:
         sender = Link(trio.SocketStream(trio.socket.from_stdlib_socket(a)))
-        sender.tell("worker.start", 3, {"config": True})
+        sender.tell("worker.start", 3, {"config": True}, [])
         sender.tell("worker.reload", 4, {"config": False})  # stays in the socket for the link
-        assert Link.first_message(b) == ("worker.start", (3, {"config": True}))
+        assert Link.first_message(b) == ("worker.start", (3, {"config": True}, []))
         assert b.recv(4) != b""  # the next message was not taken with it
