@@ -187,7 +187,10 @@ def metric_families() -> list[tuple[str, str, tuple[str, ...], str]]:
                 names = tuple(label for label in labels if label != "le")
                 families.append((family.name, family.type, names, family.documentation))
 
-    trio.run(walk)
+    try:
+        trio.run(walk)
+    finally:
+        server.audit.close()  # its writer thread: nothing else of the server ran
     return sorted(families)
 
 

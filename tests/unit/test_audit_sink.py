@@ -249,6 +249,7 @@ def _stalled_log(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> tuple[Audit
 def test_record_returns_at_once_and_drops_when_the_destination_stalls(
     tmp_path: Path, monkeypatch: pytest.MonkeyPatch, stall: Any
 ) -> None:
+    others = set(threading.enumerate())  # an earlier test's sink may still have its writer
     audit, metrics, drain_fd = stall(tmp_path, monkeypatch)
     tracemalloc.start()
     try:
@@ -273,7 +274,7 @@ def test_record_returns_at_once_and_drops_when_the_destination_stalls(
     audit.close(timeout=0.3)  # bounded, though the writer is stuck
     assert time.monotonic() - started < 2
     # Unstall: read what the writer is blocked on until it finishes.
-    writer = next(t for t in threading.enumerate() if t.name.startswith("audit-") and t.is_alive())
+    writer = next(t for t in threading.enumerate() if t.name.startswith("audit-") and t not in others)
     while writer.is_alive():
         try:
             os.read(drain_fd, 1 << 16)
