@@ -16,7 +16,9 @@ log = logging.getLogger("kafka_admission_proxy.brokers")
 
 OpenNodePort = Callable[[int], Awaitable[None]]
 Placed = Callable[[int, str], None]
-Learned = Callable[[list[BrokerAddress]], Awaitable[None]]
+# Awaited with the brokers a response named that were not passed on yet; returns the node ports
+# (listener name, node id) another process serves, which no listener opens (workers: a port in use).
+Learned = Callable[[list[BrokerAddress]], Awaitable[list[tuple[str, int]]]]
 
 
 class BrokerDirectory:
@@ -29,6 +31,7 @@ class BrokerDirectory:
         self._placed: list[Placed] = []
         self._learned: list[Learned] = []
         self._shared: dict[int, BrokerAddress] = {}  # passed to every ``on_learned`` and awaited
+        self._served_elsewhere: set[tuple[str, int]] = set()  # (listener, node id): ports not to open
 
     def on_new_node(self, open_node_port: OpenNodePort) -> None:
         self._openers.append(open_node_port)
@@ -45,6 +48,11 @@ class BrokerDirectory:
         a broker then opens no bootstrap-port connection that a worker counts as to no known broker
         (BrokerQuotas' BOOTSTRAP pool, which that broker's caps do not count)."""
         self._learned.append(learned)
+
+    def served_elsewhere(self, listener: str, node_id: int) -> bool:
+        """Another process serves this listener's port for ``node_id``: the supervisor found it in
+        use before any worker bound it (each binds with SO_REUSEPORT, which would join it)."""
+        return (listener, node_id) in self._served_elsewhere
 
     def address_of(self, node_id: int) -> tuple[str, int] | None:
         return self._nodes.get(node_id)
@@ -78,10 +86,23 @@ class BrokerDirectory:
     def node_ids(self) -> list[int]:
         return sorted(self._nodes)
 
-    async def learn(self, brokers: Iterable[BrokerAddress], *, told: bool = False) -> None:
+    async def learn(
+        self, brokers: Iterable[BrokerAddress], *, told: bool = False, elsewhere: Iterable[tuple[str, int]] = ()
+    ) -> None:
         """Learn the brokers a response names, or (``told``) that another worker learned: those are
-        being passed to every worker already, so not to ``on_learned``."""
+        being passed to every worker already, so not to ``on_learned``. Those passed on are passed
+        before their ports open: with workers, the supervisor checks no other process serves them
+        (``elsewhere``: the ports it found served, as it tells them)."""
         brokers = list(brokers)
+        self._served_elsewhere.update(elsewhere)
+        if not told and self._learned:
+            shared = self._shared
+            unshared = list({b.node_id: b for b in brokers if shared.get(b.node_id) != b}.values())
+            if unshared:
+                for learned in self._learned:
+                    self._served_elsewhere.update(await learned(unshared))
+                for broker in unshared:
+                    shared[broker.node_id] = broker
         for broker in brokers:
             address = (broker.host, broker.port)
             known = self._nodes.get(broker.node_id)
@@ -102,15 +123,6 @@ class BrokerDirectory:
                     await open_node_port(broker.node_id)
             else:
                 log.info("broker moved", extra=where)
-        if told or not self._learned:
-            return
-        shared = self._shared
-        unshared = list({b.node_id: b for b in brokers if shared.get(b.node_id) != b}.values())
-        if unshared:
-            for learned in self._learned:
-                await learned(unshared)
-            for broker in unshared:
-                shared[broker.node_id] = broker
 
     def _index(self) -> None:
         at: dict[str, int | None] = {}

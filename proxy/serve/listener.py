@@ -108,6 +108,8 @@ class ListenerRuntime:
     async def open_node_port(self, node_id: int) -> None:
         if self.config.passthrough:
             return  # its node ports are its passthrough_brokers, not the brokers metadata names
+        if self._directory.served_elsewhere(self.name, node_id):
+            return  # another process serves it (with workers, the supervisor checked and logged it)
         await self._open_port(node_id, self._node_route(node_id))
 
     def _node_route(self, node_id: int) -> Port:

@@ -85,7 +85,8 @@ class Supervisor:
         self.exit_code = 0
         self.admin_port: int | None = None
         self._links: dict[int, Link] = {}  # the workers that are serving
-        self.brokers = SharedBrokers()  # what the workers learned: each opens every node port
+        # What the workers learned: each opens every node port, once no other process serves it.
+        self.brokers = SharedBrokers(self._node_ports, check_port_unshared)
         self._processes: dict[int, trio.Process] = {}
         self._all_ready = trio.Event()  # every worker served once: the proxy has started
         self._stop = trio.Event()
@@ -100,7 +101,11 @@ class Supervisor:
         to start (its exit status: a port that cannot be bound is the operator's to fix)."""
         _warn_without_migration()
         for listener in self.config.listeners:  # before any worker joins a port with SO_REUSEPORT
-            check_port_unshared(f"listener {listener.name}", *listener.bind_address)
+            host, port = listener.bind_address
+            check_port_unshared(f"listener {listener.name}", host, port)
+            if listener.passthrough and self.config.mode == "cluster":  # its node ports open at its start
+                for node_id in listener.passthrough_brokers:
+                    check_port_unshared(f"listener {listener.name}", host, listener.node_port_base + node_id)
         with trio.open_signal_receiver(signal.SIGTERM, signal.SIGINT, signal.SIGHUP) as signals, self.metric_files:
             async with trio.open_nursery() as nursery:
                 self._nursery = nursery
@@ -202,7 +207,13 @@ class Supervisor:
         link = Link(trio.SocketStream(trio.socket.from_stdlib_socket(ours)))
         # Its first message: the generation to serve (the one the others run, not the file's), and
         # the brokers known, whose node ports it opens before it accepts a bootstrap-port client.
-        link.tell("worker.start", self.generation, self.config, list(self.brokers.known.values()))
+        link.tell(
+            "worker.start",
+            self.generation,
+            self.config,
+            list(self.brokers.known.values()),
+            self.brokers.served_elsewhere,
+        )
         link.handlers["worker.ready"] = lambda generation: self._worker_ready(index, link, generation)
         link.handlers["worker.brokers"] = lambda brokers: self.brokers.learned(
             {other: each for other, each in self._links.items() if other != index}, brokers
@@ -253,11 +264,21 @@ class Supervisor:
             if process.returncode is None:
                 process.kill()
 
+    def _node_ports(self, node_id: int) -> list[tuple[str, str, int]]:
+        """(listener, host, port) of the port each listener opens for broker ``node_id``."""
+        if self.config.mode != "cluster":
+            return []
+        return [
+            (lst.name, lst.bind_address[0], lst.node_port_base + node_id)
+            for lst in self.config.listeners
+            if not lst.passthrough
+        ]
+
     def _worker_ready(self, index: int, link: Link, generation: int) -> None:
         self._links[index] = link
         log.info("worker %d serving", index, extra={"pid": self._processes[index].pid, "generation": generation})
         if self.brokers.known:  # and those learned since its start, which no spread told it
-            link.tell("worker.brokers", list(self.brokers.known.values()))
+            link.tell("worker.brokers", list(self.brokers.known.values()), self.brokers.served_elsewhere)
         if generation != self.generation:  # it started from a generation a reload has replaced since
             assert self._nursery is not None
             self._nursery.start_soon(self._catch_up, index)

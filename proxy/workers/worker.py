@@ -44,13 +44,13 @@ class _WorkerField(logging.Filter):
 
 async def serve_worker(config_path: str, index: int, workers: int, link_fd: int, drain_timeout: float) -> None:
     supervisor = socket.socket(fileno=link_fd)
-    kind, (generation, config, brokers) = Link.first_message(supervisor)  # before anything else: nothing is lost
+    kind, (generation, config, brokers, elsewhere) = Link.first_message(supervisor)  # before anything else
     assert kind == "worker.start", kind
     link = Link(trio.SocketStream(trio.socket.from_stdlib_socket(supervisor)))
     server = ProxyServer(config, config_path, shared=WorkerLink(index, workers, link, generation))
     # A restarted worker knows the brokers the others learned before it binds: each listener opens
     # their node ports as it starts, and a bootstrap-port client counts against its broker at once.
-    await server.directory.learn(brokers, told=True)
+    await server.directory.learn(brokers, told=True, elsewhere=elsewhere)
     link.handlers["worker.reload"] = server.apply_generation
     link.handlers["worker.readiness"] = server.readiness_problems
     serve_flush(link, server.metrics)

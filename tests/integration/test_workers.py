@@ -270,6 +270,34 @@ def test_a_worker_that_keeps_dying_is_restarted_after_a_growing_pause(tansu: Any
     assert proxy.get("/readyz")[0] == 200
 
 
+def test_a_node_port_another_proxys_workers_serve_is_not_joined(tansu: Any, start_proxy: Any) -> None:
+    """Two proxies whose node_port_base overlap: the second one's supervisor finds broker 111's node
+    port in use before any of its workers binds it (each binds with SO_REUSEPORT, which would join
+    the first proxy's workers and take half of their clients without an error). It logs it as one
+    process does, opens it in no worker, and every client of the port reaches the first proxy."""
+    first = start_workers(start_proxy, tansu.bootstrap, 2)
+    base = int(first.config["listeners"][0]["node_port_base"])
+    node_port = base + TansuBroker.NODE_ID
+    second = start_workers(start_proxy, tansu.bootstrap, 2, listeners=[{"name": "external", "node_port_base": base}])
+    for proxy in (first, second):
+        with RawConnection(proxy.bootstrap) as conn:
+            conn.send(metadata_frame(1))
+            assert conn.read_response(3, 12).header.correlation_id == 1
+    assert f"listening listener=external bind=127.0.0.1:{node_port} " in first.log()
+    line = f"cannot open the port for broker node 111: listener external: cannot listen on 127.0.0.1:{node_port}: "
+    wait_until(lambda: line + "Address already in use" in second.log())
+    assert f"bind=127.0.0.1:{node_port} " not in second.log()
+    conns = [RawConnection(f"127.0.0.1:{node_port}") for _ in range(12)]
+    try:
+        for i, conn in enumerate(conns):
+            assert round_trip(conn, i) == 0
+        assert {worker_of(first, conn) for conn in conns} == {0, 1}
+        assert not any(client_address(conn) in served_by(second) for conn in conns)
+    finally:
+        for conn in conns:
+            conn.close()
+
+
 def test_every_worker_opens_the_node_port_of_a_broker_one_worker_learned(tansu: Any, start_proxy: Any) -> None:
     """Cluster mode: a Metadata answer through one worker opens the broker's node port in every
     worker (so the kernel spreads node-port connections over all of them), and a restarted worker

@@ -54,8 +54,9 @@ def test_what_a_learn_found_new_or_moved_is_told_once_and_nothing_else() -> None
     directory = BrokerDirectory(Metrics())
     told: list[list[BrokerAddress]] = []
 
-    async def learned(brokers: list[BrokerAddress]) -> None:
+    async def learned(brokers: list[BrokerAddress]) -> list[tuple[str, int]]:
         told.append(brokers)
+        return []
 
     directory.on_learned(learned)
     first, second = BrokerAddress(1, "kafka-0", 9092), BrokerAddress(2, "kafka-1", 9092)

@@ -4,15 +4,19 @@ worker before the response goes on (proxy/workers/shared_brokers.py), over real 
 
 from __future__ import annotations
 
+import logging
+import socket
 from collections.abc import AsyncIterator
 from contextlib import asynccontextmanager
 
+import pytest
 import trio
 
 from policies.connections import BOOTSTRAP, bootstrap_broker
 from proxy.evidence.metrics import Metrics
 from proxy.links.brokers import BrokerDirectory
 from proxy.protocol.rewrite import BrokerAddress
+from proxy.serve.listener import check_port_unshared
 from proxy.workers.link import Link
 from proxy.workers.shared_brokers import SharedBrokers, share_brokers
 
@@ -21,8 +25,8 @@ SERVERS = [("127.0.0.1", 9092)]
 
 
 class Workers:
-    def __init__(self, n: int) -> None:
-        self.shared = SharedBrokers()
+    def __init__(self, n: int, shared: SharedBrokers | None = None) -> None:
+        self.shared = shared or SharedBrokers()
         self.directories = [BrokerDirectory(Metrics()) for _ in range(n)]
         self.asked: list[tuple[int, list[BrokerAddress]]] = []  # what each worker passed on
         self._links: dict[int, Link] = {}
@@ -44,8 +48,8 @@ class Workers:
 
 
 @asynccontextmanager
-async def running(n: int) -> AsyncIterator[Workers]:
-    workers = Workers(n)
+async def running(n: int, shared: SharedBrokers | None = None) -> AsyncIterator[Workers]:
+    workers = Workers(n, shared)
     async with trio.open_nursery() as nursery:
         for end in workers._ends:
             nursery.start_soon(end.run)
@@ -91,3 +95,41 @@ def test_two_workers_learning_one_broker_at_once_each_go_on_once_every_worker_kn
             assert [d.address_of(111) for d in workers.directories] == [("127.0.0.1", 9093)] * 3
 
     trio.run(main)
+
+
+def test_a_node_port_another_process_serves_is_opened_by_no_worker_and_logged(caplog: pytest.LogCaptureFixture) -> None:
+    """Each worker binds a node port with SO_REUSEPORT, which would join another process listening
+    with it too and split its clients: the supervisor binds it plainly first, before any worker
+    opens it. In use: logged once, as one process logs it, and every worker (the one that learned
+    the broker too) is told not to open it; a port of another listener that is free opens."""
+    taken = socket.socket()
+    taken.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEPORT, 1)  # as another proxy's worker binds it
+    taken.bind(("127.0.0.1", 0))
+    taken.listen()
+    port = taken.getsockname()[1]
+    free = socket.socket()
+    free.bind(("127.0.0.1", 0))
+    free_port = free.getsockname()[1]
+    free.close()
+
+    def node_ports(node_id: int) -> list[tuple[str, str, int]]:
+        return [("external", "127.0.0.1", port), ("internal", "127.0.0.1", free_port)]
+
+    async def main() -> None:
+        async with running(2, SharedBrokers(node_ports, check_port_unshared)) as workers:
+            await workers.directories[0].learn([BROKER])
+            for directory in workers.directories:
+                assert directory.served_elsewhere("external", 111)
+                assert not directory.served_elsewhere("internal", 111)
+            await workers.directories[1].learn([BROKER])  # known: not checked again
+        assert workers.shared.served_elsewhere == [("external", 111)]
+
+    try:
+        with caplog.at_level(logging.ERROR, logger="kafka_admission_proxy.listener"):
+            trio.run(main)
+    finally:
+        taken.close()
+    assert [r.getMessage() for r in caplog.records] == [
+        f"cannot open the port for broker node 111: listener external: cannot listen on 127.0.0.1:{port}: "
+        "Address already in use"
+    ]
