@@ -108,8 +108,6 @@ class ListenerRuntime:
     async def open_node_port(self, node_id: int) -> None:
         if self.config.passthrough:
             return  # its node ports are its passthrough_brokers, not the brokers metadata names
-        if self._directory.served_elsewhere(self.name, node_id):
-            return  # another process serves it (with workers, the supervisor checked and logged it)
         await self._open_port(node_id, self._node_route(node_id))
 
     def _node_route(self, node_id: int) -> Port:
@@ -140,6 +138,8 @@ class ListenerRuntime:
     async def _open_port(self, node_id: int, route: Port | PassthroughRoute) -> None:
         if node_id in self._node_ports or self._acceptors is None:
             return
+        if self._directory.served_elsewhere(self.name, node_id):
+            return  # another process serves it (with workers, the supervisor checked and logged it)
         self._node_ports.add(node_id)
         host, _ = self.config.bind_address
         port = self.config.node_port_base + node_id

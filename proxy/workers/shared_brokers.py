@@ -68,17 +68,23 @@ class SharedBrokers:
             self._spreading[broker.node_id] = done
         return self._spread(others, brokers, new, done, pending)
 
-    def _check_ports(self, node_id: int) -> None:
+    def _check_ports(self, node_id: int, ports: list[tuple[str, str, int]] | None = None) -> None:
         """Before any worker binds them (each worker opens a node port once it learned its broker)."""
         if self._probe is None:
             return
-        for listener, host, port in self._node_ports(node_id):
+        for listener, host, port in self._node_ports(node_id) if ports is None else ports:
             try:
                 self._probe(f"listener {listener}", host, port)
             except OSError as exc:
                 where = {"listener": listener, "port": port}
                 log.error("cannot open the port for broker node %d: %s", node_id, exc, extra=where)
                 self.served_elsewhere.append((listener, node_id))
+
+    def check_static_ports(self, ports: dict[int, list[tuple[str, str, int]]]) -> None:
+        """At start, before any worker: the node ports listeners open without learning a broker
+        (passthrough_brokers in cluster mode), by node id."""
+        for node_id, of_node in ports.items():
+            self._check_ports(node_id, of_node)
 
     def _elsewhere(self, brokers: list[BrokerAddress]) -> list[tuple[str, int]]:
         nodes = {b.node_id for b in brokers}

@@ -101,11 +101,8 @@ class Supervisor:
         to start (its exit status: a port that cannot be bound is the operator's to fix)."""
         _warn_without_migration()
         for listener in self.config.listeners:  # before any worker joins a port with SO_REUSEPORT
-            host, port = listener.bind_address
-            check_port_unshared(f"listener {listener.name}", host, port)
-            if listener.passthrough and self.config.mode == "cluster":  # its node ports open at its start
-                for node_id in listener.passthrough_brokers:
-                    check_port_unshared(f"listener {listener.name}", host, listener.node_port_base + node_id)
+            check_port_unshared(f"listener {listener.name}", *listener.bind_address)
+        self.brokers.check_static_ports(self._passthrough_node_ports())
         with trio.open_signal_receiver(signal.SIGTERM, signal.SIGINT, signal.SIGHUP) as signals, self.metric_files:
             async with trio.open_nursery() as nursery:
                 self._nursery = nursery
@@ -273,6 +270,18 @@ class Supervisor:
             for lst in self.config.listeners
             if not lst.passthrough
         ]
+
+    def _passthrough_node_ports(self) -> dict[int, list[tuple[str, str, int]]]:
+        """Cluster mode: the node ports passthrough listeners open at their start, by node id."""
+        ports: dict[int, list[tuple[str, str, int]]] = {}
+        if self.config.mode == "cluster":
+            for lst in self.config.listeners:
+                if lst.passthrough:
+                    for node_id in lst.passthrough_brokers:
+                        ports.setdefault(node_id, []).append(
+                            (lst.name, lst.bind_address[0], lst.node_port_base + node_id)
+                        )
+        return ports
 
     def _worker_ready(self, index: int, link: Link, generation: int) -> None:
         self._links[index] = link

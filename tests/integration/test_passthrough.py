@@ -8,6 +8,7 @@ from __future__ import annotations
 
 import os
 import signal
+import socket
 import ssl
 import subprocess
 import sys
@@ -25,7 +26,7 @@ from confluent_kafka import Consumer, Producer
 from demo.tansu import TansuBroker, free_port
 from policies.api_keys import API_VERSIONS
 from tests.audit_files import assert_valid, read_events
-from tests.conftest import ROOT, wait_until
+from tests.conftest import ROOT, free_node_port_base, wait_until
 from tests.integration.kafka_helpers import Stunnel
 from tests.raw_kafka import RawConnection, api_versions_frame
 
@@ -310,3 +311,37 @@ def test_in_cluster_mode_each_passthrough_broker_has_its_node_port(
     wait_until(lambda: tls_broker.stunnel.accepted_connections() >= accepted_before + 2)
     assert tls_broker.stunnel.accepted_connections() == accepted_before + 2
     assert proxy.metric("kafka_admission_connections_accepted_total", listener=LISTENER, tls="passthrough") == 2
+
+
+def test_with_workers_a_passthrough_node_port_another_process_serves_is_logged_and_joined_by_none(
+    tls_broker: PassthroughBroker, start_proxy: Any, certs: Any
+) -> None:
+    """Each worker binds with SO_REUSEPORT, which would join a listener of another process that set
+    it too (another proxy's worker, as this socket stands for) and take half of its clients. The
+    supervisor binds the node port plainly before any worker starts: in use, it is logged as one
+    process logs it and no worker opens it; the bootstrap port serves."""
+    node = TansuBroker.NODE_ID
+    base = free_node_port_base([node])
+    node_port = base + node
+    other = socket.socket()
+    other.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEPORT, 1)
+    other.bind(("127.0.0.1", node_port))
+    other.listen()
+    try:
+        listener: dict[str, Any] = {
+            "name": LISTENER,
+            "bind": f"127.0.0.1:{tls_broker.proxy_port}",
+            "tls": "passthrough",
+            "passthrough_brokers": {node: tls_broker.stunnel.address},
+            "node_port_base": base,
+        }
+        proxy = start_proxy(tls_broker.broker.bootstrap, listeners=[listener], mode="cluster", workers=2)
+        line = (
+            f"cannot open the port for broker node {node}: listener {LISTENER}: cannot listen on 127.0.0.1:{node_port}"
+        )
+        wait_until(lambda: line + ": Address already in use" in proxy.log())
+        with tls_connection(proxy, certs) as conn:
+            round_trip(conn, 1)
+        assert f"bind=127.0.0.1:{node_port} " not in proxy.log()
+    finally:
+        other.close()
