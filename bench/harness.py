@@ -173,6 +173,12 @@ def load_average() -> str:
     return "/".join(f"{x:.2f}" for x in os.getloadavg())
 
 
+def quantile_us(seconds: list[float], q: float) -> float:
+    """The ``q`` quantile of these durations, in microseconds (the nearest rank at or below)."""
+    ordered = sorted(seconds)
+    return ordered[min(len(ordered) - 1, int(q * len(ordered)))] * 1e6
+
+
 # --- TLS --------------------------------------------------------------------------------------
 
 

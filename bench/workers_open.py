@@ -28,6 +28,7 @@ sees it (the wall time of ``admit``), and the p50 difference with ``w1``.
 
     .venv/bin/python bench/workers_open.py --rounds 3 --opens 2000
     .venv/bin/python bench/workers_open.py --rounds 3 --opens 2000 --ways w1,w2 --audit /tmp/bench-audit
+    .venv/bin/python bench/workers_open.py --rounds 3 --opens 2000 --ways w1,w2,w2-ask --broker 1  # a node port
 """
 
 from __future__ import annotations
@@ -44,8 +45,9 @@ import time
 from dataclasses import dataclass
 
 import trio
+from harness import quantile_us
 
-from policies.connections import OpenCounts
+from policies.connections import BOOTSTRAP, BrokerKey, OpenCounts
 from policies.mode import Mode
 from proxy.config.model import Config, parse_config
 from proxy.evidence.audit import AuditSink
@@ -97,7 +99,14 @@ class _Conn:
 
 
 async def _worker(
-    index: int, fd: int | None, opens: int, pause: float, ping: bool, driven: bool, audit_dir: str | None
+    index: int,
+    fd: int | None,
+    opens: int,
+    pause: float,
+    ping: bool,
+    driven: bool,
+    audit_dir: str | None,
+    broker: BrokerKey,
 ) -> list[float]:
     from proxy.workers.worker_connections import SharedConnectionGate
 
@@ -133,7 +142,7 @@ async def _worker(
                 p.max_ssl_handshakes_per_turn,
             )
         for n in range(_STANDING):  # a proxy at work holds connections: its pools are not made per open
-            assert await gate.admit(_Conn(f"w{index}:{LISTENER}-standing-{n}"))
+            assert await gate.admit(_Conn(f"w{index}:{LISTENER}-standing-{n}"), broker)
         took: list[float] = []
         for n in range(opens):
             conn = _Conn(f"w{index}:{LISTENER}-{n}")
@@ -144,7 +153,7 @@ async def _worker(
                 await trio.sleep(pause)
                 continue
             start = time.perf_counter()
-            admitted = await gate.admit(conn)
+            admitted = await gate.admit(conn, broker)
             record_lifecycle(  # what the connection does first (proxy/serve/connection.py)
                 audit,
                 None,
@@ -184,9 +193,9 @@ async def _owner(fds: list[int], lend: bool, audit_dir: str | None) -> None:
         await trio.sleep_forever()
 
 
-def _run_way(way: str, opens: int, pause_ms: float, audit_dir: str | None) -> list[float]:
+def _run_way(way: str, opens: int, pause_ms: float, audit_dir: str | None, broker: str) -> list[float]:
     me = [sys.executable, __file__]
-    common = ["--opens", str(opens), "--pause-ms", str(pause_ms)]
+    common = ["--opens", str(opens), "--pause-ms", str(pause_ms), "--broker", broker]
     if audit_dir is not None:
         shutil.rmtree(audit_dir, ignore_errors=True)
         common += ["--audit", audit_dir]
@@ -225,11 +234,6 @@ def _run_way(way: str, opens: int, pause_ms: float, audit_dir: str | None) -> li
     return took
 
 
-def _us(values: list[float], q: float) -> float:
-    ordered = sorted(values)
-    return ordered[min(len(ordered) - 1, int(q * len(ordered)))] * 1e6
-
-
 def main() -> None:
     parser = argparse.ArgumentParser()
     parser.add_argument("--rounds", type=int, default=3)
@@ -243,6 +247,9 @@ def main() -> None:
     parser.add_argument("--no-slots", action="store_true")
     parser.add_argument("--audit", help="the audit keeps evidence: its files in this directory (emptied per way)")
     parser.add_argument(
+        "--broker", default="bootstrap", help="the pool the opens count in: bootstrap, or a node id (a node port's)"
+    )
+    parser.add_argument(
         "--ways", default="w1,link-task,link,w1-owner,w2-task,w2,w2-ask", help="comma-separated, in order"
     )
     args = parser.parse_args()
@@ -251,19 +258,28 @@ def main() -> None:
         return
     if args.as_worker is not None:
         took = trio.run(
-            _worker, args.as_worker, args.fd, args.opens, args.pause_ms / 1000, args.ping, args.driver, args.audit
+            _worker,
+            args.as_worker,
+            args.fd,
+            args.opens,
+            args.pause_ms / 1000,
+            args.ping,
+            args.driver,
+            args.audit,
+            BOOTSTRAP if args.broker == "bootstrap" else int(args.broker),
         )
         print(json.dumps(took[len(took) // 20 :]))  # the first 5% warm up
         return
     audit = f", audit files in {args.audit}" if args.audit else ", no audit"
-    print(f"opens per worker {args.opens}, pause {args.pause_ms} ms, cpus {os.sched_getaffinity(0)}{audit}")
+    pool = "the bootstrap port" if args.broker == "bootstrap" else f"node {args.broker}'s port"
+    print(f"opens per worker {args.opens} on {pool}, pause {args.pause_ms} ms, cpus {os.sched_getaffinity(0)}{audit}")
     print("round  way       p50_us  p99_us")
     p50s: dict[str, list[float]] = {way: [] for way in args.ways.split(",")}
     for round_ in range(args.rounds):
         for way in p50s:
-            took = _run_way(way, args.opens, args.pause_ms, args.audit)
-            p50s[way].append(_us(took, 0.5))
-            print(f"{round_:5d}  {way:8s}  {_us(took, 0.5):6.1f}  {_us(took, 0.99):6.1f}", flush=True)
+            took = _run_way(way, args.opens, args.pause_ms, args.audit, args.broker)
+            p50s[way].append(quantile_us(took, 0.5))
+            print(f"{round_:5d}  {way:8s}  {quantile_us(took, 0.5):6.1f}  {quantile_us(took, 0.99):6.1f}", flush=True)
         if "w1" in p50s and "w2" in p50s:
             print(f"       added p50 (w2 - w1): {p50s['w2'][-1] - p50s['w1'][-1]:.1f} us", flush=True)
         if "w1" in p50s and "w2-ask" in p50s:
