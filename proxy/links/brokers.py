@@ -25,7 +25,7 @@ class BrokerDirectory:
     def __init__(self, metrics: Metrics) -> None:
         self._metrics = metrics
         self._nodes: dict[int, tuple[str, int]] = {}
-        self._at: dict[str, int | None] = {}  # broker_address advertised -> node (None: several)
+        self._at: dict[str, set[int]] = {}  # broker_address advertised -> the nodes advertising it
         self._via_bootstrap: set[int] = set()  # sole brokers whose advertised address is unreachable
         self._openers: list[OpenNodePort] = []
         self._placed: list[Placed] = []
@@ -80,7 +80,11 @@ class BrokerDirectory:
 
     def node_at(self, host: str, port: int) -> int | None:
         """The node that advertises ``host:port`` (None: none does, or several do)."""
-        return self._at.get(broker_address(host, port))
+        return self._only_node_at(broker_address(host, port))
+
+    def _only_node_at(self, key: str) -> int | None:
+        nodes = self._at.get(key)
+        return next(iter(nodes)) if nodes is not None and len(nodes) == 1 else None
 
     @property
     def node_ids(self) -> list[int]:
@@ -109,9 +113,16 @@ class BrokerDirectory:
             if known == address:
                 continue
             self._nodes[broker.node_id] = address
-            self._index()
+            # Who advertises which address, kept up per broker (a cluster's first Metadata names
+            # every broker, each new: rebuilding the index for each was O(brokers^2)).
+            if known is not None:  # moved: no longer at its old address
+                old = broker_address(*known)
+                self._at[old].discard(broker.node_id)
+                if not self._at[old]:
+                    del self._at[old]
             key = broker_address(*address)
-            if self._at[key] == broker.node_id:
+            self._at.setdefault(key, set()).add(broker.node_id)
+            if self._only_node_at(key) == broker.node_id:
                 for placed in self._placed:
                     placed(broker.node_id, key)
             self._via_bootstrap.discard(broker.node_id)
@@ -123,10 +134,3 @@ class BrokerDirectory:
                     await open_node_port(broker.node_id)
             else:
                 log.info("broker moved", extra=where)
-
-    def _index(self) -> None:
-        at: dict[str, int | None] = {}
-        for node_id, (host, port) in self._nodes.items():
-            key = broker_address(host, port)
-            at[key] = None if key in at else node_id
-        self._at = at

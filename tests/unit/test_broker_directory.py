@@ -36,6 +36,16 @@ def test_a_broker_that_moves_leaves_its_old_address() -> None:
     assert directory.node_at("kafka-0", 9093) == 1
 
 
+def test_when_one_of_two_nodes_at_an_address_moves_the_other_is_that_address_broker() -> None:
+    directory = learned(BrokerAddress(1, "kafka", 9092), BrokerAddress(2, "kafka", 9092))
+    trio.run(directory.learn, [BrokerAddress(2, "kafka", 9093)])
+    assert directory.node_at("kafka", 9092) == 1
+    assert directory.node_at("kafka", 9093) == 2
+    trio.run(directory.learn, [BrokerAddress(1, "kafka", 9093)])  # and it joins the other at its new one
+    assert directory.node_at("kafka", 9092) is None
+    assert directory.node_at("kafka", 9093) is None
+
+
 def test_placing_a_node_is_told_before_its_ports_open_and_only_for_an_address_it_alone_advertises() -> None:
     directory = BrokerDirectory(Metrics())
     events: list[object] = []
