@@ -26,14 +26,13 @@ import trio
 
 from proxy.links.brokers import BrokerDirectory
 from proxy.protocol.rewrite import BrokerAddress
+from proxy.serve.listener import check_port_unshared
 from proxy.workers.link import Link, LinkClosed, RemoteError
 
 log = logging.getLogger("kafka_admission_proxy.listener")
 
 # A node id's ports: (listener name, host, port) of each listener that opens one per broker.
 NodePorts = Callable[[int], list[tuple[str, str, int]]]
-# Binds (host, port) plainly, raising OSError when another process serves it.
-Probe = Callable[[str, str, int], None]
 
 # How long a response naming a new broker waits for the other workers to learn it (each does at once).
 SPREAD_TIMEOUT_S = 1.0
@@ -43,11 +42,10 @@ class SharedBrokers:
     """The supervisor's side: what the workers learned (a restarted worker is told it all), and
     the spreading of what one learned to the others."""
 
-    def __init__(self, node_ports: NodePorts = lambda node_id: [], probe: Probe | None = None) -> None:
+    def __init__(self, node_ports: NodePorts = lambda node_id: []) -> None:
         self.known: dict[int, BrokerAddress] = {}
         self.served_elsewhere: list[tuple[str, int]] = []  # (listener, node id): no worker opens it
         self._node_ports = node_ports
-        self._probe = probe
         self._spreading: dict[int, trio.Event] = {}  # node -> set once every worker was told (and learned) it
 
     def learned(
@@ -63,18 +61,16 @@ class SharedBrokers:
         done = trio.Event()
         for broker in new:  # before any other ask is handled: it waits for this spread
             if broker.node_id not in self.known:
-                self._check_ports(broker.node_id)
+                self._check_ports(broker.node_id, self._node_ports(broker.node_id))
             self.known[broker.node_id] = broker
             self._spreading[broker.node_id] = done
         return self._spread(others, brokers, new, done, pending)
 
-    def _check_ports(self, node_id: int, ports: list[tuple[str, str, int]] | None = None) -> None:
+    def _check_ports(self, node_id: int, ports: list[tuple[str, str, int]]) -> None:
         """Before any worker binds them (each worker opens a node port once it learned its broker)."""
-        if self._probe is None:
-            return
-        for listener, host, port in self._node_ports(node_id) if ports is None else ports:
+        for listener, host, port in ports:
             try:
-                self._probe(f"listener {listener}", host, port)
+                check_port_unshared(f"listener {listener}", host, port)
             except OSError as exc:
                 where = {"listener": listener, "port": port}
                 log.error("cannot open the port for broker node %d: %s", node_id, exc, extra=where)

@@ -86,7 +86,7 @@ class Supervisor:
         self.admin_port: int | None = None
         self._links: dict[int, Link] = {}  # the workers that are serving
         # What the workers learned: each opens every node port, once no other process serves it.
-        self.brokers = SharedBrokers(self._node_ports, check_port_unshared)
+        self.brokers = SharedBrokers(self._node_ports)
         self._processes: dict[int, trio.Process] = {}
         self._all_ready = trio.Event()  # every worker served once: the proxy has started
         self._stop = trio.Event()

@@ -16,7 +16,6 @@ from policies.connections import BOOTSTRAP, bootstrap_broker
 from proxy.evidence.metrics import Metrics
 from proxy.links.brokers import BrokerDirectory
 from proxy.protocol.rewrite import BrokerAddress
-from proxy.serve.listener import check_port_unshared
 from proxy.workers.link import Link
 from proxy.workers.shared_brokers import SharedBrokers, share_brokers
 
@@ -116,7 +115,7 @@ def test_a_node_port_another_process_serves_is_opened_by_no_worker_and_logged(ca
         return [("external", "127.0.0.1", port), ("internal", "127.0.0.1", free_port)]
 
     async def main() -> None:
-        async with running(2, SharedBrokers(node_ports, check_port_unshared)) as workers:
+        async with running(2, SharedBrokers(node_ports)) as workers:
             await workers.directories[0].learn([BROKER])
             for directory in workers.directories:
                 assert directory.served_elsewhere("external", 111)
