@@ -31,7 +31,6 @@ from __future__ import annotations
 
 import contextlib
 import logging
-import os
 import random
 import select
 import ssl
@@ -48,8 +47,8 @@ from policies.api_keys import API_VERSIONS, FETCH, METADATA
 from tests.audit_files import read_events
 from tests.clients import GROUP_CONF, broker_addresses, consume, create_topic, metadata, produce_values, unique
 from tests.conftest import wait_until
+from tests.faults import sockets_to
 from tests.raw_kafka import RawConnection, api_versions_frame, fetch_frame, metadata_frame
-from tests.workers_util import worker_pids
 
 SOCKET_TIMEOUT_S = 10.0
 MAX_SSL = "max.ssl.connections"
@@ -712,28 +711,11 @@ def _audit_opens(audit: Any) -> list[tuple[int | None, int]]:
     return [(e.get("node_id"), e["open_connections"]) for e in sorted(events, key=lambda e: e["ts"])]
 
 
-def _established_to(port: int, *proxies: Any) -> int:
-    """Established TCP connections of these proxies' processes (each one's supervisor and workers)
-    to 127.0.0.1:``port``. Only theirs: the mock cluster's own client (its owner Producer, in this
-    test process) connects to its brokers when it likes, and once did during a count."""
-    inodes = set()
-    for proxy in proxies:
-        for pid in (proxy.process.pid, *worker_pids(proxy).values()):
-            with contextlib.suppress(FileNotFoundError):
-                for fd in os.listdir(f"/proc/{pid}/fd"):
-                    with contextlib.suppress(FileNotFoundError):
-                        target = os.readlink(f"/proc/{pid}/fd/{fd}")
-                        if target.startswith("socket:["):
-                            inodes.add(target[len("socket:[") : -1])
-    count = 0
-    with open("/proc/net/tcp") as table:
-        next(table)
-        for line in table:
-            fields = line.split()
-            remote, state, inode = fields[2], fields[3], fields[9]
-            if state == "01" and remote == f"0100007F:{port:04X}" and inode in inodes:
-                count += 1
-    return count
+def _upstream_sockets(port: int, *proxies: Any) -> int:
+    """TCP sockets these proxies' processes (each one's supervisor and workers) hold to ``port``.
+    Only theirs: the mock cluster's own client (its owner Producer, in this test process) connects
+    to its brokers when it likes, and once did during a count."""
+    return sum(sockets_to(proxy.process.pid, port) for proxy in proxies)
 
 
 def test_cluster_mode_counts_max_connections_per_upstream_broker(
@@ -778,12 +760,12 @@ def test_two_proxy_replicas_each_admit_their_cap_to_the_same_broker(
     max.connections: 2 on two proxies broker 1 is reached by 2 x 2 connections, none evicted."""
     proxies = [_cluster_proxy(start_proxy, mock_cluster, {MAX_CONNECTIONS: 2}) for _ in range(2)]
     broker_port = int(broker_addresses(metadata(mock_cluster.bootstrap_servers[0]))[1][1])
-    before = _established_to(broker_port, *proxies)
+    before = _upstream_sockets(broker_port, *proxies)
     held = [conn for proxy in proxies for conn in _hold_mock(sockets, _node_port(proxy, 1), 2)]
     for conn in held:
         _answered(conn)
     assert [closings(proxy) for proxy in proxies] == [0, 0]
-    assert _established_to(broker_port, *proxies) - before >= 4  # each client connection has its own upstream one
+    assert _upstream_sockets(broker_port, *proxies) - before >= 4  # each client connection has its own upstream one
 
 
 def test_cluster_mode_counts_a_bootstrap_port_connection_against_the_broker_it_reaches(
@@ -799,15 +781,18 @@ def test_cluster_mode_counts_a_bootstrap_port_connection_against_the_broker_it_r
     proxy = _cluster_proxy(start_proxy, mock_cluster, {MAX_CONNECTIONS: 2}, audit={"path": str(audit)})
     broker1_port = int(mock_cluster.bootstrap_servers[0].rsplit(":", 1)[1])
     node1 = _hold_mock(sockets, _node_port(proxy, 1), 2)
-    before = _established_to(broker1_port, proxy)
+    before = _upstream_sockets(broker1_port, proxy)
 
     boot = _hold_mock(sockets, proxy.bootstrap, 1)[0]
     assert decided(proxy, action="evict", limit=MAX_CONNECTIONS) == 1, f"decisions: {decisions(proxy)}"
     assert node1[0].wait_closed(10)
     for conn in (node1[1], boot):
         _answered(conn)  # still served
-    # One in (the bootstrap one), one out (evicted).
-    assert wait_until(lambda: _established_to(broker1_port, proxy) == before, timeout=5)
+    # one in (the bootstrap one), one out (evicted); with workers the victim's worker closes its
+    # broker connection on the owner's word, a moment after the admitting worker opened the new one
+    assert wait_until(lambda: _upstream_sockets(broker1_port, proxy) == before, timeout=5), _upstream_sockets(
+        broker1_port, proxy
+    )
 
     def counted() -> dict[str, float]:
         return {b: proxy.metric("kafka_admission_connections_counted", broker=b) for b in ("1", "2", "3", "bootstrap")}
