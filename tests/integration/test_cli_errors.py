@@ -45,7 +45,7 @@ def assert_one_clear_line(result: subprocess.CompletedProcess[str], line: str) -
     assert result.stderr.splitlines()[-1] == line, result.stderr
 
 
-def write_config(tmp_path: Path, listener_port: int, admin_port: int) -> Path:
+def write_config(tmp_path: Path, listener_port: int, admin_port: int, **sections: object) -> Path:
     path = tmp_path / "proxy.yaml"
     path.write_text(
         yaml.safe_dump(
@@ -53,6 +53,7 @@ def write_config(tmp_path: Path, listener_port: int, admin_port: int) -> Path:
                 "upstream": {"bootstrap_servers": ["127.0.0.1:9"]},
                 "listeners": [{"name": "external", "bind": f"127.0.0.1:{listener_port}"}],
                 "admin": {"bind": f"127.0.0.1:{admin_port}"},
+                **sections,
             }
         )
     )
@@ -85,8 +86,7 @@ def test_workers_on_a_port_another_proxys_workers_serve_say_it_is_in_use(tmp_pat
     # bind before its workers start refuses, as one process does.
     first = start_proxy("127.0.0.1:9", workers=2)
     port = int(first.bootstrap.rsplit(":", 1)[1])
-    config = write_config(tmp_path, port, free_port())
-    config.write_text(config.read_text() + "workers: 2\n")
+    config = write_config(tmp_path, port, free_port(), workers=2)
     result = cli("run", "--config", str(config), timeout=30)
     assert_one_clear_line(
         result, f"kafka-admission-proxy: listener external: cannot listen on 127.0.0.1:{port}: Address already in use"
