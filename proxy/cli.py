@@ -15,19 +15,14 @@ import typing
 from collections.abc import Callable
 from pathlib import Path
 
-import trio
-import yaml
-
-from proxy.config.model import Config, ConfigError, load_config
 from proxy.errors import BindError, TlsMaterialError
 from proxy.evidence.logs import setup_logging
-from proxy.evidence.metrics import package_version
-from proxy.links import tls
-from proxy.serve.server import ProxyServer
-from proxy.workers.metrics import ENV as METRICS_DIR_ENV
-from proxy.workers.metrics import MetricsFiles
-from proxy.workers.sizing import worker_count
-from proxy.workers.supervisor import Supervisor
+from proxy.version import package_version
+
+# The proxy's modules (trio, the config model and kio, the server) are imported by the commands that
+# serve or check a config, not at the top: `report` does not load them (0.25 s of each report's start).
+if typing.TYPE_CHECKING:
+    from proxy.config.model import Config
 
 log = logging.getLogger("kafka_admission_proxy")
 
@@ -37,6 +32,10 @@ LOG_LEVELS = ("DEBUG", "INFO", "WARNING", "ERROR", "CRITICAL")
 
 
 async def serve_until_signalled(config: Config, drain_timeout: float, config_path: str | None = None) -> None:
+    import trio
+
+    from proxy.serve.server import ProxyServer
+
     server = ProxyServer(config, config_path)
     with trio.open_signal_receiver(signal.SIGTERM, signal.SIGINT, signal.SIGHUP) as signals:
         async with trio.open_nursery() as nursery:
@@ -51,6 +50,9 @@ async def serve_until_signalled(config: Config, drain_timeout: float, config_pat
 
 
 def _load_or_exit(path: str) -> Config:
+    from proxy.config.model import ConfigError, load_config
+    from proxy.links import tls
+
     try:
         config = load_config(path)
     except ConfigError as exc:
@@ -76,6 +78,13 @@ def prepare_serving_process() -> None:
 
 
 def _cmd_run(args: argparse.Namespace) -> int:
+    import trio
+
+    from proxy.workers.metrics import ENV as METRICS_DIR_ENV
+    from proxy.workers.metrics import MetricsFiles
+    from proxy.workers.sizing import worker_count
+    from proxy.workers.supervisor import Supervisor
+
     config = _load_or_exit(args.config)
     workers = worker_count(config.workers)
     if workers > 1:  # a supervisor and its worker processes (proxy/workers/)
@@ -97,6 +106,8 @@ def _cmd_run(args: argparse.Namespace) -> int:
 
 
 def _cmd_check_config(args: argparse.Namespace) -> int:
+    import yaml
+
     config = _load_or_exit(args.config)
     sys.stdout.write(yaml.safe_dump(config.effective(), sort_keys=False))
     return 0

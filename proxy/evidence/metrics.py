@@ -15,7 +15,6 @@ import platform
 import time
 from bisect import bisect_left
 from collections.abc import Callable, Iterator
-from importlib.metadata import PackageNotFoundError, version
 from typing import Literal
 
 import trio
@@ -24,6 +23,7 @@ from prometheus_client.core import CounterMetricFamily, GaugeMetricFamily, Histo
 from prometheus_client.registry import Collector
 
 from proxy.protocol.wire import api_name
+from proxy.version import package_version
 
 _LATENCY_BUCKETS = (
     0.00005,
@@ -48,14 +48,6 @@ RELOAD_OUTCOMES = ("success", "invalid", "restart_required", "error")
 # each worker write multiprocess files: the supervisor alone loads the config and
 # counts reloads; a worker's traffic reaches the files when it flushes.
 Role = Literal["single", "supervisor", "worker"]
-
-
-def package_version() -> str:
-    """This distribution's version, as ``--version`` and ``kafka_admission_build_info`` show it."""
-    try:
-        return version("kafka-admission-proxy")
-    except PackageNotFoundError:  # run from a source tree that was never installed
-        return "0+unknown"
 
 
 class Metrics:

@@ -165,7 +165,7 @@ def test_build_info_names_the_running_versions(busy_proxy: ProxyProcess) -> None
 
     import trio
 
-    from proxy.evidence.metrics import package_version
+    from proxy.version import package_version
 
     _, text = busy_proxy.get("/metrics")
     [info] = [
