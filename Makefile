@@ -39,10 +39,12 @@ $(BIN)/.installed: pyproject.toml requirements/dev.txt
 	touch $@
 
 # The demo, then `report` over its own audit events (Spark needs a Java runtime: installed
-# where missing). It prints where report.html is.
+# where missing). It prints where report.html is. Spark's class archive is written first, once per
+# .venv and Java runtime, so that the demo's report starts from it (tools/spark-class-archive).
 DEMO_DIR := .demo
 demo: $(BIN)/.installed
 	command -v java >/dev/null || tools/apt-install default-jre-headless
+	tools/spark-class-archive
 	$(BIN)/kafka-admission-proxy demo --report $(DEMO_DIR) --exit-after-workload
 
 test-tools:

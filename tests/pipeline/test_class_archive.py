@@ -92,3 +92,24 @@ def test_first_session_writes_the_archive_the_next_maps_it_and_a_refused_one_is_
     assert "saving Spark's classes" not in with_conf.stdout
     assert archive.is_file() and archive.stat().st_mtime_ns == written, "the archive is kept as it was"
     assert sorted(p.name for p in archive.parent.iterdir()) == [archive.name]
+
+
+def test_the_set_up_tool_writes_the_archive_once(tmp_path: Path) -> None:
+    """tools/spark-class-archive (which `make demo` runs first) writes the archive a fresh checkout's
+    .venv has none of, with a small report; run again, it leaves it as it is and runs no report."""
+    if shutil.which("java") is None and not os.environ.get("JAVA_HOME"):
+        pytest.skip("no Java runtime for Spark (apt-get install default-jre-headless)")
+    env = {**os.environ, "XDG_CACHE_HOME": str(tmp_path), "PYTHON": sys.executable}
+    tool = [str(ROOT / "tools" / "spark-class-archive")]
+    first = subprocess.run(tool, capture_output=True, text=True, cwd=tmp_path, timeout=300, env=env)
+    assert first.returncode == 0, first.stderr[-2000:]
+    written = list((tmp_path / "kafka-admission-proxy").iterdir())
+    assert len(written) == 1 and written[0].suffix == ".jsa" and written[0].stat().st_size > 1_000_000
+    assert first.stdout == f"Spark's class archive: {written[0]}\n"
+    stamp = written[0].stat().st_mtime_ns
+
+    again = subprocess.run(tool, capture_output=True, text=True, cwd=tmp_path, timeout=300, env=env)
+    assert again.returncode == 0, again.stderr[-2000:]
+    assert again.stdout == "" and again.stderr == ""
+    # A report that maps the archive touches it (pipeline.session: when it was last used)
+    assert written[0].stat().st_mtime_ns == stamp, "no report ran, and the archive is left as it was"
