@@ -17,7 +17,7 @@ import trio
 from prometheus_client import Counter
 
 from proxy.config.certificates import certificate_files, export_certificate_expiry
-from proxy.config.model import Config, ConfigError, load_config
+from proxy.config.model import Config, ConfigError, Listener, load_config
 from proxy.evidence.metrics import Metrics
 from proxy.serve.admin import AdminServer
 from proxy.serve.file_watch import FileWatcher
@@ -265,11 +265,7 @@ class Supervisor:
         """(listener, host, port) of the port each listener opens for broker ``node_id``."""
         if self.config.mode != "cluster":
             return []
-        return [
-            (lst.name, lst.bind_address[0], lst.node_port_base + node_id)
-            for lst in self.config.listeners
-            if not lst.passthrough
-        ]
+        return [_node_port(lst, node_id) for lst in self.config.listeners if not lst.passthrough]
 
     def _passthrough_node_ports(self) -> dict[int, list[tuple[str, str, int]]]:
         """Cluster mode: the node ports passthrough listeners open at their start, by node id."""
@@ -278,9 +274,7 @@ class Supervisor:
             for lst in self.config.listeners:
                 if lst.passthrough:
                     for node_id in lst.passthrough_brokers:
-                        ports.setdefault(node_id, []).append(
-                            (lst.name, lst.bind_address[0], lst.node_port_base + node_id)
-                        )
+                        ports.setdefault(node_id, []).append(_node_port(lst, node_id))
         return ports
 
     def _worker_ready(self, index: int, link: Link, generation: int) -> None:
@@ -389,3 +383,8 @@ def _warn_without_migration() -> None:
             "net.ipv4.tcp_migrate_req is 0: connections waiting to be accepted by a worker that dies are reset;"
             " set it to 1 to move them to another worker (docs/workers.md)"
         )
+
+
+def _node_port(listener: Listener, node_id: int) -> tuple[str, str, int]:
+    """(listener, host, port) of the port ``listener`` opens for broker ``node_id``."""
+    return (listener.name, listener.bind_address[0], listener.node_port_base + node_id)
