@@ -261,6 +261,11 @@ class ProxyProcess:
         workers = int(self.config.get("workers", 1))
         return {instance_id} | ({f"{instance_id}-w{w}" for w in range(workers)} if workers > 1 else set())
 
+    def deciding_instances(self, instance_id: str) -> set[str]:
+        """The audit instances whose events carry this proxy's decisions: with ``workers: N`` each
+        worker's own (the supervisor writes windows and the connections' opens), else the proxy's."""
+        return self.audit_instances(instance_id) - {instance_id} or {instance_id}
+
     def reloads(self) -> dict[str, float]:
         """``kafka_admission_config_reloads_total`` by outcome."""
         return {labels["outcome"]: value for labels, value in self.samples("kafka_admission_config_reloads_total")}
