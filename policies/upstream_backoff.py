@@ -5,7 +5,9 @@ client connections to it fail at once instead of each trying it, as Kafka's own
 clients back off per node (``ClusterConnectionStates``: ``reconnect.backoff.ms``
 doubling up to ``reconnect.backoff.max.ms``). The wait doubles per repeated
 failure up to a cap, separately for each cause, and both are forgotten after a
-healthy exchange.
+healthy exchange. With ``workers: N`` each worker keeps its own, and a new block in
+one is adopted by the others (``share``, ``adopt``): a broker that is down is tried
+by one worker per backoff period, not by each.
 """
 
 from __future__ import annotations
@@ -28,6 +30,18 @@ class Blocked:
     retry_at: float
     cause: Cause
     failures: int  # consecutive failures of this cause, 1 for the first
+
+
+@dataclass(frozen=True, slots=True)
+class SharedBlock:
+    """A block as one process tells another: how long it has left, not until when (their clocks differ)."""
+
+    upstream: str
+    description: str
+    cause: Cause
+    failures: int
+    delay: float  # the whole block's length: a failure after it doubles from this
+    remaining: float  # seconds left when it was told
 
 
 class UpstreamBackoff:
@@ -81,6 +95,22 @@ class UpstreamBackoff:
             if entry is not None and now < entry[1].retry_at and (found is None or entry[1].retry_at > found.retry_at):
                 found = entry[1]
         return found
+
+    def share(self, block: Blocked, now: float) -> SharedBlock:
+        """``block`` (just made here, by ``on_mismatch`` or ``on_unreachable``) for another process."""
+        delay = self._blocks[block.cause][block.upstream][0]
+        return SharedBlock(block.upstream, block.description, block.cause, block.failures, delay, block.retry_at - now)
+
+    def adopt(self, shared: SharedBlock, now: float) -> Blocked | None:
+        """Another process's block, as if made here: connecting waits ``shared.remaining`` from ``now``,
+        and a failure after it doubles from its delay. None when this one blocks as long already."""
+        current = self._blocks[shared.cause].get(shared.upstream)
+        retry_at = now + shared.remaining
+        if current is not None and current[1].retry_at >= retry_at:
+            return None
+        block = Blocked(shared.upstream, shared.description, retry_at, shared.cause, shared.failures)
+        self._blocks[shared.cause][shared.upstream] = (shared.delay, block)
+        return block
 
     def known_mismatches(self) -> list[Blocked]:
         """Every upstream whose last exchange was a mismatch (for /readyz)."""

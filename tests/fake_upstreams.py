@@ -2,8 +2,9 @@
 
 They are fakes, and say so: a Java broker's answer to a plaintext client on
 its TLS port (Tansu's TLS does not work in this build, and OpenSSL servers
-close silently), and a relay in front of a real Tansu that answers one client
-with a 200 MB length prefix. Everything else they pass to the real broker.
+close silently), and relays in front of a real Tansu: one answers one client
+with a 200 MB length prefix, one turns into that TLS answer when told. Everything
+else they pass to the real broker.
 """
 
 from __future__ import annotations
@@ -74,6 +75,34 @@ def _read_exactly(conn: socket.socket, n: int) -> bytes:
     return data
 
 
+def _relay_frames(conn: socket.socket, broker: str, intercept: Callable[[bytes], bool] = lambda frame: False) -> None:
+    """Pass ``conn``'s requests to the real ``broker`` and its answers back, frame by frame, until
+    ``intercept`` (given each request) says it answered one itself; then hold the connection."""
+    host, port = broker.rsplit(":", 1)
+    upstream = socket.create_connection((host, int(port)))
+
+    def back() -> None:
+        try:
+            while data := upstream.recv(65536):
+                conn.sendall(data)
+        except OSError:
+            pass
+        finally:
+            conn.close()
+
+    threading.Thread(target=back, daemon=True).start()
+    try:
+        while True:
+            size = int.from_bytes(_read_exactly(conn, 4), "big")
+            frame = size.to_bytes(4, "big") + _read_exactly(conn, size)
+            if intercept(frame):
+                conn.recv(1)  # hold the connection until the proxy drops it
+                return
+            upstream.sendall(frame)
+    finally:
+        upstream.close()
+
+
 class OversizeRelay(_Server):
     """Relays to ``broker`` (set once the broker runs), except that a request from
     ``victim_client_id`` is answered with a length prefix of ``announced`` bytes."""
@@ -82,30 +111,28 @@ class OversizeRelay(_Server):
         self.broker = ""
         self.victim_client_id = victim_client_id
         self.announced = announced
-        super().__init__(self._relay)
+        super().__init__(lambda conn: _relay_frames(conn, self.broker, lambda frame: self._answer(conn, frame)))
 
-    def _relay(self, conn: socket.socket) -> None:
-        host, port = self.broker.rsplit(":", 1)
-        upstream = socket.create_connection((host, int(port)))
+    def _answer(self, conn: socket.socket, frame: bytes) -> bool:
+        if wire.peek_client_id(frame, 0) != self.victim_client_id:
+            return False
+        conn.sendall(self.announced.to_bytes(4, "big") + b"\0" * 4096)
+        return True
 
-        def back() -> None:
-            try:
-                while data := upstream.recv(65536):
-                    conn.sendall(data)
-            except OSError:
-                pass
-            finally:
-                conn.close()
 
-        threading.Thread(target=back, daemon=True).start()
-        try:
-            while True:
-                size = int.from_bytes(_read_exactly(conn, 4), "big")
-                frame = size.to_bytes(4, "big") + _read_exactly(conn, size)
-                if wire.peek_client_id(frame, 0) == self.victim_client_id:
-                    conn.sendall(self.announced.to_bytes(4, "big") + b"\0" * 4096)
-                    conn.recv(1)  # hold the connection until the proxy drops it
-                    return
-                upstream.sendall(frame)
-        finally:
-            upstream.close()
+class TurnsTls(_Server):
+    """Relays to the real ``broker`` until ``speaks_tls`` is set; from then on each new connection
+    is answered as by ``tls_alert_broker``: a broker whose port was turned to TLS under a running
+    proxy (which found it healthy at start, so its readiness probes are done)."""
+
+    def __init__(self, broker: str) -> None:
+        self.broker = broker
+        self.speaks_tls = False
+        super().__init__(self._serve_one)
+
+    def _serve_one(self, conn: socket.socket) -> None:
+        if not self.speaks_tls:
+            _relay_frames(conn, self.broker)
+        elif data := conn.recv(65536):
+            self.requests.append(data)
+            conn.sendall(JAVA_BROKER_TLS_ALERT)

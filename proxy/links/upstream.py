@@ -6,6 +6,7 @@ from __future__ import annotations
 
 import logging
 import ssl
+from collections.abc import Callable
 from dataclasses import dataclass
 
 import trio
@@ -13,7 +14,7 @@ import trio
 from policies.api_keys import INT_MAX
 from policies.frame_check import FrameKind, check_length_prefix
 from policies.response_size import decide_upstream_mismatch
-from policies.upstream_backoff import UpstreamBackoff
+from policies.upstream_backoff import Blocked, SharedBlock, UpstreamBackoff
 from proxy.config.model import UpstreamTls
 from proxy.evidence.decisions import DecisionRecorder
 from proxy.evidence.logs import RateLimitedLog
@@ -67,6 +68,8 @@ class UpstreamConnector:
         self._metrics = metrics
         self._recorder = recorder
         self.backoff = UpstreamBackoff()
+        # A new block is told here (workers: N tell the other workers, which adopt it)
+        self.on_block: Callable[[SharedBlock], None] = lambda block: None
         self._mismatch_log = RateLimitedLog(log)
         self.identity: IdentityIssuer | None = None
         self.identity = self.prepare_identity(tls)
@@ -108,7 +111,7 @@ class UpstreamConnector:
         """``address`` speaks the other protocol: back off from it; returns the log line.
         (The caller records the decision: it knows the client connection.)"""
         now = trio.current_time()
-        self.backoff.on_mismatch(address, description, now)
+        self._blocked(self.backoff.on_mismatch(address, description, now), now)
         message = f"upstream {address} {description}"
         self._mismatch_log.log(logging.ERROR, (address, kind), now, message, extra={"upstream": address})
         return message
@@ -116,6 +119,16 @@ class UpstreamConnector:
     def _record_mismatch(self, address: str, kind: str, description: str) -> None:
         decision = decide_upstream_mismatch(address, kind, description)
         self._recorder.record(decision, upstream=address, direction="upstream")
+
+    def _blocked(self, block: Blocked | None, now: float) -> None:
+        if block is not None:
+            self.on_block(self.backoff.share(block, now))
+
+    def adopt(self, shared: SharedBlock) -> None:
+        """Another worker's new block: new connections here wait it out too, rather than each worker
+        trying the broker in turn."""
+        if self.backoff.adopt(shared, trio.current_time()) is not None:
+            log.debug("upstream %s %s (another worker backs off)", shared.upstream, shared.description)
 
     def healthy(self, address: str) -> None:
         self.backoff.on_healthy(address)
@@ -144,7 +157,8 @@ class UpstreamConnector:
         except (OSError, trio.TooSlowError) as exc:
             self._metrics.upstream_connect_failures.labels(address).inc()
             # New connections fail fast for a while instead of each trying (and logging) again.
-            self.backoff.on_unreachable(address, f"cannot be reached ({exc!r})", trio.current_time())
+            now = trio.current_time()
+            self._blocked(self.backoff.on_unreachable(address, f"cannot be reached ({exc!r})", now), now)
             raise UpstreamUnavailable(f"cannot connect to broker {address}: {exc!r}") from exc
         if context is None:
             return UpstreamLink(SocketTransport(stdlib_socket(tcp)), address)

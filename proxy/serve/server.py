@@ -37,6 +37,7 @@ from proxy.serve.listener import ListenerRuntime
 from proxy.serve.pool_gate import LeasedPoolGate, PoolGate
 from proxy.serve.runtime import Runtime
 from proxy.workers.proxy_windows import PROXY_SECTIONS, roll_on_grid, tell_rows
+from proxy.workers.shared_backoff import share_backoff
 from proxy.workers.shared_brokers import share_brokers
 from proxy.workers.worker_connections import SharedConnectionGate
 from proxy.workers.worker_groups import SharedGroups
@@ -278,6 +279,7 @@ class ProxyServer:
             self.directory.on_placed(gate.broker_known)
         if shared is not None:  # every worker knows each broker (opens its node port) before a client hears of it
             share_brokers(self.directory, shared.link)
+            share_backoff(connector, shared.link)  # and backs off from a broker another worker found down
         bootstrap = config.upstream.addresses()
         self.listeners = [
             ListenerRuntime(

@@ -28,6 +28,7 @@ from proxy.workers.metrics import MetricsFiles, WholeProxyMetrics, flush_workers
 from proxy.workers.owner import Owner
 from proxy.workers.owner_connections import ConnectionOwner
 from proxy.workers.proxy_windows import WINDOW_ROWS, ProxyWindows
+from proxy.workers.shared_backoff import BACKOFF, pass_on_backoff
 from proxy.workers.shared_brokers import SharedBrokers
 
 log = logging.getLogger("kafka_admission_proxy.supervisor")
@@ -214,6 +215,9 @@ class Supervisor:
         link.handlers["worker.ready"] = lambda generation: self._worker_ready(index, link, generation)
         link.handlers["worker.brokers"] = lambda brokers: self.brokers.learned(
             {other: each for other, each in self._links.items() if other != index}, brokers
+        )
+        link.handlers[BACKOFF] = lambda block: pass_on_backoff(
+            block, {other: each for other, each in self._links.items() if other != index}
         )
         if self.windows is not None:
             link.handlers[WINDOW_ROWS] = self.windows.told

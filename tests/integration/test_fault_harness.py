@@ -50,7 +50,7 @@ def test_faulty_tansu_is_killed_and_restarted_on_its_port_under_traffic(
 
     assert faulty_tansu.port == port and faulty_tansu.pid() != first_pid
     # With workers, one the traffic did not reach may still be backing off from the broker it saw down
-    # (each worker backs off on its own, docs/workers.md): it serves once its backoff ends.
+    # (the block another worker told it, docs/workers.md): it serves once that backoff ends.
     wait_until(lambda: serves(proxy.bootstrap), timeout=10)
     assert proxy.process.poll() is None
 

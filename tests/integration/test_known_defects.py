@@ -93,8 +93,9 @@ def test_with_the_upstream_down_the_proxy_backs_off_from_the_broker(proxy_with_t
     # the time the proxy has run (in 3 s: 5 and 3), as Kafka's clients back off per node (from
     # 0.2 s, up to 10 s), and the readiness probes' own retries (1 s doubling, up to 30 s). The
     # bound follows that time, so a slow machine does not turn a longer run into a failure.
-    # With `workers: N` each worker is a connector of its own (its own backoff and probe), as N
-    # Kafka clients are: N times one's attempts, still far below one per client.
+    # With `workers: N` each worker probes on its own: N times the probes. The clients' attempts are
+    # one process's (the workers share their blocks, docs/workers.md); the bound allows N times those
+    # too, still far below one per client.
     ran = time.time() - proxy.metric("process_start_time_seconds")
     workers = proxy.config.get("workers", 1)
     bound = workers * (doubling_attempts(ran, 0.2, 10.0) + doubling_attempts(ran, 1.0, 30.0))

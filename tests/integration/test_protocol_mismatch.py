@@ -10,6 +10,7 @@ import ssl
 import subprocess
 import time
 import uuid
+from collections import Counter
 
 import pytest
 from confluent_kafka import Consumer, KafkaError, KafkaException, Message, Producer, TopicPartition
@@ -20,9 +21,10 @@ from proxy.protocol import wire
 from tests.audit_files import read_events
 from tests.clients import consume, create_topic, produce, unique
 from tests.conftest import wait_until
-from tests.fake_upstreams import OversizeRelay, tls_alert_broker
+from tests.fake_upstreams import OversizeRelay, TurnsTls, tls_alert_broker
 from tests.integration.test_bad_input import rss_kib
 from tests.raw_kafka import RawConnection, api_versions_frame, fetch_frame, metadata_frame
+from tests.workers_util import client_address, served_by, start_workers
 
 
 @pytest.fixture
@@ -92,6 +94,39 @@ def test_clients_in_the_backoff_window_do_not_reach_the_tls_broker(tls_speaking_
     assert proxy.metric(failures, cause="upstream_tls_on_plaintext") == reached
     assert proxy.metric(failures, cause="upstream_unavailable") == clients - reached
     assert "speaks TLS; set upstream.tls.enabled (backing off)" in proxy.log()
+
+
+def test_with_workers_a_broker_turned_tls_is_reached_once_per_backoff_by_the_whole_proxy(tansu, start_proxy) -> None:
+    """workers: 2 in front of a real Tansu whose port then turns to TLS (a relay that starts answering
+    with the Java broker's TLS alert: tests/fake_upstreams.py). The clients that follow land on both
+    workers (asserted, from the proxy's log) within the first block (1 s), and one of them reaches
+    the broker: the worker that meets the mismatch tells the others, which back off too
+    (proxy/workers/shared_backoff.py). Each worker backing off on its own, each worker's first
+    client reached it. The probes at start found the broker healthy: none runs meanwhile."""
+    relay = TurnsTls(tansu.bootstrap)
+    try:
+        proxy = start_workers(start_proxy, relay.address, 2)
+        wait_until(lambda: "proxy ready" in proxy.log())
+        relay.speaks_tls = True
+        addresses = []
+        started = time.monotonic()
+        for correlation_id in range(12):
+            with RawConnection(proxy.bootstrap) as conn:
+                addresses.append(client_address(conn))
+                conn.send(api_versions_frame(correlation_id))
+                assert conn.closed_by_peer()
+            time.sleep(0.02)  # a block reaches the other worker within a millisecond or so
+        elapsed = time.monotonic() - started
+        wait_until(lambda: set(addresses) <= set(served_by(proxy)))
+        landed = Counter(served_by(proxy)[address] for address in addresses)
+        assert set(landed) == {0, 1}, f"every client on one worker: {landed}"
+        reached = sum(wire.peek_client_id(data, 0) == "raw-test" for data in list(relay.requests))
+        assert 1 <= reached <= backoff_attempts(elapsed), (reached, elapsed, landed)
+        failures = "kafka_admission_connection_failures_total"
+        assert proxy.metric(failures, cause="upstream_tls_on_plaintext") == reached
+        assert proxy.metric(failures, cause="upstream_unavailable") == len(addresses) - reached
+    finally:
+        relay.stop()
 
 
 def test_a_200_mb_response_closes_that_client_only_and_allocates_nothing(start_proxy) -> None:

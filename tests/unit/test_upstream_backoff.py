@@ -114,3 +114,32 @@ def test_blocked_names_the_longer_of_a_mismatch_and_unreachability() -> None:
     later = backoff.on_unreachable("b", "refused", now=1.0)
     assert later is not None and later.retry_at == pytest.approx(1.4)
     assert backoff.blocked("b", 1.2) == later
+
+
+# -- shared between the workers of workers: N
+
+
+def test_a_block_told_to_another_process_blocks_there_for_what_it_has_left() -> None:
+    here, there = UpstreamBackoff(), UpstreamBackoff()
+    block = here.on_unreachable("b:9092", "cannot be reached", now=100.0)
+    assert block is not None
+    shared = here.share(block, now=100.05)
+    assert shared.remaining == pytest.approx(0.15) and shared.delay == 0.2 and shared.failures == 1
+    adopted = there.adopt(shared, now=7.0)  # another clock
+    assert adopted == Blocked("b:9092", "cannot be reached", pytest.approx(7.15), Cause.UNREACHABLE, 1)
+    assert there.blocked("b:9092", 7.1) == adopted
+    assert there.blocked("b:9092", 7.16) is None
+    # The next failure there doubles from the adopted block, as it would have here.
+    again = there.on_unreachable("b:9092", "cannot be reached", now=7.2)
+    assert again is not None and again.retry_at == pytest.approx(7.6) and again.failures == 2
+
+
+def test_an_adopted_block_never_shortens_a_longer_one() -> None:
+    backoff = UpstreamBackoff(initial_seconds=1, max_seconds=30)
+    for _ in range(3):
+        long = backoff.on_mismatch("b", "speaks TLS", now=0.0)  # 4 s
+    other = UpstreamBackoff(initial_seconds=1, max_seconds=30)
+    short = other.share(other.on_mismatch("b", "speaks TLS", now=0.0), now=0.0)  # 1 s
+    assert backoff.adopt(short, now=0.0) is None
+    assert backoff.blocked("b", 3.9) == long
+    assert [m.upstream for m in backoff.known_mismatches()] == ["b"]
