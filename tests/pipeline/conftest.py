@@ -33,9 +33,14 @@ FLEET_CANDIDATES = ("group.max.size=50", "max.ssl.connections=20", "max.connecti
 
 
 @pytest.fixture(scope="session")
-def spark() -> Iterator[Any]:
+def java() -> None:
+    """Spark's JVM needs a Java runtime (under REQUIRE_ALL=1, as in CI, its absence fails)."""
     if shutil.which("java") is None and not os.environ.get("JAVA_HOME"):
         pytest.skip("no Java runtime for Spark (apt-get install default-jre-headless)")
+
+
+@pytest.fixture(scope="session")
+def spark(java: None) -> Iterator[Any]:
     from pipeline.session import kafka_source_jars, spark_session
 
     # With Spark's Kafka source when it was fetched (test_topic_input.py needs it; a session's jars are

@@ -9,7 +9,6 @@ its ``/proc/PID/maps``."""
 from __future__ import annotations
 
 import os
-import shutil
 import subprocess
 import sys
 import time
@@ -37,11 +36,10 @@ def session(**env: str) -> subprocess.CompletedProcess[str]:
     )
 
 
+@pytest.mark.usefixtures("java")
 def test_first_session_writes_the_archive_the_next_maps_it_and_a_refused_one_is_replaced(
     tmp_path: Path, monkeypatch: pytest.MonkeyPatch
 ) -> None:
-    if shutil.which("java") is None and not os.environ.get("JAVA_HOME"):
-        pytest.skip("no Java runtime for Spark (apt-get install default-jre-headless)")
     from pipeline.session import UNUSED_ARCHIVE_DAYS, class_archive_path
 
     monkeypatch.setenv("XDG_CACHE_HOME", str(tmp_path))  # this test's sessions inherit it
@@ -94,11 +92,10 @@ def test_first_session_writes_the_archive_the_next_maps_it_and_a_refused_one_is_
     assert sorted(p.name for p in archive.parent.iterdir()) == [archive.name]
 
 
+@pytest.mark.usefixtures("java")
 def test_the_set_up_tool_writes_the_archive_once(tmp_path: Path) -> None:
     """tools/spark-class-archive (which `make demo` runs first) writes the archive a fresh checkout's
     .venv has none of, with a small report; run again, it leaves it as it is and runs no report."""
-    if shutil.which("java") is None and not os.environ.get("JAVA_HOME"):
-        pytest.skip("no Java runtime for Spark (apt-get install default-jre-headless)")
     env = {**os.environ, "XDG_CACHE_HOME": str(tmp_path), "PYTHON": sys.executable}
     tool = [str(ROOT / "tools" / "spark-class-archive")]
     first = subprocess.run(tool, capture_output=True, text=True, cwd=tmp_path, timeout=300, env=env)
