@@ -213,12 +213,8 @@ class Supervisor:
             self.brokers.served_elsewhere,
         )
         link.handlers["worker.ready"] = lambda generation: self._worker_ready(index, link, generation)
-        link.handlers["worker.brokers"] = lambda brokers: self.brokers.learned(
-            {other: each for other, each in self._links.items() if other != index}, brokers
-        )
-        link.handlers[BACKOFF] = lambda block: pass_on_backoff(
-            block, {other: each for other, each in self._links.items() if other != index}
-        )
+        link.handlers["worker.brokers"] = lambda brokers: self.brokers.learned(self._others(index), brokers)
+        link.handlers[BACKOFF] = lambda block: pass_on_backoff(block, self._others(index))
         if self.windows is not None:
             link.handlers[WINDOW_ROWS] = self.windows.told
         self.owner.attach(index, link)
@@ -280,6 +276,10 @@ class Supervisor:
                     for node_id in lst.passthrough_brokers:
                         ports.setdefault(node_id, []).append(_node_port(lst, node_id))
         return ports
+
+    def _others(self, index: int) -> dict[int, Link]:
+        """The serving workers but ``index``: those that hear what it learned."""
+        return {other: each for other, each in self._links.items() if other != index}
 
     def _worker_ready(self, index: int, link: Link, generation: int) -> None:
         self._links[index] = link
