@@ -56,13 +56,15 @@ def tls_alert_broker() -> _Server:
     """Answers whatever it reads with the Java broker's TLS alert, then closes: the
     bytes Apache Kafka's TLS listener writes to a plaintext client (TOOLS.md), replayed."""
 
-    def handle(conn: socket.socket) -> None:
-        if data := conn.recv(65536):
-            server.requests.append(data)
-            conn.sendall(JAVA_BROKER_TLS_ALERT)
-
-    server = _Server(handle)
+    server = _Server(lambda conn: _answer_tls_alert(server, conn))
     return server
+
+
+def _answer_tls_alert(server: _Server, conn: socket.socket) -> None:
+    """Keep what ``conn`` sent first, and answer it with the TLS alert."""
+    if data := conn.recv(65536):
+        server.requests.append(data)
+        conn.sendall(JAVA_BROKER_TLS_ALERT)
 
 
 def _read_exactly(conn: socket.socket, n: int) -> bytes:
@@ -131,8 +133,7 @@ class TurnsTls(_Server):
         super().__init__(self._serve_one)
 
     def _serve_one(self, conn: socket.socket) -> None:
-        if not self.speaks_tls:
+        if self.speaks_tls:
+            _answer_tls_alert(self, conn)
+        else:
             _relay_frames(conn, self.broker)
-        elif data := conn.recv(65536):
-            self.requests.append(data)
-            conn.sendall(JAVA_BROKER_TLS_ALERT)
