@@ -36,11 +36,18 @@ def _fail_a_skip(report: pytest.TestReport | pytest.CollectReport) -> None:
         report.longrepr = f"skipped under REQUIRE_ALL=1 (install what it needs): {reason}"
 
 
+# A test's call report, kept for its fixtures' teardown (start_proxy shows the logs of a failed test's proxies)
+CALL_REPORT = pytest.StashKey[pytest.TestReport]()
+
+
 @pytest.hookimpl(hookwrapper=True)
 def pytest_runtest_makereport(item: pytest.Item, call: pytest.CallInfo[None]) -> Iterator[None]:
     """A test's own skip, and a ``skipif`` mark (evaluated at its setup)."""
     outcome = yield
-    _fail_a_skip(outcome.get_result())  # type: ignore[attr-defined]
+    report = outcome.get_result()  # type: ignore[attr-defined]
+    _fail_a_skip(report)
+    if report.when == "call":
+        item.stash[CALL_REPORT] = report
 
 
 @pytest.hookimpl(hookwrapper=True)
@@ -305,6 +312,9 @@ class ProxyProcess:
             self._log.close()
 
 
+PROXY_LOG_TAIL = 30_000  # characters of a failed test's proxy log shown in its report
+
+
 @pytest.fixture
 def start_proxy(tmp_path: Path, request: pytest.FixtureRequest) -> Iterator[Any]:
     """``start_proxy(bootstrap, **overrides)`` runs the proxy CLI on free ports; with
@@ -351,8 +361,12 @@ def start_proxy(tmp_path: Path, request: pytest.FixtureRequest) -> Iterator[Any]
         return proxy
 
     yield start
-    for proxy in started:
+    call = request.node.stash.get(CALL_REPORT, None)
+    for n, proxy in enumerate(started):
         proxy.stop()
+        if call is not None and call.failed:
+            # What the proxy said is often the only account of a failure seen once, in CI.
+            request.node.add_report_section("teardown", f"proxy{n} log", proxy.log()[-PROXY_LOG_TAIL:])
 
 
 @dataclass(frozen=True)

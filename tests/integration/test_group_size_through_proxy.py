@@ -79,7 +79,8 @@ def test_the_third_confluent_consumer_is_refused_and_a_freed_slot_is_reused(tans
 def test_a_static_member_restarting_in_a_full_group_waits_for_its_old_session_to_end(tansu, start_proxy) -> None:  # type: ignore[no-untyped-def]
     """As Apache Kafka does: refused while its old incarnation holds the slot. (That it joins once
     the old session ends is checked against Apache Kafka itself, in tests/apache_kafka.)"""
-    proxy = start_proxy(tansu.bootstrap, policies=CAP)
+    # At debug the proxy's log names each join's decision: a failure's report shows it (seen once, in CI)
+    proxy = start_proxy(tansu.bootstrap, policies=CAP, extra_args=["--log-level", "DEBUG"])
     topic, group = unique("static"), unique("static-group")
     create_topic(proxy.bootstrap, topic, partitions=2)
     a = Member(proxy.bootstrap, topic, group, **{"group.instance.id": "a"})
@@ -88,7 +89,7 @@ def test_a_static_member_restarting_in_a_full_group_waits_for_its_old_session_to
         assert wait_for(lambda: a.has_assignment() and b.has_assignment())
         a.stop()  # a static member leaves without LeaveGroup ...
         again = Member(proxy.bootstrap, topic, group, **{"group.instance.id": "a"})  # ... and comes back
-        assert wait_for(lambda: refused(again))
+        assert wait_for(lambda: refused(again)), (again.errors, again.partitions, b.partitions)
         assert not again.has_assignment() and b.has_assignment()
         again.stop()
     finally:
