@@ -296,24 +296,3 @@ async def _open_shared_listeners(port: int, *, host: str) -> list[trio.SocketLis
             listener.socket.close()
         raise
     return listeners
-
-
-def check_port_unshared(what: str, host: str, port: int) -> None:
-    """Raise ``BindError`` if another process listens on ``host:port``. Workers bind with
-    SO_REUSEPORT, and the kernel lets that bind join any listener of the same user that set
-    it too (another proxy's workers), then spreads clients over both without an error. A
-    plain bind first fails as one process would; the supervisor makes it before any worker
-    binds. (SO_REUSEADDR, as trio's listeners: a closed connection in TIME_WAIT is no user.)"""
-    if port == 0:
-        return
-    for family, kind, proto, _, address in socket.getaddrinfo(
-        host or None, port, type=socket.SOCK_STREAM, flags=socket.AI_PASSIVE
-    ):
-        with socket.socket(family, kind, proto) as sock:
-            sock.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
-            if family == socket.AF_INET6:
-                sock.setsockopt(socket.IPPROTO_IPV6, socket.IPV6_V6ONLY, 1)
-            try:
-                sock.bind(address)
-            except OSError as exc:
-                raise BindError(what, host, port, exc) from None

@@ -10,10 +10,10 @@ supervisor (``worker.brokers``), which tells every other worker and answers once
 (or ``SPREAD_TIMEOUT_S`` passed: a stopped worker holds no response up for long); only then does
 the response go on. Each worker asks once per broker (and again when it moves).
 
-Before any worker opens a new broker's node ports, the supervisor binds each plainly: every worker
-binds with SO_REUSEPORT, which would join another process of the same user listening on the port
-with it too (another proxy whose node_port_base overlaps) and split the clients without an error. A
-port in use is logged as one process logs it, and no worker opens it (``served_elsewhere``).
+Before any worker opens a new broker's node ports, the supervisor claims each (proxy/workers/port_claims.py):
+every worker binds with SO_REUSEPORT, which would join another process of the same user listening on
+the port with it too (another proxy whose node_port_base overlaps) and split the clients without an
+error. A port in use is logged as one process logs it, and no worker opens it (``served_elsewhere``).
 """
 
 from __future__ import annotations
@@ -26,8 +26,8 @@ import trio
 
 from proxy.links.brokers import BrokerDirectory
 from proxy.protocol.rewrite import BrokerAddress
-from proxy.serve.listener import check_port_unshared
 from proxy.workers.link import Link, LinkClosed, RemoteError
+from proxy.workers.port_claims import PortClaims
 
 log = logging.getLogger("kafka_admission_proxy.listener")
 
@@ -42,7 +42,8 @@ class SharedBrokers:
     """The supervisor's side: what the workers learned (a restarted worker is told it all), and
     the spreading of what one learned to the others."""
 
-    def __init__(self, node_ports: NodePorts = lambda node_id: []) -> None:
+    def __init__(self, ports: PortClaims, node_ports: NodePorts = lambda node_id: []) -> None:
+        self.ports = ports
         self.known: dict[int, BrokerAddress] = {}
         self.served_elsewhere: list[tuple[str, int]] = []  # (listener, node id): no worker opens it
         self._node_ports = node_ports
@@ -61,26 +62,26 @@ class SharedBrokers:
         done = trio.Event()
         for broker in new:  # before any other ask is handled: it waits for this spread
             if broker.node_id not in self.known:
-                self._check_ports(broker.node_id, self._node_ports(broker.node_id))
+                self._claim_ports(broker.node_id, self._node_ports(broker.node_id))
             self.known[broker.node_id] = broker
             self._spreading[broker.node_id] = done
         return self._spread(others, brokers, new, done, pending)
 
-    def _check_ports(self, node_id: int, ports: list[tuple[str, str, int]]) -> None:
+    def _claim_ports(self, node_id: int, ports: list[tuple[str, str, int]]) -> None:
         """Before any worker binds them (each worker opens a node port once it learned its broker)."""
         for listener, host, port in ports:
             try:
-                check_port_unshared(f"listener {listener}", host, port)
+                self.ports.claim(f"listener {listener}", host, port)
             except OSError as exc:
                 where = {"listener": listener, "port": port}
                 log.error("cannot open the port for broker node %d: %s", node_id, exc, extra=where)
                 self.served_elsewhere.append((listener, node_id))
 
-    def check_static_ports(self, ports: dict[int, list[tuple[str, str, int]]]) -> None:
+    def claim_static_ports(self, ports: dict[int, list[tuple[str, str, int]]]) -> None:
         """At start, before any worker: the node ports listeners open without learning a broker
         (passthrough_brokers in cluster mode), by node id."""
         for node_id, of_node in ports.items():
-            self._check_ports(node_id, of_node)
+            self._claim_ports(node_id, of_node)
 
     def _elsewhere(self, brokers: list[BrokerAddress]) -> list[tuple[str, int]]:
         nodes = {b.node_id for b in brokers}

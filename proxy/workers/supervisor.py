@@ -21,12 +21,12 @@ from proxy.config.model import Config, ConfigError, Listener, load_config
 from proxy.evidence.metrics import Metrics
 from proxy.serve.admin import AdminServer
 from proxy.serve.file_watch import FileWatcher
-from proxy.serve.listener import check_port_unshared
 from proxy.serve.server import READY_PROBE_TIMEOUT_S, announce_readiness, reload_plan, tls_contexts
 from proxy.workers.link import Link, LinkClosed, RemoteError
 from proxy.workers.metrics import MetricsFiles, WholeProxyMetrics, flush_workers
 from proxy.workers.owner import Owner
 from proxy.workers.owner_connections import ConnectionOwner
+from proxy.workers.port_claims import PortClaims
 from proxy.workers.proxy_windows import WINDOW_ROWS, ProxyWindows
 from proxy.workers.shared_backoff import BACKOFF, pass_on_backoff
 from proxy.workers.shared_brokers import SharedBrokers
@@ -87,7 +87,8 @@ class Supervisor:
         self.admin_port: int | None = None
         self._links: dict[int, Link] = {}  # the workers that are serving
         # What the workers learned: each opens every node port, once no other process serves it.
-        self.brokers = SharedBrokers(self._node_ports)
+        self.ports = PortClaims()  # held until every worker is gone (proxy/workers/port_claims.py)
+        self.brokers = SharedBrokers(self.ports, self._node_ports)
         self._processes: dict[int, trio.Process] = {}
         self._all_ready = trio.Event()  # every worker served once: the proxy has started
         self._stop = trio.Event()
@@ -101,9 +102,14 @@ class Supervisor:
         """Run until SIGTERM or SIGINT has drained every worker (0), or until a worker fails
         to start (its exit status: a port that cannot be bound is the operator's to fix)."""
         _warn_without_migration()
-        for listener in self.config.listeners:  # before any worker joins a port with SO_REUSEPORT
-            check_port_unshared(f"listener {listener.name}", *listener.bind_address)
-        self.brokers.check_static_ports(self._passthrough_node_ports())
+        with self.ports:
+            for listener in self.config.listeners:  # before any worker joins a port with SO_REUSEPORT
+                self.ports.claim(f"listener {listener.name}", *listener.bind_address)
+            self.brokers.claim_static_ports(self._passthrough_node_ports())
+            await self._serve()
+        return self.exit_code
+
+    async def _serve(self) -> None:
         with trio.open_signal_receiver(signal.SIGTERM, signal.SIGINT, signal.SIGHUP) as signals, self.metric_files:
             async with trio.open_nursery() as nursery:
                 self._nursery = nursery
@@ -124,7 +130,6 @@ class Supervisor:
                 nursery.cancel_scope.cancel()
         if self.windows is not None:  # after the workers: their last closes are counted
             self.windows.close()
-        return self.exit_code
 
     async def _serve_once_started(self) -> None:
         """Admin last, as with one process: once it answers, every worker's listeners are bound."""

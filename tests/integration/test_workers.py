@@ -10,6 +10,7 @@ from __future__ import annotations
 import os
 import re
 import signal
+import socket
 import time
 import uuid
 from collections import Counter
@@ -48,6 +49,15 @@ def connections_on_every_worker(proxy: Any, workers: int, count: int) -> dict[in
         by_worker.setdefault(worker_of(proxy, conn), []).append(conn)
     assert sorted(by_worker) == list(range(workers)), {w: len(c) for w, c in by_worker.items()}
     return by_worker
+
+
+def exited(pid: int) -> bool:
+    """The process has exited (its sockets are closed), reaped or not yet."""
+    try:
+        state = Path(f"/proc/{pid}/stat").read_text().rsplit(")", 1)[1].split()[0]
+    except FileNotFoundError:
+        return True
+    return state == "Z"
 
 
 def close_all(by_worker: dict[int, list[RawConnection]]) -> None:
@@ -245,15 +255,7 @@ def test_workers_exit_when_the_supervisor_is_killed(tansu: Any, start_proxy: Any
     assert sorted(pids) == [0, 1]
     proxy.signal(signal.SIGKILL)
     proxy.wait(timeout=5)
-
-    def gone(pid: int) -> bool:
-        try:
-            state = Path(f"/proc/{pid}/stat").read_text().rsplit(")", 1)[1].split()[0]
-        except FileNotFoundError:
-            return True
-        return state == "Z"  # exited; its parent (now init) has not reaped it yet
-
-    wait_until(lambda: all(gone(pid) for pid in pids.values()), timeout=10)
+    wait_until(lambda: all(exited(pid) for pid in pids.values()), timeout=10)
     assert "the supervisor is gone; worker exiting" in proxy.log()
 
 
@@ -268,6 +270,34 @@ def test_a_worker_that_keeps_dying_is_restarted_after_a_growing_pause(tansu: Any
         wait_until(lambda pid=pid: worker_pids(proxy)[0] != pid, timeout=15)
     assert proxy.metric("kafka_admission_worker_restarts_total", worker="1") == 0
     assert proxy.get("/readyz")[0] == 200
+
+
+def test_while_every_worker_restarts_no_other_process_takes_the_ports(tansu: Any, start_proxy: Any) -> None:
+    """The supervisor holds the ports it claimed for its workers (proxy/workers/port_claims.py): with
+    both workers killed at once, before their restart (half a second after a death this early), a
+    process that binds the bootstrap port or a learned broker's node port fails, as it does while the
+    workers serve them; and the restarted workers serve both."""
+    proxy = start_workers(start_proxy, tansu.bootstrap, 2)
+    node_port = int(proxy.config["listeners"][0]["node_port_base"]) + TansuBroker.NODE_ID
+    with RawConnection(proxy.bootstrap) as conn:  # a worker learns the broker: its node port opens
+        conn.send(metadata_frame(1))
+        conn.read_response(3, 12)
+    wait_until(lambda: proxy.log().count(f"bind=127.0.0.1:{node_port} ") == 2)  # in each worker
+    pids = worker_pids(proxy)
+    for pid in pids.values():
+        os.kill(pid, signal.SIGKILL)
+    wait_until(lambda: all(exited(pid) for pid in pids.values()), timeout=5, interval=0.01)
+    for port in (int(proxy.bootstrap.rsplit(":", 1)[1]), node_port):
+        with socket.socket() as other:
+            other.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)  # as a trio listener binds
+            with pytest.raises(OSError, match="Address already in use"):
+                other.bind(("127.0.0.1", port))
+    assert all(worker_pids(proxy)[i] == pid for i, pid in pids.items()), "restarted before the binds: no test"
+    wait_until(lambda: all(worker_pids(proxy)[i] != pid for i, pid in pids.items()), timeout=15)
+    wait_until(lambda: proxy.get("/readyz")[0] == 200)
+    for address in (proxy.bootstrap, f"127.0.0.1:{node_port}"):
+        with RawConnection(address) as conn:
+            assert round_trip(conn, 2) == 0
 
 
 def test_a_node_port_another_proxys_workers_serve_is_not_joined(tansu: Any, start_proxy: Any) -> None:

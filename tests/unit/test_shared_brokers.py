@@ -17,6 +17,7 @@ from proxy.evidence.metrics import Metrics
 from proxy.links.brokers import BrokerDirectory
 from proxy.protocol.rewrite import BrokerAddress
 from proxy.workers.link import Link
+from proxy.workers.port_claims import PortClaims
 from proxy.workers.shared_brokers import SharedBrokers, share_brokers
 
 BROKER = BrokerAddress(111, "127.0.0.1", 9092)  # the one bootstrap server, and the broker it is
@@ -25,7 +26,7 @@ SERVERS = [("127.0.0.1", 9092)]
 
 class Workers:
     def __init__(self, n: int, shared: SharedBrokers | None = None) -> None:
-        self.shared = shared or SharedBrokers()
+        self.shared = shared or SharedBrokers(PortClaims())  # no node ports: nothing claimed
         self.directories = [BrokerDirectory(Metrics()) for _ in range(n)]
         self.asked: list[tuple[int, list[BrokerAddress]]] = []  # what each worker passed on
         self._links: dict[int, Link] = {}
@@ -115,7 +116,7 @@ def test_a_node_port_another_process_serves_is_opened_by_no_worker_and_logged(ca
         return [("external", "127.0.0.1", port), ("internal", "127.0.0.1", free_port)]
 
     async def main() -> None:
-        async with running(2, SharedBrokers(node_ports)) as workers:
+        async with running(2, SharedBrokers(ports, node_ports)) as workers:
             await workers.directories[0].learn([BROKER])
             for directory in workers.directories:
                 assert directory.served_elsewhere("external", 111)
@@ -124,8 +125,10 @@ def test_a_node_port_another_process_serves_is_opened_by_no_worker_and_logged(ca
         assert workers.shared.served_elsewhere == [("external", 111)]
 
     try:
-        with caplog.at_level(logging.ERROR, logger="kafka_admission_proxy.listener"):
+        with caplog.at_level(logging.ERROR, logger="kafka_admission_proxy.listener"), PortClaims() as ports:
             trio.run(main)
+            with socket.socket() as other, pytest.raises(OSError):  # the free port is this proxy's now
+                other.bind(("127.0.0.1", free_port))
     finally:
         taken.close()
     assert [r.getMessage() for r in caplog.records] == [
