@@ -193,6 +193,11 @@ class GroupEvent(enum.Enum):
     STARTING_JOIN_FAILED = enum.auto()
     # A JoinGroup (or a later answer) shows a new generation: the join phase completed.
     JOIN_PHASE_COMPLETED = enum.auto()
+    # Every join of a rebalance that only joins started was answered with the generation the group
+    # had: the coordinator ran no join phase. Kafka never does (it answers a join phase with a new
+    # generation, and answers at once only the rejoins that start none); Tansu 0.6.0 answers a Stable
+    # group's leader and its followers so, and a proxy left rebalancing would admit new members.
+    JOINS_ANSWERED_AT_ONCE = enum.auto()
     # SyncGroup answered NONE: the leader's assignment is in.
     SYNC_COMPLETED = enum.auto()
     # JoinGroup, SyncGroup or Heartbeat answered REBALANCE_IN_PROGRESS for the current generation.
@@ -253,6 +258,7 @@ TRANSITIONS: Final[Mapping[GroupState, Mapping[GroupEvent, GroupState | Restore]
         _Ev.JOIN_STARTS_REBALANCE: _P,  # another member joins the join phase
         _Ev.STARTING_JOIN_FAILED: _BEFORE_REBALANCE,
         _Ev.JOIN_PHASE_COMPLETED: _C,
+        _Ev.JOINS_ANSWERED_AT_ONCE: _BEFORE_REBALANCE,
         _Ev.SYNC_COMPLETED: _P,  # no-op: the answer left before a join we forwarded started this rebalance
         _Ev.REBALANCE_ANSWERED: _P,
         _Ev.MEMBER_ADDED: _P,
@@ -282,6 +288,10 @@ TRANSITIONS: Final[Mapping[GroupState, Mapping[GroupEvent, GroupState | Restore]
     },
     GroupState.DEAD: {},  # a Dead group is forgotten (forget_group), never tracked
 }
+
+# What says a group rebalances besides the joins the proxy forwarded: the coordinator itself, or a
+# member gone (Kafka then rebalances the rest).
+_REBALANCE_TOLD: Final = frozenset({_Ev.REBALANCE_ANSWERED, _Ev.MEMBER_REMOVED, _Ev.DESCRIBED_PREPARING_REBALANCE})
 
 _DESCRIBED: Final[Mapping[GroupState, GroupEvent]] = {
     _E: _Ev.DESCRIBED_EMPTY,
@@ -477,6 +487,7 @@ class _Group:
     reconcile_started_at: float | None = None
     scheduled: float | None = None  # earliest timer queued for this group
     rebalance_cause: int = 0  # the join (ticket) that alone started the current rebalance
+    joins_only: bool = False  # joins started the current rebalance, and nothing else told of it since
     hint: float = math.inf  # lower bound of deadlines changed since the last _schedule
 
     def fire(self, event: GroupEvent) -> None:
@@ -484,6 +495,9 @@ class _Group:
         new = next_state(self.state, event, self.before_rebalance)
         if new is _P and self.state is not _P:
             self.before_rebalance = self.state
+            self.joins_only = event is _Ev.JOIN_STARTS_REBALANCE
+        elif event in _REBALANCE_TOLD:
+            self.joins_only = False
         self.state = new
 
     def settle_consumer_state(self) -> None:
@@ -729,6 +743,9 @@ class GroupSizePolicy:
                 self._set_awaiting(g, slot, False)
             if g.kind is _CLASSIC:
                 self._classic_generation(g, slot, generation_id, leader_id, now)
+                if g.state is _P and g.joins_only and not g.n_awaiting and generation_id == g.generation:
+                    g.fire(_Ev.JOINS_ANSWERED_AT_ONCE)
+                    g.rebalance_cause = 0
             else:
                 g.settle_consumer_state()
             if members is not None and leader_id is not None and assigned_member_id == leader_id:

@@ -975,6 +975,61 @@ def test_a_join_that_fails_before_the_coordinator_undoes_the_rebalance_it_starte
     assert proxy.view().state is STABLE and proxy.view().members == 2
 
 
+def stable_pair(proxy: Proxy) -> tuple[JoinResult, JoinResult]:
+    """Two members of a Stable group of generation 1: (leader, follower)."""
+    a, b = proxy.join(), proxy.join()
+    proxy.complete_join()
+    leader, follower = (a, b) if a.member_id == a.leader else (b, a)
+    proxy.sync(leader.member_id, None, 1)
+    assert proxy.view().state is STABLE
+    return leader, follower
+
+
+def answer_at_once(proxy: Proxy, member: JoinResult, ticket: int) -> None:
+    """A JoinGroup answered NONE with the generation the group had (1)."""
+    members = [(m, None) for m in proxy.coordinator.members] if member.member_id == member.leader else None
+    proxy.policy.on_join_response(
+        G,
+        member.member_id,
+        None,
+        NONE,
+        member.member_id,
+        1,
+        proxy.now,
+        leader_id=member.leader,
+        members=members,
+        ticket=ticket,
+    )
+
+
+def test_rejoins_answered_at_once_with_the_same_generation_ran_no_rebalance() -> None:
+    """Kafka answers a join phase with a new generation. Tansu answers a Stable group's leader and
+    follower, rejoining, with the generation it had: no join phase ran, and the group is still
+    Stable and full. A new member is refused, not admitted by the join phase's rule (only members
+    awaiting join count), which let a third kafka-python consumer into a group of two."""
+    proxy = Proxy(2)
+    leader, follower = stable_pair(proxy)
+    first = forwarded(proxy.policy.on_join_request(G, leader.member_id, None, proxy.now))
+    assert proxy.view().state is PREPARING
+    second = forwarded(proxy.policy.on_join_request(G, follower.member_id, None, proxy.now))
+    answer_at_once(proxy, leader, first)
+    assert proxy.view().state is PREPARING  # the follower's join is still in the phase
+    answer_at_once(proxy, follower, second)
+    assert proxy.view().state is STABLE and proxy.view().members == 2 and proxy.view().awaiting_join == 0
+    refused(proxy.policy.on_join_request(G, "", None, proxy.now, require_known_member_id=False))
+
+
+def test_a_rebalance_the_coordinator_told_of_stays_when_its_joins_are_answered_at_once() -> None:
+    """An answer with the old generation can have left the coordinator before it began the rebalance
+    a heartbeat then answered REBALANCE_IN_PROGRESS: the group keeps rebalancing."""
+    proxy = Proxy(2)
+    leader, _ = stable_pair(proxy)
+    ticket = forwarded(proxy.policy.on_join_request(G, leader.member_id, None, proxy.now))
+    proxy.policy.on_member_response(HEARTBEAT, G, leader.member_id, REBALANCE_IN_PROGRESS, proxy.now)
+    answer_at_once(proxy, leader, ticket)
+    assert proxy.view().state is PREPARING
+
+
 def test_unknown_member_id_answers_remove_the_member() -> None:
     policy = GroupSizePolicy(GroupSizeConfig(group_max_size=5))
     policy.observe_group_size(G, [("a", None), ("b", None)], 0.0, state="Stable")
@@ -1454,6 +1509,7 @@ event                           Empty       Preparing   Completing  Stable      
 JOIN_STARTS_REBALANCE           Preparing   Preparing   Preparing   Preparing   error
 STARTING_JOIN_FAILED            error       prior       error       error       error
 JOIN_PHASE_COMPLETED            Completing  Completing  Completing  Completing  error
+JOINS_ANSWERED_AT_ONCE          error       prior       error       error       error
 SYNC_COMPLETED                  Stable      Preparing   Stable      Stable      error
 REBALANCE_ANSWERED              Empty       Preparing   Preparing   Preparing   error
 MEMBER_ADDED                    Stable      Preparing   Completing  Stable      error
