@@ -16,7 +16,7 @@ import yaml
 from tests.clients import Member, create_topic, refused, unique, wait_for
 from tests.conftest import wait_until
 from tests.faults import StoppedClient
-from tests.integration.test_group_size_through_proxy import coordinator_members
+from tests.integration.test_group_size_through_proxy import coordinator_members, settled
 from tests.raw_kafka import RawConnection, api_versions_frame, frame, metadata_frame
 
 
@@ -183,6 +183,7 @@ def test_a_lowered_group_max_size_and_a_switched_mode_are_enforced_for_a_new_mem
     members = [Member(proxy.bootstrap, topic, group) for _ in range(3)]
     try:
         assert wait_for(lambda: all(m.has_assignment() for m in members), timeout=40)
+        assert wait_for(lambda: settled(tansu.bootstrap, group, 3))
         assert proxy.metric("kafka_admission_decisions_total", policy="group_size") == 0  # under the cap
         proxy.reload(**{"group.max.size": 2, "group.size.mode": "enforce"})
         # A fourth member is refused (the coordinator never sees it): at the old cap, or in

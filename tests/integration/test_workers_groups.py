@@ -16,7 +16,7 @@ from policies.api_keys import JOIN_GROUP
 from tests.clients import Member, create_topic, produce, unique, wait_for
 from tests.conftest import wait_until
 from tests.integration.test_graceful_shutdown import topic_id
-from tests.integration.test_group_size_through_proxy import coordinator_members
+from tests.integration.test_group_size_through_proxy import coordinator_members, settled
 from tests.integration.test_workers import close_all, connections_on_every_worker
 from tests.raw_kafka import fetch_frame, join_group_frame
 from tests.workers_groups import (
@@ -47,6 +47,7 @@ def test_a_classic_group_over_two_workers_is_refused_at_exactly_group_max_size(
         first, second = members_on_two_workers(proxy, group, start)
         # The owner counts the group once: two members, whichever workers they came through.
         wait_until(group_members_metric_is(proxy, 2))
+        assert wait_for(lambda: settled(tansu.bootstrap, group, 2))
         third = start("m-over")
         refused_by = refused_join(proxy, group, third, "m-over")
         assert 0 <= refused_by < workers
