@@ -488,6 +488,7 @@ class _Group:
     scheduled: float | None = None  # earliest timer queued for this group
     rebalance_cause: int = 0  # the join (ticket) that alone started the current rebalance
     joins_only: bool = False  # joins started the current rebalance, and nothing else told of it since
+    rebalance_asked: bool = False  # the coordinator was asked about the current rebalance (needs_reconcile)
     hint: float = math.inf  # lower bound of deadlines changed since the last _schedule
 
     def fire(self, event: GroupEvent) -> None:
@@ -496,6 +497,7 @@ class _Group:
         if new is _P and self.state is not _P:
             self.before_rebalance = self.state
             self.joins_only = event is _Ev.JOIN_STARTS_REBALANCE
+            self.rebalance_asked = False
         elif event in _REBALANCE_TOLD:
             self.joins_only = False
         self.state = new
@@ -1070,7 +1072,8 @@ class GroupSizePolicy:
 
         True, with a finite cap, for a group never reconciled (first contact, e.g. after a
         restart) or within ``reconcile_margin`` of its cap, at most once per
-        ``reconcile_interval_seconds`` (counting from ``reconcile_started``).
+        ``reconcile_interval_seconds`` (counting from ``reconcile_started``); and once per
+        rebalance for a full classic group rebalancing with no member awaiting join.
         """
         g = self._groups.get(group_id)
         if g is None:
@@ -1078,6 +1081,11 @@ class GroupSizePolicy:
         cap = self._cap(g)
         if cap >= INT_MAX:
             return False
+        if g.kind is _CLASSIC and g.state is _P and not g.n_awaiting and g.size >= cap and not g.rebalance_asked:
+            # Only members awaiting join count in a join phase, so any join would be admitted. The phase is
+            # the proxy's reading of answers that may be stale, and a coordinator that ran none (Tansu
+            # answers rejoins with the old generation, after REBALANCE_IN_PROGRESS too) is not rebalancing.
+            return True
         interval = self.config.reconcile_interval_seconds
         if g.reconcile_started_at is not None and now - g.reconcile_started_at < interval:
             return False
@@ -1091,6 +1099,7 @@ class GroupSizePolicy:
         g = self._groups.get(group_id)
         if g is not None:
             g.reconcile_started_at = now
+            g.rebalance_asked = g.state is _P
 
     def forget_group(self, group_id: str) -> None:
         """Drop a group (deleted, or reported Dead)."""

@@ -1030,6 +1030,29 @@ def test_a_rebalance_the_coordinator_told_of_stays_when_its_joins_are_answered_a
     assert proxy.view().state is PREPARING
 
 
+def test_a_full_group_rebalancing_with_no_member_awaiting_join_is_asked_about_once_before_a_join() -> None:
+    """Tansu answered a sync REBALANCE_IN_PROGRESS, then each member's rejoin with the old generation:
+    the proxy still holds the rebalance, in which only members awaiting join count (none), so any
+    join would be admitted. The next join asks the coordinator first (once per rebalance), whose
+    Stable group of two refuses it."""
+    proxy = Proxy(2)
+    leader, follower = stable_pair(proxy)
+    policy, now = proxy.policy, proxy.now
+    members = [(leader.member_id, None), (follower.member_id, None)]
+    policy.reconcile_started(G, now)
+    policy.observe_group_size(G, members, now, state="Stable", sent_at=now)
+    assert not policy.needs_reconcile(G, now)  # reconciled, and within the interval
+    policy.on_member_response(SYNC_GROUP, G, follower.member_id, REBALANCE_IN_PROGRESS, now)
+    for member in (leader, follower):
+        answer_at_once(proxy, member, forwarded(policy.on_join_request(G, member.member_id, None, now)))
+    assert proxy.view().state is PREPARING and proxy.view().awaiting_join == 0
+    assert policy.needs_reconcile(G, now)
+    policy.reconcile_started(G, now)
+    assert not policy.needs_reconcile(G, now)  # once per rebalance
+    policy.observe_group_size(G, members, now, state="Stable", sent_at=now)
+    refused(policy.on_join_request(G, "", None, now, require_known_member_id=False))
+
+
 def test_unknown_member_id_answers_remove_the_member() -> None:
     policy = GroupSizePolicy(GroupSizeConfig(group_max_size=5))
     policy.observe_group_size(G, [("a", None), ("b", None)], 0.0, state="Stable")
