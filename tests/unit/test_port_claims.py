@@ -10,6 +10,7 @@ import pytest
 
 from proxy.errors import BindError
 from proxy.workers.port_claims import PortClaims
+from tests.conftest import free_listen_port
 
 
 def bound(port: int, *, reuseaddr: bool = True, reuseport: bool = False, listen: bool = True) -> socket.socket:
@@ -26,13 +27,6 @@ def bound(port: int, *, reuseaddr: bool = True, reuseport: bool = False, listen:
     return sock
 
 
-def free_port() -> int:
-    with socket.socket() as sock:
-        sock.bind(("127.0.0.1", 0))
-        port: int = sock.getsockname()[1]
-        return port
-
-
 @pytest.mark.parametrize(
     "other",
     [
@@ -42,7 +36,7 @@ def free_port() -> int:
     ],
 )
 def test_a_claimed_port_is_taken_by_no_other_socket_even_before_a_worker_binds_it(other: dict[str, bool]) -> None:
-    port = free_port()
+    port = free_listen_port()
     with PortClaims() as claims:
         claims.claim("listener external", "127.0.0.1", port)
         with pytest.raises(OSError):
@@ -50,7 +44,7 @@ def test_a_claimed_port_is_taken_by_no_other_socket_even_before_a_worker_binds_i
 
 
 def test_the_workers_join_a_claimed_port_and_get_every_connection_and_it_stays_claimed_after_them() -> None:
-    port = free_port()
+    port = free_listen_port()
     with PortClaims() as claims:
         claims.claim("listener external", "127.0.0.1", port)
         workers = [bound(port, reuseport=True) for _ in range(2)]  # as each worker binds it
@@ -74,7 +68,7 @@ def test_the_workers_join_a_claimed_port_and_get_every_connection_and_it_stays_c
 
 
 def test_a_port_in_use_is_named_and_nothing_is_held() -> None:
-    port = free_port()
+    port = free_listen_port()
     with bound(port, reuseport=True):  # another proxy's worker: its supervisor claimed it
         claims = PortClaims()
         with pytest.raises(BindError) as raised:

@@ -19,6 +19,7 @@ from proxy.protocol.rewrite import BrokerAddress
 from proxy.workers.link import Link
 from proxy.workers.port_claims import PortClaims
 from proxy.workers.shared_brokers import SharedBrokers, share_brokers
+from tests.conftest import free_listen_port
 
 BROKER = BrokerAddress(111, "127.0.0.1", 9092)  # the one bootstrap server, and the broker it is
 SERVERS = [("127.0.0.1", 9092)]
@@ -99,18 +100,15 @@ def test_two_workers_learning_one_broker_at_once_each_go_on_once_every_worker_kn
 
 def test_a_node_port_another_process_serves_is_opened_by_no_worker_and_logged(caplog: pytest.LogCaptureFixture) -> None:
     """Each worker binds a node port with SO_REUSEPORT, which would join another process listening
-    with it too and split its clients: the supervisor binds it plainly first, before any worker
-    opens it. In use: logged once, as one process logs it, and every worker (the one that learned
+    with it too and split its clients: the supervisor claims it first (proxy/workers/port_claims.py),
+    before any worker opens it. In use: logged once, as one process logs it, and every worker (the one that learned
     the broker too) is told not to open it; a port of another listener that is free opens."""
     taken = socket.socket()
     taken.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEPORT, 1)  # as another proxy's worker binds it
     taken.bind(("127.0.0.1", 0))
     taken.listen()
     port = taken.getsockname()[1]
-    free = socket.socket()
-    free.bind(("127.0.0.1", 0))
-    free_port = free.getsockname()[1]
-    free.close()
+    free_port = free_listen_port()
 
     def node_ports(node_id: int) -> list[tuple[str, str, int]]:
         return [("external", "127.0.0.1", port), ("internal", "127.0.0.1", free_port)]
