@@ -43,7 +43,7 @@ class SharedBrokers:
     the spreading of what one learned to the others."""
 
     def __init__(self, ports: PortClaims, node_ports: NodePorts = lambda node_id: []) -> None:
-        self.ports = ports
+        self._ports = ports
         self.known: dict[int, BrokerAddress] = {}
         self.served_elsewhere: list[tuple[str, int]] = []  # (listener, node id): no worker opens it
         self._node_ports = node_ports
@@ -71,7 +71,7 @@ class SharedBrokers:
         """Before any worker binds them (each worker opens a node port once it learned its broker)."""
         for listener, host, port in ports:
             try:
-                self.ports.claim(f"listener {listener}", host, port)
+                self._ports.claim(f"listener {listener}", host, port)
             except OSError as exc:
                 where = {"listener": listener, "port": port}
                 log.error("cannot open the port for broker node %d: %s", node_id, exc, extra=where)
