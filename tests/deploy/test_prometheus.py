@@ -207,7 +207,7 @@ def test_prometheus_scraping_a_proxy_of_two_workers_counts_each_request_once(
     sum over the series gives every round trip once, whichever worker served it: the series
     carry no per-process label (prometheus-client's multiprocess mode merges the workers)."""
     proxy = start_workers(start_proxy, tansu.bootstrap, 2)
-    by_worker = connections_on_every_worker(proxy, 2, 6)  # one round trip each
+    by_worker = connections_on_every_worker(proxy, 2, 16)  # one round trip each
     try:
         for i, conn in enumerate(conn for conns in by_worker.values() for conn in conns):
             for k in range(4):
@@ -217,8 +217,8 @@ def test_prometheus_scraping_a_proxy_of_two_workers_counts_each_request_once(
             wait_until(lambda: prometheus.value(expr), timeout=30, interval=0.5)
             series = prometheus.query(expr)
             assert len(series) == 1, series  # one series for both workers
-            assert prometheus.value(f"sum({expr})") == 6 * 5
-            assert prometheus.value(f'sum(kafka_admission_connections_active{{job="{JOB}"}})') == 6
+            assert prometheus.value(f"sum({expr})") == 16 * 5
+            assert prometheus.value(f'sum(kafka_admission_connections_active{{job="{JOB}"}})') == 16
             assert prometheus.value(f'kafka_admission_build_info{{job="{JOB}"}}') == 1
     finally:
         close_all(by_worker)

@@ -171,21 +171,21 @@ def test_the_supervisors_metrics_count_each_request_once_across_workers_and_forg
     connections are the sum over the workers, and when a worker is SIGKILLed its connections
     leave the gauge while the requests it served stay counted."""
     proxy = start_workers(start_proxy, tansu.bootstrap, 2)
-    by_worker = connections_on_every_worker(proxy, 2, 8)
+    by_worker = connections_on_every_worker(proxy, 2, 16)
     try:
         before = served_metrics(proxy)
         served_before = metric(before, "kafka_admission_requests_total", api="api_versions")
-        assert served_before == 8  # one round trip on each connection, on both workers
+        assert served_before == 16  # one round trip on each connection, on both workers
         for i, conn in enumerate(conn for conns in by_worker.values() for conn in conns):
             for k in range(5):
                 assert round_trip(conn, 1000 + 10 * i + k) == 0
         seen = served_metrics(proxy)
-        assert metric(seen, "kafka_admission_requests_total", api="api_versions") == served_before + 40
+        assert metric(seen, "kafka_admission_requests_total", api="api_versions") == served_before + 16 * 5
         assert metric(seen, "kafka_admission_proxy_added_latency_seconds_count") == metric(
             seen, "kafka_admission_requests_total"
         )
-        assert metric(seen, "kafka_admission_connections_active") == 8
-        assert metric(seen, "kafka_admission_connections_accepted_total") == 8
+        assert metric(seen, "kafka_admission_connections_active") == 16
+        assert metric(seen, "kafka_admission_connections_accepted_total") == 16
         # process_*: every process's (prometheus-client has none of its own in multiprocess mode)
         pids = worker_pids(proxy)
         workers_cpu = sum(cpu_seconds(pid) for pid in pids.values())
@@ -280,7 +280,7 @@ def test_a_worker_killed_again_and_again_leaves_no_files_behind_and_no_counter_g
     death as after the first, and no counter or histogram sample scraped ever goes down."""
     directory = tmp_path / "metrics"
     proxy = start_workers(start_proxy, tansu.bootstrap, 2, command_prefix=["env", f"{ENV}={directory}"])
-    by_worker = connections_on_every_worker(proxy, 2, 8)
+    by_worker = connections_on_every_worker(proxy, 2, 16)
     survivor = by_worker[1]
     try:
         status, text = proxy.get("/metrics")

@@ -58,16 +58,16 @@ def test_the_connection_peak_of_two_workers_is_the_whole_proxys_written_under_it
 ) -> None:
     audit = tmp_path / "audit"
     proxy = start_with_audit(start_proxy, tansu, audit)
-    by_worker = connections_on_every_worker(proxy, 2, 10)  # both workers hold some of the 10
+    by_worker = connections_on_every_worker(proxy, 2, 16)  # both workers hold some of the 16
     try:
-        # A window that ends with all 10 open says 10 for the proxy (each later one too: they stay open).
-        wait_until(lambda: 10 in open_at_once(read_events(audit)).values(), timeout=15)
+        # A window that ends with all 16 open says 16 for the proxy (each later one too: they stay open).
+        wait_until(lambda: 16 in open_at_once(read_events(audit)).values(), timeout=15)
     finally:
         close_all(by_worker)
     events = drained_events(proxy, audit)
     peaks = open_at_once(events)
     assert {instance for instance, _ in peaks} == {"px"}, "a worker wrote connections windows of its own"
-    assert max(peaks.values()) == 10
+    assert max(peaks.values()) == 16
     assert {_INSTANCE.match(path.name)[1] for path in audit_files(audit)} == {"px", "px-w0", "px-w1"}  # type: ignore[index]
     # The supervisor's events are the proxy's; each worker's name it beside their own instance.
     for e in events:
@@ -98,7 +98,7 @@ def test_the_pool_high_water_mark_of_two_workers_is_the_whole_proxys_written_und
     proxy = start_with_audit(start_proxy, tansu, audit)
     topic = unique("empty")
     create_topic(proxy.bootstrap, topic)
-    by_worker = connections_on_every_worker(proxy, 2, 8)
+    by_worker = connections_on_every_worker(proxy, 2, 16)
     conns = [conn for conns in by_worker.values() for conn in conns]
     parked = 0
     try:
