@@ -355,6 +355,18 @@ def stop_session(spark: SparkSession, say: Callable[[str], None] = lambda _: Non
         partial.unlink(missing_ok=True)
 
 
+def release_jvm() -> None:
+    """The process is ending: shut py4j's gateway down first. Spark's JVM exits when the process's stdin
+    closes, running Spark's shutdown hooks (its temporary directories deleted) as ever, but its exit then
+    idles some 0.3 s while py4j's threads stay blocked reading their sockets (bench/RESULTS.md: HotSpot
+    waits for threads in native code as it exits). A JVM already gone (its class archive written) is
+    left be."""
+    gateway: Any = SparkContext._gateway
+    proc = getattr(gateway, "proc", None)
+    if proc is not None and proc.poll() is None:
+        gateway.shutdown()
+
+
 UNUSED_ARCHIVE_DAYS = 30
 
 

@@ -270,7 +270,20 @@ def _operator_error(exc: BaseException) -> BaseException | None:
 def main(argv: list[str] | None = None) -> int:
     args = build_parser().parse_args(argv)
     setup_logging(args.log_format, args.log_level)
-    return exit_status(lambda: int(args.func(args)))
+    status = exit_status(lambda: int(args.func(args)))
+    _before_exit()
+    return status
+
+
+def _before_exit() -> None:
+    """What makes this process's end quick; the commands' functions (run in-process by tests) do not."""
+    session = sys.modules.get("pipeline.session")  # loaded where a report ran: `report`, `demo --report`
+    if session is not None:
+        session.release_jvm()
+    # The interpreter's exit runs the cycle collector over every object still held: 0.35 s after a
+    # report (PySpark's, pyarrow's and the plots' modules; bench/RESULTS.md). Nothing there needs
+    # collecting now, and frozen objects are left out of those collections.
+    gc.freeze()
 
 
 def exit_status(command: Callable[[], int]) -> int:

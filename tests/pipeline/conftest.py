@@ -66,10 +66,17 @@ def topic_broker(tmp_path_factory: pytest.TempPathFactory) -> Iterator[ApacheKaf
         yield broker
 
 
-def report_process(*argv: str) -> subprocess.CompletedProcess[str]:
-    """``kafka-admission-proxy report ARGV...`` as an operator runs it: a process of its own."""
+def report_process(*argv: str, env: dict[str, str] | None = None) -> subprocess.CompletedProcess[str]:
+    """``kafka-admission-proxy report ARGV...`` as an operator runs it: a process of its own (``env``
+    added to this one's environment). It returns once the process and its Spark JVM, which shares its
+    output pipes, are gone."""
     return subprocess.run(
-        [sys.executable, "-m", "proxy.cli", "report", *argv], capture_output=True, text=True, cwd=ROOT, timeout=600
+        [sys.executable, "-m", "proxy.cli", "report", *argv],
+        capture_output=True,
+        text=True,
+        cwd=ROOT,
+        timeout=600,
+        env=None if env is None else {**os.environ, **env},
     )
 
 

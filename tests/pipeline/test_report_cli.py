@@ -130,3 +130,20 @@ def test_missing_events_path_is_one_line_naming_it(tmp_path: Path) -> None:
     run = report_process("--events", str(tmp_path / "nowhere"), "--out", str(tmp_path / "out"))
     assert run.returncode == 2
     assert run.stderr.strip() == f"report: --events {tmp_path / 'nowhere'}: no such file or directory"
+
+
+def test_the_report_process_ends_with_its_jvm_gone_and_sparks_directories_deleted(fleet: Any, tmp_path: Path) -> None:
+    """As an operator runs it. The process shuts py4j's gateway down as it ends, so that its JVM exits
+    sooner (pipeline.session.release_jvm); the JVM still runs Spark's shutdown hooks, which delete the
+    local directories it made (its shuffle files, blocks and scratch files)."""
+    local = tmp_path / "spark-local"
+    local.mkdir()
+    no_cache = tmp_path / "a-file"  # no class archive can be kept under it: the JVM is not writing one as
+    no_cache.write_text("")  # the report ends (that JVM is stopped and waited for: stop_session)
+    out = tmp_path / "out"
+    env = {"SPARK_LOCAL_DIRS": str(local), "XDG_CACHE_HOME": str(no_cache)}
+    run = report_process("--events", str(fleet.path), "--out", str(out), env=env)
+    assert run.returncode == 0, run.stderr[-3000:]
+    assert (out / "report.html").is_file()
+    assert "Traceback" not in run.stderr and "saving Spark's classes" not in run.stderr
+    assert list(local.iterdir()) == [], "Spark's local directories were left behind"
