@@ -3,7 +3,7 @@ names (the proxy's own ``policies`` keys, :mod:`policies.properties`), with
 the policy each belongs to and Kafka's default as the proxy applies it.
 
 Identifier kinds map to their KIP-1233 limit the way
-:data:`policies.identifier_limits.LIMIT_KEYS` does; audit events spell a kind
+:data:`policies.identifier_kinds.LIMIT_KEYS` does; audit events spell a kind
 either as the enum's name (``client_id``) or its text (``client id``).
 """
 
@@ -16,7 +16,7 @@ from typing import Final
 from pyspark.sql import Column
 from pyspark.sql import functions as F
 
-from policies.identifier_limits import LIMIT_KEYS as IDENTIFIER_LIMIT_KEYS
+from policies.identifier_kinds import LIMIT_KEYS as IDENTIFIER_LIMIT_KEYS
 from policies.properties import (
     CLASSIC_MEMBER_ID_MAX_LENGTH,
     GROUP_CONSUMER_MAX_SIZE,

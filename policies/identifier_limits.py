@@ -94,6 +94,7 @@ from policies.api_keys import (
     WRITE_SHARE_GROUP_STATE,
 )
 from policies.decision import Action, Decision, Policy
+from policies.identifier_kinds import LIMIT_KEYS, IdentifierKind
 from policies.mode import Mode
 from policies.properties import (
     CLASSIC_MEMBER_ID_MAX_LENGTH,
@@ -113,21 +114,6 @@ INVALID_TOPIC_EXCEPTION: Final = ErrorCode.invalid_topic_exception.value
 OFFSET_METADATA_TOO_LARGE: Final = ErrorCode.offset_metadata_too_large.value
 
 
-class IdentifierKind(enum.Enum):
-    TOPIC_NAME = "topic name"
-    GROUP_ID = "group id"
-    MEMBER_ID = "member id"
-    CLASSIC_MEMBER_ID = "classic member id"
-    GROUP_INSTANCE_ID = "group instance id"
-    CLIENT_ID = "client id"
-    TRANSACTIONAL_ID = "transactional id"
-    RACK_ID = "rack id"
-    RESOURCE_NAME = "resource name"
-    PRINCIPAL = "ACL principal"
-    HOST = "ACL host"
-    OFFSET_METADATA = "offset commit metadata"
-
-
 IDENTIFIER_KEPT: Final = 300  # characters of a breaching identifier an audit event keeps
 
 
@@ -136,27 +122,6 @@ class BreachReason(enum.Enum):
     INVALID_CHARACTERS = "invalid_characters"  # topic names only
     ILLEGAL_NAME = "illegal_name"  # topic names "", "." and ".."
 
-
-# The property that sets each kind's limit (for messages and docs).
-LIMIT_KEYS: Final[Mapping[IdentifierKind, str]] = {
-    IdentifierKind.TOPIC_NAME: TOPIC_NAME_MAX_LENGTH,
-    IdentifierKind.MEMBER_ID: MEMBER_ID_MAX_LENGTH,
-    IdentifierKind.CLASSIC_MEMBER_ID: CLASSIC_MEMBER_ID_MAX_LENGTH,
-    IdentifierKind.OFFSET_METADATA: OFFSET_METADATA_MAX_BYTES,
-    **{
-        kind: RESOURCE_IDENTIFIER_MAX_LENGTH
-        for kind in (
-            IdentifierKind.GROUP_ID,
-            IdentifierKind.GROUP_INSTANCE_ID,
-            IdentifierKind.CLIENT_ID,
-            IdentifierKind.TRANSACTIONAL_ID,
-            IdentifierKind.RACK_ID,
-            IdentifierKind.RESOURCE_NAME,
-            IdentifierKind.PRINCIPAL,
-            IdentifierKind.HOST,
-        )
-    },
-}
 
 # Property name -> IdentifierLimits attribute (proxy/config/model.py parses the properties; these name them in errors).
 CONFIG_KEYS: Final[Mapping[str, str]] = {
@@ -596,12 +561,10 @@ __all__ = [
     "IDENTIFIER_FIELDS",
     "INVALID_REQUEST",
     "INVALID_TOPIC_EXCEPTION",
-    "LIMIT_KEYS",
     "OFFSET_METADATA_TOO_LARGE",
     "Breach",
     "BreachReason",
     "FieldRule",
-    "IdentifierKind",
     "IdentifierLimits",
     "check_client_id",
     "check_request",

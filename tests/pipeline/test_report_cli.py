@@ -9,6 +9,8 @@ report reads that Parquet.)"""
 from __future__ import annotations
 
 import json
+import subprocess
+import sys
 from pathlib import Path
 from typing import Any
 
@@ -18,6 +20,7 @@ from conftest import DAY, GAP_AFTER, GAP_DAYS, rendered_sections, report_command
 from bench.fleet_evidence import BIG_GROUP, LONG_CLIENT_ID
 from pipeline.recommend import with_headroom
 from pipeline.report_html import SECTIONS
+from tests.conftest import ROOT
 
 pytestmark = pytest.mark.spark
 
@@ -147,3 +150,16 @@ def test_the_report_process_ends_with_its_jvm_gone_and_sparks_directories_delete
     assert (out / "report.html").is_file()
     assert "Traceback" not in run.stderr and "saving Spark's classes" not in run.stderr
     assert list(local.iterdir()) == [], "Spark's local directories were left behind"
+
+
+def test_the_report_loads_neither_the_proxy_nor_the_protocol_codec() -> None:
+    """The command line and the report's modules, as `report` imports them, load no trio (the proxy's
+    I/O) and no kio (the protocol codec, which imports hypothesis wherever that is installed): 0.25 s
+    and 0.35 s of every report's start (bench/RESULTS.md)."""
+    code = "import json, sys, proxy.cli, pipeline.job; print(json.dumps(sorted(sys.modules)))"
+    run = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, cwd=ROOT, timeout=120)
+    assert run.returncode == 0, run.stderr
+    loaded = {name.partition(".")[0] for name in json.loads(run.stdout)}
+    assert "pyspark" in loaded  # what the report needs is loaded
+    unwanted = loaded & {"trio", "kio", "hypothesis", "pydantic"}
+    assert not unwanted, sorted(unwanted)

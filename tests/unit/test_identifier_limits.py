@@ -14,12 +14,12 @@ from kio.schema.index import api_key_map
 
 from policies.api_keys import CREATE_TOPICS, DESCRIBE_GROUPS, FIND_COORDINATOR, JOIN_GROUP
 from policies.decision import Action, Decision, Policy
+from policies.identifier_kinds import IdentifierKind
 from policies.identifier_limits import (
     CONFIG_KEYS,
     IDENTIFIER_FIELDS,
     Breach,
     BreachReason,
-    IdentifierKind,
     IdentifierLimits,
     check_client_id,
     check_request,
