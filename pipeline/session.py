@@ -25,10 +25,12 @@ __all__ = [
     "SMALL_INPUT_BYTES",
     "JavaMissingError",
     "KafkaSourceMissingError",
+    "archive_key",
     "class_archive_path",
     "driver_memory_for",
     "jvm_cpu_seconds",
     "kafka_source_jars",
+    "release_jvm",
     "sized_for",
     "spark_session",
     "stop_session",
@@ -88,13 +90,23 @@ _ARCHIVE_NAME = "spark-{version}-classes-{key}.jsa"
 def class_archive_path() -> Path:
     """Where this machine's archive of Spark's classes is: one per PySpark install (its jars are the
     classpath the JVM checks the archive against) and Java binary."""
-    java = os.path.realpath(_java())
-    stat = os.stat(java)
     install = os.path.dirname(os.path.realpath(pyspark.__file__))
-    made_for = f"{install} {pyspark.__version__} {java} {stat.st_size} {stat.st_mtime_ns}"
-    key = hashlib.sha256(made_for.encode()).hexdigest()
+    key = archive_key(install, pyspark.__version__, os.path.realpath(_java()))
     cache = Path(os.environ.get("XDG_CACHE_HOME") or Path.home() / ".cache")
-    return cache / "kafka-admission-proxy" / _ARCHIVE_NAME.format(version=pyspark.__version__, key=key[:12])
+    return cache / "kafka-admission-proxy" / _ARCHIVE_NAME.format(version=pyspark.__version__, key=key)
+
+
+def archive_key(install: str, version: str, java: str) -> str:
+    """What an archive is made for: the PySpark install, by its path and when its jars were put there (a
+    new .venv at the same path, such as a fresh clone's, has jars the JVM would refuse an older archive
+    for: the demo's report then started without one, 3.7 s instead of 1.5), and the Java binary."""
+    try:
+        jars = os.stat(os.path.join(install, "jars")).st_mtime_ns
+    except OSError:
+        jars = 0  # a PySpark without jars of its own (a Spark distribution's): its path alone
+    binary = os.stat(java)
+    made_for = f"{install} {jars} {version} {java} {binary.st_size} {binary.st_mtime_ns}"
+    return hashlib.sha256(made_for.encode()).hexdigest()[:12]
 
 
 def _alive(pid: int) -> bool:

@@ -9,6 +9,7 @@ its ``/proc/PID/maps``."""
 from __future__ import annotations
 
 import os
+import shutil
 import subprocess
 import sys
 import time
@@ -110,3 +111,17 @@ def test_the_set_up_tool_writes_the_archive_once(tmp_path: Path) -> None:
     assert again.stdout == "" and again.stderr == ""
     # A report that maps the archive touches it (pipeline.session: when it was last used)
     assert written[0].stat().st_mtime_ns == stamp, "no report ran, and the archive is left as it was"
+
+
+def test_jars_put_at_the_same_path_again_get_an_archive_of_their_own(tmp_path: Path) -> None:
+    """A fresh clone's new .venv at the path of an older one: its jars are new files, which the JVM
+    would refuse the older archive for, so their archive has another key (and another file)."""
+    from pipeline.session import archive_key
+
+    install = tmp_path / "pyspark"
+    (install / "jars").mkdir(parents=True)
+    java = os.path.realpath(shutil.which("java") or "/usr/bin/java")
+    first = archive_key(str(install), "4.3.0", java)
+    assert archive_key(str(install), "4.3.0", java) == first
+    os.utime(install / "jars", ns=(1_000_000_000, 1_000_000_000))  # the jars put there again
+    assert archive_key(str(install), "4.3.0", java) != first
