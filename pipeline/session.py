@@ -4,6 +4,7 @@ Spark standalone cluster (``spark://HOST:7077``) running the same job unchanged.
 from __future__ import annotations
 
 import hashlib
+import logging
 import os
 import re
 import shutil
@@ -286,6 +287,9 @@ def spark_session(
     if mapping is not None and mapping.is_file():
         _drop_refused_archive(spark, mapping)
     spark.sparkContext.setLogLevel("ERROR")
+    # py4j logs each connection to the JVM it closes at INFO ("Closing down clientserver connection"):
+    # nothing an operator acts on, and several such lines in the middle of the report's own.
+    logging.getLogger("py4j").setLevel(logging.WARNING)
     spark.conf.set("spark.sql.shuffle.partitions", str(max(2, spark.sparkContext.defaultParallelism)))
     return spark
 

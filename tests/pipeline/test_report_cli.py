@@ -149,6 +149,7 @@ def test_the_report_process_ends_with_its_jvm_gone_and_sparks_directories_delete
     assert run.returncode == 0, run.stderr[-3000:]
     assert (out / "report.html").is_file()
     assert "Traceback" not in run.stderr and "saving Spark's classes" not in run.stderr
+    assert "py4j" not in run.stderr  # its INFO lines, a connection closed each, are not the operator's
     assert list(local.iterdir()) == [], "Spark's local directories were left behind"
 
 
