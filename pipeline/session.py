@@ -98,16 +98,21 @@ def class_archive_path() -> Path:
 
 
 def archive_key(install: str, version: str, java: str) -> str:
-    """What an archive is made for: the PySpark install, by its path and when its jars were put there (a
-    new .venv at the same path, such as a fresh clone's, has jars the JVM would refuse an older archive
-    for: the demo's report then started without one, 3.7 s instead of 1.5), and the Java binary."""
+    """What an archive is made for, as ``<place>-<made for>``: the PySpark install's path, then when its
+    jars were put there (a new .venv at the same path, such as a fresh clone's, has jars the JVM would
+    refuse an older archive for: the demo's report then started without one, 3.7 s instead of 1.5) and
+    the Java binary. The place lets a new archive replace the one of the .venv it replaced."""
     try:
         jars = os.stat(os.path.join(install, "jars")).st_mtime_ns
     except OSError:
         jars = 0  # a PySpark without jars of its own (a Spark distribution's): its path alone
     binary = os.stat(java)
-    made_for = f"{install} {jars} {version} {java} {binary.st_size} {binary.st_mtime_ns}"
-    return hashlib.sha256(made_for.encode()).hexdigest()[:12]
+    made_for = f"{jars} {version} {java} {binary.st_size} {binary.st_mtime_ns}"
+    return f"{_short_hash(install)}-{_short_hash(made_for)}"
+
+
+def _short_hash(text: str) -> str:
+    return hashlib.sha256(text.encode()).hexdigest()[:8]
 
 
 def _alive(pid: int) -> bool:
@@ -387,12 +392,14 @@ UNUSED_ARCHIVE_DAYS = 30
 
 
 def _drop_unused_archives(kept: Path) -> None:
-    """Delete the archives beside ``kept`` that no session has mapped for ``UNUSED_ARCHIVE_DAYS`` (of
-    PySpark installs or Java runtimes since removed or replaced: 190 MB each, one per virtualenv)."""
+    """Delete the archives beside ``kept`` made for its place and PySpark version (a .venv since replaced
+    at its path) and those no session has mapped for ``UNUSED_ARCHIVE_DAYS`` (of PySpark installs or Java
+    runtimes since removed or replaced): 190 MB each, one per virtualenv."""
+    replaced = kept.name.rsplit("-", 1)[0] + "-"  # spark-<version>-classes-<place>-
     oldest = time.time() - UNUSED_ARCHIVE_DAYS * 86400
     for other in kept.parent.glob(_ARCHIVE_NAME.format(version="*", key="*")):
         try:
-            if other != kept and other.stat().st_mtime < oldest:
+            if other != kept and (other.name.startswith(replaced) or other.stat().st_mtime < oldest):
                 other.unlink()
         except OSError:
             pass  # gone already, or not ours to delete

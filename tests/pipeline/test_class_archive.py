@@ -124,4 +124,18 @@ def test_jars_put_at_the_same_path_again_get_an_archive_of_their_own(tmp_path: P
     first = archive_key(str(install), "4.3.0", java)
     assert archive_key(str(install), "4.3.0", java) == first
     os.utime(install / "jars", ns=(1_000_000_000, 1_000_000_000))  # the jars put there again
-    assert archive_key(str(install), "4.3.0", java) != first
+    again = archive_key(str(install), "4.3.0", java)
+    assert again != first
+    assert again.split("-")[0] == first.split("-")[0]  # the same place: its archive replaces the older one
+
+
+def test_a_new_archive_replaces_the_one_of_the_venv_that_was_at_its_path(tmp_path: Path) -> None:
+    from pipeline.session import _drop_unused_archives
+
+    kept = tmp_path / "spark-4.3.0-classes-aaaaaaaa-11111111.jsa"
+    replaced = tmp_path / "spark-4.3.0-classes-aaaaaaaa-22222222.jsa"  # the older .venv at the same path
+    elsewhere = tmp_path / "spark-4.3.0-classes-bbbbbbbb-33333333.jsa"  # another .venv's, in use
+    for archive in (kept, replaced, elsewhere):
+        archive.write_bytes(b"archive")
+    _drop_unused_archives(kept)
+    assert sorted(p.name for p in tmp_path.iterdir()) == sorted([kept.name, elsewhere.name])
