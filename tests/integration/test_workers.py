@@ -42,7 +42,7 @@ def round_trip(conn: RawConnection, correlation_id: int, client_id: str = "raw-t
 def connections_on_every_worker(proxy: Any, workers: int, count: int) -> dict[int, list[RawConnection]]:
     """``count`` connections that answered a round trip, by the worker that serves them; every
     worker has one. SO_REUSEPORT's hash leaves a worker without one with chance about
-    workers * (1 - 1/workers)^count: 2^-15 for 16 on 2 workers, but 1 in 64 for 8, which CI met."""
+    workers * (1 - 1/workers)^count: 2^-15 for 16 on 2 workers, but 1 in 128 for 8, which CI met."""
     assert workers * (1 - 1 / workers) ** count < 1e-4, f"{count} connections may all miss a worker"
     by_worker: dict[int, list[RawConnection]] = {}
     for i in range(count):
