@@ -1,10 +1,10 @@
 """The archive of Spark's classes (JDK class data sharing) that makes a report's
-JVM start sooner: the first session on a machine writes it as its JVM exits,
-the next maps it, and one the JVM refuses (here: garbage) is deleted and made
-again; writing one deletes those of other installs unused for 30 days. Each
-session is a real Spark JVM in a process of its own, with its own cache
-directory (``XDG_CACHE_HOME``); whether the JVM mapped the archive is read from
-its ``/proc/PID/maps``."""
+JVM start sooner: a session with none writes it as its JVM exits (here the one
+tools/spark-class-archive runs), the next maps it, and one the JVM refuses
+(here: garbage) is deleted and made again; writing one deletes those of other
+installs unused for 30 days. Each session is a real Spark JVM in a process of
+its own, with its own cache directory (``XDG_CACHE_HOME``); whether the JVM
+mapped the archive is read from its ``/proc/PID/maps``."""
 
 from __future__ import annotations
 
@@ -38,12 +38,16 @@ def session(**env: str) -> subprocess.CompletedProcess[str]:
 
 
 @pytest.mark.usefixtures("java")
-def test_first_session_writes_the_archive_the_next_maps_it_and_a_refused_one_is_replaced(
+def test_a_refused_archive_is_replaced_by_the_set_up_tools_which_the_next_session_maps(
     tmp_path: Path, monkeypatch: pytest.MonkeyPatch
 ) -> None:
+    """The archive's whole life in one cache directory (each archive written costs 10-30 s): one the JVM
+    refuses is deleted; tools/spark-class-archive (which `make demo` runs first) writes a new one with a
+    small report, deleting another install's unused one, and run again does nothing; the next session
+    maps it; and a session with a configuration directory on its classpath leaves it alone."""
     from pipeline.session import UNUSED_ARCHIVE_DAYS, class_archive_path
 
-    monkeypatch.setenv("XDG_CACHE_HOME", str(tmp_path))  # this test's sessions inherit it
+    monkeypatch.setenv("XDG_CACHE_HOME", str(tmp_path))  # this test's sessions and tools inherit it
     archive = class_archive_path()
     archive.parent.mkdir(parents=True)
     archive.write_bytes(b"not an archive" * 100)
@@ -53,6 +57,7 @@ def test_first_session_writes_the_archive_the_next_maps_it_and_a_refused_one_is_
     assert refused.stdout.splitlines()[-1] == "not mapped"
     assert "warning" not in refused.stdout + refused.stderr  # the JVM's CDS warnings are silenced
     assert not archive.exists(), "a refused archive is deleted"
+    assert "saving Spark's classes" not in refused.stdout, "a session told to map an archive writes none"
 
     # Archives of other installs: one no session has mapped for longer than UNUSED_ARCHIVE_DAYS, one recent.
     unused = archive.with_name("spark-0.0.0-classes-000000000000.jsa")
@@ -62,20 +67,28 @@ def test_first_session_writes_the_archive_the_next_maps_it_and_a_refused_one_is_
     long_ago = time.time() - (UNUSED_ARCHIVE_DAYS + 1) * 86400
     os.utime(unused, (long_ago, long_ago))
 
-    first = session()
+    tool = [str(ROOT / "tools" / "spark-class-archive")]
+    env = {**os.environ, "PYTHON": sys.executable}
+    first = subprocess.run(tool, capture_output=True, text=True, cwd=tmp_path, timeout=300, env=env)
     assert first.returncode == 0, first.stderr[-2000:]
-    assert first.stdout.splitlines()[-1] == "not mapped"
-    assert "saving Spark's classes" in first.stdout
+    assert first.stdout == f"Spark's class archive: {archive}\n"
     assert archive.is_file() and archive.stat().st_size > 1_000_000
     assert sorted(p.name for p in archive.parent.iterdir()) == sorted([archive.name, recent.name]), (
         "no partial archive left; the unused one of another install deleted, the recent one kept"
     )
     recent.unlink()
+    stamp = archive.stat().st_mtime_ns
 
-    second = session()
-    assert second.returncode == 0, second.stderr[-2000:]
-    assert second.stdout.splitlines()[-1] == "mapped"
-    assert "saving Spark's classes" not in second.stdout
+    again = subprocess.run(tool, capture_output=True, text=True, cwd=tmp_path, timeout=300, env=env)
+    assert again.returncode == 0, again.stderr[-2000:]
+    assert again.stdout == "" and again.stderr == ""
+    # A session that maps the archive touches it (pipeline.session: when it was last used)
+    assert archive.stat().st_mtime_ns == stamp, "no report ran, and the archive is left as it was"
+
+    mapping = session()
+    assert mapping.returncode == 0, mapping.stderr[-2000:]
+    assert mapping.stdout.splitlines()[-1] == "mapped"
+    assert "saving Spark's classes" not in mapping.stdout
     assert archive.is_file()
 
     # A configuration directory (SPARK_CONF_DIR) is on the driver's classpath, and the JDK neither maps nor
@@ -91,26 +104,6 @@ def test_first_session_writes_the_archive_the_next_maps_it_and_a_refused_one_is_
     assert "saving Spark's classes" not in with_conf.stdout
     assert archive.is_file() and archive.stat().st_mtime_ns == written, "the archive is kept as it was"
     assert sorted(p.name for p in archive.parent.iterdir()) == [archive.name]
-
-
-@pytest.mark.usefixtures("java")
-def test_the_set_up_tool_writes_the_archive_once(tmp_path: Path) -> None:
-    """tools/spark-class-archive (which `make demo` runs first) writes the archive a fresh checkout's
-    .venv has none of, with a small report; run again, it leaves it as it is and runs no report."""
-    env = {**os.environ, "XDG_CACHE_HOME": str(tmp_path), "PYTHON": sys.executable}
-    tool = [str(ROOT / "tools" / "spark-class-archive")]
-    first = subprocess.run(tool, capture_output=True, text=True, cwd=tmp_path, timeout=300, env=env)
-    assert first.returncode == 0, first.stderr[-2000:]
-    written = list((tmp_path / "kafka-admission-proxy").iterdir())
-    assert len(written) == 1 and written[0].suffix == ".jsa" and written[0].stat().st_size > 1_000_000
-    assert first.stdout == f"Spark's class archive: {written[0]}\n"
-    stamp = written[0].stat().st_mtime_ns
-
-    again = subprocess.run(tool, capture_output=True, text=True, cwd=tmp_path, timeout=300, env=env)
-    assert again.returncode == 0, again.stderr[-2000:]
-    assert again.stdout == "" and again.stderr == ""
-    # A report that maps the archive touches it (pipeline.session: when it was last used)
-    assert written[0].stat().st_mtime_ns == stamp, "no report ran, and the archive is left as it was"
 
 
 def test_jars_put_at_the_same_path_again_get_an_archive_of_their_own(tmp_path: Path) -> None:
