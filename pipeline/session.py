@@ -101,14 +101,15 @@ def archive_key(install: str, version: str, java: str) -> str:
     """What an archive is made for, as ``<place>-<made for>``: the PySpark install's path, then when its
     jars were put there (a new .venv at the same path, such as a fresh clone's, has jars the JVM would
     refuse an older archive for: the demo's report then started without one, 3.7 s instead of 1.5) and
-    the Java binary. The place lets a new archive replace the one of the .venv it replaced."""
+    the Java binary. The place (the install's path and the Java binary's) lets a new archive replace the one
+    of the .venv it replaced, and leaves another Java runtime's alone (JAVA_HOME switched and back)."""
     try:
         jars = os.stat(os.path.join(install, "jars")).st_mtime_ns
     except OSError:
         jars = 0  # a PySpark without jars of its own (a Spark distribution's): its path alone
     binary = os.stat(java)
     made_for = f"{jars} {version} {java} {binary.st_size} {binary.st_mtime_ns}"
-    return f"{_short_hash(install)}-{_short_hash(made_for)}"
+    return f"{_short_hash(f'{install} {java}')}-{_short_hash(made_for)}"
 
 
 def _short_hash(text: str) -> str:
@@ -393,8 +394,9 @@ UNUSED_ARCHIVE_DAYS = 30
 
 def _drop_unused_archives(kept: Path) -> None:
     """Delete the archives beside ``kept`` made for its place and PySpark version (a .venv since replaced
-    at its path) and those no session has mapped for ``UNUSED_ARCHIVE_DAYS`` (of PySpark installs or Java
-    runtimes since removed or replaced): 190 MB each, one per virtualenv."""
+    at its path, or the Java runtime at its path since updated) and those no session has mapped for
+    ``UNUSED_ARCHIVE_DAYS`` (of PySpark installs or Java runtimes since removed): 190 MB each, one per
+    virtualenv and Java runtime."""
     replaced = kept.name.rsplit("-", 1)[0] + "-"  # spark-<version>-classes-<place>-
     oldest = time.time() - UNUSED_ARCHIVE_DAYS * 86400
     for other in kept.parent.glob(_ARCHIVE_NAME.format(version="*", key="*")):

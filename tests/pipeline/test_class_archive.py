@@ -122,6 +122,28 @@ def test_jars_put_at_the_same_path_again_get_an_archive_of_their_own(tmp_path: P
     assert again.split("-")[0] == first.split("-")[0]  # the same place: its archive replaces the older one
 
 
+def test_another_java_runtime_gets_an_archive_of_its_own_that_keeps_the_first(tmp_path: Path) -> None:
+    """JAVA_HOME switched to another runtime and back: each has its archive, and writing one does not
+    delete the other's (each switch rewrote the archive, 10-30 s)."""
+    from pipeline.session import _ARCHIVE_NAME, _drop_unused_archives, archive_key
+
+    install = tmp_path / "pyspark"
+    (install / "jars").mkdir(parents=True)
+    java = os.path.realpath(shutil.which("java") or "/usr/bin/java")
+    other_java = tmp_path / "jdk-25" / "bin" / "java"
+    other_java.parent.mkdir(parents=True)
+    other_java.write_bytes(b"another runtime")
+    first = archive_key(str(install), "4.3.0", java)
+    other = archive_key(str(install), "4.3.0", str(other_java))
+    assert other.split("-")[0] != first.split("-")[0]  # another place: neither replaces the other
+    archives = tmp_path / "cache"
+    archives.mkdir()
+    for key in (first, other):
+        (archives / _ARCHIVE_NAME.format(version="4.3.0", key=key)).write_bytes(b"archive")
+    _drop_unused_archives(archives / _ARCHIVE_NAME.format(version="4.3.0", key=other))
+    assert len(list(archives.iterdir())) == 2
+
+
 def test_a_new_archive_replaces_the_one_of_the_venv_that_was_at_its_path(tmp_path: Path) -> None:
     from pipeline.session import _drop_unused_archives
 
