@@ -30,6 +30,8 @@ CHROMIUM = "/usr/bin/chromium"
 CHROMEDRIVER = "/usr/bin/chromedriver"
 # The limits the fleet report evaluates besides the configured, recommended and default ones.
 FLEET_CANDIDATES = ("group.max.size=50", "max.ssl.connections=20", "max.connections.per.ip=3")
+# The topic every line of the fleet's files is produced to (fleet_topic)
+FLEET_TOPIC = "audit-events"
 
 
 @pytest.fixture(scope="session")
@@ -184,6 +186,33 @@ def fleet_report(spark: Any, fleet: Fleet, tmp_path_factory: pytest.TempPathFact
     out = tmp_path_factory.mktemp("fleet-report")
     options = ReportOptions((str(fleet.path),), str(out), tuple(parse_candidate(c) for c in FLEET_CANDIDATES))
     return run_report(spark, options, Steps(stream=None))
+
+
+@pytest.fixture(scope="session")
+def fleet_topic(topic_broker: ApacheKafkaBroker, fleet: Fleet) -> tuple[str, int]:
+    """(kafka://.../audit-events on the tests' broker, lines produced): every line of the fleet's files
+    (valid events keyed by their proxy, the rest with no key), in 3 partitions."""
+    from confluent_kafka import Producer
+
+    from tests.clients import create_topic
+
+    create_topic(topic_broker.bootstrap, FLEET_TOPIC, partitions=3)
+    producer = Producer({"bootstrap.servers": topic_broker.bootstrap, "linger.ms": 20})
+    produced = 0
+    for file in sorted(fleet.path.iterdir()):
+        for line in file.read_bytes().splitlines():
+            if not line.strip():
+                continue
+            try:
+                key = json.loads(line).get("instance")
+            except (ValueError, AttributeError):
+                key = None
+            producer.produce(FLEET_TOPIC, value=line, key=key.encode() if isinstance(key, str) else None)
+            producer.poll(0)
+            produced += 1
+    assert producer.flush(60) == 0
+    del producer  # no client left reconnecting to the broker once it stops
+    return f"kafka://{topic_broker.bootstrap}/{FLEET_TOPIC}", produced
 
 
 @pytest.fixture(scope="session")

@@ -1,10 +1,11 @@
 """The same report on a real Spark standalone cluster: a master and a worker
 started from the pyspark install on 127.0.0.1 (free ports), and ``report --master
-spark://...`` run as an operator runs it over the fleet's JSON lines, which the
-cluster converts (pyarrow parses them in Python tasks on its worker; a local
-session's driver converts input this small itself) before its executors run the
-queries; its impact tables and recommended policies equal those of the job in
-``local`` mode. (``--to-parquet`` is that conversion written out:
+spark://...`` run as an operator runs it, over the fleet's JSON lines and over the
+same lines in a Kafka topic (conftest.py's ``fleet_topic``). The cluster converts
+the lines (pyarrow parses them in Python tasks on its worker; a local session's
+driver converts input this small itself) before its executors run the queries;
+its impact tables and recommended policies equal those of the job in ``local``
+mode over the files. (``--to-parquet`` is that conversion written out:
 test_events_input.py.)"""
 
 from __future__ import annotations
@@ -36,9 +37,10 @@ def _start(args: list[str], log: Path, env: dict[str, str]) -> subprocess.Popen[
         return subprocess.Popen([spark_class(), *args], stdout=out, stderr=subprocess.STDOUT, env=env)
 
 
-@pytest.fixture
-def standalone_cluster(tmp_path: Path) -> Iterator[tuple[str, Path]]:
+@pytest.fixture(scope="module")
+def standalone_cluster(tmp_path_factory: pytest.TempPathFactory) -> Iterator[tuple[str, Path]]:
     """``spark://127.0.0.1:PORT`` of a master with one worker (2 cores), and the worker's work directory."""
+    tmp_path = tmp_path_factory.mktemp("standalone")
     env = {**os.environ, "SPARK_LOCAL_IP": "127.0.0.1", "SPARK_LOG_DIR": str(tmp_path / "logs")}
     port = free_port()
     master = _start(
@@ -87,35 +89,53 @@ def _rows(spark: Any, path: Path) -> list[tuple[Any, ...]]:
     return sorted((tuple(r) for r in frame.collect()), key=repr)
 
 
-def test_the_report_on_a_standalone_cluster_equals_the_local_one(
-    standalone_cluster: tuple[str, Path],
-    spark: Any,
-    fleet: Any,
-    fleet_report: Any,
-    tmp_path: Path,
-) -> None:
-    master, work = standalone_cluster
-    out = tmp_path / "cluster-report"
+def _cluster_report(master: str, work: Path, events: str, out: Path) -> dict[str, Any]:
+    """``report --master`` over ``events`` into ``out``; the run.json. It asserts that the work ran on the
+    worker's executors (an application directory of its own), and that the lines were converted there,
+    in Python tasks (the executor's log, at Spark's default level INFO): a local session's driver
+    converts input this small itself."""
+    apps_before = set(work.glob("app-*"))
     candidates = [arg for c in FLEET_CANDIDATES for arg in ("--candidate", c)]
-    run = report_process(
-        "--master", master, "--events", str(fleet.path), "--out", str(out), *candidates, "--headroom", "20"
-    )
+    run = report_process("--master", master, "--events", events, "--out", str(out), *candidates, "--headroom", "20")
     assert run.returncode == 0, run.stderr[-4000:]
     assert f"Spark ({master})" in run.stderr
-    # The work ran on the worker's executors: it made an application directory for them, and the lines
-    # were converted there, in Python tasks (Spark's executor log, at its default level INFO).
-    executor_logs = list(work.glob("app-*/*/stderr"))
+    [app] = set(work.glob("app-*")) - apps_before
+    executor_logs = list(app.glob("*/stderr"))
     assert executor_logs, "no executor ran on the worker"
     assert any("PythonRunner: Starting Python task" in log.read_text(errors="replace") for log in executor_logs), (
         "no Python task ran on the worker: the JSON lines were not converted there"
     )
-    local = fleet_report.out
-    # The conversion's counts and input problems (lines not valid, by file) are the local run's.
-    on_cluster_run = json.loads((out / "run.json").read_text())
+    return dict(json.loads((out / "run.json").read_text()))
+
+
+def _assert_same_as_local(spark: Any, out: Path, on_cluster_run: dict[str, Any], local: Path) -> None:
+    # The conversion's counts and input problems (lines not valid) are the local run's.
     local_run = json.loads((local / "run.json").read_text())
-    for key in ("events", "by_kind", "problem_lines", "candidates"):
+    for key in ("events", "by_kind", "candidates"):
         assert on_cluster_run[key] == local_run[key], key
+    assert on_cluster_run["problem_lines"] == local_run["problem_lines"]
     for table in ("summary", "subjects", "timeline"):
         on_cluster, in_local = _rows(spark, out / "impact" / table), _rows(spark, local / "impact" / table)
         assert on_cluster and on_cluster == in_local, table
     assert (out / "recommended-policies.yaml").read_text() == (local / "recommended-policies.yaml").read_text()
+
+
+def test_the_report_on_a_standalone_cluster_equals_the_local_one(
+    standalone_cluster: tuple[str, Path], spark: Any, fleet: Any, fleet_report: Any, tmp_path: Path
+) -> None:
+    master, work = standalone_cluster
+    out = tmp_path / "cluster-report"
+    on_cluster_run = _cluster_report(master, work, str(fleet.path), out)
+    _assert_same_as_local(spark, out, on_cluster_run, fleet_report.out)
+
+
+def test_a_report_from_a_topic_on_a_standalone_cluster_equals_the_local_one_from_files(
+    standalone_cluster: tuple[str, Path], spark: Any, fleet_topic: tuple[str, int], fleet_report: Any, tmp_path: Path
+) -> None:
+    """``--master spark://...`` with ``--events kafka://...``: the executors read the topic with Spark's
+    Kafka source (its jars given to the application), and the worker converts the values."""
+    master, work = standalone_cluster
+    url, _ = fleet_topic
+    out = tmp_path / "cluster-topic-report"
+    on_cluster_run = _cluster_report(master, work, url, out)
+    _assert_same_as_local(spark, out, on_cluster_run, fleet_report.out)

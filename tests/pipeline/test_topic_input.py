@@ -2,7 +2,8 @@
 audit lines produced to a topic on a real Apache Kafka broker (Tansu's offsets miscount for Spark's
 Java client: it read 1 record of 100), keyed by proxy as the topic sink keys them, make the same impact
 tables, recommendations and YAML as the same lines read from the files; ``--since``/``--until`` select
-the same events from both. The reports run on the tests' Spark session (conftest.py)."""
+the same events from both. The reports run on the tests' Spark session, the topic is conftest.py's
+``fleet_topic``."""
 
 from __future__ import annotations
 
@@ -15,35 +16,7 @@ import pytest
 from confluent_kafka import Producer
 from conftest import DAY, FLEET_CANDIDATES, Fleet, assert_same_report, report_command
 
-from tests.apache_kafka.broker import ApacheKafkaBroker
-from tests.clients import create_topic
-
 pytestmark = pytest.mark.spark
-
-TOPIC = "audit-events"
-
-
-@pytest.fixture(scope="module")
-def topic(topic_broker: ApacheKafkaBroker, fleet: Fleet) -> Any:
-    """kafka://.../audit-events on the tests' broker, holding every line of the fleet's files (valid
-    events keyed by their proxy, the rest with no key), in 3 partitions."""
-    create_topic(topic_broker.bootstrap, TOPIC, partitions=3)
-    producer = Producer({"bootstrap.servers": topic_broker.bootstrap, "linger.ms": 20})
-    produced = 0
-    for file in sorted(fleet.path.iterdir()):
-        for line in file.read_bytes().splitlines():
-            if not line.strip():
-                continue
-            try:
-                key = json.loads(line).get("instance")
-            except (ValueError, AttributeError):
-                key = None
-            producer.produce(TOPIC, value=line, key=key.encode() if isinstance(key, str) else None)
-            producer.poll(0)
-            produced += 1
-    assert producer.flush(60) == 0
-    del producer  # no client left reconnecting to the broker once it stops
-    return f"kafka://{topic_broker.bootstrap}/{TOPIC}", produced
 
 
 def _report(out: Path, *events: str, extra: tuple[str, ...] = ()) -> Path:
@@ -53,9 +26,9 @@ def _report(out: Path, *events: str, extra: tuple[str, ...] = ()) -> Path:
 
 
 def test_a_topic_makes_the_same_report_as_the_files(
-    fleet: Fleet, fleet_report: Any, topic: Any, tmp_path: Path
+    fleet: Fleet, fleet_report: Any, fleet_topic: Any, tmp_path: Path
 ) -> None:
-    url, produced = topic
+    url, produced = fleet_topic
     files = fleet_report.out  # the report over the files, with the same candidates (conftest.py)
     from_topic = _report(tmp_path / "topic", url)
     assert_same_report(files, from_topic)
@@ -68,8 +41,8 @@ def test_a_topic_makes_the_same_report_as_the_files(
     assert f"{url} partition" in page  # the problems are named by topic and partition
 
 
-def test_since_and_until_select_the_same_events_from_both(fleet: Fleet, topic: Any, tmp_path: Path) -> None:
-    url, _ = topic
+def test_since_and_until_select_the_same_events_from_both(fleet: Fleet, fleet_topic: Any, tmp_path: Path) -> None:
+    url, _ = fleet_topic
     since, until = fleet.spec.start + 3 * DAY, fleet.spec.start + 9 * DAY
     assert (since, until) == (1_795_046_400.0, 1_795_564_800.0)  # 2026-11-19 and 2026-11-25, 00:00 UTC
     # The same instants said two ways (UTC when no offset is given)
@@ -127,12 +100,12 @@ def test_bad_options_are_one_line_before_spark_starts(
     assert err.startswith(said) and err.count("\n") == 1, err
 
 
-def test_since_skips_records_produced_before_it_in_kafka(spark: Any, topic: Any, tmp_path: Path) -> None:
+def test_since_skips_records_produced_before_it_in_kafka(spark: Any, fleet_topic: Any, tmp_path: Path) -> None:
     """With --since each partition starts at its first record (by Kafka's timestamp) an hour before it:
     records produced earlier are not read at all, whatever they hold."""
     from pipeline.topic import parse_topic, topic_lines
 
-    url, _ = topic
+    url, _ = fleet_topic
     source = parse_topic(url)
     since = time.time() - 2 * DAY  # within the topic's retention (7 days by default)
     producer = Producer({"bootstrap.servers": source.bootstrap})
