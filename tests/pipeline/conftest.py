@@ -248,14 +248,15 @@ def impact_tables(out: Path) -> dict[str, list[tuple[Any, ...]]]:
     return tables
 
 
-def assert_same_report(files: Path, topic: Path) -> None:
-    """The reports under ``files`` and ``topic`` (each a report's --out) say the same: every row of the
-    impact tables, the recommended YAML, and the run's counts, candidates and coverage."""
-    assert impact_tables(topic) == impact_tables(files)
-    assert (topic / "recommended-policies.yaml").read_text() == (files / "recommended-policies.yaml").read_text()
-    by_files, by_topic = json.loads((files / "run.json").read_text()), json.loads((topic / "run.json").read_text())
+def assert_same_report(files: Path, other: Path) -> None:
+    """The reports under ``files`` and ``other`` (each a report's --out; the second from a topic or on a
+    cluster) say the same: every row of the impact tables, the recommended YAML, and the run's counts,
+    candidates and coverage."""
+    assert impact_tables(other) == impact_tables(files)
+    assert (other / "recommended-policies.yaml").read_text() == (files / "recommended-policies.yaml").read_text()
+    by_files, by_other = json.loads((files / "run.json").read_text()), json.loads((other / "run.json").read_text())
     for key in ("events", "by_kind", "candidates", "coverage"):
-        assert by_topic[key] == by_files[key], key
+        assert by_other[key] == by_files[key], key
 
 
 def assert_renders(driver: Any, page: Path) -> dict[str, Any]:

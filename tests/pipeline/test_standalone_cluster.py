@@ -19,7 +19,7 @@ from pathlib import Path
 from typing import Any
 
 import pytest
-from conftest import FLEET_CANDIDATES, report_process
+from conftest import FLEET_CANDIDATES, assert_same_report, impact_tables, report_process
 
 from demo.tansu import free_port, stop_process, wait_for_port
 
@@ -84,16 +84,12 @@ def standalone_cluster(tmp_path_factory: pytest.TempPathFactory) -> Iterator[tup
             stop_process(process, timeout=15)
 
 
-def _rows(spark: Any, path: Path) -> list[tuple[Any, ...]]:
-    frame = spark.read.parquet(str(path))
-    return sorted((tuple(r) for r in frame.collect()), key=repr)
-
-
-def _cluster_report(master: str, work: Path, events: str, out: Path) -> dict[str, Any]:
-    """``report --master`` over ``events`` into ``out``; the run.json. It asserts that the work ran on the
-    worker's executors (an application directory of its own), and that the lines were converted there,
-    in Python tasks (the executor's log, at Spark's default level INFO): a local session's driver
+def _assert_cluster_report_equals_local(cluster: tuple[str, Path], events: str, out: Path, local: Path) -> None:
+    """``report --master`` over ``events`` into ``out`` says what the local report under ``local`` says. The
+    work ran on the worker's executors (an application directory of its own), and the lines were converted
+    there, in Python tasks (the executor's log, at Spark's default level INFO): a local session's driver
     converts input this small itself."""
+    master, work = cluster
     apps_before = set(work.glob("app-*"))
     candidates = [arg for c in FLEET_CANDIDATES for arg in ("--candidate", c)]
     run = report_process("--master", master, "--events", events, "--out", str(out), *candidates, "--headroom", "20")
@@ -105,37 +101,25 @@ def _cluster_report(master: str, work: Path, events: str, out: Path) -> dict[str
     assert any("PythonRunner: Starting Python task" in log.read_text(errors="replace") for log in executor_logs), (
         "no Python task ran on the worker: the JSON lines were not converted there"
     )
-    return dict(json.loads((out / "run.json").read_text()))
-
-
-def _assert_same_as_local(spark: Any, out: Path, on_cluster_run: dict[str, Any], local: Path) -> None:
-    # The conversion's counts and input problems (lines not valid) are the local run's.
-    local_run = json.loads((local / "run.json").read_text())
-    for key in ("events", "by_kind", "candidates"):
-        assert on_cluster_run[key] == local_run[key], key
-    assert on_cluster_run["problem_lines"] == local_run["problem_lines"]
-    for table in ("summary", "subjects", "timeline"):
-        on_cluster, in_local = _rows(spark, out / "impact" / table), _rows(spark, local / "impact" / table)
-        assert on_cluster and on_cluster == in_local, table
-    assert (out / "recommended-policies.yaml").read_text() == (local / "recommended-policies.yaml").read_text()
+    assert_same_report(local, out)
+    assert all(impact_tables(out).values()), "no impact rows to compare"
+    # The conversion's input problems (lines not valid) are the local run's.
+    problems = [json.loads((report / "run.json").read_text())["problem_lines"] for report in (out, local)]
+    assert problems[0] == problems[1]
 
 
 def test_the_report_on_a_standalone_cluster_equals_the_local_one(
-    standalone_cluster: tuple[str, Path], spark: Any, fleet: Any, fleet_report: Any, tmp_path: Path
+    standalone_cluster: tuple[str, Path], fleet: Any, fleet_report: Any, tmp_path: Path
 ) -> None:
-    master, work = standalone_cluster
     out = tmp_path / "cluster-report"
-    on_cluster_run = _cluster_report(master, work, str(fleet.path), out)
-    _assert_same_as_local(spark, out, on_cluster_run, fleet_report.out)
+    _assert_cluster_report_equals_local(standalone_cluster, str(fleet.path), out, fleet_report.out)
 
 
 def test_a_report_from_a_topic_on_a_standalone_cluster_equals_the_local_one_from_files(
-    standalone_cluster: tuple[str, Path], spark: Any, fleet_topic: tuple[str, int], fleet_report: Any, tmp_path: Path
+    standalone_cluster: tuple[str, Path], fleet_topic: tuple[str, int], fleet_report: Any, tmp_path: Path
 ) -> None:
     """``--master spark://...`` with ``--events kafka://...``: the executors read the topic with Spark's
     Kafka source (its jars given to the application), and the worker converts the values."""
-    master, work = standalone_cluster
     url, _ = fleet_topic
     out = tmp_path / "cluster-topic-report"
-    on_cluster_run = _cluster_report(master, work, url, out)
-    _assert_same_as_local(spark, out, on_cluster_run, fleet_report.out)
+    _assert_cluster_report_equals_local(standalone_cluster, url, out, fleet_report.out)
