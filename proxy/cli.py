@@ -267,7 +267,18 @@ def _operator_error(exc: BaseException) -> BaseException | None:
     return None
 
 
+def leave_out_test_tools() -> None:
+    """Keep hypothesis out of this process, before kio is imported. kio imports it whenever it is
+    installed (a development or test install), for its own test strategies, and trio's hypothesis
+    plugin then loads pytest and sorts every scheduling batch. No command uses it: left out, a
+    serving process starts 0.4 s sooner and 13 MB smaller (bench/RESULTS.md)."""
+    # None in sys.modules makes `import hypothesis` raise ImportError, which kio expects (typeshed
+    # leaves None out of sys.modules' type; the import system documents it).
+    sys.modules.setdefault("hypothesis", None)  # type: ignore[arg-type]
+
+
 def main(argv: list[str] | None = None) -> int:
+    leave_out_test_tools()
     args = build_parser().parse_args(argv)
     setup_logging(args.log_format, args.log_level)
     status = exit_status(lambda: int(args.func(args)))

@@ -226,7 +226,7 @@ class Supervisor:
         command = [
             sys.executable,
             "-m",
-            "proxy.workers.worker",
+            "proxy.workers",
             *("--config", self.config_path, "--index", str(index), "--workers", str(self.workers)),
             *("--link-fd", str(theirs.fileno()), "--drain-timeout", str(self.drain_timeout)),
             *self._worker_args,

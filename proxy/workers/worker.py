@@ -12,7 +12,6 @@ import argparse
 import logging
 import signal
 import socket
-import sys
 
 import trio
 
@@ -101,7 +100,3 @@ def main(argv: list[str] | None = None) -> int:
     return exit_status(
         lambda: trio.run(serve_worker, args.config, args.index, args.workers, args.link_fd, args.drain_timeout) or 0
     )
-
-
-if __name__ == "__main__":
-    sys.exit(main())
