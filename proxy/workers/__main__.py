@@ -5,8 +5,8 @@ import sys
 
 from proxy.cli import leave_out_test_tools
 
-leave_out_test_tools()
+if __name__ == "__main__":
+    leave_out_test_tools()
+    from proxy.workers.worker import main  # imports kio, which must come after
 
-from proxy.workers.worker import main  # noqa: E402  (imports kio, which must come after)
-
-sys.exit(main())
+    sys.exit(main())
