@@ -79,10 +79,15 @@ def pytest_collection_modifyitems(config: pytest.Config, items: list[pytest.Item
     if config.getoption("--proxy-workers") > 1:
         items[:] = _with_generated_workers(config, items)
     for item in items:
-        for marker, group in groups.items():
-            if item.get_closest_marker(marker) is not None:
-                item.add_marker(pytest.mark.xdist_group(group))
-                break
+        group = next((group for marker, group in groups.items() if item.get_closest_marker(marker)), None)
+        group = group or next((BUILT_ONCE[name] for name in item.fixturenames if name in BUILT_ONCE), None)
+        if group is not None:
+            item.add_marker(pytest.mark.xdist_group(group))
+
+
+# Session fixtures that take a worker 10-45 s to build: the tests that use one run in one worker,
+# so it is built once. The image's go with test_image.py's, which bind the demo's ports.
+BUILT_ONCE = {"proxy_image": "spark", "runtime_venv": "runtime_venv", "busy_proxy": "busy_proxy"}
 
 
 def _with_generated_workers(config: pytest.Config, items: list[pytest.Item]) -> list[pytest.Item]:
