@@ -68,13 +68,19 @@ def pytest_addoption(parser: pytest.Parser) -> None:
     )
 
 
+# Session fixtures that take a worker 10-45 s to build: the tests that use one run in one worker,
+# so it is built once. The image's go with test_image.py's, which bind the demo's ports.
+BUILT_ONCE = {"proxy_image": "spark", "runtime_venv": "runtime_venv", "busy_proxy": "busy_proxy"}
+
+
 @pytest.hookimpl(tryfirst=True)
 def pytest_collection_modifyitems(config: pytest.Config, items: list[pytest.Item]) -> None:
     """Under pytest-xdist's ``--dist loadgroup`` (``make test``): the tests of one JVM-backed
     session fixture run in one worker, so Spark and the Apache Kafka brokers start once. The tests
     that run the demo, which binds fixed ports (29092, 9464), run in one worker too: the Spark
     tests' (``make demo``'s test is one of them). In two workers at once, one demo held 29092 while
-    the test that holds it itself to see the demo refuse it found it taken, then free for the demo."""
+    the test that holds it itself to see the demo refuse it found it taken, then free for the demo.
+    The tests of each of ``BUILT_ONCE``'s fixtures run in one worker as well."""
     groups = {"spark": "spark", "apache_kafka": "apache_kafka", "demo_ports": "spark"}
     if config.getoption("--proxy-workers") > 1:
         items[:] = _with_generated_workers(config, items)
@@ -83,11 +89,6 @@ def pytest_collection_modifyitems(config: pytest.Config, items: list[pytest.Item
         group = group or next((BUILT_ONCE[name] for name in item.fixturenames if name in BUILT_ONCE), None)
         if group is not None:
             item.add_marker(pytest.mark.xdist_group(group))
-
-
-# Session fixtures that take a worker 10-45 s to build: the tests that use one run in one worker,
-# so it is built once. The image's go with test_image.py's, which bind the demo's ports.
-BUILT_ONCE = {"proxy_image": "spark", "runtime_venv": "runtime_venv", "busy_proxy": "busy_proxy"}
 
 
 def _with_generated_workers(config: pytest.Config, items: list[pytest.Item]) -> list[pytest.Item]:
