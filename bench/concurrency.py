@@ -35,6 +35,12 @@ With ``--middle-cpus LIST`` the middle runs on those CPUs (``taskset -c``) and t
 brokers and its clients on the others, so that the middle's cores are its own (issue 29's
 saturation figures: round trips per second per core of the middle).
 
+With ``--rate R`` every path is offered the same R round trips a second on a fixed schedule
+(split over the client processes by their connections; a connection still has at most one
+request in flight), so that the middles' CPU per round trip compares at the same load, not
+at the rate each reaches when it sends as fast as it is answered (issue 29's workers: 1
+against workers: 2). Rounds served below 98% of R are listed after the tables.
+
     .venv/bin/python bench/concurrency.py                       # every default path, 3 rounds
     .venv/bin/python bench/concurrency.py --paths direct,floor,trio-epoll --connections 1,128 --rounds 2
 """
@@ -50,6 +56,7 @@ import socket
 import statistics
 import sys
 import time
+from collections import deque
 from collections.abc import Callable
 from dataclasses import dataclass, field
 from multiprocessing.connection import Connection
@@ -79,6 +86,7 @@ DEFAULT_PATHS = "direct,floor,epoll,trio-epoll,proxy-all,haproxy,kroxylicious"
 DEFAULT_CONNECTIONS = "1,16,128,1024"
 LOADS = ("fetch", "produce")
 STALL_S = 10.0  # no response on any connection for this long: the path is stuck
+SHORT_OF_RATE = 0.98  # --rate: a round served below this share of the offered rate is not the same load
 FD_SPARE = 64  # descriptors besides the connections: the bench's own, its logs and pipes
 
 
@@ -105,9 +113,12 @@ def open_connections(address: tuple[str, int], count: int) -> list[socket.socket
     return socks
 
 
-def drive(socks: list[socket.socket], frame: bytes, seconds: float) -> int:
+def drive(socks: list[socket.socket], frame: bytes, seconds: float, rate: float | None = None) -> int:
     """Keep ``frame`` in flight on every socket for ``seconds``, then await the last responses;
-    the number of round trips made (responses are not decoded: only their length is read)."""
+    the number of round trips made (responses are not decoded: only their length is read).
+
+    With ``rate`` (requests a second), requests leave on a fixed schedule instead: a socket whose
+    response is whole waits in a queue for the next slot, still one request in flight at most."""
     epoll = select.epoll()
     by_fd = {sock.fileno(): sock for sock in socks}
     received = {fd: bytearray() for fd in by_fd}
@@ -115,15 +126,32 @@ def drive(socks: list[socket.socket], frame: bytes, seconds: float) -> int:
     try:
         for fd in by_fd:
             epoll.register(fd, select.EPOLLIN)
-        deadline = time.monotonic() + seconds
+        clock = time.monotonic
+        deadline = clock() + seconds
         size = len(frame)
-        for sock in socks:
-            if sock.send(frame) != size:
-                raise BenchError("a request did not fit the socket's empty send buffer")
-        in_flight, count, poll, clock = len(socks), 0, epoll.poll, time.monotonic
-        while in_flight:
-            ready = poll(STALL_S)
-            if not ready:
+        interval = 1 / rate if rate else 0.0
+        idle: deque[socket.socket] = deque(socks)  # sockets with no request in flight
+        next_at = clock()
+        in_flight = count = 0
+        poll = epoll.poll
+
+        def send_due(now: float) -> None:
+            nonlocal next_at, in_flight
+            while idle and next_at <= now:
+                if idle.popleft().send(frame) != size:  # no request in flight: the buffer is empty
+                    raise BenchError("a request did not fit the socket's empty send buffer")
+                in_flight += 1
+                next_at += interval
+
+        send_due(clock())
+        while in_flight or idle:
+            if clock() >= deadline:
+                idle.clear()  # no new request: await those in flight
+                if not in_flight:
+                    break
+            wait = max(next_at - clock(), 0.0) if idle else STALL_S
+            ready = poll(min(wait, STALL_S))
+            if not ready and not idle:
                 raise BenchError(f"no response for {STALL_S:.0f}s with {in_flight} requests in flight")
             for fd, _ in ready:
                 n = by_fd[fd].recv_into(view)
@@ -135,11 +163,11 @@ def drive(socks: list[socket.socket], frame: bytes, seconds: float) -> int:
                     continue
                 buffer.clear()  # one request in flight: one response, nothing after it
                 count += 1
-                if clock() < deadline:
-                    if by_fd[fd].send(frame) != size:  # its response is read: the buffer is empty
-                        raise BenchError("a request did not fit the socket's empty send buffer")
-                else:
-                    in_flight -= 1
+                in_flight -= 1
+                idle.append(by_fd[fd])
+            now = clock()
+            if now < deadline:
+                send_due(now)
         return count
     finally:
         epoll.close()
@@ -151,12 +179,12 @@ def client_process(pipe: Connection, address: tuple[str, int], count: int) -> No
         socks = open_connections(address, count)
         pipe.send("ready")
         while (job := pipe.recv()) is not None:
-            frame, warmup, seconds = job
-            drive(socks, frame, warmup)
+            frame, warmup, seconds, rate = job
+            drive(socks, frame, warmup, rate)
             pipe.send("warm")
             pipe.recv()  # go
             cpu = time.process_time()
-            round_trips = drive(socks, frame, seconds)
+            round_trips = drive(socks, frame, seconds, rate)
             pipe.send((round_trips, time.process_time() - cpu))
         for sock in socks:
             sock.close()
@@ -188,6 +216,7 @@ class Clients:
         shares = [connections // processes + (i < connections % processes) for i in range(processes)]
         self.pipes: list[Connection] = []
         self.processes = []
+        self.shares = [s / connections for s in shares if s]
         for share in (s for s in shares if s):
             parent, child = context.Pipe()
             process = context.Process(target=client_process, args=(child, endpoint.advertised, share))
@@ -209,9 +238,9 @@ class Clients:
             if answer != word:
                 raise BenchError(f"client: {answer}")
 
-    def measure(self, frame: bytes, warmup: float, seconds: float) -> Sample:
-        for pipe in self.pipes:
-            pipe.send((bytes(frame), warmup, seconds))
+    def measure(self, frame: bytes, warmup: float, seconds: float, rate: float | None) -> Sample:
+        for pipe, share in zip(self.pipes, self.shares, strict=True):
+            pipe.send((bytes(frame), warmup, seconds, rate * share if rate else None))
         self._expect("warm")
         middle = self.endpoint.middle
         middle_before = middle.cpu_seconds() if middle else 0.0
@@ -391,6 +420,13 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
         help="client processes sharing the connections (at most one per connection)",
     )
     parser.add_argument("--record-size", type=int, default=100, help="bytes of the record fetched and produced")
+    parser.add_argument(
+        "--rate",
+        type=float,
+        default=None,
+        help="round trips a second offered on each path (a fixed schedule, at most one request in flight "
+        "per connection) instead of sending each request as the last response arrives",
+    )
     args = parser.parse_args(argv)
     args.paths = [p for p in args.paths.split(",") if p]
     unknown = [p for p in args.paths if p not in STARTERS]
@@ -407,6 +443,8 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
     for name in ("rounds", "client_processes", "record_size"):
         if getattr(args, name) < 1:
             parser.error(f"--{name.replace('_', '-')} must be at least 1")
+    if args.rate is not None and args.rate <= 0:
+        parser.error("--rate must be positive")
     if args.seconds <= 0 or args.warmup < 0 or args.warmup_path < 0:
         parser.error("--seconds must be positive, the warm-ups not negative")
     return args
@@ -422,7 +460,7 @@ def measure(
 ) -> dict[str, Sample]:
     clients = Clients(endpoint, connections, min(args.client_processes, connections))
     try:
-        return {load: clients.measure(frames[load], warmup, seconds) for load in LOADS}
+        return {load: clients.measure(frames[load], warmup, seconds, args.rate) for load in LOADS}
     finally:
         clients.close()
 
@@ -436,8 +474,9 @@ def run(args: argparse.Namespace) -> int:
     paths, cs = args.paths, args.connections
     print(
         f"{args.rounds} rounds x {len(paths)} paths x C in {cs} x {', '.join(LOADS)}, {args.seconds:g}s each, "
-        f"{args.client_processes} client process(es), {os.cpu_count()} CPUs, load average {load_average()} "
-        "at the start",
+        f"{args.client_processes} client process(es), "
+        f"{f'{args.rate:,.0f} round trips/s offered' if args.rate else 'each request sent as the last is answered'}, "
+        f"{os.cpu_count()} CPUs, load average {load_average()} at the start",
         flush=True,
     )
     began = time.monotonic()
@@ -464,6 +503,17 @@ def run(args: argparse.Namespace) -> int:
                     print(f"round {round_no + 1}/{args.rounds} C={c:<5} {path:<20} " + "  ".join(line), flush=True)
     print(f"\n{time.monotonic() - began:.0f}s in all; load average {load_average()} at the end")
     print(tables(cells, paths, cs))
+    if args.rate:
+        short = [
+            f"{path} C={c} {load} ({min(s.rate for s in cell.samples):,.0f}/s)"
+            for (path, c, load), cell in cells.items()
+            if min(s.rate for s in cell.samples) < SHORT_OF_RATE * args.rate
+        ]
+        print(
+            f"\nBelow {SHORT_OF_RATE:.0%} of the offered rate in some round (not the same load): {', '.join(short)}"
+            if short
+            else f"\nEvery round of every path served at least {SHORT_OF_RATE:.0%} of the offered rate."
+        )
     return 0
 
 
