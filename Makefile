@@ -26,8 +26,9 @@ BENCH_PACKAGES := haproxy stunnel4 valgrind strace default-jdk-headless
 BENCH_ARGS :=
 PROFILE_ARGS :=
 CONCURRENCY_ARGS :=
-# How long `make soak` runs mixed traffic (seconds).
+# How long `make soak` runs mixed traffic (seconds), and with how many workers (the `workers` of its proxy).
 SOAK_SECONDS := 600
+SOAK_WORKERS := 1
 
 .PHONY: demo test test-tools deploy-tools apache-kafka spark-kafka test-apache-kafka lint bench bench-tools profile \
 	bench-instructions bench-concurrency bench-report lock runtime-size fuzz soak docs \
@@ -154,4 +155,5 @@ fuzz: $(BIN)/.installed
 # Mixed traffic for SOAK_SECONDS through the proxy: RSS, open fds and trio tasks sampled
 # every 5 s, fails on growth; writes .soak-report.json (see RELIABILITY.md).
 soak: $(BIN)/.installed
-	SOAK_SECONDS=$(SOAK_SECONDS) $(BIN)/pytest -m slow tests/integration/test_soak.py -p no:cacheprovider -q -s
+	SOAK_SECONDS=$(SOAK_SECONDS) $(BIN)/pytest -m slow tests/integration/test_soak.py -p no:cacheprovider -q -s \
+		--proxy-workers=$(SOAK_WORKERS)

@@ -1,7 +1,9 @@
 """The soak (``make soak``; SOAK_SECONDS, default 600): mixed traffic through the
 proxy in front of a real Tansu for minutes, sampling the proxy's RSS, open file
 descriptors and trio tasks (``kafka_admission_trio_tasks``) every few seconds, and
-failing on growth. Not in the default suite (marked ``slow``). Writes every sample
+failing on growth. With ``--proxy-workers=N`` (``make soak SOAK_WORKERS=N``) the proxy is a
+supervisor and N workers: each process is sampled and held to the bound on its own, and
+none may have been restarted. Not in the default suite (marked ``slow``). Writes every sample
 to ``.soak-report.json`` and prints a summary line for RELIABILITY.md.
 
 Traffic: two idempotent producers (a record every 10 ms each), a consumer group
@@ -26,7 +28,7 @@ from confluent_kafka import Consumer
 from confluent_kafka.admin import AdminClient
 
 from tests.clients import GROUP_CONF, create_topic, unique
-from tests.faults import ProducerTraffic, open_fds, serves
+from tests.faults import ProducerTraffic, open_fds, process_tree, serves
 from tests.integration.test_bad_input import rss_kib
 from tests.integration.test_faults import figures
 
@@ -51,6 +53,19 @@ def hostile(address: str) -> None:
     threading.Timer(4, stalled.close).start()
 
 
+def living(pids: list[int]) -> list[int]:
+    """Those of ``pids`` that still run: not exited, nor exited and not yet reaped (a zombie)."""
+    alive = []
+    for pid in pids:
+        try:
+            state = Path(f"/proc/{pid}/stat").read_text().rsplit(")", 1)[1].split()[0]
+        except OSError:
+            continue
+        if state != "Z":
+            alive.append(pid)
+    return sorted(alive)
+
+
 def consume_forever(bootstrap: str, topic: str, stop: threading.Event, counted: list[int]) -> None:
     consumer = Consumer({"bootstrap.servers": bootstrap, "group.id": unique("soak"), **GROUP_CONF})
     consumer.subscribe([topic])
@@ -64,7 +79,7 @@ def consume_forever(bootstrap: str, topic: str, stop: threading.Event, counted: 
 @pytest.mark.slow
 def test_soak_mixed_traffic_without_growth(tansu: Any, start_proxy: Any) -> None:
     proxy = start_proxy(tansu.bootstrap, policies={"request.body.timeout.ms": 2000})
-    pid = proxy.process.pid
+    pids = process_tree(proxy.process.pid)  # the proxy, or a supervisor and its workers
     topic = unique("soak")
     create_topic(proxy.bootstrap, topic, partitions=2)
     producers = [ProducerTraffic(proxy.bootstrap, topic, name=f"p{i}").start() for i in range(2)]
@@ -82,11 +97,13 @@ def test_soak_mixed_traffic_without_growth(tansu: Any, start_proxy: Any) -> None
             clients += 1
             if now >= next_sample:
                 hostile(proxy.bootstrap)
+                alive = living(process_tree(proxy.process.pid))
+                assert alive == sorted(pids), f"at {now - started:.0f} s the proxy's processes were {alive}, not {pids}"
                 samples.append(
                     {
                         "t": round(now - started, 1),
-                        "rss_kib": rss_kib(pid),
-                        "fds": open_fds(pid),
+                        "rss_kib": {str(pid): rss_kib(pid) for pid in pids},
+                        "fds": {str(pid): open_fds(pid) for pid in pids},
                         "tasks": proxy.metric("kafka_admission_trio_tasks"),
                         "connections": proxy.metric("kafka_admission_connections_active"),
                         "acked": sum(len(p.acked) for p in producers),
@@ -106,29 +123,38 @@ def test_soak_mixed_traffic_without_growth(tansu: Any, start_proxy: Any) -> None
     assert [p.failed for p in producers] == [[], []]
     assert len(samples) >= 10
 
-    # Growth: the last fifth against the second fifth (the first is warm-up).
+    # Growth: the last fifth against the second fifth (the first is warm-up), per process.
     fifth = len(samples) // 5
     early, late = samples[fifth : 2 * fifth], samples[-fifth:]
-
-    def median(window: list[dict[str, float]], key: str) -> float:
-        return statistics.median(s[key] for s in window)
-
-    rss_growth_kib = median(late, "rss_kib") - median(early, "rss_kib")
-    fds_growth = max(s["fds"] for s in late) - max(s["fds"] for s in early)
     tasks_growth = max(s["tasks"] for s in late) - max(s["tasks"] for s in early)
+    per_process = {}
+    for pid in map(str, pids):
+        rss_early = statistics.median(s["rss_kib"][pid] for s in early)
+        rss_late = statistics.median(s["rss_kib"][pid] for s in late)
+        fds = [s["fds"][pid] for s in samples]
+        per_process[pid] = {
+            "rss_mib_early": round(rss_early / 1024, 1),
+            "rss_mib_late": round(rss_late / 1024, 1),
+            "rss_mib_max": round(max(s["rss_kib"][pid] for s in samples) / 1024, 1),
+            "fds_range": f"{min(fds)}-{max(fds)}",
+            "rss_growth_kib": rss_late - rss_early,
+            "rss_bound_kib": max(8 * 1024, 0.1 * rss_early),
+            "fds_growth": max(s["fds"][pid] for s in late) - max(s["fds"][pid] for s in early),
+        }
     figures(
-        f"soak {SOAK_SECONDS:g} s",
+        f"soak {SOAK_SECONDS:g} s, {len(pids)} process(es)",
         samples=len(samples),
         metadata_clients=clients,
         acked=samples[-1]["acked"],
         consumed=samples[-1]["consumed"],
-        rss_mib_early=round(median(early, "rss_kib") / 1024, 1),
-        rss_mib_late=round(median(late, "rss_kib") / 1024, 1),
-        rss_mib_max=round(max(s["rss_kib"] for s in samples) / 1024, 1),
-        fds_range=f"{min(s['fds'] for s in samples)}-{max(s['fds'] for s in samples)}",
         tasks_range=f"{min(s['tasks'] for s in samples):g}-{max(s['tasks'] for s in samples):g}",
+        **{
+            f"pid {pid}": ", ".join(f"{k} {v}" for k, v in p.items() if not k.startswith(("rss_g", "rss_b", "fds_g")))
+            for pid, p in per_process.items()
+        },
     )
-    assert rss_growth_kib <= max(8 * 1024, 0.1 * median(early, "rss_kib")), f"RSS grew {rss_growth_kib} KiB"
-    assert fds_growth <= 10, f"open fds grew by {fds_growth}"
+    for pid, p in per_process.items():
+        assert p["rss_growth_kib"] <= p["rss_bound_kib"], f"process {pid}: RSS grew {p['rss_growth_kib']} KiB"
+        assert p["fds_growth"] <= 10, f"process {pid}: open fds grew by {p['fds_growth']}"
     assert tasks_growth <= 20, f"trio tasks grew by {tasks_growth}"
     assert samples[-1]["consumed"] > 0
