@@ -6,6 +6,7 @@ from __future__ import annotations
 
 import os
 import random
+import re
 import signal
 import socket
 import subprocess
@@ -24,6 +25,7 @@ from prometheus_client.parser import text_string_to_metric_families
 
 from demo.tansu import TansuBroker, stop_process, wait_for_port
 from tests.kubelet import ConfigMapDir
+from tests.processes import living, process_tree, rss_kib
 
 ROOT = Path(__file__).resolve().parent.parent
 
@@ -196,6 +198,17 @@ class ProxyProcess:
     # write is an update as kubelet makes it (a ..data symlink swap), never an edit.
     volume: ConfigMapDir | None = None
     command_prefix: list[str] = field(default_factory=list)  # e.g. ["prlimit", "--as=N"]
+    workers_generated: bool = False  # `workers` set by --proxy-workers, not by the test
+
+    def pids(self) -> list[int]:
+        """The proxy's running processes: itself, or its supervisor and workers."""
+        assert self.process is not None
+        return living(process_tree(self.process.pid))
+
+    def rss_kib(self) -> int:
+        """The proxy's resident memory: with workers, the supervisor's and every worker's summed
+        (a bound on the supervisor's alone would hold whatever its workers grew)."""
+        return sum(rss_kib(pid) for pid in self.pids())
 
     @property
     def bootstrap(self) -> str:
@@ -345,8 +358,9 @@ def start_proxy(tmp_path: Path, request: pytest.FixtureRequest) -> Iterator[Any]
         for lst in listeners:
             lst.setdefault("bind", f"127.0.0.1:{free_listen_port()}")
             lst.setdefault("node_port_base", free_node_port_base(list(node_ids)))
-        if workers > 1:
-            sections.setdefault("workers", workers)
+        generated = workers > 1 and "workers" not in sections
+        if generated:
+            sections["workers"] = workers
         config: dict[str, Any] = {
             "upstream": {"bootstrap_servers": servers},
             "listeners": listeners,
@@ -362,17 +376,28 @@ def start_proxy(tmp_path: Path, request: pytest.FixtureRequest) -> Iterator[Any]
             extra_args=extra_args or [],
             volume=volume,
             command_prefix=command_prefix or [],
+            workers_generated=generated,
         )
         started.append(proxy.start())
         return proxy
 
     yield start
     call = request.node.stash.get(CALL_REPORT, None)
+    died = []
     for n, proxy in enumerate(started):
         proxy.stop()
         if call is not None and call.failed:
             # What the proxy said is often the only account of a failure seen once, in CI.
             request.node.add_report_section("teardown", f"proxy{n} log", proxy.log()[-PROXY_LOG_TAIL:])
+        if proxy.workers_generated:
+            died += [f"proxy{n}: {line}" for line in _WORKER_DIED.findall(proxy.log())]
+    # The supervisor restarts a worker that dies, so a test written for one process, which checks
+    # that the proxy's process still runs, would not see it; none of these tests kills a worker.
+    if died:
+        pytest.fail("a worker died during the test and was restarted:\n" + "\n".join(died), pytrace=False)
+
+
+_WORKER_DIED = re.compile(r"^.*worker \d+ exited with status .*; restarting it.*$", re.MULTILINE)
 
 
 @dataclass(frozen=True)

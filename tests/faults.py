@@ -37,6 +37,7 @@ from confluent_kafka import OFFSET_BEGINNING, Consumer, KafkaException, Producer
 
 from demo.tansu import TansuBroker
 from tests.apache_kafka.broker import ApacheKafkaBroker
+from tests.processes import process_tree
 from tests.raw_kafka import RawConnection, api_versions_frame, metadata_frame
 
 _LINGER_RESET = struct.pack("ii", 1, 0)  # SO_LINGER on, 0 s: close() sends RST, leaves no TIME_WAIT
@@ -109,23 +110,6 @@ class FaultyApacheKafka(_BrokerFaults, ApacheKafkaBroker):
 
     def _start_again(self) -> None:
         self.launch()
-
-
-def process_tree(pid: int) -> list[int]:
-    """``pid`` and its descendants (a proxy with ``workers: N`` is a supervisor and its
-    workers), from the parent ids in /proc."""
-    parents: dict[int, int] = {}
-    for entry in Path("/proc").iterdir():
-        if entry.name.isdigit():
-            try:
-                stat = (entry / "stat").read_text()
-            except OSError:
-                continue  # exited meanwhile
-            parents[int(entry.name)] = int(stat.rsplit(")", 1)[1].split()[1])
-    tree = [pid]
-    for parent in tree:
-        tree.extend(child for child, ppid in parents.items() if ppid == parent)
-    return tree
 
 
 def sockets_to(pid: int, port: int) -> int:

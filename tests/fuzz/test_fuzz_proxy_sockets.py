@@ -23,7 +23,6 @@ from collections import Counter as Tally
 from collections.abc import Iterator
 from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass, field
-from pathlib import Path
 from typing import Any
 
 import pytest
@@ -138,13 +137,6 @@ class WellBehaved:
         self.failures.extend(f"{n} records not delivered" for n in [producer.flush(5)] if n)
 
 
-def rss_kib(pid: int) -> int:
-    for line in Path(f"/proc/{pid}/status").read_text().splitlines():
-        if line.startswith("VmRSS:"):
-            return int(line.split()[1])
-    raise AssertionError("no VmRSS")
-
-
 @pytest.fixture
 def own_tansu() -> Iterator[TansuBroker]:
     """A broker of its own: mutated requests reach it, and must not disturb other tests."""
@@ -157,7 +149,8 @@ def fuzz_the_running_proxy(proxy: Any, seed: int) -> dict[str, Any]:
     frames = [hostile_frame(i, seed) for i in range(BUDGET.socket_frames)]
     counter = Counter("hostile frames over sockets to a running proxy")
     well_behaved = WellBehaved(proxy.bootstrap)
-    rss_before = rss_kib(proxy.process.pid)
+    processes = proxy.pids()  # with workers, the supervisor's and every worker's
+    rss_before = proxy.rss_kib()
     failures_before = proxy.metric("kafka_admission_connection_failures_total")
     started = time.monotonic()
     run = well_behaved.run()
@@ -171,7 +164,8 @@ def fuzz_the_running_proxy(proxy: Any, seed: int) -> dict[str, Any]:
     return {
         "outcomes": outcomes,
         "well_behaved": well_behaved,
-        "rss_growth_kib": rss_kib(proxy.process.pid) - rss_before if proxy.process.poll() is None else None,
+        "processes": (processes, proxy.pids()),
+        "rss_growth_kib": proxy.rss_kib() - rss_before if proxy.process.poll() is None else None,
         "failures_counted": proxy.metric("kafka_admission_connection_failures_total") - failures_before
         if proxy.process.poll() is None
         else None,
@@ -181,6 +175,8 @@ def fuzz_the_running_proxy(proxy: Any, seed: int) -> dict[str, Any]:
 def assert_survived(proxy: Any, result: dict[str, Any]) -> None:
     print(f"outcomes: {dict(result['outcomes'])}, failures counted: {result['failures_counted']}")
     assert proxy.process.poll() is None, f"the proxy died:\n{proxy.log()[-1500:]}"
+    before, after = result["processes"]
+    assert after == before, f"a process of the proxy died (a worker is restarted):\n{proxy.log()[-1500:]}"
     well_behaved = result["well_behaved"]
     assert well_behaved.failures == [], well_behaved.failures
     assert well_behaved.round_trips > 20

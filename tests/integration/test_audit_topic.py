@@ -11,7 +11,6 @@ import socket
 import time
 from collections import Counter
 from collections.abc import Callable
-from pathlib import Path
 from typing import Any
 
 from confluent_kafka import OFFSET_BEGINNING, Consumer, TopicPartition
@@ -21,7 +20,6 @@ from demo.tansu import TansuBroker, free_port
 from tests.audit_files import assert_valid
 from tests.clients import create_topic, produce, unique
 from tests.conftest import wait_until
-from tests.workers_util import worker_pids
 
 LONG_ID = "c" * 250  # over KIP-1233's default 249: one identifier_limits decision per request
 
@@ -105,18 +103,6 @@ def test_the_topic_sink_produces_valid_v2_events_keyed_by_the_instance(tansu, st
     assert {e["type"] for e in events} == {"decision", "connection", "window"}
 
 
-def _rss_bytes(pid: int) -> int:
-    for line in Path(f"/proc/{pid}/status").read_text().splitlines():
-        if line.startswith("VmRSS:"):
-            return int(line.split()[1]) * 1024
-    raise AssertionError("no VmRSS")
-
-
-def _proxy_rss_bytes(proxy: Any) -> int:
-    """The proxy's resident memory: with workers, the supervisor's and every worker's."""
-    return sum(_rss_bytes(pid) for pid in (proxy.process.pid, *worker_pids(proxy).values()))
-
-
 def _churn(bootstrap: str, count: int) -> None:
     """``count`` connections opened and closed: two audit events each (open, close)."""
     host, port = bootstrap.rsplit(":", 1)
@@ -161,7 +147,7 @@ def test_with_the_audit_broker_down_the_proxy_forwards_drops_and_counts_then_del
         forward_s = time.monotonic() - started
         _churn(proxy.bootstrap, 3000 * serving)
         wait_until(lambda: proxy.metric("kafka_admission_audit_events_dropped_total", sink="topic") > 1000, timeout=30)
-        rss_after_first = _proxy_rss_bytes(proxy)
+        rss_after_first = proxy.rss_kib() * 1024
         _churn(proxy.bootstrap, 3000 * serving)
         # Bounded: the queue and librdkafka's buffer are full after the first flood; the second
         # one's 6000 events are dropped, not held (6000 events held would be several MB;
@@ -173,7 +159,7 @@ def test_with_the_audit_broker_down_the_proxy_forwards_drops_and_counts_then_del
                 >= serving * 12000 - len(instances) * 4000 - 200
             )
         )
-        grown = _proxy_rss_bytes(proxy) - rss_after_first
+        grown = proxy.rss_kib() * 1024 - rss_after_first
         assert grown < 2_000_000, f"RSS grew {grown} bytes over {6000 * serving} dropped events"
         assert proxy.metric("kafka_admission_audit_queue_events", sink="topic") <= 2000 * len(instances)
         # Said at a limited rate: a few lines, not one per event or reconnect.

@@ -12,10 +12,8 @@ from typing import Any
 
 from tests.audit_files import assert_valid, read_events
 from tests.conftest import wait_until
-from tests.integration.test_bad_input import rss_kib
 from tests.raw_kafka import RawConnection, api_versions_frame
 from tests.stalled_fs import StalledFilesystem
-from tests.workers_util import worker_pids
 
 QUEUE_EVENTS = 2000
 LONG_CLIENT_ID = "flood-" + "x" * 244  # 250 characters: one over KIP-1233's 249
@@ -37,12 +35,6 @@ def _flood(address: str, requests: int) -> int:
     return answered
 
 
-def _rss_kib(proxy: Any) -> int:
-    """The proxy's resident memory: with workers, the supervisor's and every worker's."""
-    assert proxy.process is not None
-    return sum(rss_kib(pid) for pid in (proxy.process.pid, *worker_pids(proxy).values()))
-
-
 def test_a_stalled_audit_disk_costs_dropped_events_not_forwarding_or_memory(
     tansu: Any, start_proxy: Any, tmp_path: Path
 ) -> None:
@@ -62,14 +54,14 @@ def test_a_stalled_audit_disk_costs_dropped_events_not_forwarding_or_memory(
         disk.stall()
         _flood(proxy.bootstrap, 10)  # the writer's next write blocks in the kernel
         wait_until(lambda: disk.writes_held >= 1, timeout=10)
-        rss_before = _rss_kib(proxy)
+        rss_before = proxy.rss_kib()
         started = time.monotonic()
         total = 20 * QUEUE_EVENTS
         assert _flood(proxy.bootstrap, total) == total  # every request forwarded and answered
         flood_seconds = time.monotonic() - started
         dropped = proxy.metric("kafka_admission_audit_events_dropped_total")
         queued = proxy.metric("kafka_admission_audit_queue_events")
-        grown_kib = _rss_kib(proxy) - rss_before
+        grown_kib = proxy.rss_kib() - rss_before
         # The queues hold at most their bound; every decision beyond the flooded worker's was counted as dropped.
         assert queued <= queue_bound
         assert dropped >= total - QUEUE_EVENTS - BATCH, (dropped, total)

@@ -2,19 +2,10 @@
 
 from __future__ import annotations
 
-from pathlib import Path
-
 import pytest
 
 from tests.conftest import wait_until
 from tests.raw_kafka import RawConnection, api_versions_frame
-
-
-def rss_kib(pid: int) -> int:
-    for line in Path(f"/proc/{pid}/status").read_text().splitlines():
-        if line.startswith("VmRSS:"):
-            return int(line.split()[1])
-    raise AssertionError("no VmRSS")
 
 
 def assert_still_serving(address: str) -> None:
@@ -45,13 +36,13 @@ def test_garbage_bytes_close_only_that_connection(proxy) -> None:  # type: ignor
 
 
 def test_a_length_prefix_of_max_int_is_refused_without_allocating(proxy) -> None:  # type: ignore[no-untyped-def]
-    before = rss_kib(proxy.process.pid)
+    before = proxy.rss_kib()
     for _ in range(20):
         with RawConnection(proxy.bootstrap) as conn:
             conn.send((2**31 - 1).to_bytes(4, "big") + b"\0" * 64)
             assert conn.closed_by_peer()
     assert proxy.metric("kafka_admission_decisions_total", policy="request_size", action="close") == 20
-    assert rss_kib(proxy.process.pid) - before < 20 * 1024  # 20 x 2 GiB were never allocated
+    assert proxy.rss_kib() - before < 20 * 1024  # 20 x 2 GiB were never allocated
     assert_still_serving(proxy.bootstrap)
 
 

@@ -20,7 +20,6 @@ from tests.audit_files import assert_valid, read_events
 from tests.conftest import wait_until
 from tests.fake_upstreams import OversizeRelay
 from tests.faults import StoppedClient
-from tests.integration.test_bad_input import rss_kib
 from tests.integration.test_tls import tls_listener
 from tests.raw_kafka import RawConnection, api_versions_frame
 
@@ -98,14 +97,14 @@ def test_a_flood_of_distinct_long_client_ids_keeps_the_observation_window_bounde
         for n in range(50):  # warm up: buffers for 32 KB frames, one client id
             conn.send(api_versions_frame(n, client_id="w" * 32_000))
             conn.read_frame()
-        before = rss_kib(proxy.process.pid)
+        before = proxy.rss_kib()
         for batch in range(60):  # bounded: 60 batches of 100
             for n in range(100):
                 client_id = f"{batch:02}{n:03}" + "x" * 31_995
                 conn.send(api_versions_frame(n, client_id=client_id))
             for _ in range(100):
                 conn.read_frame()
-        grew_mib = (rss_kib(proxy.process.pid) - before) / 1024
+        grew_mib = (proxy.rss_kib() - before) / 1024
     assert grew_mib < 80, f"RSS grew {grew_mib:.0f} MiB"
     # What did not fit is counted, and says why: the report stays honest.
     proxy.stop()

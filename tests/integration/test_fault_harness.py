@@ -16,7 +16,6 @@ from proxy.serve.connection import MAX_PENDING_REQUESTS
 from tests.clients import create_topic, unique
 from tests.conftest import wait_until
 from tests.faults import ConnectionStorm, FaultyTansu, NonReadingClient, ProducerTraffic, Slowloris, serves
-from tests.integration.test_bad_input import rss_kib
 from tests.raw_kafka import RawConnection, api_versions_frame, metadata_frame
 
 
@@ -106,7 +105,7 @@ def test_a_client_that_stops_reading_is_pushed_back_without_memory_growth(tansu:
         response_size = len(conn.read_frame())
     taken_before = proxy.metric("kafka_admission_requests_total", api="api_versions")
     written_before = proxy.metric("kafka_admission_response_bytes_total")
-    rss_before = rss_kib(proxy.process.pid)
+    rss_before = proxy.rss_kib()
     client = NonReadingClient(proxy.bootstrap, request)
     try:
         assert client.send_until_blocked(seconds=30), f"sent {client.sent_frames} frames without being pushed back"
@@ -120,7 +119,7 @@ def test_a_client_that_stops_reading_is_pushed_back_without_memory_growth(tansu:
         bound = MAX_PENDING_REQUESTS + RECEIVE_SIZE // len(request) + RECEIVE_SIZE // response_size + 1
         assert 0 < taken - answered <= bound, (taken, answered, client.sent_frames)
         # Memory, coarsely: a few MB (the requests held, and their responses).
-        assert rss_kib(proxy.process.pid) - rss_before < 32 * 1024
+        assert proxy.rss_kib() - rss_before < 32 * 1024
         assert serves(proxy.bootstrap)  # everyone else is served meanwhile
     finally:
         client.close()

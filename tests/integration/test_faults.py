@@ -33,7 +33,6 @@ from tests.faults import (
     serves,
     sockets_to,
 )
-from tests.integration.test_bad_input import rss_kib
 from tests.raw_kafka import RawConnection, api_versions_frame, metadata_frame
 
 MIB = 1024 * 1024
@@ -225,15 +224,14 @@ def test_500_slowloris_senders_hold_no_more_than_the_pool(tansu: Any, start_prox
             "request.body.timeout.ms": 15000,
         },
     )
-    pid = proxy.process.pid
     assert serves(proxy.bootstrap)
-    rss_before = rss_kib(pid)
+    rss_before = proxy.rss_kib()
     senders = Slowloris(proxy.bootstrap, count=500, size=1_000_000, interval=0.5, prefill=900_000).start()
     peak = rss_before
     try:
         deadline = time.monotonic() + 8
         while time.monotonic() < deadline:
-            peak = max(peak, rss_kib(pid))
+            peak = max(peak, proxy.rss_kib())
             time.sleep(0.1)
         waiting = proxy.metric("kafka_admission_memory_pool_waiting_requests")
         used = proxy.metric("kafka_admission_memory_pool_used_bytes")

@@ -16,7 +16,7 @@ from kio.index import load_request_schema
 from demo.tansu import TansuBroker
 from proxy.protocol import wire
 from tests.conftest import wait_until
-from tests.integration.test_bad_input import assert_still_serving, rss_kib
+from tests.integration.test_bad_input import assert_still_serving
 from tests.kio_entities import make_entity
 from tests.raw_kafka import RawConnection, api_versions_frame
 
@@ -75,9 +75,9 @@ def test_a_flood_of_distinct_api_versions_costs_no_memory(own_tansu, start_proxy
     proxy = start_proxy(own_tansu.bootstrap)
     total = FLOOD_CONNECTIONS * FLOOD_HEADERS_PER_CONNECTION
     flood(proxy.bootstrap, [(1000, 0)] * total)  # the same pair: buffers and allocator warmed
-    before, read_before = rss_kib(proxy.process.pid), requests_read(proxy)
+    before, read_before = proxy.rss_kib(), requests_read(proxy)
     flood(proxy.bootstrap, distinct_pairs(total))
-    growth_kib = rss_kib(proxy.process.pid) - before
+    growth_kib = proxy.rss_kib() - before
     read = requests_read(proxy) - read_before
     assert read > total / 2, f"only {read} of {total} headers reached the proxy's request path"
     assert growth_kib < 8 * 1024, f"RSS grew {growth_kib} KiB after {read} distinct API versions"
@@ -184,8 +184,8 @@ def test_a_join_group_of_a_million_protocols_stalls_no_one(own_tansu, start_prox
     a million protocols (56 MB of Python objects): the other client's round trip took 6.5 s.
     Now more than MAX_REQUEST_ELEMENTS (100,000) elements are refused before kio reads them."""
     proxy = start_proxy(own_tansu.bootstrap, policies={"group.max.size": 5})
-    before = rss_kib(proxy.process.pid)
+    before = proxy.rss_kib()
     pinger = hostile_frame_while_pinging(proxy, join_group_of_3_byte_protocols(3 << 20))
     assert max(pinger.round_trips) < 1.0, f"a round trip took {max(pinger.round_trips):.2f} s"
     assert proxy.metric("kafka_admission_connection_failures_total", cause="malformed_frame") == 1
-    assert rss_kib(proxy.process.pid) - before < 32 * 1024
+    assert proxy.rss_kib() - before < 32 * 1024

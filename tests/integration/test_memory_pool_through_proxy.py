@@ -17,7 +17,6 @@ from proxy.protocol import wire
 from tests.audit_files import read_events
 from tests.clients import consume, create_topic, produce
 from tests.conftest import wait_until
-from tests.integration.test_bad_input import rss_kib
 from tests.raw_kafka import RawConnection, api_versions_frame, fetch_frame, frame, metadata_frame
 
 MIB = 1024 * 1024
@@ -94,14 +93,14 @@ def test_500_slow_senders_hold_no_more_than_the_pool_and_a_normal_client_is_serv
     proxy = start_proxy(tansu.bootstrap, policies={**POOL, "request.body.timeout.ms": 3000})
     topic = unique("slow")
     create_topic(proxy.bootstrap, topic)
-    rss_before = rss_kib(proxy.process.pid)
+    rss_before = proxy.rss_kib()
     senders = [slow_sender(proxy.bootstrap, MIB) for _ in range(500)]
     try:
         wait_until(lambda: proxy.metric("kafka_admission_memory_pool_waiting_requests") >= 490, timeout=20)
         # Trickle: the senders that hold memory get a byte now and then, never enough.
         for sock in senders[:10]:
             sock.sendall(b"\0" * 100)
-        grown_mib = (rss_kib(proxy.process.pid) - rss_before) / 1024
+        grown_mib = (proxy.rss_kib() - rss_before) / 1024
         # Stated bound: the pool (2 MiB) plus per connection its state and at most 64 KiB read ahead.
         assert grown_mib < 2 + 500 * 80 / 1024, grown_mib
         assert proxy.metric("kafka_admission_memory_pool_used_bytes") <= 3 * MIB

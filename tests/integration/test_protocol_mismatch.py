@@ -22,7 +22,6 @@ from tests.audit_files import read_events
 from tests.clients import consume, create_topic, produce, unique
 from tests.conftest import wait_until
 from tests.fake_upstreams import OversizeRelay, TurnsTls, tls_alert_broker
-from tests.integration.test_bad_input import rss_kib
 from tests.raw_kafka import RawConnection, api_versions_frame, fetch_frame, metadata_frame
 from tests.workers_util import client_address, served_by, start_workers
 
@@ -36,7 +35,7 @@ def tls_speaking_upstream():  # type: ignore[no-untyped-def]
 
 def test_a_broker_answering_with_a_tls_alert_is_named_and_clients_fail_fast(tls_speaking_upstream, start_proxy) -> None:
     proxy = start_proxy(tls_speaking_upstream.address)
-    rss_before = rss_kib(proxy.process.pid)
+    rss_before = proxy.rss_kib()
     errors: list[KafkaError] = []
     producer = Producer({"bootstrap.servers": proxy.bootstrap, "error_cb": errors.append})
     started = time.monotonic()
@@ -54,7 +53,7 @@ def test_a_broker_answering_with_a_tls_alert_is_named_and_clients_fail_fast(tls_
         KafkaProducer(bootstrap_servers=proxy.bootstrap, request_timeout_ms=3000, bootstrap_timeout_ms=5000)
     assert time.monotonic() - started < 15
 
-    assert rss_kib(proxy.process.pid) - rss_before < 20 * 1024  # no 352 MB allocation, ever
+    assert proxy.rss_kib() - rss_before < 20 * 1024  # no 352 MB allocation, ever
     expected = f"upstream {tls_speaking_upstream.address} speaks TLS; set upstream.tls.enabled"
     assert expected in proxy.log()
     status, body = proxy.get("/readyz")
@@ -138,11 +137,11 @@ def test_a_200_mb_response_closes_that_client_only_and_allocates_nothing(start_p
         relay.broker = broker.bootstrap
         try:
             proxy = start_proxy(relay.address)
-            rss_before = rss_kib(proxy.process.pid)
+            rss_before = proxy.rss_kib()
             with RawConnection(proxy.bootstrap) as victim:
                 victim.send(api_versions_frame(5, client_id="victim"))
                 assert victim.closed_by_peer()
-            assert rss_kib(proxy.process.pid) - rss_before < 20 * 1024
+            assert proxy.rss_kib() - rss_before < 20 * 1024
             assert proxy.metric("kafka_admission_decisions_total", policy="response_size", mode="enforce") == 1
             assert (
                 "response to api_versions v3 correlation id 5 is 209715200 bytes, over max.response.size=104857600"

@@ -28,9 +28,9 @@ from confluent_kafka import Consumer
 from confluent_kafka.admin import AdminClient
 
 from tests.clients import GROUP_CONF, create_topic, unique
-from tests.faults import ProducerTraffic, open_fds, process_tree, serves
-from tests.integration.test_bad_input import rss_kib
+from tests.faults import ProducerTraffic, open_fds, serves
 from tests.integration.test_faults import figures
+from tests.processes import living, process_tree, rss_kib
 
 SOAK_SECONDS = float(os.environ.get("SOAK_SECONDS", "600"))
 SAMPLE_EVERY_S = 5.0
@@ -51,19 +51,6 @@ def hostile(address: str) -> None:
     stalled = socket.create_connection((host, int(port)), timeout=5)
     stalled.sendall((1000).to_bytes(4, "big") + b"\x00\x12\x00\x03")  # 1000 bytes announced, 4 sent
     threading.Timer(4, stalled.close).start()
-
-
-def living(pids: list[int]) -> list[int]:
-    """Those of ``pids`` that still run: not exited, nor exited and not yet reaped (a zombie)."""
-    alive = []
-    for pid in pids:
-        try:
-            state = Path(f"/proc/{pid}/stat").read_text().rsplit(")", 1)[1].split()[0]
-        except OSError:
-            continue
-        if state != "Z":
-            alive.append(pid)
-    return sorted(alive)
 
 
 def consume_forever(bootstrap: str, topic: str, stop: threading.Event, counted: list[int]) -> None:
