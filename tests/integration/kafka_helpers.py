@@ -22,6 +22,7 @@ from types import TracebackType
 from confluent_kafka import Producer
 
 from demo.tansu import free_port, stop_process, wait_for_port
+from tests.processes import process_tree
 
 
 def host_port(address: str) -> tuple[str, int]:
@@ -189,19 +190,6 @@ def _process_owns_socket(pid: int, inode: int) -> bool:
     return False
 
 
-def _process_and_children(pid: int) -> list[int]:
-    """``pid`` and its child processes (a proxy with ``workers: N`` connects from its workers)."""
-    children = []
-    for stat in Path("/proc").glob("[0-9]*/stat"):
-        try:
-            parent = int(stat.read_text().rsplit(")", 1)[1].split()[1])
-        except (OSError, ValueError, IndexError):
-            continue
-        if parent == pid:
-            children.append(int(stat.parent.name))
-    return [pid, *children]
-
-
 class ProxyOnlyGate:
     """A TCP forwarder standing at a broker's advertised address that serves
     one process only (the proxy, with its workers): a connection from anyone else is recorded in
@@ -230,9 +218,7 @@ class ProxyOnlyGate:
             inode = _socket_inode(peer_port, self.port)
             pid = self.allowed_pid
             admitted = self.open or (
-                pid is not None
-                and inode is not None
-                and any(_process_owns_socket(p, inode) for p in _process_and_children(pid))
+                pid is not None and inode is not None and any(_process_owns_socket(p, inode) for p in process_tree(pid))
             )
             if not admitted:
                 self.refused.append(peer_port)
