@@ -29,6 +29,9 @@ CONCURRENCY_ARGS :=
 # How long `make soak` runs mixed traffic (seconds), and with how many workers (the `workers` of its proxy).
 SOAK_SECONDS := 600
 SOAK_WORKERS := 1
+# `make fuzz FUZZ_WORKERS=2`: the fuzz of the running proxy against a supervisor and 2 workers
+# (the other fuzz targets start no proxy, and are left out).
+FUZZ_WORKERS := 1
 
 .PHONY: demo test test-tools deploy-tools apache-kafka spark-kafka test-apache-kafka lint bench bench-tools profile \
 	bench-instructions bench-concurrency bench-report lock runtime-size fuzz soak docs \
@@ -150,7 +153,7 @@ runtime-size:
 # Over a million fuzz cases (the default suite runs a few thousand of the same targets);
 # prints a table of cases and seconds per target and writes .fuzz-report.json.
 fuzz: $(BIN)/.installed
-	FUZZ_PROFILE=million $(BIN)/pytest tests/fuzz -p no:cacheprovider -q
+	FUZZ_PROFILE=million $(BIN)/pytest tests/fuzz -p no:cacheprovider -q --proxy-workers=$(FUZZ_WORKERS)
 
 # Mixed traffic for SOAK_SECONDS through the proxy: RSS, open fds and trio tasks sampled
 # every 5 s, fails on growth; writes .soak-report.json (see RELIABILITY.md).
