@@ -163,6 +163,7 @@ def metric(seen: dict[tuple[str, tuple[tuple[str, str], ...]], float], name: str
     return sum(v for (n, found), v in seen.items() if n == name and set(labels.items()) <= set(found))
 
 
+@pytest.mark.kills_workers
 def test_the_supervisors_metrics_count_each_request_once_across_workers_and_forget_a_dead_workers_connections(
     tansu: Any, start_proxy: Any
 ) -> None:
@@ -271,6 +272,7 @@ def monotonic_samples(text: str) -> dict[tuple[str, tuple[tuple[str, str], ...]]
     }
 
 
+@pytest.mark.kills_workers
 def test_a_worker_killed_again_and_again_leaves_no_files_behind_and_no_counter_goes_down(
     tansu: Any, start_proxy: Any, tmp_path: Path
 ) -> None:

@@ -86,6 +86,7 @@ def test_connections_spread_over_the_workers_and_each_is_served(tansu: Any, star
     assert status == 200
 
 
+@pytest.mark.kills_workers
 def test_a_killed_worker_is_restarted_and_an_idempotent_producer_loses_and_duplicates_nothing(
     tansu: Any, start_proxy: Any
 ) -> None:
@@ -128,6 +129,7 @@ def test_a_killed_worker_is_restarted_and_an_idempotent_producer_loses_and_dupli
     assert proxy.get("/readyz")[0] == 200
 
 
+@pytest.mark.kills_workers
 def test_sighup_reloads_every_worker_to_one_generation_counted_once(tansu: Any, start_proxy: Any) -> None:
     """A connection open on each worker sees the reloaded limit at its next request; the reload
     is one outcome, not one per worker; a worker restarted afterwards runs the new generation."""
@@ -186,6 +188,7 @@ def test_sigterm_drains_every_worker_and_exits_0(tansu: Any, start_proxy: Any) -
         assert f"draining in-flight requests worker={worker}" in proxy.log()
 
 
+@pytest.mark.kills_workers
 def test_a_worker_drained_by_sigterm_tells_the_owner_what_it_held_before_it_exits(tansu: Any, start_proxy: Any) -> None:
     """SIGTERM to one worker (not to the proxy): it drains, and closes the connections whose
     Fetches are still parked at the drain timeout. Their closes, their pool bytes and its lease
@@ -261,6 +264,7 @@ def test_workers_exit_when_the_supervisor_is_killed(tansu: Any, start_proxy: Any
     assert "the supervisor is gone; worker exiting" in proxy.log()
 
 
+@pytest.mark.kills_workers
 def test_a_worker_that_keeps_dying_is_restarted_after_a_growing_pause(tansu: Any, start_proxy: Any) -> None:
     """A worker that dies within seconds of its start is not restarted in a tight loop."""
     proxy = start_workers(start_proxy, tansu.bootstrap, 2)
@@ -274,6 +278,7 @@ def test_a_worker_that_keeps_dying_is_restarted_after_a_growing_pause(tansu: Any
     assert proxy.get("/readyz")[0] == 200
 
 
+@pytest.mark.kills_workers
 def test_while_every_worker_restarts_no_other_process_takes_the_ports(tansu: Any, start_proxy: Any) -> None:
     """The supervisor holds the ports it claimed for its workers (proxy/workers/port_claims.py): with
     both workers killed at once, before their restart (half a second after a death this early), a
@@ -330,6 +335,7 @@ def test_a_node_port_another_proxys_workers_serve_is_not_joined(tansu: Any, star
             conn.close()
 
 
+@pytest.mark.kills_workers
 def test_every_worker_opens_the_node_port_of_a_broker_one_worker_learned(tansu: Any, start_proxy: Any) -> None:
     """Cluster mode: a Metadata answer through one worker opens the broker's node port in every
     worker (so the kernel spreads node-port connections over all of them), and a restarted worker

@@ -200,6 +200,7 @@ def test_a_tls_connection_over_max_ssl_connections_evicts_the_lru_idle_tls_conne
 
 
 @pytest.mark.parametrize("workers", [2, 4])
+@pytest.mark.kills_workers
 def test_a_killed_workers_connections_stop_counting_and_a_connection_waiting_in_another_worker_is_admitted(
     tansu: TansuBroker, start_proxy: Any, sockets: list[KafkaSocket], workers: int
 ) -> None:

@@ -63,6 +63,7 @@ def test_a_classic_group_over_two_workers_is_refused_at_exactly_group_max_size(
             member.stop()
 
 
+@pytest.mark.kills_workers
 def test_a_killed_workers_join_in_flight_is_released_and_its_slot_taken_by_the_next(
     tansu: Any, start_proxy: Any
 ) -> None:

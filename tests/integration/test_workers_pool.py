@@ -187,6 +187,7 @@ def test_observe_mode_records_a_would_be_wait_for_exactly_each_request_over_the_
 
 
 @pytest.mark.parametrize("workers", [2, 4])
+@pytest.mark.kills_workers
 def test_a_killed_workers_bytes_go_to_a_waiter_in_another_worker(tansu: Any, start_proxy: Any, workers: int) -> None:
     proxy = start_workers(start_proxy, tansu.bootstrap, workers, policies=POLICIES)
     by_worker = connections_by_worker(proxy, workers, 1)
