@@ -149,7 +149,6 @@ def fuzz_the_running_proxy(proxy: Any, seed: int) -> dict[str, Any]:
     frames = [hostile_frame(i, seed) for i in range(BUDGET.socket_frames)]
     counter = Counter("hostile frames over sockets to a running proxy")
     well_behaved = WellBehaved(proxy.bootstrap)
-    processes = proxy.pids()  # with workers, the supervisor's and every worker's
     rss_before = proxy.rss_kib()
     failures_before = proxy.metric("kafka_admission_connection_failures_total")
     started = time.monotonic()
@@ -164,7 +163,6 @@ def fuzz_the_running_proxy(proxy: Any, seed: int) -> dict[str, Any]:
     return {
         "outcomes": outcomes,
         "well_behaved": well_behaved,
-        "processes": (processes, proxy.pids()),
         "rss_growth_kib": proxy.rss_kib() - rss_before if proxy.process.poll() is None else None,
         "failures_counted": proxy.metric("kafka_admission_connection_failures_total") - failures_before
         if proxy.process.poll() is None
@@ -175,8 +173,6 @@ def fuzz_the_running_proxy(proxy: Any, seed: int) -> dict[str, Any]:
 def assert_survived(proxy: Any, result: dict[str, Any]) -> None:
     print(f"outcomes: {dict(result['outcomes'])}, failures counted: {result['failures_counted']}")
     assert proxy.process.poll() is None, f"the proxy died:\n{proxy.log()[-1500:]}"
-    before, after = result["processes"]
-    assert after == before, f"a process of the proxy died (a worker is restarted):\n{proxy.log()[-1500:]}"
     well_behaved = result["well_behaved"]
     assert well_behaved.failures == [], well_behaved.failures
     assert well_behaved.round_trips > 20

@@ -30,7 +30,7 @@ from confluent_kafka.admin import AdminClient
 from tests.clients import GROUP_CONF, create_topic, unique
 from tests.faults import ProducerTraffic, open_fds, serves
 from tests.integration.test_faults import figures
-from tests.processes import living, process_tree, rss_kib
+from tests.processes import rss_kib
 
 SOAK_SECONDS = float(os.environ.get("SOAK_SECONDS", "600"))
 SAMPLE_EVERY_S = 5.0
@@ -66,7 +66,7 @@ def consume_forever(bootstrap: str, topic: str, stop: threading.Event, counted: 
 @pytest.mark.slow
 def test_soak_mixed_traffic_without_growth(tansu: Any, start_proxy: Any) -> None:
     proxy = start_proxy(tansu.bootstrap, policies={"request.body.timeout.ms": 2000})
-    pids = living(process_tree(proxy.process.pid))  # the proxy, or a supervisor and its workers
+    pids = proxy.pids()  # the proxy, or a supervisor and its workers
     topic = unique("soak")
     create_topic(proxy.bootstrap, topic, partitions=2)
     producers = [ProducerTraffic(proxy.bootstrap, topic, name=f"p{i}").start() for i in range(2)]
@@ -84,7 +84,7 @@ def test_soak_mixed_traffic_without_growth(tansu: Any, start_proxy: Any) -> None
             clients += 1
             if now >= next_sample:
                 hostile(proxy.bootstrap)
-                alive = living(process_tree(proxy.process.pid))
+                alive = proxy.pids()
                 assert alive == pids, f"at {now - started:.0f} s the proxy's processes were {alive}, not {pids}"
                 samples.append(
                     {
